@@ -1,0 +1,795 @@
+#!/usr/bin/env bash
+# hack/control-plane.sh — a real kube-apiserver + etcd on loopback, for baton's
+# integration and end-to-end tests (DESIGN.md §5). No cluster, no Docker needed.
+#
+#   hack/control-plane.sh install   make sure kube-apiserver and etcd exist (builds once)
+#   hack/control-plane.sh up        install if needed, start etcd + kube-apiserver, wait for /readyz
+#   hack/control-plane.sh down      stop exactly the processes `up` started, remove the state dir
+#   hack/control-plane.sh status    say whether it is up (exit 0 if up and ready, 1 otherwise)
+#   hack/control-plane.sh env       print `export KUBECONFIG=...` for: eval "$(hack/control-plane.sh env)"
+#
+# Binaries, first match wins:
+#   1. envtest convention: $TEST_ASSET_KUBE_APISERVER / $TEST_ASSET_ETCD, or $KUBEBUILDER_ASSETS/{kube-apiserver,etcd}
+#   2. `kube-apiserver` / `etcd` on PATH, or in the cache ($BATON_CACHE_DIR/k8s-1.20/)
+#   3. Debian: etcd from the `etcd-server` package (its service is never started or used);
+#      kube-apiserver built once (~5-6 min) from Debian's `kubernetes` source package into the cache.
+#
+# Environment:
+#   BATON_CP_DIR            state dir (pids, certs, logs, etcd data, kubeconfig)
+#                           default: ${TMPDIR:-/tmp}/baton-control-plane
+#   BATON_CACHE_DIR         binary/build cache, default: $HOME/.cache/baton
+#   BATON_CP_API_PORT       kube-apiserver secure port (default 6443)
+#   BATON_CP_ETCD_PORT      etcd client port (default 2379)
+#   BATON_CP_ETCD_PEER_PORT etcd peer port (default 2380)
+#                           A port set explicitly must be free; a busy default is replaced by a free port.
+#   BATON_CP_TIMEOUT        seconds to wait for /readyz (default 120)
+#   BATON_KEEP_BUILD=1      keep the kube-apiserver build tree and Go cache after a successful build
+set -euo pipefail
+
+readonly K8S_SERIES=1.20
+CP_DIR=${BATON_CP_DIR:-${TMPDIR:-/tmp}/baton-control-plane}
+CACHE_DIR=${BATON_CACHE_DIR:-${HOME:?HOME is not set}/.cache/baton}
+BIN_CACHE=$CACHE_DIR/k8s-$K8S_SERIES
+BUILD_DIR=$CACHE_DIR/build-k8s-$K8S_SERIES
+BUILD_LOG=$CACHE_DIR/build-k8s-$K8S_SERIES.log
+DOWNLOAD_DIR=$CACHE_DIR/downloads
+GO_BUILD_CACHE=$CACHE_DIR/go-build-cache
+READY_TIMEOUT=${BATON_CP_TIMEOUT:-120}
+readonly CONTEXT=baton-local
+readonly MARKER=.baton-control-plane
+readonly SERVICE_CIDR=10.0.0.0/24
+
+KUBECONFIG_PATH=$CP_DIR/kubeconfig
+PKI=$CP_DIR/pki
+
+log() { printf '[control-plane] %s\n' "$*" >&2; }
+die() { printf '[control-plane] ERROR: %s\n' "$*" >&2; exit 1; }
+
+usage() {
+  cat <<EOF
+Usage: ${0##*/} <command>
+
+Commands:
+  install   make sure kube-apiserver and etcd exist (the first build takes ~5-6 minutes)
+  up        install if needed, start etcd + kube-apiserver on 127.0.0.1, write the kubeconfig,
+            wait for /readyz; does nothing if already up and healthy
+  down      stop the processes started by 'up' (by PID file) and remove the state dir
+  status    report whether the control plane is up (exit 0 if up and ready, 1 otherwise)
+  env       print 'export KUBECONFIG=...'; use: eval "\$(${0##*/} env)"
+  help      this text
+
+State dir:  $CP_DIR
+Kubeconfig: $KUBECONFIG_PATH (context '$CONTEXT')
+Cache:      $BIN_CACHE
+EOF
+}
+
+# ---------------------------------------------------------------------------
+# small helpers
+
+# Run a command as root (directly, or through non-interactive sudo).
+as_root() {
+  if [[ $EUID -eq 0 ]]; then
+    "$@"
+  elif command -v sudo >/dev/null 2>&1; then
+    sudo -n "$@" || die "needs root for: $* (sudo -n failed; run once as root, or provide the binaries via KUBEBUILDER_ASSETS)"
+  else
+    die "needs root for: $* (no sudo; provide the binaries via KUBEBUILDER_ASSETS instead)"
+  fi
+}
+
+is_debian() { [[ -r /etc/debian_version ]] && command -v apt-get >/dev/null 2>&1; }
+
+APT_UPDATED=0
+APT_LOG=$CACHE_DIR/apt.log
+
+apt_update() {
+  [[ $APT_UPDATED -eq 1 ]] && return 0
+  log "apt-get update"
+  mkdir -p "$CACHE_DIR"
+  if ! as_root env DEBIAN_FRONTEND=noninteractive apt-get update >>"$APT_LOG" 2>&1; then
+    tail -n 20 "$APT_LOG" >&2 || true
+    die "apt-get update failed (log: $APT_LOG)"
+  fi
+  APT_UPDATED=1
+}
+
+# apt_install PKG... — install; on failure refresh the package lists once and retry.
+apt_install() {
+  is_debian || die "cannot install $* automatically: not a Debian system (set KUBEBUILDER_ASSETS to a folder with kube-apiserver and etcd, e.g. from setup-envtest)"
+  mkdir -p "$CACHE_DIR"
+  local pkg missing_candidate=0
+  for pkg in "$@"; do
+    if ! apt-cache policy "$pkg" 2>/dev/null | grep -q 'Candidate: [^(]'; then missing_candidate=1; fi
+  done
+  [[ $missing_candidate -eq 1 ]] && apt_update
+  log "apt-get install $*"
+  local -a cmd=(env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$@")
+  if ! as_root "${cmd[@]}" >>"$APT_LOG" 2>&1; then
+    if [[ $APT_UPDATED -eq 0 ]]; then
+      apt_update
+      as_root "${cmd[@]}" >>"$APT_LOG" 2>&1 && return 0
+    fi
+    tail -n 20 "$APT_LOG" >&2 || true
+    die "apt-get install $* failed (log: $APT_LOG)"
+  fi
+}
+
+ensure_tool() { # ensure_tool COMMAND DEBIAN-PACKAGE
+  command -v "$1" >/dev/null 2>&1 && return 0
+  apt_install "$2"
+  command -v "$1" >/dev/null 2>&1 || die "$1 still missing after installing $2"
+}
+
+# Create the lock file's directory and take an exclusive lock on file descriptor $2.
+# The descriptor is closed in every process this script starts, so servers never hold it.
+take_lock() { # take_lock FILE FD WHAT
+  mkdir -p "$(dirname "$1")"
+  eval "exec $2>>\"\$1\""
+  if ! flock -n "$2"; then
+    log "waiting for another '$3' holding $1 ..."
+    flock -w 1800 "$2" || die "timed out waiting for lock $1"
+  fi
+}
+
+newest() { # newest DIR GLOB — the file with the highest version-sorted name, or nothing
+  find "$1" -maxdepth 1 -name "$2" -print 2>/dev/null | sort -V | tail -n1
+}
+
+port_in_use() { # something accepts connections on 127.0.0.1:PORT
+  (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+
+# choose_port VALUE-FROM-ENV DEFAULT NAME TAKEN... — prints the port to use.
+choose_port() {
+  local explicit=$1 default=$2 name=$3 p
+  shift 3
+  if [[ -n $explicit ]]; then
+    [[ $explicit =~ ^[0-9]+$ ]] || die "$name port '$explicit' is not a number"
+    if port_in_use "$explicit"; then
+      die "$name port $explicit (set explicitly) is already in use on 127.0.0.1; free it or choose another"
+    fi
+    echo "$explicit"; return
+  fi
+  for ((p = default; p < default + 200; p++)); do
+    [[ " $* " == *" $p "* ]] && continue
+    if ! port_in_use "$p"; then
+      [[ $p -ne $default ]] && log "default $name port $default is busy; using $p"
+      echo "$p"; return
+    fi
+  done
+  die "no free $name port in $default..$((default + 199))"
+}
+
+# ---------------------------------------------------------------------------
+# locating and installing the binaries
+
+find_apiserver() {
+  if [[ -n ${TEST_ASSET_KUBE_APISERVER:-} ]]; then
+    [[ -x $TEST_ASSET_KUBE_APISERVER ]] || die "TEST_ASSET_KUBE_APISERVER=$TEST_ASSET_KUBE_APISERVER is not an executable file"
+    realpath "$TEST_ASSET_KUBE_APISERVER"; return 0
+  fi
+  if [[ -n ${KUBEBUILDER_ASSETS:-} ]]; then
+    if [[ -x $KUBEBUILDER_ASSETS/kube-apiserver ]]; then realpath "$KUBEBUILDER_ASSETS/kube-apiserver"; return 0; fi
+    log "note: KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS has no kube-apiserver; looking elsewhere"
+  fi
+  local p
+  if p=$(command -v kube-apiserver 2>/dev/null); then realpath "$p"; return 0; fi
+  if [[ -x $BIN_CACHE/kube-apiserver ]]; then echo "$BIN_CACHE/kube-apiserver"; return 0; fi
+  return 1
+}
+
+find_etcd() {
+  if [[ -n ${TEST_ASSET_ETCD:-} ]]; then
+    [[ -x $TEST_ASSET_ETCD ]] || die "TEST_ASSET_ETCD=$TEST_ASSET_ETCD is not an executable file"
+    realpath "$TEST_ASSET_ETCD"; return 0
+  fi
+  if [[ -n ${KUBEBUILDER_ASSETS:-} ]]; then
+    if [[ -x $KUBEBUILDER_ASSETS/etcd ]]; then realpath "$KUBEBUILDER_ASSETS/etcd"; return 0; fi
+    log "note: KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS has no etcd; looking elsewhere"
+  fi
+  local p
+  if p=$(command -v etcd 2>/dev/null); then realpath "$p"; return 0; fi
+  if [[ -x $BIN_CACHE/etcd ]]; then echo "$BIN_CACHE/etcd"; return 0; fi
+  if [[ -x /usr/bin/etcd ]]; then echo /usr/bin/etcd; return 0; fi
+  return 1
+}
+
+POLICY_RC=/usr/sbin/policy-rc.d
+CREATED_POLICY_RC=0
+cleanup_policy_rc() {
+  if [[ $CREATED_POLICY_RC -eq 1 ]]; then
+    as_root rm -f "$POLICY_RC" || true
+    CREATED_POLICY_RC=0
+  fi
+}
+
+install_etcd() {
+  log "installing etcd from Debian's etcd-server package (its service will not be started)"
+  # policy-rc.d exit 101 = "do not start services" for invoke-rc.d / deb-systemd-invoke.
+  if [[ ! -e $POLICY_RC ]]; then
+    printf '#!/bin/sh\n# temporary, from baton hack/control-plane.sh\nexit 101\n' | as_root tee "$POLICY_RC" >/dev/null
+    as_root chmod 755 "$POLICY_RC"
+    CREATED_POLICY_RC=1
+    trap cleanup_policy_rc EXIT
+  fi
+  apt_install etcd-server
+  cleanup_policy_rc
+  if [[ -d /run/systemd/system ]] && command -v systemctl >/dev/null 2>&1; then
+    # systemd is running: make sure the packaged service neither runs now nor at boot.
+    as_root systemctl disable --now etcd.service >/dev/null 2>&1 || true
+    log "disabled the packaged etcd.service (this script starts /usr/bin/etcd itself)"
+  fi
+}
+
+# Build kube-apiserver 1.20 from Debian's `kubernetes` source package into $BIN_CACHE.
+build_apiserver() {
+  is_debian || die "no kube-apiserver found and this is not Debian: set KUBEBUILDER_ASSETS (e.g. \$(setup-envtest use -p path 1.20.x)) or TEST_ASSET_KUBE_APISERVER"
+  take_lock "$CACHE_DIR/.build.lock" 8 "kube-apiserver build"
+  if [[ -x $BIN_CACHE/kube-apiserver ]]; then
+    log "kube-apiserver was built meanwhile: $BIN_CACHE/kube-apiserver"
+    return 0
+  fi
+  local t0=$SECONDS
+  mkdir -p "$CACHE_DIR" "$DOWNLOAD_DIR" "$BIN_CACHE"
+  : >"$BUILD_LOG"
+  log "building kube-apiserver $K8S_SERIES from Debian's kubernetes source package (one-time, ~5-6 min on 2 cores)"
+  log "build log: $BUILD_LOG"
+
+  build_fail() {
+    log "---- last 40 lines of $BUILD_LOG ----"
+    tail -n 40 "$BUILD_LOG" >&2 || true
+    die "kube-apiserver build failed: $* (full log: $BUILD_LOG; re-running starts the build over cleanly)"
+  }
+  # step N/8 DESCRIPTION
+  step() { log "[$1/8] $2  (+$((SECONDS - t0))s)"; printf '\n==== [%s/8] %s (%s)\n' "$1" "$2" "$(date -u +%FT%TZ)" >>"$BUILD_LOG"; }
+
+  step 1 "build tools: golang-go, dpkg-dev, openssl"
+  local pkgs=()
+  [[ -x /usr/lib/go/bin/go ]] || pkgs+=(golang-go)
+  command -v dpkg-source >/dev/null 2>&1 || pkgs+=(dpkg-dev)
+  command -v xz >/dev/null 2>&1 || pkgs+=(xz-utils)
+  [[ ${#pkgs[@]} -eq 0 ]] || apt_install "${pkgs[@]}"
+  local GO=/usr/lib/go/bin/go
+  [[ -x $GO ]] || build_fail "Debian's go ($GO) missing after installing golang-go"
+  "$GO" version >>"$BUILD_LOG" 2>&1
+
+  step 2 "deb-src entry and the kubernetes source package"
+  if ! apt-cache showsrc kubernetes 2>/dev/null | grep -q '^Package: kubernetes'; then
+    local codename uri=http://deb.debian.org/debian
+    codename=$(sed -n 's/^VERSION_CODENAME=//p' /etc/os-release 2>/dev/null | tr -d '"' || true)
+    [[ -n $codename ]] || build_fail "cannot determine the Debian codename from /etc/os-release"
+    [[ $codename == bookworm ]] || log "warning: written for Debian bookworm; this is '$codename'"
+    local found_uri
+    found_uri=$(grep -hsE '^URIs:' /etc/apt/sources.list.d/debian.sources | grep -v security | head -n1 | awk '{print $2}' || true)
+    [[ -n $found_uri ]] && uri=$found_uri
+    log "adding /etc/apt/sources.list.d/baton-deb-src.sources (deb-src $uri $codename main)"
+    as_root tee /etc/apt/sources.list.d/baton-deb-src.sources >/dev/null <<EOF
+# Added by baton hack/control-plane.sh: source packages for $codename main
+# (kube-apiserver is built from Debian's kubernetes source package).
+Types: deb-src
+URIs: $uri
+Suites: $codename
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+EOF
+    APT_UPDATED=0
+    apt_update
+    apt-cache showsrc kubernetes 2>/dev/null | grep -q '^Package: kubernetes' \
+      || build_fail "apt-get source kubernetes: no source package found even with the deb-src entry"
+  fi
+  # Start from a clean build tree every time: a half-finished one is never reused.
+  rm -rf "$BUILD_DIR"
+  mkdir -p "$BUILD_DIR/gopath/src/k8s.io" "$BUILD_DIR/bin"
+  (cd "$DOWNLOAD_DIR" && apt-get source --download-only -q kubernetes) >>"$BUILD_LOG" 2>&1 \
+    || build_fail "apt-get source --download-only kubernetes"
+  local dsc
+  dsc=$(newest "$DOWNLOAD_DIR" 'kubernetes_*.dsc')
+  [[ -n $dsc ]] || build_fail "no kubernetes .dsc downloaded"
+  local SRC=$BUILD_DIR/gopath/src/k8s.io/kubernetes
+  if ! dpkg-source -x "$dsc" "$BUILD_DIR/kubernetes-src" >>"$BUILD_LOG" 2>&1; then
+    # A corrupt download: fetch again once.
+    rm -f "$DOWNLOAD_DIR"/kubernetes_*
+    rm -rf "$BUILD_DIR/kubernetes-src"
+    (cd "$DOWNLOAD_DIR" && apt-get source --download-only -q kubernetes) >>"$BUILD_LOG" 2>&1 \
+      || build_fail "apt-get source --download-only kubernetes"
+    dsc=$(newest "$DOWNLOAD_DIR" 'kubernetes_*.dsc')
+    [[ -n $dsc ]] || build_fail "no kubernetes .dsc downloaded"
+    dpkg-source -x "$dsc" "$BUILD_DIR/kubernetes-src" >>"$BUILD_LOG" 2>&1 || build_fail "dpkg-source -x $dsc"
+  fi
+  # GOPATH mode, as Kubernetes 1.20's own build does: the tree at $GOPATH/src/k8s.io/kubernetes.
+  ln -s "$BUILD_DIR/kubernetes-src" "$SRC"
+  local debver upver
+  debver=$(basename "$dsc" .dsc); debver=${debver#kubernetes_}
+  upver=${debver%-*}; upver=${upver##*really}      # 1.20.5+really1.20.2-1.1+deb12u1 -> 1.20.2
+  [[ $upver == "$K8S_SERIES".* ]] || build_fail "Debian's kubernetes source is $debver, expected $K8S_SERIES.x"
+  log "      source: kubernetes $debver (upstream v$upver)"
+
+  export GOPATH=$BUILD_DIR/gopath GO111MODULE=off CGO_ENABLED=0 GOFLAGS='' GOENV=off GOPROXY=off \
+    GOCACHE=$GO_BUILD_CACHE GOTOOLCHAIN=local
+  cd "$SRC"   # through the symlink, so the go tool sees the import path k8s.io/kubernetes
+
+  step 3 "build the vendored openapi-gen"
+  "$GO" build -o "$BUILD_DIR/bin/openapi-gen" ./vendor/k8s.io/kube-openapi/cmd/openapi-gen >>"$BUILD_LOG" 2>&1 \
+    || build_fail "go build openapi-gen"
+
+  step 4 "generate pkg/generated/openapi/zz_generated.openapi.go"
+  # Same package set as the upstream Makefile.generated_files (KUBE target): every dir with a
+  # file that has a '// +k8s:' tag and mentions '+k8s:openapi-gen=', staging seen as vendor/,
+  # minus code-generator and sample-apiserver.
+  local dirs ndirs
+  dirs=$(
+    { find -H . \( -path './_*' -o -path './.*' -o -path ./vendor \) -prune -o -type f -name '*.go' -print0 \
+        | xargs -0 grep -lZ '^// *+k8s:' \
+        | xargs -0 grep -l '+k8s:openapi-gen=' || true; } \
+      | sed -e 's|^\./staging/src|vendor|' -e 's|^\./||' -e 's|/[^/]*$||' \
+      | { grep -vE '^vendor/k8s\.io/(code-generator|sample-apiserver)(/|$)' || true; } \
+      | LC_ALL=C sort -u | sed 's|^|k8s.io/kubernetes/|' | paste -sd, -
+  )
+  ndirs=$(tr ',' '\n' <<<"$dirs" | grep -c . || true)
+  echo "openapi-gen input packages ($ndirs): $dirs" >>"$BUILD_LOG"
+  [[ $ndirs -gt 50 ]] || build_fail "found only $ndirs packages tagged +k8s:openapi-gen="
+  "$BUILD_DIR/bin/openapi-gen" --logtostderr \
+    -i "$dirs" \
+    -p k8s.io/kubernetes/pkg/generated/openapi \
+    -O zz_generated.openapi \
+    -o "$GOPATH/src" \
+    -h vendor/k8s.io/code-generator/hack/boilerplate.go.txt \
+    -r "$BUILD_DIR/api-rule-violations.report" >>"$BUILD_LOG" 2>&1 \
+    || build_fail "openapi-gen"
+  [[ -s pkg/generated/openapi/zz_generated.openapi.go ]] || build_fail "openapi-gen produced no zz_generated.openapi.go"
+  # Upstream fails on unknown API-rule violations; here they are only informational.
+  diff "$BUILD_DIR/api-rule-violations.report" api/api-rules/violation_exceptions.list >>"$BUILD_LOG" 2>&1 || true
+
+  step 5 "replace vendored github.com/modern-go/reflect2 with Debian's v1.0.2 (Go >= 1.18 fix)"
+  local deb
+  deb=$(newest "$DOWNLOAD_DIR" 'golang-github-modern-go-reflect2-dev_*.deb')
+  if [[ -z $deb ]] || ! dpkg-deb --info "$deb" >/dev/null 2>&1; then
+    rm -f "$DOWNLOAD_DIR"/golang-github-modern-go-reflect2-dev_*.deb
+    (cd "$DOWNLOAD_DIR" && apt-get download -q golang-github-modern-go-reflect2-dev) >>"$BUILD_LOG" 2>&1 \
+      || build_fail "apt-get download golang-github-modern-go-reflect2-dev"
+    deb=$(newest "$DOWNLOAD_DIR" 'golang-github-modern-go-reflect2-dev_*.deb')
+    [[ -n $deb ]] || build_fail "golang-github-modern-go-reflect2-dev was not downloaded"
+  fi
+  local r2ver
+  r2ver=$(dpkg-deb -f "$deb" Version)
+  dpkg --compare-versions "$r2ver" ge 1.0.2 || build_fail "golang-github-modern-go-reflect2-dev is $r2ver, need >= 1.0.2"
+  dpkg-deb -x "$deb" "$BUILD_DIR/reflect2"
+  local r2src=$BUILD_DIR/reflect2/usr/share/gocode/src/github.com/modern-go/reflect2
+  local r2dst=vendor/github.com/modern-go/reflect2
+  [[ -f $r2src/reflect2.go && -d $r2dst ]] || build_fail "unexpected reflect2 layout"
+  rm -f "$r2dst"/*.go "$r2dst"/*.s
+  cp "$r2src"/*.go "$r2src"/*.s "$r2dst"/
+  log "      reflect2 $r2ver"
+
+  step 6 "go build ./cmd/kube-apiserver (the long part, ~5 min)"
+  local pfx=k8s.io/kubernetes/vendor/k8s.io ldflags="-s -w" kv key val
+  for kv in "gitVersion=v$upver" "gitMajor=${upver%%.*}" "gitMinor=$(cut -d. -f2 <<<"$upver")" \
+            "gitTreeState=archive" "buildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ)"; do
+    key=${kv%%=*}; val=${kv#*=}
+    ldflags+=" -X $pfx/component-base/version.$key=$val -X $pfx/client-go/pkg/version.$key=$val"
+  done
+  local out=$BUILD_DIR/go-build.out
+  "$GO" build -v -o "$BUILD_DIR/bin/kube-apiserver" -ldflags "$ldflags" ./cmd/kube-apiserver >"$out" 2>&1 &
+  local gopid=$! rc=0 t1=$SECONDS next=$((SECONDS + 30))
+  while kill -0 "$gopid" 2>/dev/null; do
+    sleep 2
+    if [[ $SECONDS -ge $next ]]; then
+      log "      ... still compiling: $((SECONDS - t1))s, $(wc -l <"$out") packages done"
+      next=$((SECONDS + 30))
+    fi
+  done
+  wait "$gopid" || rc=$?
+  cat "$out" >>"$BUILD_LOG"
+  [[ $rc -eq 0 ]] || build_fail "go build ./cmd/kube-apiserver (exit $rc)"
+  log "      compiled in $((SECONDS - t1))s"
+
+  step 7 "check the binary"
+  "$BUILD_DIR/bin/kube-apiserver" --version >>"$BUILD_LOG" 2>&1 || build_fail "the built kube-apiserver does not run"
+  log "      $("$BUILD_DIR/bin/kube-apiserver" --version)"
+
+  step 8 "install into $BIN_CACHE"
+  cp "$BUILD_DIR/bin/kube-apiserver" "$BIN_CACHE/.kube-apiserver.tmp.$$"
+  mv -f "$BIN_CACHE/.kube-apiserver.tmp.$$" "$BIN_CACHE/kube-apiserver"
+  cat >"$BIN_CACHE/BUILD-INFO" <<EOF
+kube-apiserver v$upver built $(date -u +%FT%TZ) by baton hack/control-plane.sh
+source: Debian kubernetes $debver (GOPATH mode, generated openapi, reflect2 $r2ver)
+go: $("$GO" version)
+EOF
+  cd /
+  if [[ ${BATON_KEEP_BUILD:-0} != 1 ]]; then
+    rm -rf "$BUILD_DIR" "$GO_BUILD_CACHE"
+  fi
+  log "kube-apiserver ready: $BIN_CACHE/kube-apiserver (build took $((SECONDS - t0))s)"
+}
+
+# Resolve (and if needed install) both binaries into APISERVER_BIN / ETCD_BIN.
+APISERVER_BIN=
+ETCD_BIN=
+ensure_binaries() {
+  # Misconfigured envtest variables are an error, not a reason to build.
+  if [[ -n ${TEST_ASSET_KUBE_APISERVER:-} && ! -x $TEST_ASSET_KUBE_APISERVER ]]; then
+    die "TEST_ASSET_KUBE_APISERVER=$TEST_ASSET_KUBE_APISERVER is not an executable file"
+  fi
+  if [[ -n ${TEST_ASSET_ETCD:-} && ! -x $TEST_ASSET_ETCD ]]; then
+    die "TEST_ASSET_ETCD=$TEST_ASSET_ETCD is not an executable file"
+  fi
+  if ! ETCD_BIN=$(find_etcd); then
+    install_etcd
+    ETCD_BIN=$(find_etcd) || die "etcd still not found after installing etcd-server"
+  fi
+  if ! APISERVER_BIN=$(find_apiserver); then
+    build_apiserver
+    APISERVER_BIN=$(find_apiserver) || die "kube-apiserver still not found after the build"
+  fi
+  ensure_tool openssl openssl
+  ensure_tool curl curl
+}
+
+cmd_install() {
+  ensure_binaries
+  log "kube-apiserver: $APISERVER_BIN"
+  log "etcd:           $ETCD_BIN"
+}
+
+# ---------------------------------------------------------------------------
+# processes
+
+# Start time of PID in clock ticks since boot (field 22 of /proc/PID/stat), to detect PID reuse.
+proc_starttime() {
+  local stat
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  stat=${stat##*) }                 # drop "pid (comm) " — comm may contain spaces
+  awk '{print $20}' <<<"$stat"      # field 22 overall = field 20 after pid and comm
+}
+
+proc_state() {
+  local stat
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  stat=${stat##*) }
+  echo "${stat%% *}"
+}
+
+# True if the process recorded for NAME is alive and is still the binary we started.
+proc_is_ours() { # NAME
+  local name=$1 pid exe want start want_start
+  [[ -f $CP_DIR/$name.pid && -f $CP_DIR/$name.exe && -f $CP_DIR/$name.start ]] || return 1
+  pid=$(<"$CP_DIR/$name.pid")
+  [[ $pid =~ ^[0-9]+$ ]] || return 1
+  [[ -d /proc/$pid ]] || return 1
+  [[ $(proc_state "$pid" || echo X) != Z ]] || return 1
+  exe=$(readlink "/proc/$pid/exe" 2>/dev/null) || return 1
+  exe=${exe% (deleted)}
+  want=$(<"$CP_DIR/$name.exe")
+  [[ $exe == "$want" ]] || return 1
+  start=$(proc_starttime "$pid") || return 1
+  want_start=$(<"$CP_DIR/$name.start")
+  [[ $start == "$want_start" ]]
+}
+
+# start_proc NAME BINARY ARGS... — detached in its own session, output to NAME.log, PID to NAME.pid.
+start_proc() {
+  local name=$1 bin=$2
+  shift 2
+  local pidfile=$CP_DIR/$name.pid logf=$CP_DIR/$name.log
+  rm -f "$pidfile"
+  printf '%s\n' "$bin" >"$CP_DIR/$name.exe"
+  { printf '== %s: %q' "$(date -u +%FT%TZ)" "$bin"; printf ' %q' "$@"; printf '\n'; } >>"$logf"
+  # The inner shell writes its own PID and then execs the server, so the PID file holds exactly
+  # the server's PID whether or not setsid had to fork. SIGHUP stays ignored (like nohup);
+  # the lock descriptors 8/9 are closed so the servers never hold our locks.
+  # shellcheck disable=SC2016
+  setsid bash -c 'echo $$ >"$0.tmp" && mv -f "$0.tmp" "$0"; trap "" HUP; exec "$@"' \
+    "$pidfile" "$bin" "$@" </dev/null >>"$logf" 2>&1 8>&- 9>&- &
+  local i pid
+  for ((i = 0; i < 100; i++)); do
+    [[ -s $pidfile ]] && break
+    sleep 0.05
+  done
+  [[ -s $pidfile ]] || die "$name did not start (log: $logf)"
+  pid=$(<"$pidfile")
+  # Wait until the exec has happened, then record the start time.
+  for ((i = 0; i < 100; i++)); do
+    [[ $(readlink "/proc/$pid/exe" 2>/dev/null || true) == "$bin" ]] && break
+    [[ -d /proc/$pid ]] || break
+    sleep 0.05
+  done
+  if [[ $(readlink "/proc/$pid/exe" 2>/dev/null || true) != "$bin" ]]; then
+    log "---- last 30 lines of $logf ----"; tail -n 30 "$logf" >&2 || true
+    die "$name (pid $pid) exited immediately or is not $bin"
+  fi
+  proc_starttime "$pid" >"$CP_DIR/$name.start"
+  log "started $name (pid $pid, log $logf)"
+}
+
+# stop_proc NAME — TERM, then KILL after a grace period; only if the PID is still our binary.
+stop_proc() {
+  local name=$1 pid i
+  [[ -f $CP_DIR/$name.pid ]] || return 0
+  pid=$(<"$CP_DIR/$name.pid")
+  if ! proc_is_ours "$name"; then
+    log "$name: pid ${pid:-?} is not running (or is no longer $name); nothing to stop"
+    rm -f "$CP_DIR/$name.pid"
+    return 0
+  fi
+  kill -TERM "$pid" 2>/dev/null || true
+  for ((i = 0; i < 150; i++)); do
+    proc_is_ours "$name" || break
+    sleep 0.1
+  done
+  if proc_is_ours "$name"; then
+    log "$name (pid $pid) ignored SIGTERM for 15s; sending SIGKILL"
+    kill -KILL "$pid" 2>/dev/null || true
+    for ((i = 0; i < 50; i++)); do
+      proc_is_ours "$name" || break
+      sleep 0.1
+    done
+  fi
+  proc_is_ours "$name" && die "$name (pid $pid) is still running"
+  rm -f "$CP_DIR/$name.pid"
+  log "stopped $name (pid $pid)"
+}
+
+stop_all() {
+  stop_proc kube-apiserver
+  stop_proc etcd
+}
+
+read_state() { # read_state KEY — from $CP_DIR/state (KEY=VALUE lines written by up)
+  [[ -f $CP_DIR/state ]] || return 1
+  local k v
+  while IFS='=' read -r k v; do
+    [[ $k == "$1" ]] && { echo "$v"; return 0; }
+  done <"$CP_DIR/state"
+  return 1
+}
+
+readyz() { # prints the /readyz body; status 0 only if it is "ok"
+  local port token body
+  port=$(read_state API_PORT) || return 1
+  token=$(<"$CP_DIR/admin.token") || return 1
+  body=$(curl -sS --max-time 3 --cacert "$PKI/ca.crt" -H "Authorization: Bearer $token" \
+    "https://127.0.0.1:$port/readyz" 2>&1) || { echo "$body"; return 1; }
+  echo "$body"
+  [[ $body == ok ]]
+}
+
+is_up() {
+  proc_is_ours etcd && proc_is_ours kube-apiserver && readyz >/dev/null 2>&1
+}
+
+# ---------------------------------------------------------------------------
+# certificates and kubeconfig
+
+gen_pki() {
+  mkdir -p "$PKI"
+  local olog=$CP_DIR/openssl.log
+  {
+    openssl req -x509 -newkey rsa:2048 -nodes -sha256 -days 3650 \
+      -keyout "$PKI/ca.key" -out "$PKI/ca.crt" -subj "/CN=baton-local-ca" \
+      -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature"
+    openssl req -new -newkey rsa:2048 -nodes -sha256 \
+      -keyout "$PKI/apiserver.key" -out "$PKI/apiserver.csr" -subj "/CN=kube-apiserver"
+    cat >"$PKI/apiserver.ext" <<EOF
+basicConstraints=critical,CA:FALSE
+keyUsage=critical,digitalSignature,keyEncipherment
+extendedKeyUsage=serverAuth
+subjectAltName=IP:127.0.0.1,IP:0:0:0:0:0:0:0:1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local
+EOF
+    openssl x509 -req -sha256 -days 365 -in "$PKI/apiserver.csr" -CA "$PKI/ca.crt" -CAkey "$PKI/ca.key" \
+      -CAcreateserial -out "$PKI/apiserver.crt" -extfile "$PKI/apiserver.ext"
+    openssl genrsa -out "$PKI/sa.key" 2048
+    openssl rsa -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub"
+  } >>"$olog" 2>&1 || { tail -n 20 "$olog" >&2; die "openssl failed (log: $olog)"; }
+  chmod 600 "$PKI"/*.key
+}
+
+write_kubeconfig() { # PORT TOKEN
+  local tmp=$KUBECONFIG_PATH.tmp
+  cat >"$tmp" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: $CONTEXT
+  cluster:
+    server: https://127.0.0.1:$1
+    certificate-authority-data: $(base64 -w0 "$PKI/ca.crt")
+users:
+- name: $CONTEXT-admin
+  user:
+    token: $2
+contexts:
+- name: $CONTEXT
+  context:
+    cluster: $CONTEXT
+    user: $CONTEXT-admin
+    namespace: default
+current-context: $CONTEXT
+EOF
+  chmod 600 "$tmp"
+  mv -f "$tmp" "$KUBECONFIG_PATH"
+}
+
+# ---------------------------------------------------------------------------
+# commands
+
+UP_DONE=0
+up_cleanup() {
+  if [[ $UP_DONE -eq 0 && -f $CP_DIR/$MARKER ]]; then
+    log "start-up failed; stopping what was started (logs kept in $CP_DIR until 'down')"
+    stop_all || true
+  fi
+  cleanup_policy_rc
+}
+
+print_ready() {
+  log "kube-apiserver: https://127.0.0.1:$(read_state API_PORT)  etcd: http://127.0.0.1:$(read_state ETCD_PORT)"
+  log "kubeconfig:     $KUBECONFIG_PATH (context $CONTEXT)"
+  log "use it with:    eval \"\$(${0} env)\"   or   kubectl --kubeconfig $KUBECONFIG_PATH ..."
+  echo "KUBECONFIG=$KUBECONFIG_PATH"
+}
+
+cmd_up() {
+  take_lock "$CP_DIR.lock" 9 "$0 up/down"
+  if [[ -f $CP_DIR/$MARKER ]] && is_up; then
+    log "control plane already up and ready"
+    print_ready
+    return 0
+  fi
+  ensure_binaries
+
+  if [[ -e $CP_DIR ]]; then
+    if [[ -f $CP_DIR/$MARKER ]]; then
+      log "found a stopped or unhealthy control plane in $CP_DIR; cleaning it up first"
+      stop_all
+      rm -rf "$CP_DIR"
+    elif [[ -d $CP_DIR && -z $(ls -A "$CP_DIR") ]]; then
+      rmdir "$CP_DIR"
+    else
+      die "$CP_DIR exists and was not created by this script; refusing to use it (set BATON_CP_DIR elsewhere)"
+    fi
+  fi
+  (umask 077 && mkdir -p "$CP_DIR")
+  : >"$CP_DIR/$MARKER"
+  UP_DONE=0
+  trap up_cleanup EXIT
+
+  local etcd_port peer_port api_port token
+  etcd_port=$(choose_port "${BATON_CP_ETCD_PORT:-}" 2379 etcd-client)
+  peer_port=$(choose_port "${BATON_CP_ETCD_PEER_PORT:-}" 2380 etcd-peer "$etcd_port")
+  api_port=$(choose_port "${BATON_CP_API_PORT:-}" 6443 kube-apiserver "$etcd_port" "$peer_port")
+  [[ $etcd_port != "$peer_port" && $api_port != "$etcd_port" && $api_port != "$peer_port" ]] \
+    || die "ports must differ: etcd $etcd_port, etcd peer $peer_port, apiserver $api_port"
+  printf 'API_PORT=%s\nETCD_PORT=%s\nETCD_PEER_PORT=%s\nAPISERVER_BIN=%s\nETCD_BIN=%s\n' \
+    "$api_port" "$etcd_port" "$peer_port" "$APISERVER_BIN" "$ETCD_BIN" >"$CP_DIR/state"
+
+  gen_pki
+  token=$(openssl rand -hex 32)
+  (umask 077 && printf '%s\n' "$token" >"$CP_DIR/admin.token")
+  (umask 077 && printf '%s,admin,admin,system:masters\n' "$token" >"$CP_DIR/tokens.csv")
+
+  local -a etcd_args=(
+    --name=baton --data-dir="$CP_DIR/etcd-data"
+    --listen-client-urls="http://127.0.0.1:$etcd_port" --advertise-client-urls="http://127.0.0.1:$etcd_port"
+    --listen-peer-urls="http://127.0.0.1:$peer_port" --initial-advertise-peer-urls="http://127.0.0.1:$peer_port"
+    --initial-cluster="baton=http://127.0.0.1:$peer_port" --initial-cluster-state=new
+  )
+  # Test data only: skip fsync when this etcd supports it (3.4.10+).
+  if "$ETCD_BIN" --help 2>&1 | grep -q -- '--unsafe-no-fsync'; then etcd_args+=(--unsafe-no-fsync); fi
+  case $(uname -m) in aarch64 | arm64) export ETCD_UNSUPPORTED_ARCH=arm64 ;; esac
+  start_proc etcd "$ETCD_BIN" "${etcd_args[@]}"
+
+  local i
+  for ((i = 0; i < 300; i++)); do
+    curl -s --max-time 2 "http://127.0.0.1:$etcd_port/health" 2>/dev/null | grep -q '"health":"true"' && break
+    proc_is_ours etcd || { log "---- last 30 lines of $CP_DIR/etcd.log ----"; tail -n 30 "$CP_DIR/etcd.log" >&2; die "etcd exited during start-up"; }
+    sleep 0.1
+  done
+  [[ $i -lt 300 ]] || { tail -n 30 "$CP_DIR/etcd.log" >&2; die "etcd not healthy after 30s"; }
+
+  write_kubeconfig "$api_port" "$token"
+  start_proc kube-apiserver "$APISERVER_BIN" \
+    --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$api_port" \
+    --etcd-servers="http://127.0.0.1:$etcd_port" \
+    --cert-dir="$PKI" --tls-cert-file="$PKI/apiserver.crt" --tls-private-key-file="$PKI/apiserver.key" \
+    --client-ca-file="$PKI/ca.crt" \
+    --token-auth-file="$CP_DIR/tokens.csv" \
+    --authorization-mode=RBAC \
+    --service-account-issuer=https://kubernetes.default.svc.cluster.local \
+    --service-account-key-file="$PKI/sa.pub" --service-account-signing-key-file="$PKI/sa.key" \
+    --service-cluster-ip-range="$SERVICE_CIDR" \
+    --endpoint-reconciler-type=none \
+    --disable-admission-plugins=ServiceAccount \
+    --allow-privileged=true
+
+  local t0=$SECONDS body=
+  log "waiting for /readyz (timeout ${READY_TIMEOUT}s)"
+  while :; do
+    if body=$(readyz); then break; fi
+    if ! proc_is_ours kube-apiserver; then
+      log "---- last 40 lines of $CP_DIR/kube-apiserver.log ----"; tail -n 40 "$CP_DIR/kube-apiserver.log" >&2
+      die "kube-apiserver exited during start-up"
+    fi
+    if ! proc_is_ours etcd; then
+      log "---- last 30 lines of $CP_DIR/etcd.log ----"; tail -n 30 "$CP_DIR/etcd.log" >&2
+      die "etcd exited during start-up"
+    fi
+    if ((SECONDS - t0 >= READY_TIMEOUT)); then
+      log "---- last 40 lines of $CP_DIR/kube-apiserver.log ----"; tail -n 40 "$CP_DIR/kube-apiserver.log" >&2
+      log "---- last /readyz answer ----"; printf '%s\n' "$body" | tail -n 30 >&2
+      die "kube-apiserver not ready after ${READY_TIMEOUT}s (BATON_CP_TIMEOUT)"
+    fi
+    sleep 0.25
+  done
+  UP_DONE=1
+  log "control plane ready in $((SECONDS - t0))s after start"
+  print_ready
+}
+
+cmd_down() {
+  take_lock "$CP_DIR.lock" 9 "$0 up/down"
+  if [[ ! -e $CP_DIR ]]; then
+    log "control plane is not running (no $CP_DIR)"
+    return 0
+  fi
+  if [[ ! -f $CP_DIR/$MARKER ]]; then
+    if [[ -d $CP_DIR && -z $(ls -A "$CP_DIR") ]]; then
+      rmdir "$CP_DIR"
+      log "control plane is not running (removed empty $CP_DIR)"
+      return 0
+    fi
+    die "$CP_DIR was not created by this script; not touching it"
+  fi
+  stop_all
+  rm -rf "$CP_DIR"
+  log "control plane down; removed $CP_DIR"
+}
+
+cmd_status() {
+  if [[ ! -f $CP_DIR/$MARKER ]]; then
+    echo "down (no state in $CP_DIR)"
+    return 1
+  fi
+  local name pid ok=1
+  for name in etcd kube-apiserver; do
+    if proc_is_ours "$name"; then
+      pid=$(<"$CP_DIR/$name.pid")
+      echo "$name: running (pid $pid)"
+    else
+      echo "$name: not running"
+      ok=0
+    fi
+  done
+  if [[ $ok -eq 1 ]] && readyz >/dev/null 2>&1; then
+    echo "up: https://127.0.0.1:$(read_state API_PORT) ready; kubeconfig $KUBECONFIG_PATH (context $CONTEXT)"
+    return 0
+  fi
+  echo "not ready (state in $CP_DIR; run '$0 down' or '$0 up')"
+  return 1
+}
+
+cmd_env() {
+  if ! is_up; then
+    log "warning: the control plane is not up; run: $0 up"
+  fi
+  printf 'export KUBECONFIG=%q\n' "$KUBECONFIG_PATH"
+}
+
+main() {
+  trap 'exit 130' INT
+  trap 'exit 143' TERM
+  local sub=${1:-help}
+  [[ $# -gt 0 ]] && shift
+  [[ $# -eq 0 ]] || die "unexpected arguments: $* (see: $0 help)"
+  case $sub in
+    install) cmd_install ;;
+    up) cmd_up ;;
+    down) cmd_down ;;
+    status) cmd_status ;;
+    env) cmd_env ;;
+    help | -h | --help) usage ;;
+    *) usage >&2; exit 2 ;;
+  esac
+}
+
+main "$@"

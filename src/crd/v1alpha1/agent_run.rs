@@ -1,0 +1,438 @@
+//! The `AgentRun` custom resource: one long-lived agent turn.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{ResourceRequirements, Toleration};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// An agent turn that baton keeps alive across pod deaths, drains and rollouts.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "baton.dev",
+    version = "v1alpha1",
+    kind = "AgentRun",
+    plural = "agentruns",
+    singular = "agentrun",
+    shortname = "ar",
+    namespaced,
+    status = "AgentRunStatus",
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(name = "Attempt", type_ = "integer", json_path = ".status.attempt"),
+    printcolumn(name = "Steps", type_ = "integer", json_path = ".status.steps"),
+    printcolumn(
+        name = "Unknown effects",
+        type_ = "integer",
+        json_path = ".status.unknownEffectCount"
+    ),
+    printcolumn(name = "Worker", type_ = "string", json_path = ".status.worker"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentRunSpec {
+    /// The user message that starts the turn.
+    #[schemars(length(min = 1))]
+    pub input: String,
+    /// Later user messages, append-only: answers to a run that is `WaitingInput`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inputs: Vec<String>,
+    /// Admission key: at most one live run per (namespace, threadKey). Others wait `Pending`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    )]
+    pub thread_key: Option<String>,
+    /// The agent: its model, system prompt, step budget and tools.
+    pub agent: AgentSpec,
+    /// Run lease timing: how the worker proves it is alive.
+    #[serde(default)]
+    pub lease: LeaseSpec,
+    /// How many attempts may end by dying (lease expiry or pod death) before the run ends
+    /// `Interrupted`. A graceful handoff or an input wait does not count.
+    #[serde(default = "default_max_attempts")]
+    #[schemars(range(min = 1, max = 100))]
+    pub max_attempts: i32,
+    /// Set to true to stop the run. The worker cancels the step in flight and the run ends `Stopped`.
+    #[serde(default)]
+    pub stop: bool,
+    /// Delete the run (and, by owner references, its ledger) this long after it finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub ttl_seconds_after_finished: Option<i64>,
+    /// Settings for the worker pods that execute the run.
+    #[serde(default)]
+    pub worker: WorkerSpec,
+}
+
+fn default_max_attempts() -> i32 {
+    3
+}
+
+/// The agent that executes the turn.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentSpec {
+    /// The model that drives the agent.
+    pub model: ModelSpec,
+    /// System prompt given to the model before the user's input.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_prompt: Option<String>,
+    /// Maximum number of tool steps in the turn; the run fails with `MaxStepsExceeded` past it.
+    #[serde(default = "default_max_steps")]
+    #[schemars(range(min = 1, max = 100000))]
+    pub max_steps: i32,
+    /// Tools the model may call.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<ToolSpec>,
+}
+
+fn default_max_steps() -> i32 {
+    50
+}
+
+/// Which model provider drives the agent.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum Provider {
+    /// Deterministic turns from `script`: no network; for demos and tests.
+    #[default]
+    Scripted,
+    /// An OpenAI-compatible Chat Completions endpoint (OpenAI, vLLM, Ollama, llama.cpp).
+    Openai,
+    /// The Anthropic Messages API.
+    Anthropic,
+}
+
+/// The model and how to reach it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelSpec {
+    /// Model provider.
+    #[serde(default)]
+    pub provider: Provider,
+    /// Model name as the provider knows it (for example `gpt-4o-mini`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Base URL of the provider's API; defaults to the provider's public endpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    /// Secret key holding the API key. It reaches the worker only as an environment variable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_secret_ref: Option<SecretKeyRef>,
+    /// For `scripted`: the model's turns, in order. A turn without tool calls ends the run.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub script: Vec<ScriptTurn>,
+}
+
+/// A key in a Secret in the run's namespace.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretKeyRef {
+    /// Secret name.
+    #[schemars(length(min = 1))]
+    pub name: String,
+    /// Key within the Secret.
+    #[schemars(length(min = 1))]
+    pub key: String,
+}
+
+/// One scripted model turn.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ScriptTurn {
+    /// Text the model says in this turn (streamed as deltas).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// Tool calls the model makes in this turn, run in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ScriptToolCall>,
+    /// How long the scripted model "thinks" before answering, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 3600000))]
+    pub delay_milliseconds: Option<i64>,
+}
+
+/// A scripted tool call.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ScriptToolCall {
+    /// Name of a tool in `agent.tools`.
+    #[schemars(length(min = 1))]
+    pub tool: String,
+    /// Arguments, as the tool expects them (`command` for shell; `method`, `url`, `body` for http;
+    /// `question` for askUser).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub arguments: BTreeMap<String, String>,
+}
+
+/// What a tool does.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum ToolKind {
+    /// Runs `sh -c <command>` in the worker container.
+    Shell,
+    /// Sends an HTTP request; non-GET requests carry an `Idempotency-Key` header.
+    Http,
+    /// Asks the user a question: the run waits (`WaitingInput`) for an entry in `spec.inputs`.
+    AskUser,
+}
+
+/// A tool the model may call.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolSpec {
+    /// Name the model calls the tool by.
+    #[schemars(length(min = 1, max = 64), regex(pattern = r"^[a-zA-Z0-9_-]+$"))]
+    pub name: String,
+    /// What the tool does.
+    pub kind: ToolKind,
+    /// Description given to the model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// True when running the tool twice has the effect of running it once. Only idempotent
+    /// tools are re-run when a resumed run finds their effect unknown.
+    #[serde(default)]
+    pub idempotent: bool,
+    /// How long one call may take before it is cancelled and reported as timed out.
+    #[serde(default = "default_tool_timeout")]
+    #[schemars(range(min = 1, max = 86400))]
+    pub timeout_seconds: i64,
+    /// A check, run at resume, of whether a step whose effect is unknown landed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe: Option<ProbeSpec>,
+}
+
+fn default_tool_timeout() -> i64 {
+    60
+}
+
+/// A shell command that tells whether a step's effect landed. It runs with the step's
+/// `BATON_*` environment and its arguments as `BATON_ARG_<NAME>`.
+/// Exit 0: applied (recorded, not re-run). Exit 1: not applied (safe to run). Anything else: unknown.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProbeSpec {
+    /// Command run with `sh -c`.
+    #[schemars(length(min = 1))]
+    pub command: String,
+    /// How long the probe may take.
+    #[serde(default = "default_probe_timeout")]
+    #[schemars(range(min = 1, max = 3600))]
+    pub timeout_seconds: i64,
+}
+
+fn default_probe_timeout() -> i64 {
+    30
+}
+
+/// Run lease timing.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LeaseSpec {
+    /// How long a worker's claim lasts without renewal. Must exceed `renewSeconds`.
+    #[serde(default = "default_lease_duration")]
+    #[schemars(range(min = 2, max = 3600))]
+    pub duration_seconds: i32,
+    /// How often the worker renews its claim.
+    #[serde(default = "default_renew")]
+    #[schemars(range(min = 1, max = 3599))]
+    pub renew_seconds: i32,
+    /// How long a new worker pod may take to make its first renewal.
+    #[serde(default = "default_startup")]
+    #[schemars(range(min = 1, max = 86400))]
+    pub startup_seconds: i32,
+}
+
+fn default_lease_duration() -> i32 {
+    30
+}
+fn default_renew() -> i32 {
+    10
+}
+fn default_startup() -> i32 {
+    300
+}
+
+impl Default for LeaseSpec {
+    fn default() -> Self {
+        Self {
+            duration_seconds: default_lease_duration(),
+            renew_seconds: default_renew(),
+            startup_seconds: default_startup(),
+        }
+    }
+}
+
+/// Settings for the worker pods.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkerSpec {
+    /// Worker image; defaults to the controller's configured worker image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// Compute resources of the worker container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// ServiceAccount the worker pod runs as.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_account_name: Option<String>,
+    /// Node selector of the worker pod.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    /// Tolerations of the worker pod.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+}
+
+/// Where a run is in its life.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
+pub enum Phase {
+    /// Waiting for admission (its thread is busy) or for its first claim.
+    #[default]
+    Pending,
+    /// A worker holds the run and works on it.
+    Running,
+    /// The worker handed the run off (drain, rollout); the next worker continues at once.
+    Handoff,
+    /// The agent asked the user a question; a new entry in `spec.inputs` resumes it.
+    WaitingInput,
+    /// The worker committed the outcome; the controller releases the lease and admission.
+    Finishing,
+    /// The turn ended with a final answer.
+    Succeeded,
+    /// The turn cannot succeed (bad spec, permanent provider error, step budget).
+    Failed,
+    /// The run kept dying, or its transcript could not be stored; partial output salvaged.
+    Interrupted,
+    /// Stopped on request (`spec.stop`).
+    Stopped,
+}
+
+impl Phase {
+    /// True for the phases a run never leaves.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            Phase::Succeeded | Phase::Failed | Phase::Interrupted | Phase::Stopped
+        )
+    }
+
+    /// The name as it appears in the API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Pending => "Pending",
+            Phase::Running => "Running",
+            Phase::Handoff => "Handoff",
+            Phase::WaitingInput => "WaitingInput",
+            Phase::Finishing => "Finishing",
+            Phase::Succeeded => "Succeeded",
+            Phase::Failed => "Failed",
+            Phase::Interrupted => "Interrupted",
+            Phase::Stopped => "Stopped",
+        }
+    }
+}
+
+impl std::fmt::Display for Phase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Observed state of a run. Every write is a resourceVersion compare-and-swap.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentRunStatus {
+    /// Where the run is in its life.
+    #[serde(default)]
+    pub phase: Phase,
+    /// The current attempt; equals the fence.
+    #[serde(default)]
+    pub attempt: i64,
+    /// Attempts that ended by dying (lease expiry or pod death).
+    #[serde(default)]
+    pub failed_attempts: i32,
+    /// The fencing token of the current owner. Only a writer holding it may write.
+    #[serde(default)]
+    pub fence: i64,
+    /// The worker pod of the current attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker: Option<String>,
+    /// When the run was first claimed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<Time>,
+    /// When the run reached a terminal phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_time: Option<Time>,
+    /// The spec generation this status reflects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Tool steps taken so far.
+    #[serde(default)]
+    pub steps: i64,
+    /// Steps whose effects are unknown because their worker died while they ran.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unknown_effects: Vec<UnknownEffect>,
+    /// Number of entries in `unknownEffects` (for `kubectl get`).
+    #[serde(default)]
+    pub unknown_effect_count: i64,
+    /// Size of the durable ledger.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ledger: Option<LedgerStats>,
+    /// How many entries of `spec.inputs` the run has consumed.
+    #[serde(default)]
+    pub inputs_consumed: i64,
+    /// The final answer, or the salvaged partial output when `Interrupted`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<String>,
+    /// True when `output` is a partial salvage rather than a final answer.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub output_partial: bool,
+    /// The phase a `Finishing` run ends in (`Succeeded` or `Failed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<Phase>,
+    /// Machine-readable reason for the current phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Human-readable detail for the current phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Conditions in the Kubernetes convention: Admitted, LeaseHeld, Resumed, Complete.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// A step whose effect is unknown: its worker died between recording the intent and the result.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UnknownEffect {
+    /// Step number.
+    pub step: i64,
+    /// Tool the step called.
+    pub tool: String,
+    /// The attempt that started the step.
+    pub attempt: i64,
+    /// What was done about it: `unknown`, `applied` (probe), `notApplied` (probe), `rerun` (idempotent).
+    pub resolution: String,
+    /// A short summary of the call.
+    pub summary: String,
+}
+
+/// Size of a run's ledger.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LedgerStats {
+    /// Number of LedgerSegments.
+    pub segments: i64,
+    /// Number of events.
+    pub events: i64,
+    /// Bytes stored.
+    pub bytes: i64,
+}

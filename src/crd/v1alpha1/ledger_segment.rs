@@ -1,0 +1,144 @@
+//! The `LedgerSegment` custom resource: one immutable piece of a run's append-only ledger.
+
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// The ledger format this build writes. Every worker reads all formats up to this one.
+pub const LEDGER_FORMAT_VERSION: i32 = 1;
+
+/// One segment of a run's durable, append-only ledger: the transcript and the write-ahead
+/// step record. Created once at position `seq` by the owner of fence `fence`; never updated.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "baton.dev",
+    version = "v1alpha1",
+    kind = "LedgerSegment",
+    plural = "ledgersegments",
+    singular = "ledgersegment",
+    shortname = "lseg",
+    namespaced,
+    printcolumn(name = "Run", type_ = "string", json_path = ".spec.run"),
+    printcolumn(name = "Seq", type_ = "integer", json_path = ".spec.seq"),
+    printcolumn(name = "Fence", type_ = "integer", json_path = ".spec.fence"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct LedgerSegmentSpec {
+    /// Name of the AgentRun this segment belongs to.
+    #[schemars(length(min = 1))]
+    pub run: String,
+    /// Position in the ledger, from 1, without gaps.
+    #[schemars(range(min = 1))]
+    pub seq: i64,
+    /// Fencing token of the writer.
+    #[schemars(range(min = 1))]
+    pub fence: i64,
+    /// Ledger format version of the events.
+    #[serde(default = "default_format")]
+    #[schemars(range(min = 1))]
+    pub format: i32,
+    /// The events, in order.
+    #[schemars(schema_with = "events_schema")]
+    pub events: Vec<LedgerEvent>,
+}
+
+fn default_format() -> i32 {
+    LEDGER_FORMAT_VERSION
+}
+
+/// Events are a tagged union; Kubernetes' structural schemas cannot express one, so each event
+/// is stored as an object whose `type` field is required and whose other fields are kept as written.
+fn events_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "array",
+        "description": "The events, in order. Each has a `type` and the fields of that type.",
+        "items": {
+            "type": "object",
+            "required": ["type"],
+            "properties": { "type": { "type": "string" } },
+            "x-kubernetes-preserve-unknown-fields": true
+        }
+    })
+}
+
+/// Who speaks in a transcript message.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum Role {
+    System,
+    User,
+    Assistant,
+}
+
+/// What a probe found about a step whose effect was unknown.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum ProbeOutcome {
+    /// The effect landed: recorded, not re-run.
+    Applied,
+    /// The effect did not land: the step is safe to run again.
+    NotApplied,
+    /// The probe could not tell.
+    Unknown,
+}
+
+/// One ledger event. Field names are part of the stored format: add, never rename.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(
+    tag = "type",
+    rename_all = "camelCase",
+    rename_all_fields = "camelCase"
+)]
+pub enum LedgerEvent {
+    /// A worker with this fence started (its first write).
+    AttemptStarted { fence: i64, pod: String },
+    /// A transcript message.
+    Message { role: Role, content: String },
+    /// Streamed model text. Never promoted to a message if its attempt dies.
+    ModelDelta { text: String },
+    /// Write-ahead record of a tool call, appended (and awaited) before the tool runs.
+    StepIntent {
+        step: i64,
+        tool: String,
+        call_id: String,
+        input: String,
+        idempotent: bool,
+    },
+    /// The tool's result.
+    StepResult {
+        step: i64,
+        output: String,
+        is_error: bool,
+    },
+    /// The step's worker died while it ran: its effect is unknown.
+    StepUnknown { step: i64, attempt: i64 },
+    /// A probe's finding for an unknown step.
+    StepProbed { step: i64, outcome: ProbeOutcome },
+    /// A user input consumed by the run (index into `spec.inputs`, from 0).
+    Input { index: i64, content: String },
+    /// The agent waits for the user's answer to an `askUser` step.
+    WaitingInput { step: i64, question: String },
+    /// The worker handed the run off gracefully.
+    Handoff,
+    /// The turn's final answer.
+    Final { output: String },
+    /// The turn failed for good (bad spec, permanent provider error, step budget).
+    Failed { reason: String, message: String },
+    /// The run was stopped on request.
+    Stopped,
+    /// Seal: the controller claimed the run for `fence`; older owners' appends collide from here.
+    Claimed { fence: i64, pod: String },
+    /// Seal: the controller ended the run; nothing may be appended after it.
+    Closed { fence: i64, reason: String },
+    /// A piece of an event too large for one segment; `total` pieces rebuild its JSON.
+    Chunk {
+        index: i64,
+        total: i64,
+        data: String,
+    },
+}

@@ -1,0 +1,203 @@
+//! The Lease I/O edge. Every write is a compare-and-swap on the resourceVersion just read, and
+//! every worker write also checks holder and fence in that same write.
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec as K8sLeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, OwnerReference};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{ObjectMeta, PostParams};
+use kube::{Api, Client, ResourceExt};
+use std::collections::BTreeMap;
+
+use super::{LeaseError, held_by, lease_fence, run_lease_name};
+use crate::crd::{FENCE_ANNOTATION, MANAGED_BY_LABEL, RUN_LABEL};
+use crate::kube_util::{is_conflict, is_not_found};
+use crate::ledger::store::label_value;
+
+/// How many times a write is retried on 409 while the Lease still shows our claim.
+const CONFLICT_RETRIES: usize = 5;
+
+/// Controller-side access to run Leases.
+#[derive(Clone)]
+pub struct LeaseClient {
+    api: Api<Lease>,
+}
+
+impl LeaseClient {
+    pub fn new(client: Client, namespace: &str) -> Self {
+        Self {
+            api: Api::namespaced(client, namespace),
+        }
+    }
+
+    /// Reads the run's Lease from the API server (not a cache).
+    pub async fn get(&self, run: &str) -> Result<Option<Lease>, LeaseError> {
+        Ok(self.api.get_opt(&run_lease_name(run)).await?)
+    }
+
+    /// Moves the run's Lease to `holder` under `fence` (creating it, owned by the run, if
+    /// missing). A Lease already at this fence or a newer one is left alone. On 409 it re-reads
+    /// and tries again: a renewal by the old holder in between does not undo the claim.
+    pub async fn move_to(
+        &self,
+        run: &str,
+        owner: OwnerReference,
+        holder: &str,
+        fence: i64,
+        duration_seconds: i32,
+    ) -> Result<Lease, LeaseError> {
+        for _ in 0..CONFLICT_RETRIES {
+            let current = self.get(run).await?;
+            if let Some(lease) = &current
+                && lease_fence(lease).is_some_and(|f| f >= fence)
+            {
+                return Ok(lease.clone());
+            }
+            let desired = moved_lease(current, run, owner.clone(), holder, fence, duration_seconds);
+            let result = match desired.resource_version() {
+                Some(_) => {
+                    self.api
+                        .replace(&desired.name_any(), &PostParams::default(), &desired)
+                        .await
+                }
+                None => self.api.create(&PostParams::default(), &desired).await,
+            };
+            match result {
+                Ok(lease) => return Ok(lease),
+                Err(err) if is_conflict(&err) || crate::kube_util::is_already_exists(&err) => {
+                    continue;
+                }
+                Err(err) => return Err(err.into()),
+            }
+        }
+        Err(LeaseError::Kube(kube::Error::Api(Box::new(
+            conflict_status(run),
+        ))))
+    }
+}
+
+fn conflict_status(run: &str) -> kube::core::Status {
+    kube::core::Status::failure(&format!("lease for run {run} kept changing"), "Conflict")
+        .with_code(409)
+}
+
+/// The Lease as it looks right after a claim: new holder and fence, not yet renewed.
+fn moved_lease(
+    current: Option<Lease>,
+    run: &str,
+    owner: OwnerReference,
+    holder: &str,
+    fence: i64,
+    duration_seconds: i32,
+) -> Lease {
+    let mut lease = current.unwrap_or_else(|| Lease {
+        metadata: ObjectMeta {
+            name: Some(run_lease_name(run)),
+            owner_references: Some(vec![owner]),
+            labels: Some(BTreeMap::from([
+                (RUN_LABEL.to_string(), label_value(run)),
+                (MANAGED_BY_LABEL.to_string(), "baton".to_string()),
+            ])),
+            ..ObjectMeta::default()
+        },
+        spec: None,
+    });
+    lease
+        .annotations_mut()
+        .insert(FENCE_ANNOTATION.to_string(), fence.to_string());
+    lease.spec = Some(K8sLeaseSpec {
+        holder_identity: Some(holder.to_string()),
+        lease_duration_seconds: Some(duration_seconds),
+        acquire_time: Some(MicroTime(Timestamp::now())),
+        renew_time: None,
+        lease_transitions: Some(fence as i32),
+        ..K8sLeaseSpec::default()
+    });
+    lease
+}
+
+/// A worker's claim on its run Lease.
+#[derive(Clone)]
+pub struct WorkerLease {
+    api: Api<Lease>,
+    name: String,
+    holder: String,
+    fence: i64,
+}
+
+impl WorkerLease {
+    pub fn new(client: Client, namespace: &str, run: &str, holder: &str, fence: i64) -> Self {
+        Self {
+            api: Api::namespaced(client, namespace),
+            name: run_lease_name(run),
+            holder: holder.into(),
+            fence,
+        }
+    }
+
+    /// Reads the Lease and checks that it names us under our fence.
+    pub async fn verify(&self) -> Result<Lease, LeaseError> {
+        let lease = self
+            .api
+            .get_opt(&self.name)
+            .await?
+            .ok_or_else(|| LeaseError::Missing {
+                name: self.name.clone(),
+            })?;
+        if !held_by(&lease, &self.holder, self.fence) {
+            return Err(self.lost(&lease));
+        }
+        Ok(lease)
+    }
+
+    /// Renews the claim: a CAS that only lands while the Lease still names us under our fence.
+    pub async fn renew(&self) -> Result<Lease, LeaseError> {
+        self.update(|spec| spec.renew_time = Some(MicroTime(Timestamp::now())))
+            .await
+    }
+
+    /// Releases the claim (handoff, input wait, finish): the holder is cleared, the fence kept.
+    pub async fn release(&self) -> Result<Lease, LeaseError> {
+        self.update(|spec| {
+            spec.holder_identity = None;
+            spec.renew_time = Some(MicroTime(Timestamp::now()));
+        })
+        .await
+    }
+
+    async fn update(&self, change: impl Fn(&mut K8sLeaseSpec)) -> Result<Lease, LeaseError> {
+        for _ in 0..CONFLICT_RETRIES {
+            let mut lease = self.verify().await?;
+            change(lease.spec.get_or_insert_with(K8sLeaseSpec::default));
+            match self
+                .api
+                .replace(&self.name, &PostParams::default(), &lease)
+                .await
+            {
+                Ok(lease) => return Ok(lease),
+                Err(err) if is_conflict(&err) => continue,
+                Err(err) if is_not_found(&err) => {
+                    return Err(LeaseError::Missing {
+                        name: self.name.clone(),
+                    });
+                }
+                Err(err) => return Err(err.into()),
+            }
+        }
+        Err(LeaseError::Kube(kube::Error::Api(Box::new(
+            conflict_status(&self.name),
+        ))))
+    }
+
+    fn lost(&self, lease: &Lease) -> LeaseError {
+        LeaseError::Lost {
+            name: self.name.clone(),
+            holder: super::lease_holder(lease).map(Into::into),
+            fence: lease_fence(lease),
+            ours: self.fence,
+        }
+    }
+
+    pub fn fence(&self) -> i64 {
+        self.fence
+    }
+}

@@ -1,0 +1,44 @@
+//! Run leases (DESIGN.md §2–§3): who holds a run, under which fence, and whether it is alive.
+//!
+//! `rules` is pure (names, fences, expiry on the controller's own clock); `client` is the
+//! Lease I/O edge with the fenced renew, release and move.
+
+pub mod client;
+mod rules;
+
+pub use client::{LeaseClient, WorkerLease};
+pub use rules::*;
+
+/// Errors of the lease edge.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseError {
+    /// The Lease no longer names this holder and fence: the run was lost.
+    #[error("lease {name} is held by {holder:?} with fence {fence:?}, not by us (fence {ours})")]
+    Lost {
+        name: String,
+        holder: Option<String>,
+        fence: Option<i64>,
+        ours: i64,
+    },
+    /// The Lease does not exist.
+    #[error("lease {name} not found")]
+    Missing { name: String },
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+}
+
+impl LeaseError {
+    /// Low-cardinality label for metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            LeaseError::Lost { .. } => "lost",
+            LeaseError::Missing { .. } => "missing",
+            LeaseError::Kube(_) => "kube",
+        }
+    }
+
+    /// True when the writer lost the run and must stop writing.
+    pub fn is_lost(&self) -> bool {
+        matches!(self, LeaseError::Lost { .. } | LeaseError::Missing { .. })
+    }
+}

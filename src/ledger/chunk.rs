@@ -1,0 +1,166 @@
+//! Packing events into segments that stay well under the API server's request limit, and
+//! splitting an event too large for one segment into `chunk` events (rebuilt by `replay`).
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as B64;
+
+use crate::crd::v1alpha1::LedgerEvent;
+
+/// Serialized events per segment, at most. The API server refuses requests over ~1.5 MiB;
+/// this leaves room for metadata and JSON escaping.
+pub const SEGMENT_BUDGET_BYTES: usize = 1_000_000;
+
+/// Raw bytes of one chunk: base64 makes it 4/3 larger, still within the budget.
+const CHUNK_RAW_BYTES: usize = SEGMENT_BUDGET_BYTES / 4 * 3 - 4096;
+
+/// Why events could not be encoded.
+#[derive(Debug, thiserror::Error)]
+pub enum EncodeError {
+    #[error("serializing a ledger event: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+/// Serialized size of an event as it is stored.
+pub fn event_bytes(event: &LedgerEvent) -> Result<usize, EncodeError> {
+    Ok(serde_json::to_vec(event)?.len())
+}
+
+/// Packs `events` into segment-sized groups, in order. An event larger than the budget is
+/// split into `chunk` events, one per group.
+pub fn encode_events(
+    events: Vec<LedgerEvent>,
+    budget: usize,
+) -> Result<Vec<Vec<LedgerEvent>>, EncodeError> {
+    let mut groups: Vec<Vec<LedgerEvent>> = Vec::new();
+    let mut current: Vec<LedgerEvent> = Vec::new();
+    let mut current_bytes = 0usize;
+    for event in events {
+        let bytes = serde_json::to_vec(&event)?;
+        if bytes.len() > budget {
+            flush(&mut groups, &mut current, &mut current_bytes);
+            groups.extend(split(&bytes, budget).into_iter().map(|chunk| vec![chunk]));
+            continue;
+        }
+        if current_bytes + bytes.len() > budget {
+            flush(&mut groups, &mut current, &mut current_bytes);
+        }
+        current_bytes += bytes.len();
+        current.push(event);
+    }
+    flush(&mut groups, &mut current, &mut current_bytes);
+    Ok(groups)
+}
+
+fn flush(groups: &mut Vec<Vec<LedgerEvent>>, current: &mut Vec<LedgerEvent>, bytes: &mut usize) {
+    if !current.is_empty() {
+        groups.push(std::mem::take(current));
+    }
+    *bytes = 0;
+}
+
+/// Splits one serialized event into chunk events that each fit the budget.
+fn split(bytes: &[u8], budget: usize) -> Vec<LedgerEvent> {
+    let raw = CHUNK_RAW_BYTES.min(budget / 4 * 3).max(1);
+    let pieces: Vec<&[u8]> = bytes.chunks(raw).collect();
+    let total = pieces.len() as i64;
+    pieces
+        .into_iter()
+        .enumerate()
+        .map(|(index, piece)| LedgerEvent::Chunk {
+            index: index as i64,
+            total,
+            data: B64.encode(piece),
+        })
+        .collect()
+}
+
+/// Collects chunk events until an event is complete.
+#[derive(Default, Debug, Clone, PartialEq)]
+pub(super) struct ChunkAssembler {
+    expected_total: i64,
+    data: Vec<u8>,
+    received: i64,
+}
+
+impl ChunkAssembler {
+    /// Feeds one chunk; returns the rebuilt event once the last chunk arrived.
+    pub(super) fn feed(
+        &mut self,
+        index: i64,
+        total: i64,
+        data: &str,
+    ) -> Result<Option<LedgerEvent>, String> {
+        if index != self.received || (self.received > 0 && total != self.expected_total) {
+            return Err(format!(
+                "chunk {index}/{total} out of order (expected {})",
+                self.received
+            ));
+        }
+        self.expected_total = total;
+        self.data
+            .extend(B64.decode(data).map_err(|e| e.to_string())?);
+        self.received += 1;
+        if self.received < total {
+            return Ok(None);
+        }
+        let event = serde_json::from_slice(&self.data).map_err(|e| e.to_string())?;
+        *self = ChunkAssembler::default();
+        Ok(Some(event))
+    }
+
+    /// True while a chunked event is incomplete.
+    pub(super) fn in_progress(&self) -> bool {
+        self.received > 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(n: usize) -> LedgerEvent {
+        LedgerEvent::ModelDelta {
+            text: "x".repeat(n),
+        }
+    }
+
+    #[test]
+    fn small_events_share_a_segment() {
+        let groups = encode_events(vec![text(10), text(10), text(10)], 1000).unwrap();
+        assert_eq!(groups.len(), 1);
+        assert_eq!(groups[0].len(), 3);
+    }
+
+    #[test]
+    fn events_over_the_budget_start_a_new_segment() {
+        let groups = encode_events(vec![text(600), text(600)], 1000).unwrap();
+        assert_eq!(groups.len(), 2);
+    }
+
+    #[test]
+    fn a_huge_event_is_split_and_rebuilt() {
+        let big = text(10_000);
+        let groups = encode_events(vec![text(5), big.clone(), text(5)], 1000).unwrap();
+        assert!(groups.len() > 3, "split into chunks: {}", groups.len());
+        for g in &groups {
+            let size: usize = g.iter().map(|e| event_bytes(e).unwrap()).sum();
+            assert!(size <= 1000, "group of {size} bytes over budget");
+        }
+        let mut asm = ChunkAssembler::default();
+        let mut rebuilt = None;
+        for g in &groups[1..groups.len() - 1] {
+            let LedgerEvent::Chunk { index, total, data } = &g[0] else {
+                panic!("not a chunk")
+            };
+            rebuilt = asm.feed(*index, *total, data).unwrap();
+        }
+        assert_eq!(rebuilt, Some(big));
+        assert!(!asm.in_progress());
+    }
+
+    #[test]
+    fn out_of_order_chunks_are_refused() {
+        let mut asm = ChunkAssembler::default();
+        assert!(asm.feed(1, 3, "").is_err());
+    }
+}

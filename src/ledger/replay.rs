@@ -1,0 +1,357 @@
+//! Replay: a pure fold of the ledger into the conversation, the step record and the run's
+//! standing (finished, waiting, stopped...). Workers resume from it; the controller salvages
+//! from it. Transcript history is never edited: replay only reads.
+
+use std::collections::BTreeMap;
+
+use super::LedgerError;
+use super::chunk::ChunkAssembler;
+use crate::crd::v1alpha1::{LedgerEvent, LedgerSegment, ProbeOutcome, Role};
+
+/// What the model is told about a step whose worker died while it ran.
+pub const UNKNOWN_EFFECT_NOTICE: &str = "The worker running this step died before its result was recorded. \
+Its effects are unknown, and it was NOT re-run. Check its effects before repeating it.";
+
+/// One item of the conversation, in the order the model sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ReplayedMessage {
+    System(String),
+    User(String),
+    /// The model's turn: its text and the tool calls it made (one per recorded step).
+    Assistant {
+        text: String,
+        tool_calls: Vec<ToolCallRecord>,
+    },
+    /// A tool's answer to the call `call_id`.
+    ToolResult {
+        step: i64,
+        call_id: String,
+        tool: String,
+        content: String,
+        is_error: bool,
+    },
+}
+
+/// A tool call as the model made it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolCallRecord {
+    pub step: i64,
+    pub call_id: String,
+    pub tool: String,
+    pub input: String,
+}
+
+/// Where a recorded step stands.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StepState {
+    /// Intent recorded, no result: the effect is unknown until reconciled.
+    Open,
+    /// Its worker died; a probe, if any, found `probe`.
+    Unknown { probe: Option<ProbeOutcome> },
+    /// The tool's result is recorded.
+    Done { output: String, is_error: bool },
+}
+
+/// A recorded step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReplayedStep {
+    pub step: i64,
+    pub tool: String,
+    pub call_id: String,
+    pub input: String,
+    pub idempotent: bool,
+    /// The fence of the attempt that recorded the intent.
+    pub attempt: i64,
+    /// True once a `stepUnknown` was recorded, even if a later result resolved it.
+    pub was_unknown: bool,
+    pub state: StepState,
+}
+
+/// The ledger, folded.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Replay {
+    pub messages: Vec<ReplayedMessage>,
+    pub steps: BTreeMap<i64, ReplayedStep>,
+    /// Position of the last segment (0 for an empty ledger).
+    pub tail: i64,
+    /// Highest fence in the ledger.
+    pub max_fence: i64,
+    /// Number of events, chunks counted once per piece.
+    pub events: i64,
+    /// The fences of the attempts that started, in order.
+    pub attempts: Vec<i64>,
+    pub final_output: Option<String>,
+    pub failure: Option<(String, String)>,
+    pub stopped: bool,
+    /// The step and question of an `askUser` still waiting for its answer.
+    pub waiting: Option<(i64, String)>,
+    /// Number of `spec.inputs` entries consumed.
+    pub inputs_consumed: i64,
+    pub handoffs: i64,
+    /// Set when the controller closed the ledger: `(fence, reason)`.
+    pub closed: Option<(i64, String)>,
+    /// Model text streamed since the last recorded assistant message (a dead attempt's
+    /// partial answer: never promoted to a message, only salvaged).
+    pub streamed_tail: String,
+    tool_result_index: BTreeMap<i64, usize>,
+    chunks: ChunkAssembler,
+}
+
+impl Replay {
+    /// Folds contiguous segments (sorted by seq) into a replay.
+    pub fn from_segments(segments: &[LedgerSegment]) -> Result<Self, LedgerError> {
+        let mut replay = Replay::default();
+        replay.extend(segments)?;
+        if replay.chunks.in_progress() {
+            return Err(LedgerError::CorruptChunk {
+                seq: replay.tail,
+                detail: "incomplete chunked event".into(),
+            });
+        }
+        Ok(replay)
+    }
+
+    /// Folds more segments (the next positions) into this replay.
+    pub fn extend(&mut self, segments: &[LedgerSegment]) -> Result<(), LedgerError> {
+        for seg in segments {
+            if seg.spec.seq != self.tail + 1 {
+                return Err(LedgerError::Gap {
+                    expected: self.tail + 1,
+                    found: seg.spec.seq,
+                });
+            }
+            self.tail = seg.spec.seq;
+            self.max_fence = self.max_fence.max(seg.spec.fence);
+            for event in &seg.spec.events {
+                self.events += 1;
+                if let LedgerEvent::Chunk { index, total, data } = event {
+                    let rebuilt = self.chunks.feed(*index, *total, data).map_err(|detail| {
+                        LedgerError::CorruptChunk {
+                            seq: seg.spec.seq,
+                            detail,
+                        }
+                    })?;
+                    if let Some(event) = rebuilt {
+                        self.apply(seg.spec.fence, &event);
+                    }
+                } else {
+                    self.apply(seg.spec.fence, event);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Folds one event written under `fence`.
+    pub fn apply(&mut self, fence: i64, event: &LedgerEvent) {
+        match event {
+            LedgerEvent::AttemptStarted { fence, .. } => {
+                self.attempts.push(*fence);
+                self.streamed_tail.clear();
+            }
+            LedgerEvent::Message { role, content } => self.apply_message(*role, content),
+            LedgerEvent::ModelDelta { text } => self.streamed_tail.push_str(text),
+            LedgerEvent::StepIntent {
+                step,
+                tool,
+                call_id,
+                input,
+                idempotent,
+            } => self.apply_intent(fence, *step, tool, call_id, input, *idempotent),
+            LedgerEvent::StepResult {
+                step,
+                output,
+                is_error,
+            } => self.apply_result(*step, output, *is_error),
+            LedgerEvent::StepUnknown { step, .. } => self.apply_unknown(*step),
+            LedgerEvent::StepProbed { step, outcome } => {
+                if let Some(s) = self.steps.get_mut(step)
+                    && let StepState::Unknown { probe } = &mut s.state
+                {
+                    *probe = Some(*outcome);
+                }
+            }
+            LedgerEvent::Input { index, content } => {
+                self.inputs_consumed = self.inputs_consumed.max(index + 1);
+                self.waiting = None;
+                self.messages.push(ReplayedMessage::User(content.clone()));
+            }
+            LedgerEvent::WaitingInput { step, question } => {
+                self.waiting = Some((*step, question.clone()))
+            }
+            LedgerEvent::Handoff => self.handoffs += 1,
+            LedgerEvent::Final { output } => self.final_output = Some(output.clone()),
+            LedgerEvent::Failed { reason, message } => {
+                self.failure = Some((reason.clone(), message.clone()))
+            }
+            LedgerEvent::Stopped => self.stopped = true,
+            LedgerEvent::Claimed { .. } => {}
+            LedgerEvent::Closed { fence, reason } => self.closed = Some((*fence, reason.clone())),
+            LedgerEvent::Chunk { .. } => {}
+        }
+    }
+
+    fn apply_message(&mut self, role: Role, content: &str) {
+        let message = match role {
+            Role::System => ReplayedMessage::System(content.to_string()),
+            Role::User => ReplayedMessage::User(content.to_string()),
+            Role::Assistant => {
+                self.streamed_tail.clear();
+                ReplayedMessage::Assistant {
+                    text: content.to_string(),
+                    tool_calls: Vec::new(),
+                }
+            }
+        };
+        self.messages.push(message);
+    }
+
+    fn apply_intent(
+        &mut self,
+        fence: i64,
+        step: i64,
+        tool: &str,
+        call_id: &str,
+        input: &str,
+        idempotent: bool,
+    ) {
+        let call = ToolCallRecord {
+            step,
+            call_id: call_id.into(),
+            tool: tool.into(),
+            input: input.into(),
+        };
+        // A tool call belongs to the assistant turn that made it, even when results of
+        // earlier calls of that turn came in between.
+        match self.last_assistant_mut() {
+            Some(ReplayedMessage::Assistant { tool_calls, .. }) => tool_calls.push(call),
+            _ => self.messages.push(ReplayedMessage::Assistant {
+                text: String::new(),
+                tool_calls: vec![call],
+            }),
+        }
+        self.steps.insert(
+            step,
+            ReplayedStep {
+                step,
+                tool: tool.into(),
+                call_id: call_id.into(),
+                input: input.into(),
+                idempotent,
+                attempt: fence,
+                was_unknown: false,
+                state: StepState::Open,
+            },
+        );
+    }
+
+    fn last_assistant_mut(&mut self) -> Option<&mut ReplayedMessage> {
+        let last_user_or_assistant = self.messages.iter().rposition(|m| {
+            matches!(
+                m,
+                ReplayedMessage::Assistant { .. } | ReplayedMessage::User(_)
+            )
+        })?;
+        let m = &mut self.messages[last_user_or_assistant];
+        matches!(m, ReplayedMessage::Assistant { .. }).then_some(m)
+    }
+
+    fn apply_result(&mut self, step: i64, output: &str, is_error: bool) {
+        if let Some(s) = self.steps.get_mut(&step) {
+            s.state = StepState::Done {
+                output: output.into(),
+                is_error,
+            };
+        }
+        self.set_tool_result(step, output, is_error);
+    }
+
+    fn apply_unknown(&mut self, step: i64) {
+        if let Some(s) = self.steps.get_mut(&step) {
+            s.was_unknown = true;
+            if s.state == StepState::Open {
+                s.state = StepState::Unknown { probe: None };
+            }
+        }
+        self.set_tool_result(step, UNKNOWN_EFFECT_NOTICE, true);
+    }
+
+    /// A call has one result in the conversation: a later result (a probe's, a re-run's)
+    /// replaces the unknown notice in place, so the history the model sees stays well formed.
+    fn set_tool_result(&mut self, step: i64, content: &str, is_error: bool) {
+        if let Some(&i) = self.tool_result_index.get(&step) {
+            if let ReplayedMessage::ToolResult {
+                content: c,
+                is_error: e,
+                ..
+            } = &mut self.messages[i]
+            {
+                *c = content.into();
+                *e = is_error;
+            }
+            return;
+        }
+        let Some(s) = self.steps.get(&step) else {
+            return;
+        };
+        self.tool_result_index.insert(step, self.messages.len());
+        self.messages.push(ReplayedMessage::ToolResult {
+            step,
+            call_id: s.call_id.clone(),
+            tool: s.tool.clone(),
+            content: content.into(),
+            is_error,
+        });
+    }
+
+    /// Steps with an intent and no result and no unknown record: their worker died mid-step.
+    pub fn open_steps(&self) -> Vec<&ReplayedStep> {
+        self.steps
+            .values()
+            .filter(|s| s.state == StepState::Open)
+            .collect()
+    }
+
+    /// Steps whose effect is still unknown after reconciliation.
+    pub fn unknown_steps(&self) -> Vec<&ReplayedStep> {
+        self.steps
+            .values()
+            .filter(|s| matches!(s.state, StepState::Unknown { .. }))
+            .collect()
+    }
+
+    /// The highest step number recorded (0 if none).
+    pub fn last_step(&self) -> i64 {
+        self.steps.keys().next_back().copied().unwrap_or(0)
+    }
+
+    /// Number of assistant turns recorded: the scripted model's position.
+    pub fn assistant_turns(&self) -> usize {
+        self.messages
+            .iter()
+            .filter(|m| matches!(m, ReplayedMessage::Assistant { .. }))
+            .count()
+    }
+
+    /// The best output the ledger holds: the final answer, else the assistant's text so far
+    /// plus what a dead attempt streamed (marked partial by the caller).
+    pub fn salvage(&self) -> String {
+        if let Some(out) = &self.final_output {
+            return out.clone();
+        }
+        let mut parts: Vec<&str> = self
+            .messages
+            .iter()
+            .filter_map(|m| match m {
+                ReplayedMessage::Assistant { text, .. } if !text.trim().is_empty() => {
+                    Some(text.as_str())
+                }
+                _ => None,
+            })
+            .collect();
+        if !self.streamed_tail.trim().is_empty() {
+            parts.push(&self.streamed_tail);
+        }
+        parts.join("\n\n")
+    }
+}

@@ -1,0 +1,178 @@
+//! The segment store: the only code that reads or writes LedgerSegments.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{ListParams, ObjectMeta, PostParams};
+use kube::{Api, Client, Resource, ResourceExt};
+use std::collections::BTreeMap;
+
+use super::{
+    Collision, LedgerError, SEGMENT_BUDGET_BYTES, check_contiguous, check_still_owner,
+    classify_collision, encode_events, segment_name,
+};
+use crate::crd::v1alpha1::{
+    AgentRun, LEDGER_FORMAT_VERSION, LedgerEvent, LedgerSegment, LedgerSegmentSpec,
+};
+use crate::crd::{MANAGED_BY_LABEL, RUN_LABEL, RUN_UID_LABEL};
+use crate::kube_util::is_already_exists;
+
+/// Where an append landed.
+#[derive(Debug, Clone, Default)]
+pub struct Appended {
+    /// Position of the last segment written: the new tail.
+    pub tail: i64,
+    /// Segments of older owners that slipped in before ours. They are legitimate history:
+    /// the caller folds them into its replay.
+    pub slipped: Vec<LedgerSegment>,
+    /// Segments this append created (more than one when events were split).
+    pub written: Vec<LedgerSegment>,
+}
+
+/// One run's ledger in the API server.
+#[derive(Clone)]
+pub struct SegmentStore {
+    api: Api<LedgerSegment>,
+    run: String,
+    run_uid: String,
+    owner: OwnerReference,
+    budget: usize,
+}
+
+impl SegmentStore {
+    /// The ledger of `run` (which must have been read from the API server: it needs its UID).
+    pub fn for_run(client: Client, run: &AgentRun) -> Self {
+        let namespace = run.namespace().unwrap_or_default();
+        let owner = run.controller_owner_ref(&()).unwrap_or_default();
+        Self {
+            api: Api::namespaced(client, &namespace),
+            run: run.name_any(),
+            run_uid: run.uid().unwrap_or_default(),
+            owner: OwnerReference {
+                controller: Some(false),
+                ..owner
+            },
+            budget: SEGMENT_BUDGET_BYTES,
+        }
+    }
+
+    /// Overrides the per-segment budget (tests use a small one to exercise splitting).
+    pub fn with_budget(mut self, budget: usize) -> Self {
+        self.budget = budget;
+        self
+    }
+
+    /// All segments of the run, ordered by position and checked to be contiguous.
+    pub async fn list(&self) -> Result<Vec<LedgerSegment>, LedgerError> {
+        let selector = format!("{RUN_UID_LABEL}={}", self.run_uid);
+        let mut segments = self
+            .api
+            .list(&ListParams::default().labels(&selector))
+            .await?
+            .items;
+        segments.sort_by_key(|s| s.spec.seq);
+        check_contiguous(&segments)?;
+        Ok(segments)
+    }
+
+    /// Fenced append (DESIGN.md §3): writes `events` at `tail + 1` onwards under `fence`.
+    ///
+    /// A position taken by our own retried write is success; one taken by an older owner is
+    /// history to replay and we move past it; one taken by a newer owner, or a closed ledger,
+    /// means the run is lost and nothing more is written.
+    pub async fn append(
+        &self,
+        tail: i64,
+        fence: i64,
+        events: Vec<LedgerEvent>,
+    ) -> Result<Appended, LedgerError> {
+        let mut appended = Appended {
+            tail,
+            ..Appended::default()
+        };
+        for group in encode_events(events, self.budget)? {
+            self.append_group(&mut appended, fence, group).await?;
+        }
+        Ok(appended)
+    }
+
+    async fn append_group(
+        &self,
+        appended: &mut Appended,
+        fence: i64,
+        events: Vec<LedgerEvent>,
+    ) -> Result<(), LedgerError> {
+        loop {
+            let seq = appended.tail + 1;
+            let segment = self.segment(seq, fence, events.clone());
+            match self.api.create(&PostParams::default(), &segment).await {
+                Ok(created) => {
+                    appended.tail = seq;
+                    appended.written.push(created);
+                    return Ok(());
+                }
+                Err(err) if is_already_exists(&err) => {
+                    let existing = self.api.get(&segment_name(&self.run, seq)).await?;
+                    self.check_ours(&existing)?;
+                    match classify_collision(fence, &events, &existing) {
+                        Collision::OwnRetry => {
+                            appended.tail = seq;
+                            appended.written.push(existing);
+                            return Ok(());
+                        }
+                        Collision::OlderOwner => {
+                            check_still_owner(std::slice::from_ref(&existing), fence)?;
+                            appended.tail = seq;
+                            appended.slipped.push(existing);
+                        }
+                        Collision::NewerOwner => {
+                            return Err(LedgerError::Superseded {
+                                seq,
+                                ours: fence,
+                                theirs: existing.spec.fence,
+                            });
+                        }
+                    }
+                }
+                Err(err) => return Err(err.into()),
+            }
+        }
+    }
+
+    fn check_ours(&self, segment: &LedgerSegment) -> Result<(), LedgerError> {
+        let uid = segment.labels().get(RUN_UID_LABEL);
+        if uid.map(String::as_str) != Some(self.run_uid.as_str()) {
+            return Err(LedgerError::ForeignSegment {
+                name: segment.name_any(),
+            });
+        }
+        Ok(())
+    }
+
+    fn segment(&self, seq: i64, fence: i64, events: Vec<LedgerEvent>) -> LedgerSegment {
+        let labels = BTreeMap::from([
+            (RUN_LABEL.to_string(), label_value(&self.run)),
+            (RUN_UID_LABEL.to_string(), self.run_uid.clone()),
+            (MANAGED_BY_LABEL.to_string(), "baton".to_string()),
+        ]);
+        LedgerSegment {
+            metadata: ObjectMeta {
+                name: Some(segment_name(&self.run, seq)),
+                labels: Some(labels),
+                owner_references: Some(vec![self.owner.clone()]),
+                ..ObjectMeta::default()
+            },
+            spec: LedgerSegmentSpec {
+                run: self.run.clone(),
+                seq,
+                fence,
+                format: LEDGER_FORMAT_VERSION,
+                events,
+            },
+        }
+    }
+}
+
+/// A label value is at most 63 characters; longer run names are cut (the UID label is exact).
+pub fn label_value(name: &str) -> String {
+    let cut: String = name.chars().take(63).collect();
+    cut.trim_end_matches(['-', '.', '_']).to_string()
+}

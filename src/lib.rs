@@ -1,0 +1,18 @@
+//! baton: a Kubernetes operator that keeps long-lived AI agent runs alive across pod deaths,
+//! node drains and rollouts. See DESIGN.md for the protocol this crate implements.
+
+pub mod crd;
+pub mod kube_util;
+pub mod lease;
+pub mod ledger;
+
+/// Errors that reach the binary's `main`.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("serializing CRDs: {0}")]
+    CrdYaml(#[from] serde_yaml::Error),
+    #[error("kubernetes client: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+}
