@@ -5,6 +5,7 @@ pub mod crd;
 pub mod kube_util;
 pub mod lease;
 pub mod ledger;
+pub mod status;
 
 /// Errors that reach the binary's `main`.
 #[derive(Debug, thiserror::Error)]

@@ -40,3 +40,37 @@ pub fn crds_yaml() -> Result<String, serde_yaml::Error> {
     }
     Ok(out)
 }
+
+/// Applies every CRD (server-side apply) and waits until the API server serves them.
+/// Used by `baton crd --apply`, the demo and the test harness; production installs use Helm.
+pub async fn install(
+    client: kube::Client,
+    timeout: std::time::Duration,
+) -> Result<(), InstallError> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::api::{Api, Patch, PatchParams};
+    use kube::runtime::wait::{await_condition, conditions};
+
+    let api: Api<CustomResourceDefinition> = Api::all(client);
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    for crd in all_crds() {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        api.patch(&name, &params, &Patch::Apply(&crd)).await?;
+        let established = await_condition(api.clone(), &name, conditions::is_crd_established());
+        tokio::time::timeout(timeout, established)
+            .await
+            .map_err(|_| InstallError::NotEstablished { name: name.clone() })??;
+    }
+    Ok(())
+}
+
+/// Errors installing the CRDs.
+#[derive(Debug, thiserror::Error)]
+pub enum InstallError {
+    #[error("applying CRD: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("waiting for CRD: {0}")]
+    Wait(#[from] kube::runtime::wait::Error),
+    #[error("CRD {name} was not Established in time")]
+    NotEstablished { name: String },
+}

@@ -1,0 +1,132 @@
+//! Compare-and-swap writes of an AgentRun's status, shared by the controller and the worker.
+//!
+//! Every phase write goes through here: the object carries the resourceVersion it was read
+//! at, so the API server refuses it (409) if anything changed since. A worker's write also
+//! requires `status.fence` to still be its own, checked on the object it read.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::PostParams;
+use kube::{Api, ResourceExt};
+
+use crate::crd::v1alpha1::{AgentRun, AgentRunStatus};
+use crate::kube_util::is_conflict;
+
+/// How many times a fenced write re-reads and retries after a 409 while the fence is still ours.
+const CONFLICT_RETRIES: usize = 8;
+
+/// Errors of status writes.
+#[derive(Debug, thiserror::Error)]
+pub enum StatusError {
+    /// The run's fence moved on: this writer lost the run and must stop writing.
+    #[error("run {run} is at fence {current}, not ours ({ours}): the run was lost")]
+    FenceMoved {
+        run: String,
+        ours: i64,
+        current: i64,
+    },
+    /// The object changed under a controller write: re-read and re-decide.
+    #[error("run {run} changed since it was read")]
+    Conflict { run: String },
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+}
+
+impl StatusError {
+    pub fn label(&self) -> &'static str {
+        match self {
+            StatusError::FenceMoved { .. } => "fence_moved",
+            StatusError::Conflict { .. } => "conflict",
+            StatusError::Kube(_) => "kube",
+        }
+    }
+}
+
+/// Writes `status` on `run` as read: a single CAS, refused on any change since. Used by the
+/// controller, which re-decides on conflict rather than retrying blindly.
+pub async fn cas_status(
+    api: &Api<AgentRun>,
+    run: &AgentRun,
+    status: AgentRunStatus,
+) -> Result<AgentRun, StatusError> {
+    let mut desired = run.clone();
+    desired.status = Some(status);
+    match api
+        .replace_status(&run.name_any(), &PostParams::default(), &desired)
+        .await
+    {
+        Ok(updated) => Ok(updated),
+        Err(err) if is_conflict(&err) => Err(StatusError::Conflict {
+            run: run.name_any(),
+        }),
+        Err(err) => Err(err.into()),
+    }
+}
+
+/// A worker's fenced status write: reads the run, refuses if its fence is not `fence`, applies
+/// `change`, and writes by CAS; on 409 it re-reads and retries while the fence is still ours.
+pub async fn fenced_update(
+    api: &Api<AgentRun>,
+    name: &str,
+    fence: i64,
+    change: impl Fn(&mut AgentRunStatus),
+) -> Result<AgentRun, StatusError> {
+    for _ in 0..CONFLICT_RETRIES {
+        let run = api.get(name).await?;
+        let mut status = run.status.clone().unwrap_or_default();
+        if status.fence != fence {
+            return Err(StatusError::FenceMoved {
+                run: name.into(),
+                ours: fence,
+                current: status.fence,
+            });
+        }
+        change(&mut status);
+        match cas_status(api, &run, status).await {
+            Err(StatusError::Conflict { .. }) => continue,
+            other => return other,
+        }
+    }
+    Err(StatusError::Conflict { run: name.into() })
+}
+
+/// Sets a condition in the Kubernetes convention: `lastTransitionTime` moves only when the
+/// status changes.
+pub fn set_condition(
+    conditions: &mut Vec<Condition>,
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: &str,
+    observed_generation: Option<i64>,
+) {
+    let status_str = if status { "True" } else { "False" };
+    let now = Time(Timestamp::now());
+    match conditions.iter_mut().find(|c| c.type_ == type_) {
+        Some(c) => {
+            if c.status != status_str {
+                c.last_transition_time = now;
+            }
+            c.status = status_str.into();
+            c.reason = reason.into();
+            c.message = message.into();
+            c.observed_generation = observed_generation;
+        }
+        None => conditions.push(Condition {
+            type_: type_.into(),
+            status: status_str.into(),
+            reason: reason.into(),
+            message: message.into(),
+            observed_generation,
+            last_transition_time: now,
+        }),
+    }
+}
+
+/// Condition types.
+pub mod condition {
+    pub const ADMITTED: &str = "Admitted";
+    pub const LEASE_HELD: &str = "LeaseHeld";
+    pub const RESUMED: &str = "Resumed";
+    pub const COMPLETE: &str = "Complete";
+}
