@@ -6,6 +6,7 @@ pub mod kube_util;
 pub mod lease;
 pub mod ledger;
 pub mod status;
+pub mod worker;
 
 /// Errors that reach the binary's `main`.
 #[derive(Debug, thiserror::Error)]

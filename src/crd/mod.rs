@@ -74,3 +74,27 @@ pub enum InstallError {
     #[error("CRD {name} was not Established in time")]
     NotEstablished { name: String },
 }
+
+/// Environment variables the controller gives a worker pod (and the runner passes through).
+pub mod env {
+    /// The run's name.
+    pub const RUN: &str = "BATON_RUN";
+    /// The run's namespace.
+    pub const NAMESPACE: &str = "BATON_NAMESPACE";
+    /// The fence this pod was created for.
+    pub const FENCE: &str = "BATON_FENCE";
+    /// The pod's own name: its holder identity on the run Lease.
+    pub const POD: &str = "BATON_POD";
+    /// The model API key, from the run's `apiKeySecretRef`. Never logged or stored.
+    pub const MODEL_API_KEY: &str = "BATON_MODEL_API_KEY";
+    /// Given to tools: the step number.
+    pub const STEP: &str = "BATON_STEP";
+    /// Given to tools: `<run-uid>/<step>`.
+    pub const IDEMPOTENCY_KEY: &str = "BATON_IDEMPOTENCY_KEY";
+}
+
+/// The deterministic name of a run's worker pod for one attempt. Deterministic so that a
+/// controller repeating a step creates nothing twice.
+pub fn worker_pod_name(run: &str, fence: i64) -> String {
+    format!("{run}-w{fence}")
+}

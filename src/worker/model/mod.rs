@@ -1,0 +1,67 @@
+//! Model providers behind one interface: the agent loop asks for the next assistant turn
+//! given the conversation so far, and receives streamed text as it comes.
+
+pub mod scripted;
+
+use std::time::Duration;
+
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::crd::v1alpha1::ToolSpec;
+use crate::ledger::ReplayedMessage;
+
+/// What the model is asked.
+#[derive(Debug, Clone)]
+pub struct ModelRequest {
+    pub system_prompt: Option<String>,
+    /// The conversation as replayed from the ledger plus what this attempt added.
+    pub messages: Vec<ReplayedMessage>,
+    pub tools: Vec<ToolSpec>,
+}
+
+/// A tool call the model made.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelToolCall {
+    /// The provider's id for the call (generated when the provider has none).
+    pub call_id: String,
+    pub tool: String,
+    /// Arguments as a JSON object, serialized.
+    pub arguments: String,
+}
+
+/// The model's turn: its text and the tool calls to run, in order. No tool calls = final answer.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ModelTurn {
+    pub text: String,
+    pub tool_calls: Vec<ModelToolCall>,
+}
+
+/// Why a model call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// Worth retrying (429, 5xx, connection errors), after `retry_after` if the provider said.
+    #[error("model call failed, will retry: {message}")]
+    Retryable {
+        message: String,
+        retry_after: Option<Duration>,
+    },
+    /// Retrying cannot help (401, 400, unknown model, bad script): the run fails with `message`.
+    /// Never contains the API key.
+    #[error("model call failed: {message}")]
+    Permanent {
+        status: Option<u16>,
+        message: String,
+    },
+}
+
+impl ModelError {
+    pub fn label(&self) -> &'static str {
+        match self {
+            ModelError::Retryable { .. } => "retryable",
+            ModelError::Permanent { .. } => "permanent",
+        }
+    }
+}
+
+/// Sends streamed text pieces to the agent loop (which records them as `modelDelta`).
+pub type DeltaSink = UnboundedSender<String>;
