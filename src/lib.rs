@@ -17,4 +17,6 @@ pub enum Error {
     Kube(#[from] kube::Error),
     #[error("i/o: {0}")]
     Io(#[from] std::io::Error),
+    #[error("installing CRDs: {0}")]
+    CrdInstall(#[from] crd::InstallError),
 }

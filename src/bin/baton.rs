@@ -1,13 +1,12 @@
 //! The `baton` binary: thin argument parsing over the library.
 
-use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(
-    name = "baton",
-    version,
-    about = "Keeps long-lived AI agent runs alive on Kubernetes"
-)]
+#[command(name = "baton", version, about = "Keeps long-lived AI agent runs alive on Kubernetes")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -15,13 +14,56 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Print the CustomResourceDefinitions as YAML (what `crds/` holds).
-    Crd,
+    /// Print the CustomResourceDefinitions as YAML, or write/check the files in a directory.
+    Crd(CrdArgs),
 }
 
-fn main() -> Result<(), baton::Error> {
-    match Cli::parse().command {
-        Command::Crd => print!("{}", baton::crd::crds_yaml()?),
+#[derive(Args)]
+struct CrdArgs {
+    /// Write one file per CRD into this directory (what `crds/` holds).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// With --dir: do not write; fail if the files differ from the Rust types.
+    #[arg(long, requires = "dir")]
+    check: bool,
+    /// Apply the CRDs to the cluster in KUBECONFIG and wait until they are Established.
+    #[arg(long, conflicts_with = "dir")]
+    apply: bool,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let result = match Cli::parse().command {
+        Command::Crd(args) => crd(args).await,
+    };
+    match result {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("error: {err}");
+            ExitCode::FAILURE
+        }
     }
-    Ok(())
+}
+
+async fn crd(args: CrdArgs) -> Result<ExitCode, baton::Error> {
+    match (args.dir, args.check, args.apply) {
+        (Some(dir), true, _) => {
+            let stale = baton::crd::stale_crd_files(&dir)?;
+            if stale.is_empty() {
+                return Ok(ExitCode::SUCCESS);
+            }
+            eprintln!("stale generated CRDs in {}: {} (run `make generate`)", dir.display(), stale.join(", "));
+            Ok(ExitCode::FAILURE)
+        }
+        (Some(dir), false, _) => baton::crd::write_crd_dir(&dir).map(|()| ExitCode::SUCCESS),
+        (None, _, true) => {
+            let client = kube::Client::try_default().await?;
+            baton::crd::install(client, std::time::Duration::from_secs(60)).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        (None, _, false) => {
+            print!("{}", baton::crd::crds_yaml()?);
+            Ok(ExitCode::SUCCESS)
+        }
+    }
 }
