@@ -1,0 +1,51 @@
+# baton — common tasks. `make help` lists them.
+SHELL := /bin/bash
+CARGO ?= cargo
+CP := hack/control-plane.sh
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## List the targets
+	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk -F':.*?## ' '{printf "  \033[36m%-22s\033[0m %s\n", $$1, $$2}'
+
+.PHONY: build
+build: ## Build the baton binary (debug)
+	$(CARGO) build
+
+.PHONY: generate
+generate: ## Regenerate crds/ from the Rust types
+	$(CARGO) run -q -- crd --dir crds
+
+.PHONY: check-generated
+check-generated: ## Fail if crds/ is stale
+	$(CARGO) run -q -- crd --dir crds --check
+
+.PHONY: fmt
+fmt: ## Format the code
+	$(CARGO) fmt
+
+.PHONY: lint
+lint: ## rustfmt check and clippy with warnings as errors
+	$(CARGO) fmt --check
+	$(CARGO) clippy --all-targets -- -D warnings
+
+.PHONY: unit
+unit: ## Pure unit tests only (no API server)
+	$(CARGO) test --lib
+
+.PHONY: test
+test: ## All tests: unit, then integration against a local kube-apiserver + etcd it starts and stops
+	bash hack/test.sh
+
+.PHONY: control-plane-up
+control-plane-up: ## Start the local kube-apiserver + etcd (builds kube-apiserver once, cached)
+	bash $(CP) up
+
+.PHONY: control-plane-down
+control-plane-down: ## Stop the local control plane
+	bash $(CP) down
+
+.PHONY: control-plane-env
+control-plane-env: ## Print `export KUBECONFIG=...` for the local control plane
+	@bash $(CP) env
