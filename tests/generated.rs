@@ -6,5 +6,9 @@ use std::path::Path;
 fn committed_crds_match_the_rust_types() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("crds");
     let stale = baton::crd::stale_crd_files(&dir).unwrap();
-    assert!(stale.is_empty(), "crds/ is stale ({}): run `make generate` and commit", stale.join(", "));
+    assert!(
+        stale.is_empty(),
+        "crds/ is stale ({}): run `make generate` and commit",
+        stale.join(", ")
+    );
 }

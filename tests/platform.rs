@@ -32,14 +32,27 @@ fn minimal_run(name: &str) -> AgentRun {
 async fn agent_run_round_trips_with_server_side_defaults() {
     let ns = TestNamespace::new("round-trip").await;
     let runs: Api<AgentRun> = ns.api();
-    let created = runs.create(&PostParams::default(), &minimal_run("hello")).await.unwrap();
+    let created = runs
+        .create(&PostParams::default(), &minimal_run("hello"))
+        .await
+        .unwrap();
     let fetched = runs.get("hello").await.unwrap();
     assert_eq!(fetched.spec, created.spec);
     assert_eq!(fetched.spec.input, "say hello");
     assert_eq!(fetched.spec.max_attempts, 3, "default from the schema");
-    assert_eq!(fetched.spec.lease, LeaseSpec { duration_seconds: 30, renew_seconds: 10, startup_seconds: 300 });
+    assert_eq!(
+        fetched.spec.lease,
+        LeaseSpec {
+            duration_seconds: 30,
+            renew_seconds: 10,
+            startup_seconds: 300
+        }
+    );
     assert_eq!(fetched.spec.agent.max_steps, 50);
-    assert_eq!(fetched.spec.agent.model.script[0].text.as_deref(), Some("hello"));
+    assert_eq!(
+        fetched.spec.agent.model.script[0].text.as_deref(),
+        Some("hello")
+    );
     ns.cleanup().await;
 }
 
@@ -47,16 +60,31 @@ async fn agent_run_round_trips_with_server_side_defaults() {
 async fn a_status_write_with_a_stale_resource_version_gets_409() {
     let ns = TestNamespace::new("status-409").await;
     let runs: Api<AgentRun> = ns.api();
-    let run = runs.create(&PostParams::default(), &minimal_run("cas")).await.unwrap();
-    let first = AgentRunStatus { phase: Phase::Running, fence: 1, attempt: 1, ..Default::default() };
+    let run = runs
+        .create(&PostParams::default(), &minimal_run("cas"))
+        .await
+        .unwrap();
+    let first = AgentRunStatus {
+        phase: Phase::Running,
+        fence: 1,
+        attempt: 1,
+        ..Default::default()
+    };
     let updated = cas_status(&runs, &run, first).await.unwrap();
     assert_eq!(updated.status.as_ref().unwrap().fence, 1);
 
     // A second writer still holding the first read must be refused, not overwrite.
-    let stale = AgentRunStatus { phase: Phase::Handoff, fence: 1, ..Default::default() };
+    let stale = AgentRunStatus {
+        phase: Phase::Handoff,
+        fence: 1,
+        ..Default::default()
+    };
     let err = cas_status(&runs, &run, stale).await.unwrap_err();
     assert!(matches!(err, StatusError::Conflict { .. }), "got {err:?}");
-    assert_eq!(runs.get("cas").await.unwrap().status.unwrap().phase, Phase::Running);
+    assert_eq!(
+        runs.get("cas").await.unwrap().status.unwrap().phase,
+        Phase::Running
+    );
     ns.cleanup().await;
 }
 
@@ -66,10 +94,19 @@ async fn creating_a_segment_whose_name_exists_gets_already_exists() {
     let segments: Api<LedgerSegment> = ns.api();
     let seg = LedgerSegment::new(
         "run-000001",
-        LedgerSegmentSpec { run: "run".into(), seq: 1, fence: 1, format: 1, events: vec![LedgerEvent::Handoff] },
+        LedgerSegmentSpec {
+            run: "run".into(),
+            seq: 1,
+            fence: 1,
+            format: 1,
+            events: vec![LedgerEvent::Handoff],
+        },
     );
     segments.create(&PostParams::default(), &seg).await.unwrap();
-    let err = segments.create(&PostParams::default(), &seg).await.unwrap_err();
+    let err = segments
+        .create(&PostParams::default(), &seg)
+        .await
+        .unwrap_err();
     assert!(is_already_exists(&err), "got {err:?}");
     ns.cleanup().await;
 }
@@ -79,16 +116,28 @@ async fn a_lease_update_with_a_stale_resource_version_gets_409() {
     let ns = TestNamespace::new("lease-409").await;
     let leases: Api<Lease> = ns.api();
     let lease = Lease {
-        metadata: ObjectMeta { name: Some("l".into()), ..Default::default() },
-        spec: Some(K8sLeaseSpec { holder_identity: Some("a".into()), ..Default::default() }),
+        metadata: ObjectMeta {
+            name: Some("l".into()),
+            ..Default::default()
+        },
+        spec: Some(K8sLeaseSpec {
+            holder_identity: Some("a".into()),
+            ..Default::default()
+        }),
     };
     let read = leases.create(&PostParams::default(), &lease).await.unwrap();
     let mut first = read.clone();
     first.spec.as_mut().unwrap().holder_identity = Some("b".into());
-    leases.replace("l", &PostParams::default(), &first).await.unwrap();
+    leases
+        .replace("l", &PostParams::default(), &first)
+        .await
+        .unwrap();
     let mut stale = read;
     stale.spec.as_mut().unwrap().holder_identity = Some("c".into());
-    let err = leases.replace("l", &PostParams::default(), &stale).await.unwrap_err();
+    let err = leases
+        .replace("l", &PostParams::default(), &stale)
+        .await
+        .unwrap_err();
     assert!(is_conflict(&err), "got {err:?}");
     ns.cleanup().await;
 }
@@ -97,16 +146,52 @@ async fn a_lease_update_with_a_stale_resource_version_gets_409() {
 fn malformed_manifests() -> Vec<(&'static str, serde_json::Value, &'static str)> {
     let model = json!({ "provider": "scripted", "script": [{ "text": "x" }] });
     vec![
-        ("unknown provider", json!({ "input": "x", "agent": { "model": { "provider": "gemini" } } }), "spec.agent.model.provider"),
-        ("missing input", json!({ "agent": { "model": model } }), "spec.input"),
-        ("empty input", json!({ "input": "", "agent": { "model": model } }), "spec.input"),
+        (
+            "unknown provider",
+            json!({ "input": "x", "agent": { "model": { "provider": "gemini" } } }),
+            "spec.agent.model.provider",
+        ),
+        (
+            "missing input",
+            json!({ "agent": { "model": model } }),
+            "spec.input",
+        ),
+        (
+            "empty input",
+            json!({ "input": "", "agent": { "model": model } }),
+            "spec.input",
+        ),
         ("missing agent", json!({ "input": "x" }), "spec.agent"),
-        ("negative lease duration", json!({ "input": "x", "agent": { "model": model }, "lease": { "durationSeconds": -5 } }), "spec.lease.durationSeconds"),
-        ("wrong type", json!({ "input": "x", "agent": { "model": model }, "maxAttempts": "three" }), "spec.maxAttempts"),
-        ("zero max attempts", json!({ "input": "x", "agent": { "model": model }, "maxAttempts": 0 }), "spec.maxAttempts"),
-        ("wrong tool kind", json!({ "input": "x", "agent": { "model": model, "tools": [{ "name": "t", "kind": "ftp" }] } }), "spec.agent.tools[0].kind"),
-        ("tool without a kind", json!({ "input": "x", "agent": { "model": model, "tools": [{ "name": "t" }] } }), "spec.agent.tools[0].kind"),
-        ("bad thread key", json!({ "input": "x", "agent": { "model": model }, "threadKey": "Not A Key" }), "spec.threadKey"),
+        (
+            "negative lease duration",
+            json!({ "input": "x", "agent": { "model": model }, "lease": { "durationSeconds": -5 } }),
+            "spec.lease.durationSeconds",
+        ),
+        (
+            "wrong type",
+            json!({ "input": "x", "agent": { "model": model }, "maxAttempts": "three" }),
+            "spec.maxAttempts",
+        ),
+        (
+            "zero max attempts",
+            json!({ "input": "x", "agent": { "model": model }, "maxAttempts": 0 }),
+            "spec.maxAttempts",
+        ),
+        (
+            "wrong tool kind",
+            json!({ "input": "x", "agent": { "model": model, "tools": [{ "name": "t", "kind": "ftp" }] } }),
+            "spec.agent.tools[0].kind",
+        ),
+        (
+            "tool without a kind",
+            json!({ "input": "x", "agent": { "model": model, "tools": [{ "name": "t" }] } }),
+            "spec.agent.tools[0].kind",
+        ),
+        (
+            "bad thread key",
+            json!({ "input": "x", "agent": { "model": model }, "threadKey": "Not A Key" }),
+            "spec.threadKey",
+        ),
     ]
 }
 
@@ -118,10 +203,19 @@ async fn malformed_agent_runs_are_refused_with_a_message_naming_the_field() {
     for (i, (what, spec, field)) in malformed_manifests().into_iter().enumerate() {
         let mut obj = DynamicObject::new(&format!("bad-{i}"), &ar);
         obj.data = json!({ "spec": spec });
-        let err = api.create(&PostParams::default(), &obj).await.expect_err(what);
+        let err = api
+            .create(&PostParams::default(), &obj)
+            .await
+            .expect_err(what);
         let message = err.to_string();
-        assert!(message.contains(field), "{what}: refusal does not name {field}: {message}");
-        assert!(message.contains("Invalid") || message.contains("invalid"), "{what}: {message}");
+        assert!(
+            message.contains(field),
+            "{what}: refusal does not name {field}: {message}"
+        );
+        assert!(
+            message.contains("Invalid") || message.contains("invalid"),
+            "{what}: {message}"
+        );
     }
     ns.cleanup().await;
 }
@@ -134,34 +228,64 @@ fn store_for(run: &AgentRun, client: kube::Client) -> SegmentStore {
 async fn fenced_append_follows_the_protocol_on_a_real_server() {
     let ns = TestNamespace::new("fenced-append").await;
     let runs: Api<AgentRun> = ns.api();
-    let run = runs.create(&PostParams::default(), &minimal_run("ledger")).await.unwrap();
+    let run = runs
+        .create(&PostParams::default(), &minimal_run("ledger"))
+        .await
+        .unwrap();
     let store = store_for(&run, ns.client.clone());
 
     // Fence 1 appends at 1; a retry of the same write at 1 is its own, and succeeds.
-    let started = vec![LedgerEvent::AttemptStarted { fence: 1, pod: "ledger-w1".into() }];
+    let started = vec![LedgerEvent::AttemptStarted {
+        fence: 1,
+        pod: "ledger-w1".into(),
+    }];
     assert_eq!(store.append(0, 1, started.clone()).await.unwrap().tail, 1);
     let retried = store.append(0, 1, started).await.unwrap();
     assert_eq!((retried.tail, retried.slipped.len()), (1, 0));
 
     // The controller seals for fence 2 at position 2.
-    let seal = vec![LedgerEvent::Claimed { fence: 2, pod: "ledger-w2".into() }];
+    let seal = vec![LedgerEvent::Claimed {
+        fence: 2,
+        pod: "ledger-w2".into(),
+    }];
     store.append(1, 2, seal).await.unwrap();
 
     // The old owner's next append collides with the seal: it lost the run.
-    let late = vec![LedgerEvent::ModelDelta { text: "zombie".into() }];
+    let late = vec![LedgerEvent::ModelDelta {
+        text: "zombie".into(),
+    }];
     let err = store.append(1, 1, late).await.unwrap_err();
-    assert!(matches!(err, LedgerError::Superseded { seq: 2, ours: 1, theirs: 2 }), "got {err:?}");
+    assert!(
+        matches!(
+            err,
+            LedgerError::Superseded {
+                seq: 2,
+                ours: 1,
+                theirs: 2
+            }
+        ),
+        "got {err:?}"
+    );
     assert!(err.is_lost());
 
     // A writer with a newer fence that thought the tail was 1 replays what slipped in.
-    let appended = store.append(1, 3, vec![LedgerEvent::Handoff]).await.unwrap();
+    let appended = store
+        .append(1, 3, vec![LedgerEvent::Handoff])
+        .await
+        .unwrap();
     assert_eq!(appended.tail, 3);
     assert_eq!(appended.slipped.len(), 1);
     assert_eq!(appended.slipped[0].spec.fence, 2);
 
     let all = store.list().await.unwrap();
-    assert_eq!(all.iter().map(|s| s.spec.seq).collect::<Vec<_>>(), vec![1, 2, 3]);
-    assert!(all.iter().all(|s| s.owner_references().iter().any(|o| o.name == "ledger")));
+    assert_eq!(
+        all.iter().map(|s| s.spec.seq).collect::<Vec<_>>(),
+        vec![1, 2, 3]
+    );
+    assert!(
+        all.iter()
+            .all(|s| s.owner_references().iter().any(|o| o.name == "ledger"))
+    );
     ns.cleanup().await;
 }
 
@@ -169,15 +293,28 @@ async fn fenced_append_follows_the_protocol_on_a_real_server() {
 async fn an_event_too_large_for_one_segment_is_split_and_replayed_whole() {
     let ns = TestNamespace::new("split").await;
     let runs: Api<AgentRun> = ns.api();
-    let run = runs.create(&PostParams::default(), &minimal_run("big")).await.unwrap();
+    let run = runs
+        .create(&PostParams::default(), &minimal_run("big"))
+        .await
+        .unwrap();
     let store = store_for(&run, ns.client.clone()).with_budget(4096);
     let big = "y".repeat(20_000);
     let events = vec![
-        LedgerEvent::AttemptStarted { fence: 1, pod: "big-w1".into() },
-        LedgerEvent::Message { role: Role::Assistant, content: big.clone() },
+        LedgerEvent::AttemptStarted {
+            fence: 1,
+            pod: "big-w1".into(),
+        },
+        LedgerEvent::Message {
+            role: Role::Assistant,
+            content: big.clone(),
+        },
     ];
     let appended = store.append(0, 1, events).await.unwrap();
-    assert!(appended.tail > 2, "split over several segments, got {}", appended.tail);
+    assert!(
+        appended.tail > 2,
+        "split over several segments, got {}",
+        appended.tail
+    );
     let replay = baton::ledger::Replay::from_segments(&store.list().await.unwrap()).unwrap();
     assert_eq!(replay.salvage(), big);
     ns.cleanup().await;

@@ -10,8 +10,8 @@ use crate::crd::v1alpha1::LedgerEvent;
 /// this leaves room for metadata and JSON escaping.
 pub const SEGMENT_BUDGET_BYTES: usize = 1_000_000;
 
-/// Raw bytes of one chunk: base64 makes it 4/3 larger, still within the budget.
-const CHUNK_RAW_BYTES: usize = SEGMENT_BUDGET_BYTES / 4 * 3 - 4096;
+/// Room for a chunk event's own fields (`type`, `index`, `total`) around its data.
+const CHUNK_ENVELOPE_BYTES: usize = 256;
 
 /// Why events could not be encoded.
 #[derive(Debug, thiserror::Error)]
@@ -60,7 +60,8 @@ fn flush(groups: &mut Vec<Vec<LedgerEvent>>, current: &mut Vec<LedgerEvent>, byt
 
 /// Splits one serialized event into chunk events that each fit the budget.
 fn split(bytes: &[u8], budget: usize) -> Vec<LedgerEvent> {
-    let raw = CHUNK_RAW_BYTES.min(budget / 4 * 3).max(1);
+    // base64 makes the data 4/3 larger; the envelope must fit beside it.
+    let raw = (budget.saturating_sub(CHUNK_ENVELOPE_BYTES) / 4 * 3).max(1);
     let pieces: Vec<&[u8]> = bytes.chunks(raw).collect();
     let total = pieces.len() as i64;
     pieces

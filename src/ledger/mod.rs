@@ -137,3 +137,80 @@ pub fn classify_collision(
         Equal => Collision::NewerOwner,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::v1alpha1::LedgerSegmentSpec;
+
+    fn seg(seq: i64, fence: i64, events: Vec<LedgerEvent>) -> LedgerSegment {
+        LedgerSegment::new(
+            &segment_name("r", seq),
+            LedgerSegmentSpec {
+                run: "r".into(),
+                seq,
+                fence,
+                format: 1,
+                events,
+            },
+        )
+    }
+
+    #[test]
+    fn segment_names_sort_in_ledger_order() {
+        assert_eq!(segment_name("run", 7), "run-000007");
+        assert!(segment_name("run", 10) > segment_name("run", 9));
+    }
+
+    #[test]
+    fn a_collision_is_classified_by_fence_and_content() {
+        let ours = vec![LedgerEvent::Handoff];
+        assert_eq!(
+            classify_collision(2, &ours, &seg(5, 2, ours.clone())),
+            Collision::OwnRetry
+        );
+        assert_eq!(
+            classify_collision(2, &ours, &seg(5, 1, vec![])),
+            Collision::OlderOwner
+        );
+        assert_eq!(
+            classify_collision(2, &ours, &seg(5, 3, ours.clone())),
+            Collision::NewerOwner
+        );
+        assert_eq!(
+            classify_collision(2, &ours, &seg(5, 2, vec![LedgerEvent::Stopped])),
+            Collision::NewerOwner
+        );
+    }
+
+    #[test]
+    fn a_newer_fence_or_a_closed_ledger_ends_ownership() {
+        let older = [seg(1, 1, vec![]), seg(2, 2, vec![])];
+        assert!(check_still_owner(&older, 2).is_ok());
+        assert!(matches!(
+            check_still_owner(&older, 1),
+            Err(LedgerError::Superseded { seq: 2, .. })
+        ));
+        let closed = [seg(
+            1,
+            1,
+            vec![LedgerEvent::Closed {
+                fence: 1,
+                reason: "x".into(),
+            }],
+        )];
+        assert!(check_still_owner(&closed, 1).unwrap_err().is_lost());
+    }
+
+    #[test]
+    fn contiguity_is_checked_from_one() {
+        assert!(check_contiguous(&[seg(1, 1, vec![]), seg(2, 1, vec![])]).is_ok());
+        assert!(matches!(
+            check_contiguous(&[seg(2, 1, vec![])]),
+            Err(LedgerError::Gap {
+                expected: 1,
+                found: 2
+            })
+        ));
+    }
+}

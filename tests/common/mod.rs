@@ -23,9 +23,13 @@ pub async fn client() -> Client {
              `hack/control-plane.sh up` and `eval \"$(hack/control-plane.sh env)\"`, or run `make test`."
         );
     }
-    let client = Client::try_default().await.expect("building a client from KUBECONFIG");
+    let client = Client::try_default()
+        .await
+        .expect("building a client from KUBECONFIG");
     CRDS.get_or_init(|| async {
-        baton::crd::install(client.clone(), Duration::from_secs(60)).await.expect("installing baton CRDs");
+        baton::crd::install(client.clone(), Duration::from_secs(60))
+            .await
+            .expect("installing baton CRDs");
     })
     .await;
     client
@@ -42,9 +46,21 @@ impl TestNamespace {
     pub async fn new(test: &str) -> Self {
         let client = client().await;
         let suffix: u32 = rand::random::<u32>() % 1_000_000;
-        let name = format!("t-{}-{suffix}", test.replace('_', "-").chars().take(40).collect::<String>());
-        let ns = Namespace { metadata: ObjectMeta { name: Some(name.clone()), ..Default::default() }, ..Default::default() };
-        Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &ns).await.expect("creating test namespace");
+        let name = format!(
+            "t-{}-{suffix}",
+            test.replace('_', "-").chars().take(40).collect::<String>()
+        );
+        let ns = Namespace {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .expect("creating test namespace");
         Self { client, name }
     }
 
@@ -59,6 +75,8 @@ impl TestNamespace {
     /// Deletes the namespace. (Nothing runs a namespace controller on the local control plane,
     /// so the namespace stays Terminating; its name is unique, so that harms no later test.)
     pub async fn cleanup(self) {
-        let _ = Api::<Namespace>::all(self.client.clone()).delete(&self.name, &DeleteParams::default()).await;
+        let _ = Api::<Namespace>::all(self.client.clone())
+            .delete(&self.name, &DeleteParams::default())
+            .await;
     }
 }
