@@ -100,7 +100,7 @@ apt_install() {
   mkdir -p "$CACHE_DIR"
   local pkg missing_candidate=0
   for pkg in "$@"; do
-    if ! apt-cache policy "$pkg" 2>/dev/null | grep -q 'Candidate: [^(]'; then missing_candidate=1; fi
+    if ! apt-cache policy "$pkg" 2>/dev/null | grep 'Candidate: [^(]' >/dev/null; then missing_candidate=1; fi
   done
   [[ $missing_candidate -eq 1 ]] && apt_update
   log "apt-get install $*"
@@ -154,7 +154,7 @@ choose_port() {
   for ((p = default; p < default + 200; p++)); do
     [[ " $* " == *" $p "* ]] && continue
     if ! port_in_use "$p"; then
-      [[ $p -ne $default ]] && log "default $name port $default is busy; using $p"
+      [[ $p -ne $default ]] && log "default $name port $default is busy or already chosen; using $p"
       echo "$p"; return
     fi
   done
@@ -211,7 +211,6 @@ install_etcd() {
     printf '#!/bin/sh\n# temporary, from baton hack/control-plane.sh\nexit 101\n' | as_root tee "$POLICY_RC" >/dev/null
     as_root chmod 755 "$POLICY_RC"
     CREATED_POLICY_RC=1
-    trap cleanup_policy_rc EXIT
   fi
   apt_install etcd-server
   cleanup_policy_rc
@@ -255,7 +254,7 @@ build_apiserver() {
   "$GO" version >>"$BUILD_LOG" 2>&1
 
   step 2 "deb-src entry and the kubernetes source package"
-  if ! apt-cache showsrc kubernetes 2>/dev/null | grep -q '^Package: kubernetes'; then
+  if ! apt-cache showsrc kubernetes 2>/dev/null | grep '^Package: kubernetes' >/dev/null; then
     local codename uri=http://deb.debian.org/debian
     codename=$(sed -n 's/^VERSION_CODENAME=//p' /etc/os-release 2>/dev/null | tr -d '"' || true)
     [[ -n $codename ]] || build_fail "cannot determine the Debian codename from /etc/os-release"
@@ -275,7 +274,7 @@ Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 EOF
     APT_UPDATED=0
     apt_update
-    apt-cache showsrc kubernetes 2>/dev/null | grep -q '^Package: kubernetes' \
+    apt-cache showsrc kubernetes 2>/dev/null | grep '^Package: kubernetes' >/dev/null \
       || build_fail "apt-get source kubernetes: no source package found even with the deb-src entry"
   fi
   # Start from a clean build tree every time: a half-finished one is never reused.
@@ -370,8 +369,9 @@ EOF
     ldflags+=" -X $pfx/component-base/version.$key=$val -X $pfx/client-go/pkg/version.$key=$val"
   done
   local out=$BUILD_DIR/go-build.out
-  "$GO" build -v -o "$BUILD_DIR/bin/kube-apiserver" -ldflags "$ldflags" ./cmd/kube-apiserver >"$out" 2>&1 &
+  "$GO" build -v -o "$BUILD_DIR/bin/kube-apiserver" -ldflags "$ldflags" ./cmd/kube-apiserver >"$out" 2>&1 8>&- 9>&- &
   local gopid=$! rc=0 t1=$SECONDS next=$((SECONDS + 30))
+  GO_BUILD_PID=$gopid
   while kill -0 "$gopid" 2>/dev/null; do
     sleep 2
     if [[ $SECONDS -ge $next ]]; then
@@ -380,6 +380,7 @@ EOF
     fi
   done
   wait "$gopid" || rc=$?
+  GO_BUILD_PID=
   cat "$out" >>"$BUILD_LOG"
   [[ $rc -eq 0 ]] || build_fail "go build ./cmd/kube-apiserver (exit $rc)"
   log "      compiled in $((SECONDS - t1))s"
@@ -402,6 +403,8 @@ EOF
   fi
   log "kube-apiserver ready: $BIN_CACHE/kube-apiserver (build took $((SECONDS - t0))s)"
 }
+
+GO_BUILD_PID=
 
 # Resolve (and if needed install) both binaries into APISERVER_BIN / ETCD_BIN.
 APISERVER_BIN=
@@ -476,11 +479,18 @@ start_proc() {
   printf '%s\n' "$bin" >"$CP_DIR/$name.exe"
   { printf '== %s: %q' "$(date -u +%FT%TZ)" "$bin"; printf ' %q' "$@"; printf '\n'; } >>"$logf"
   # The inner shell writes its own PID and then execs the server, so the PID file holds exactly
-  # the server's PID whether or not setsid had to fork. SIGHUP stays ignored (like nohup);
-  # the lock descriptors 8/9 are closed so the servers never hold our locks.
+  # the server's PID whether or not setsid had to fork. SIGHUP stays ignored (like nohup).
+  # Every inherited descriptor above 2 is closed (our lock files, a caller's pipes), so the
+  # servers never hold our locks or keep a caller waiting for EOF.
   # shellcheck disable=SC2016
-  setsid bash -c 'echo $$ >"$0.tmp" && mv -f "$0.tmp" "$0"; trap "" HUP; exec "$@"' \
-    "$pidfile" "$bin" "$@" </dev/null >>"$logf" 2>&1 8>&- 9>&- &
+  setsid bash -c '
+    for fd in /proc/$$/fd/*; do
+      fd=${fd##*/}
+      if [ "$fd" -gt 2 ] 2>/dev/null; then eval "exec $fd>&-" 2>/dev/null || true; fi
+    done
+    echo $$ >"$0.tmp" && mv -f "$0.tmp" "$0"
+    trap "" HUP
+    exec "$@"' "$pidfile" "$bin" "$@" </dev/null >>"$logf" 2>&1 &
   local i pid
   for ((i = 0; i < 100; i++)); do
     [[ -s $pidfile ]] && break
@@ -613,14 +623,8 @@ EOF
 # ---------------------------------------------------------------------------
 # commands
 
-UP_DONE=0
-up_cleanup() {
-  if [[ $UP_DONE -eq 0 && -f $CP_DIR/$MARKER ]]; then
-    log "start-up failed; stopping what was started (logs kept in $CP_DIR until 'down')"
-    stop_all || true
-  fi
-  cleanup_policy_rc
-}
+# 1 while `up` is between creating the state dir and /readyz: on failure, stop what it started.
+UP_IN_PROGRESS=0
 
 print_ready() {
   log "kube-apiserver: https://127.0.0.1:$(read_state API_PORT)  etcd: http://127.0.0.1:$(read_state ETCD_PORT)"
@@ -651,8 +655,7 @@ cmd_up() {
   fi
   (umask 077 && mkdir -p "$CP_DIR")
   : >"$CP_DIR/$MARKER"
-  UP_DONE=0
-  trap up_cleanup EXIT
+  UP_IN_PROGRESS=1
 
   local etcd_port peer_port api_port token
   etcd_port=$(choose_port "${BATON_CP_ETCD_PORT:-}" 2379 etcd-client)
@@ -673,15 +676,16 @@ cmd_up() {
     --listen-client-urls="http://127.0.0.1:$etcd_port" --advertise-client-urls="http://127.0.0.1:$etcd_port"
     --listen-peer-urls="http://127.0.0.1:$peer_port" --initial-advertise-peer-urls="http://127.0.0.1:$peer_port"
     --initial-cluster="baton=http://127.0.0.1:$peer_port" --initial-cluster-state=new
+    --logger=zap
   )
   # Test data only: skip fsync when this etcd supports it (3.4.10+).
-  if "$ETCD_BIN" --help 2>&1 | grep -q -- '--unsafe-no-fsync'; then etcd_args+=(--unsafe-no-fsync); fi
+  if "$ETCD_BIN" --help 2>&1 | grep -- '--unsafe-no-fsync' >/dev/null; then etcd_args+=(--unsafe-no-fsync); fi
   case $(uname -m) in aarch64 | arm64) export ETCD_UNSUPPORTED_ARCH=arm64 ;; esac
   start_proc etcd "$ETCD_BIN" "${etcd_args[@]}"
 
   local i
   for ((i = 0; i < 300; i++)); do
-    curl -s --max-time 2 "http://127.0.0.1:$etcd_port/health" 2>/dev/null | grep -q '"health":"true"' && break
+    curl -s --max-time 2 "http://127.0.0.1:$etcd_port/health" 2>/dev/null | grep '"health":"true"' >/dev/null && break
     proc_is_ours etcd || { log "---- last 30 lines of $CP_DIR/etcd.log ----"; tail -n 30 "$CP_DIR/etcd.log" >&2; die "etcd exited during start-up"; }
     sleep 0.1
   done
@@ -721,7 +725,7 @@ cmd_up() {
     fi
     sleep 0.25
   done
-  UP_DONE=1
+  UP_IN_PROGRESS=0
   log "control plane ready in $((SECONDS - t0))s after start"
   print_ready
 }
@@ -775,7 +779,20 @@ cmd_env() {
   printf 'export KUBECONFIG=%q\n' "$KUBECONFIG_PATH"
 }
 
+on_exit() {
+  if [[ -n ${GO_BUILD_PID:-} ]]; then
+    kill -TERM "$GO_BUILD_PID" 2>/dev/null || true   # our own background `go build`
+  fi
+  cleanup_policy_rc
+  if [[ ${UP_IN_PROGRESS:-0} -eq 1 && -f $CP_DIR/$MARKER ]]; then
+    UP_IN_PROGRESS=0
+    log "start-up failed; stopping what was started (logs kept in $CP_DIR until 'down' or the next 'up')"
+    stop_all || true
+  fi
+}
+
 main() {
+  trap on_exit EXIT
   trap 'exit 130' INT
   trap 'exit 143' TERM
   local sub=${1:-help}
