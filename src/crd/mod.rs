@@ -64,7 +64,10 @@ const GENERATED_HEADER: &str =
 ///
 /// Not server-side apply: servers older than 1.25 refuse an applied CRD that carries
 /// `x-kubernetes-validations`, while create and replace accept it (and drop the rule).
-pub async fn install(client: kube::Client, timeout: std::time::Duration) -> Result<(), InstallError> {
+pub async fn install(
+    client: kube::Client,
+    timeout: std::time::Duration,
+) -> Result<(), InstallError> {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     use kube::api::{Api, PostParams};
     use kube::runtime::wait::{await_condition, conditions};

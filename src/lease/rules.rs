@@ -108,7 +108,7 @@ mod tests {
         l.metadata.resource_version = Some(version.into());
         l.spec = Some(K8sLeaseSpec {
             holder_identity: holder.map(Into::into),
-            renew_time: renewed.then(|| MicroTime(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)),
+            renew_time: renewed.then_some(MicroTime(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)),
             ..K8sLeaseSpec::default()
         });
         l

@@ -1,5 +1,8 @@
 //! The `AgentRun` custom resource: one long-lived agent turn.
 
+// kube's `printcolumn(...)` attributes repeat `type_` by design; clippy reads that as a mistake.
+#![allow(clippy::duplicated_attributes)]
+
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{ResourceRequirements, Toleration};

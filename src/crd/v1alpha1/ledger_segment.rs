@@ -1,5 +1,8 @@
 //! The `LedgerSegment` custom resource: one immutable piece of a run's append-only ledger.
 
+// kube's `printcolumn(...)` attributes repeat `type_` by design; clippy reads that as a mistake.
+#![allow(clippy::duplicated_attributes)]
+
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
