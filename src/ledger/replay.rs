@@ -173,8 +173,12 @@ impl Replay {
             }
             LedgerEvent::Input { index, content } => {
                 self.inputs_consumed = self.inputs_consumed.max(index + 1);
-                self.waiting = None;
-                self.messages.push(ReplayedMessage::User(content.clone()));
+                // An answer to an `askUser` step reaches the model as that step's result (the
+                // `stepResult` that follows); a user message in between would split the call
+                // from its result, which providers refuse.
+                if self.waiting.take().is_none() {
+                    self.messages.push(ReplayedMessage::User(content.clone()));
+                }
             }
             LedgerEvent::WaitingInput { step, question } => {
                 self.waiting = Some((*step, question.clone()))

@@ -1,7 +1,11 @@
 //! Model providers behind one interface: the agent loop asks for the next assistant turn
 //! given the conversation so far, and receives streamed text as it comes.
 
+pub mod anthropic;
+pub mod openai;
+pub mod retry;
 pub mod scripted;
+pub mod sse;
 
 use std::time::Duration;
 

@@ -19,7 +19,7 @@ impl ScriptedModel {
         Self { script }
     }
 
-    /// The next turn of the script, streamed word by word after its delay.
+    /// The next turn of the script, streamed word by word over its delay.
     pub async fn complete(
         &self,
         request: &ModelRequest,
@@ -41,17 +41,28 @@ impl ScriptedModel {
                     position + 1
                 ),
             })?;
-        if let Some(ms) = turn.delay_milliseconds.filter(|ms| *ms > 0) {
-            tokio::time::sleep(Duration::from_millis(ms as u64)).await;
-        }
         let text = turn.text.clone().unwrap_or_default();
-        for piece in text.split_inclusive(' ') {
-            let _ = deltas.send(piece.to_string());
-        }
+        stream(&text, turn.delay_milliseconds.unwrap_or(0), deltas).await;
         Ok(ModelTurn {
             text,
             tool_calls: tool_calls(position, turn),
         })
+    }
+}
+
+/// Streams `text` word by word. A turn's delay is spent half "thinking" before the first
+/// word and half spread between the words, so a long turn is seen streaming (and can be
+/// interrupted mid-stream).
+async fn stream(text: &str, delay_ms: i64, deltas: &DeltaSink) {
+    let pieces: Vec<&str> = text.split_inclusive(' ').collect();
+    let delay = Duration::from_millis(delay_ms.max(0) as u64);
+    tokio::time::sleep(delay / 2).await;
+    let gap = delay / 2 / (pieces.len().max(1) as u32);
+    for piece in pieces {
+        let _ = deltas.send(piece.to_string());
+        if !gap.is_zero() {
+            tokio::time::sleep(gap).await;
+        }
     }
 }
 

@@ -1,0 +1,195 @@
+//! A tiny HTTP/1.1 server for the provider tests, on 127.0.0.1:0. It answers each request
+//! with the next scripted reply (streamed chunk by chunk, or cut off mid-stream) and records
+//! what it received. Raw TCP, so a test controls exactly where a stream breaks.
+//!
+//! Included by the `providers_*` tests with `#[path]`; as a test target of its own it is empty.
+
+#![allow(dead_code)]
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+
+/// How a reply's body is sent.
+pub enum Body {
+    /// All at once, with a Content-Length.
+    Full(String),
+    /// Chunked, each piece flushed on its own, then properly ended.
+    Stream(Vec<String>),
+    /// Chunked, then the connection is dropped without the final chunk.
+    Cut(Vec<String>),
+}
+
+pub struct Reply {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Body,
+}
+
+impl Reply {
+    /// A 200 event stream sent in `pieces`.
+    pub fn sse(pieces: Vec<String>) -> Self {
+        Self::new(200, "text/event-stream", Body::Stream(pieces))
+    }
+
+    /// A 200 event stream whose connection breaks after `pieces`.
+    pub fn cut(pieces: Vec<String>) -> Self {
+        Self::new(200, "text/event-stream", Body::Cut(pieces))
+    }
+
+    pub fn json(status: u16, body: &str) -> Self {
+        Self::new(status, "application/json", Body::Full(body.to_string()))
+    }
+
+    pub fn header(mut self, name: &str, value: &str) -> Self {
+        self.headers.push((name.into(), value.into()));
+        self
+    }
+
+    fn new(status: u16, content_type: &str, body: Body) -> Self {
+        let headers = vec![("content-type".to_string(), content_type.to_string())];
+        Self {
+            status,
+            headers,
+            body,
+        }
+    }
+}
+
+/// One request as the server saw it.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub method: String,
+    pub path: String,
+    pub headers: Vec<(String, String)>,
+    pub body: serde_json::Value,
+}
+
+impl Received {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        let found = self
+            .headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name));
+        found.map(|(_, v)| v.as_str())
+    }
+}
+
+pub struct Server {
+    pub url: String,
+    received: Arc<Mutex<Vec<Received>>>,
+}
+
+impl Server {
+    /// Serves `replies` in order; once they run out, every request gets a 500.
+    pub async fn start(replies: Vec<Reply>) -> Server {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let received = Arc::new(Mutex::new(Vec::new()));
+        let replies = Arc::new(Mutex::new(VecDeque::from(replies)));
+        let log = received.clone();
+        tokio::spawn(async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                tokio::spawn(handle(socket, replies.clone(), log.clone()));
+            }
+        });
+        Server { url, received }
+    }
+
+    pub fn received(&self) -> Vec<Received> {
+        self.received.lock().unwrap().clone()
+    }
+}
+
+async fn handle(
+    socket: TcpStream,
+    replies: Arc<Mutex<VecDeque<Reply>>>,
+    log: Arc<Mutex<Vec<Received>>>,
+) {
+    let mut socket = BufReader::new(socket);
+    let Some(request) = read_request(&mut socket).await else {
+        return;
+    };
+    log.lock().unwrap().push(request);
+    let reply = replies.lock().unwrap().pop_front();
+    let reply = reply.unwrap_or_else(|| Reply::json(500, r#"{"error":"no more replies"}"#));
+    let _ = write_reply(socket.get_mut(), reply).await;
+}
+
+async fn read_request(socket: &mut BufReader<TcpStream>) -> Option<Received> {
+    let mut line = String::new();
+    socket.read_line(&mut line).await.ok()?;
+    let mut parts = line.split_whitespace();
+    let (method, path) = (parts.next()?.to_string(), parts.next()?.to_string());
+    let mut headers = Vec::new();
+    loop {
+        let mut line = String::new();
+        socket.read_line(&mut line).await.ok()?;
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        let (name, value) = line.split_once(':')?;
+        headers.push((name.trim().to_lowercase(), value.trim().to_string()));
+    }
+    let length: usize = headers
+        .iter()
+        .find(|(n, _)| n == "content-length")
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(0);
+    let mut body = vec![0; length];
+    socket.read_exact(&mut body).await.ok()?;
+    let body = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
+    Some(Received {
+        method,
+        path,
+        headers,
+        body,
+    })
+}
+
+async fn write_reply(socket: &mut TcpStream, reply: Reply) -> std::io::Result<()> {
+    let mut head = format!("HTTP/1.1 {} X\r\nconnection: close\r\n", reply.status);
+    for (name, value) in &reply.headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    match reply.body {
+        Body::Full(body) => {
+            head.push_str(&format!("content-length: {}\r\n\r\n{body}", body.len()));
+            socket.write_all(head.as_bytes()).await?;
+        }
+        Body::Stream(pieces) => {
+            write_chunks(socket, head, &pieces).await?;
+            socket.write_all(b"0\r\n\r\n").await?;
+        }
+        Body::Cut(pieces) => write_chunks(socket, head, &pieces).await?,
+    }
+    socket.flush().await?;
+    socket.shutdown().await
+}
+
+async fn write_chunks(
+    socket: &mut TcpStream,
+    mut head: String,
+    pieces: &[String],
+) -> std::io::Result<()> {
+    head.push_str("transfer-encoding: chunked\r\n\r\n");
+    socket.write_all(head.as_bytes()).await?;
+    for piece in pieces {
+        let frame = format!("{:x}\r\n{piece}\r\n", piece.len());
+        socket.write_all(frame.as_bytes()).await?;
+        socket.flush().await?;
+        // Separate reads on the client side, so the parsers see real fragments.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    Ok(())
+}
+
+/// `text` cut into pieces of `size` characters, to split events anywhere.
+pub fn split_every(text: &str, size: usize) -> Vec<String> {
+    let chars: Vec<char> = text.chars().collect();
+    chars.chunks(size).map(|c| c.iter().collect()).collect()
+}
