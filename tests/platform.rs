@@ -207,7 +207,8 @@ async fn malformed_agent_runs_are_refused_with_a_message_naming_the_field() {
             .create(&PostParams::default(), &obj)
             .await
             .expect_err(what);
-        let message = err.to_string();
+        // Newer servers name list items (`tools[0].kind`), 1.20 does not (`tools.kind`).
+        let message = without_indices(&err.to_string());
         assert!(
             message.contains(field),
             "{what}: refusal does not name {field}: {message}"
