@@ -5,6 +5,7 @@ pub mod crd;
 pub mod kube_util;
 pub mod lease;
 pub mod ledger;
+pub mod runner;
 pub mod status;
 pub mod worker;
 
