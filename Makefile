@@ -14,12 +14,14 @@ build: ## Build the baton binary (debug)
 	$(CARGO) build
 
 .PHONY: generate
-generate: ## Regenerate crds/ from the Rust types
+generate: ## Regenerate crds/ (and the chart's copy) from the Rust types
 	$(CARGO) run -q -- crd --dir crds
+	$(CARGO) run -q -- crd --dir charts/baton/crds
 
 .PHONY: check-generated
-check-generated: ## Fail if crds/ is stale
+check-generated: ## Fail if crds/ or the chart's copy is stale
 	$(CARGO) run -q -- crd --dir crds --check
+	$(CARGO) run -q -- crd --dir charts/baton/crds --check
 
 .PHONY: fmt
 fmt: ## Format the code
@@ -33,6 +35,10 @@ lint: ## rustfmt check and clippy with warnings as errors
 .PHONY: unit
 unit: ## Pure unit tests only (no API server)
 	$(CARGO) test --lib
+
+.PHONY: demo
+demo: ## The one-command demo: a run whose worker is killed mid-run resumes and succeeds
+	bash hack/demo.sh
 
 .PHONY: test
 test: ## All tests: unit, then integration against a local kube-apiserver + etcd it starts and stops

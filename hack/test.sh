@@ -14,6 +14,7 @@ trap stop_control_plane EXIT
 
 echo "==> checking generated files"
 cargo run -q -- crd --dir crds --check
+cargo run -q -- crd --dir charts/baton/crds --check
 
 if ! bash "$cp" status >/dev/null 2>&1; then
   started_here=1

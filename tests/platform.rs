@@ -221,18 +221,29 @@ async fn malformed_agent_runs_are_refused_with_a_message_naming_the_field() {
     ns.cleanup().await;
 }
 
+/// Drops list indices (`[0]`) from field paths; keeps every other bracket (the server lists
+/// several causes as `[a, b]`).
 fn without_indices(message: &str) -> String {
     let mut out = String::with_capacity(message.len());
-    let mut in_index = false;
-    for c in message.chars() {
-        match c {
-            '[' => in_index = true,
-            ']' if in_index => in_index = false,
-            _ if !in_index => out.push(c),
-            _ => {}
+    let mut rest = message;
+    while let Some(open) = rest.find('[') {
+        out.push_str(&rest[..open]);
+        let after = &rest[open + 1..];
+        let digits = after.chars().take_while(char::is_ascii_digit).count();
+        if digits > 0 && after[digits..].starts_with(']') {
+            rest = &after[digits + 1..];
+        } else {
+            out.push('[');
+            rest = after;
         }
     }
+    out.push_str(rest);
     out
+}
+
+#[test]
+fn list_indices_are_dropped_from_field_paths_only() {
+    assert_eq!(without_indices("x [spec.tools[0].kind: bad, y[12]]"), "x [spec.tools.kind: bad, y]");
 }
 
 fn store_for(run: &AgentRun, client: kube::Client) -> SegmentStore {
