@@ -1,10 +1,13 @@
 //! baton: a Kubernetes operator that keeps long-lived AI agent runs alive across pod deaths,
 //! node drains and rollouts. See DESIGN.md for the protocol this crate implements.
 
+pub mod cli;
+pub mod controller;
 pub mod crd;
 pub mod kube_util;
 pub mod lease;
 pub mod ledger;
+pub mod rbac;
 pub mod runner;
 pub mod status;
 pub mod worker;
@@ -20,4 +23,8 @@ pub enum Error {
     Io(#[from] std::io::Error),
     #[error("installing CRDs: {0}")]
     CrdInstall(#[from] crd::InstallError),
+    #[error("controller: {0}")]
+    Controller(#[from] controller::Error),
+    #[error("{0}")]
+    Cli(#[from] cli::CliError),
 }

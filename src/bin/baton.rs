@@ -6,7 +6,11 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "baton", version, about = "Keeps long-lived AI agent runs alive on Kubernetes")]
+#[command(
+    name = "baton",
+    version,
+    about = "Keeps long-lived AI agent runs alive on Kubernetes"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -16,6 +20,12 @@ struct Cli {
 enum Command {
     /// Print the CustomResourceDefinitions as YAML, or write/check the files in a directory.
     Crd(CrdArgs),
+    /// Run the controller: admission, claims, takeovers, finish, rollouts.
+    Controller(baton::controller::cli::ControllerArgs),
+    /// Run one attempt of an AgentRun (what runs inside a worker pod).
+    Worker(baton::worker::WorkerArgs),
+    #[command(flatten)]
+    Cli(baton::cli::Verb),
 }
 
 #[derive(Args)]
@@ -35,6 +45,15 @@ struct CrdArgs {
 async fn main() -> ExitCode {
     let result = match Cli::parse().command {
         Command::Crd(args) => crd(args).await,
+        Command::Controller(args) => baton::controller::cli::main(args)
+            .await
+            .map(|()| ExitCode::SUCCESS)
+            .map_err(Into::into),
+        Command::Worker(args) => Ok(ExitCode::from(baton::worker::cli_main(args).await)),
+        Command::Cli(verb) => baton::cli::main(verb)
+            .await
+            .map(|()| ExitCode::SUCCESS)
+            .map_err(Into::into),
     };
     match result {
         Ok(code) => code,
@@ -52,7 +71,11 @@ async fn crd(args: CrdArgs) -> Result<ExitCode, baton::Error> {
             if stale.is_empty() {
                 return Ok(ExitCode::SUCCESS);
             }
-            eprintln!("stale generated CRDs in {}: {} (run `make generate`)", dir.display(), stale.join(", "));
+            eprintln!(
+                "stale generated CRDs in {}: {} (run `make generate`)",
+                dir.display(),
+                stale.join(", ")
+            );
             Ok(ExitCode::FAILURE)
         }
         (Some(dir), false, _) => baton::crd::write_crd_dir(&dir).map(|()| ExitCode::SUCCESS),

@@ -1,4 +1,385 @@
 //! The worker: what runs inside a worker pod. It proves it holds the run, resumes the turn
-//! from the ledger, and drives the agent loop with every write fenced.
+//! from the ledger, and drives the agent loop with every write fenced (DESIGN.md §3).
+//!
+//! Pure decisions (`resume::plan`, `FlushPolicy`, `heartbeat::next_step`,
+//! `finish::phase_change`) are kept apart from the I/O that carries them out.
+//!
+//! Choices worth knowing:
+//! - The first append of an attempt is one segment: `attemptStarted`, then a `stepUnknown`
+//!   for every step found open. Probes and re-runs come after, in later appends.
+//! - A lost run (newer fence, closed ledger, lease not renewed in time) exits 3 without any
+//!   further write; a worker superseded before it started exits 0 quietly.
+//! - An older owner's segments that slip in before an append are folded into the replay
+//!   after what this attempt buffered (the seal makes that practically impossible).
 
+pub mod agent;
+pub mod api_count;
+pub mod appender;
+pub mod finish;
+pub mod guard;
+pub mod heartbeat;
 pub mod model;
+pub mod progress;
+pub mod provider;
+pub mod reconcile;
+pub mod resume;
+pub mod session;
+pub mod tools;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kube::{Api, Client};
+use tokio::sync::watch;
+use tracing::{Instrument, error, info, info_span};
+
+use api_count::{ApiCounters, counted_client};
+use appender::{Appender, FlushPolicy, stats_of};
+use finish::{Exit, conclude};
+use guard::{Interrupts, LostGuard};
+use heartbeat::{RenewTiming, renew_loop, watch_run};
+use progress::{Progress, progress_loop};
+use reconcile::Resumed;
+use session::Session;
+
+use crate::crd::v1alpha1::{AgentRun, AgentRunStatus, Phase};
+use crate::lease::{LeaseError, WorkerLease};
+use crate::ledger::{LedgerError, Replay, SegmentStore, check_still_owner};
+
+/// Default cap on the ledger's size: past it the run ends `Interrupted` (TranscriptTooLarge).
+pub const DEFAULT_MAX_LEDGER_BYTES: u64 = 64 * 1024 * 1024;
+
+/// `baton worker`: everything comes from the pod's environment; flags are for tests.
+#[derive(clap::Args, Clone)]
+pub struct WorkerArgs {
+    /// The run's name.
+    #[arg(long, env = crate::crd::env::RUN)]
+    pub run: String,
+    /// The run's namespace.
+    #[arg(long, env = crate::crd::env::NAMESPACE)]
+    pub namespace: String,
+    /// The fence this pod was created for.
+    #[arg(long, env = crate::crd::env::FENCE)]
+    pub fence: i64,
+    /// This pod's name: its holder identity on the run Lease.
+    #[arg(long, env = crate::crd::env::POD)]
+    pub pod: String,
+    /// The model API key (never logged or stored).
+    #[arg(long, env = crate::crd::env::MODEL_API_KEY, hide_env_values = true)]
+    pub model_api_key: Option<String>,
+    /// Ledger size cap in bytes; past it the run ends Interrupted (TranscriptTooLarge).
+    #[arg(long, default_value_t = DEFAULT_MAX_LEDGER_BYTES)]
+    pub max_ledger_bytes: u64,
+    /// Flush buffered ledger events at least this often (milliseconds).
+    #[arg(long, default_value_t = 500)]
+    pub flush_millis: u64,
+    /// Flush once this many events are buffered.
+    #[arg(long, default_value_t = 32)]
+    pub flush_events: usize,
+    /// On SIGTERM, how long a running tool may take before it is killed (seconds).
+    #[arg(long, default_value_t = 20)]
+    pub handoff_grace_seconds: u64,
+    /// Minimum spacing of progress writes to status (milliseconds).
+    #[arg(long, default_value_t = 1000)]
+    pub progress_millis: u64,
+    /// Write the API request counts (JSON) to this file at exit (used by the benchmark).
+    #[arg(long)]
+    pub stats_file: Option<PathBuf>,
+}
+
+/// The worker's settings.
+#[derive(Clone)]
+pub struct WorkerConfig {
+    pub run: String,
+    pub namespace: String,
+    pub fence: i64,
+    pub pod: String,
+    pub api_key: Option<String>,
+    pub max_ledger_bytes: u64,
+    pub flush: FlushPolicy,
+    pub handoff_grace: Duration,
+    pub progress_interval: Duration,
+    pub stats_file: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for WorkerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerConfig")
+            .field("run", &self.run)
+            .field("namespace", &self.namespace)
+            .field("fence", &self.fence)
+            .field("pod", &self.pod)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .finish_non_exhaustive()
+    }
+}
+
+impl From<WorkerArgs> for WorkerConfig {
+    fn from(a: WorkerArgs) -> Self {
+        Self {
+            run: a.run,
+            namespace: a.namespace,
+            fence: a.fence,
+            pod: a.pod,
+            api_key: a.model_api_key.filter(|k| !k.is_empty()),
+            max_ledger_bytes: a.max_ledger_bytes,
+            flush: FlushPolicy {
+                interval: Duration::from_millis(a.flush_millis.max(1)),
+                max_events: a.flush_events.max(1),
+            },
+            handoff_grace: Duration::from_secs(a.handoff_grace_seconds),
+            progress_interval: Duration::from_millis(a.progress_millis),
+            stats_file: a.stats_file,
+        }
+    }
+}
+
+/// Errors that end an attempt without a decision.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error("kubernetes client: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("lease: {0}")]
+    Lease(#[from] LeaseError),
+    #[error("ledger: {0}")]
+    Ledger(#[from] LedgerError),
+}
+
+impl WorkerError {
+    pub fn label(&self) -> &'static str {
+        match self {
+            WorkerError::Kube(_) => "kube",
+            WorkerError::Lease(e) => e.label(),
+            WorkerError::Ledger(e) => e.label(),
+        }
+    }
+}
+
+/// `baton worker`'s entry point: sets up logging, runs one attempt, returns the exit code.
+pub async fn cli_main(args: WorkerArgs) -> u8 {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,kube=warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+    run(args.into()).await.code()
+}
+
+/// Runs one attempt.
+pub async fn run(cfg: WorkerConfig) -> Exit {
+    let span = info_span!("worker", run = %cfg.run, fence = cfg.fence, pod = %cfg.pod);
+    let counters = Arc::new(ApiCounters::default());
+    let stats_file = cfg.stats_file.clone();
+    let exit = match attempt(cfg, counters.clone()).instrument(span).await {
+        Ok(exit) => exit,
+        Err(err) => {
+            error!(error = %err, label = err.label(), "the attempt failed");
+            Exit::Failed
+        }
+    };
+    if let Some(path) = stats_file {
+        let counts = counters.snapshot();
+        let _ = std::fs::write(path, serde_json::to_string(&counts).unwrap_or_default());
+    }
+    exit
+}
+
+/// Pure: a worker may start only if the run is `Running` under its fence with it as the worker.
+pub fn may_start(status: Option<&AgentRunStatus>, fence: i64, pod: &str) -> bool {
+    status.is_some_and(|s| {
+        s.phase == Phase::Running && s.fence == fence && s.worker.as_deref() == Some(pod)
+    })
+}
+
+async fn attempt(cfg: WorkerConfig, counters: Arc<ApiCounters>) -> Result<Exit, WorkerError> {
+    let client = counted_client(counters.clone()).await?;
+    let runs: Api<AgentRun> = Api::namespaced(client.clone(), &cfg.namespace);
+    let lease = WorkerLease::new(
+        client.clone(),
+        &cfg.namespace,
+        &cfg.run,
+        &cfg.pod,
+        cfg.fence,
+    );
+    let Some(run) = start_check(&runs, &lease, &cfg).await? else {
+        info!("superseded before starting: exiting");
+        return Ok(Exit::Superseded);
+    };
+    let renewed_at = Instant::now();
+    match lease.renew().await {
+        Ok(_) => {}
+        Err(err) if err.is_lost() => return Ok(Exit::Superseded),
+        Err(err) => return Err(err.into()),
+    }
+    let timing = RenewTiming::from_spec(&run.spec.lease);
+    let guard = LostGuard::new(renewed_at, timing.duration);
+    let interrupts = Interrupts::default();
+    let mut s = open_session(cfg, client, runs, run, lease, guard, interrupts, counters).await?;
+    let Some(mut s) = s.take() else {
+        return Ok(Exit::Lost);
+    };
+    let plan = resume::plan(&s.replay, s.spec());
+    let (ending, record) = match reconcile::resume(&mut s, plan).await {
+        Resumed::End { ending, record } => (ending, record),
+        Resumed::Continue => (agent::agent_loop(&mut s).await, true),
+    };
+    Ok(conclude(&mut s, ending, record).await)
+}
+
+/// Reads the run and the Lease; `None` when this pod is not the run's current worker.
+async fn start_check(
+    runs: &Api<AgentRun>,
+    lease: &WorkerLease,
+    cfg: &WorkerConfig,
+) -> Result<Option<AgentRun>, WorkerError> {
+    let Some(run) = runs.get_opt(&cfg.run).await? else {
+        return Ok(None);
+    };
+    if !may_start(run.status.as_ref(), cfg.fence, &cfg.pod) {
+        return Ok(None);
+    }
+    match lease.verify().await {
+        Ok(_) => Ok(Some(run)),
+        Err(err) if err.is_lost() => Ok(None),
+        Err(err) => Err(err.into()),
+    }
+}
+
+/// Starts the background tasks, lists and replays the ledger. `None`: the ledger shows a
+/// newer owner or a close, so the run is lost.
+#[allow(clippy::too_many_arguments)]
+async fn open_session(
+    cfg: WorkerConfig,
+    client: Client,
+    runs: Api<AgentRun>,
+    run: AgentRun,
+    lease: WorkerLease,
+    guard: LostGuard,
+    interrupts: Interrupts,
+    counters: Arc<ApiCounters>,
+) -> Result<Option<Session>, WorkerError> {
+    let timing = RenewTiming::from_spec(&run.spec.lease);
+    let mut heartbeat = vec![
+        tokio::spawn(renew_loop(lease.clone(), timing, guard.clone()).in_current_span()),
+        tokio::spawn(
+            watch_run(
+                runs.clone(),
+                cfg.run.clone(),
+                cfg.fence,
+                guard.clone(),
+                interrupts.clone(),
+            )
+            .in_current_span(),
+        ),
+    ];
+    heartbeat.push(tokio::spawn(on_sigterm(interrupts.clone())));
+    let store = SegmentStore::for_run(client.clone(), &run);
+    let segments = store.list().await?;
+    if let Err(err) = check_still_owner(&segments, cfg.fence) {
+        guard.lose(err.to_string());
+        return Ok(None);
+    }
+    let replay = Replay::from_segments(&segments)?;
+    let (appender, ledger_stats) = Appender::spawn(
+        store,
+        cfg.fence,
+        replay.tail,
+        stats_of(&segments),
+        cfg.max_ledger_bytes,
+        cfg.flush,
+        guard.clone(),
+    );
+    let progress = Progress {
+        steps: replay.last_step(),
+        inputs_consumed: replay.inputs_consumed,
+        resumed: resumed_message(&replay),
+        generation: run.metadata.generation,
+        ..Progress::default()
+    };
+    let (progress_tx, progress_rx) = watch::channel(progress);
+    let progress_task = tokio::spawn(
+        progress_loop(
+            runs.clone(),
+            cfg.run.clone(),
+            cfg.fence,
+            progress_rx,
+            ledger_stats.clone(),
+            cfg.progress_interval,
+            guard.clone(),
+        )
+        .in_current_span(),
+    );
+    let model = provider::Model::for_spec(&run.spec.agent.model, cfg.api_key.clone())
+        .map(Arc::new)
+        .map_err(|e| e.to_string());
+    Ok(Some(Session {
+        cfg,
+        client,
+        runs,
+        run,
+        lease,
+        appender,
+        ledger_stats,
+        guard,
+        interrupts,
+        replay,
+        progress: progress_tx,
+        counters,
+        model,
+        pending: Vec::new(),
+        drop_deltas: false,
+        heartbeat,
+        progress_task: Some(progress_task),
+    }))
+}
+
+/// The Resumed condition's message when an earlier attempt had started.
+fn resumed_message(replay: &Replay) -> Option<String> {
+    (!replay.attempts.is_empty()).then(|| {
+        format!(
+            "resumed from ledger position {} after {} earlier attempt(s), {} step(s) recorded",
+            replay.tail,
+            replay.attempts.len(),
+            replay.last_step()
+        )
+    })
+}
+
+async fn on_sigterm(interrupts: Interrupts) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut term) = signal(SignalKind::terminate()) else {
+        return;
+    };
+    if term.recv().await.is_some() {
+        info!("SIGTERM: handing the run off");
+        interrupts.handoff.cancel();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_named_worker_of_a_running_run_may_start() {
+        let status = AgentRunStatus {
+            phase: Phase::Running,
+            fence: 3,
+            worker: Some("r-w3".into()),
+            ..Default::default()
+        };
+        assert!(may_start(Some(&status), 3, "r-w3"));
+        assert!(!may_start(Some(&status), 2, "r-w3"));
+        assert!(!may_start(Some(&status), 3, "r-w2"));
+        let finishing = AgentRunStatus {
+            phase: Phase::Finishing,
+            ..status
+        };
+        assert!(!may_start(Some(&finishing), 3, "r-w3"));
+        assert!(!may_start(None, 3, "r-w3"));
+    }
+}

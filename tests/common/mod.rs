@@ -6,6 +6,9 @@
 
 #![allow(dead_code)]
 
+pub mod claim;
+pub mod worker_proc;
+
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Namespace;

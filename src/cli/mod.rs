@@ -1,0 +1,130 @@
+//! The user-facing CLI verbs (`baton get|transcript|stop|input|describe`, also `kubectl baton
+//! ...`): argument types, errors, and the entry point. `render` is pure; `ops` does the I/O.
+
+mod ops;
+pub mod render;
+#[cfg(test)]
+mod render_tests;
+
+use kube::{Client, Config};
+
+pub use ops::Session;
+
+/// A CLI verb.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum Verb {
+    /// List AgentRuns: phase, attempt, steps, unknown effects, worker, age.
+    Get(GetArgs),
+    /// Print a run's transcript from its ledger, in order; `-f` follows it live.
+    Transcript(TranscriptArgs),
+    /// Ask a run to stop (sets `spec.stop`); it ends `Stopped`.
+    Stop(RunArgs),
+    /// Answer a run that is waiting for input (appends to `spec.inputs`).
+    Input(InputArgs),
+    /// Show a run's phase, attempts and fences, unknown effects, conditions and Events.
+    Describe(RunArgs),
+}
+
+/// `kubectl-baton`: the same verbs as a kubectl plugin (`kubectl baton get ...`).
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "kubectl-baton",
+    version,
+    about = "baton AgentRuns, as a kubectl plugin"
+)]
+pub struct PluginCli {
+    #[command(subcommand)]
+    pub verb: Verb,
+}
+
+/// Flags of `get`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct GetArgs {
+    /// Only this run.
+    pub run: Option<String>,
+    /// Namespace (default: the kubeconfig context's).
+    #[arg(short = 'n', long)]
+    pub namespace: Option<String>,
+    /// List runs in every namespace.
+    #[arg(short = 'A', long, conflicts_with_all = ["namespace", "run"])]
+    pub all_namespaces: bool,
+}
+
+/// A verb on one run.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunArgs {
+    /// The AgentRun's name.
+    pub run: String,
+    /// Namespace (default: the kubeconfig context's).
+    #[arg(short = 'n', long)]
+    pub namespace: Option<String>,
+}
+
+/// Flags of `transcript`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct TranscriptArgs {
+    #[command(flatten)]
+    pub target: RunArgs,
+    /// Keep printing new ledger segments until the run ends.
+    #[arg(short = 'f', long)]
+    pub follow: bool,
+}
+
+/// Flags of `input`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct InputArgs {
+    #[command(flatten)]
+    pub target: RunArgs,
+    /// The answer to send.
+    pub text: String,
+}
+
+/// Errors of the CLI verbs, worded for the person at the terminal.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error("run {name} not found in namespace {namespace}")]
+    RunNotFound { name: String, namespace: String },
+    #[error("run {name} is not waiting for input (phase {phase})")]
+    NotWaitingForInput { name: String, phase: String },
+    #[error("cannot reach the cluster at {server}: {detail}")]
+    Unreachable { server: String, detail: String },
+    #[error("no cluster configured ({0}); set KUBECONFIG or run inside a cluster")]
+    NoConfig(String),
+    #[error("the API server at {server} refused the request: {detail}")]
+    Api { server: String, detail: String },
+    #[error("reading the ledger of run {name}: {detail}")]
+    Ledger { name: String, detail: String },
+    #[error("run {name} kept changing while we tried to update it; try again")]
+    Contended { name: String },
+    #[error("writing output: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl CliError {
+    /// Low-cardinality label (for logs and tests).
+    pub fn label(&self) -> &'static str {
+        match self {
+            CliError::RunNotFound { .. } => "run_not_found",
+            CliError::NotWaitingForInput { .. } => "not_waiting_for_input",
+            CliError::Unreachable { .. } => "unreachable",
+            CliError::NoConfig(_) => "no_config",
+            CliError::Api { .. } => "api",
+            CliError::Ledger { .. } => "ledger",
+            CliError::Contended { .. } => "contended",
+            CliError::Io(_) => "io",
+        }
+    }
+}
+
+/// Runs one verb against the cluster named by the environment (KUBECONFIG, in-cluster).
+pub async fn main(verb: Verb) -> Result<(), CliError> {
+    let config = Config::infer()
+        .await
+        .map_err(|e| CliError::NoConfig(e.to_string()))?;
+    let server = config.cluster_url.to_string();
+    let default_namespace = config.default_namespace.clone();
+    let client = Client::try_from(config).map_err(|e| CliError::NoConfig(e.to_string()))?;
+    let session = Session::new(client, server, default_namespace);
+    let mut out = std::io::stdout();
+    session.run(verb, &mut out).await
+}

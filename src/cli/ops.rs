@@ -1,0 +1,372 @@
+//! The CLI's I/O: reads and writes against the API server, then hands what it read to
+//! `render`. Every kube error is turned into a [`CliError`] that names the run, namespace or
+//! server involved.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Event;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
+
+use super::render::{self, Description, Transcript};
+use super::{CliError, GetArgs, InputArgs, RunArgs, TranscriptArgs, Verb};
+use crate::crd::RUN_UID_LABEL;
+use crate::crd::v1alpha1::{AgentRun, LedgerSegment, Phase};
+use crate::kube_util::{is_conflict, is_not_found};
+use crate::ledger::{LedgerError, SegmentStore};
+
+/// How many times `input` re-reads and retries when the run changes under it.
+const INPUT_RETRIES: usize = 5;
+
+/// A client plus what error messages and defaults need: the server and the default namespace.
+pub struct Session {
+    client: Client,
+    server: String,
+    default_namespace: String,
+}
+
+impl Session {
+    pub fn new(client: Client, server: String, default_namespace: String) -> Self {
+        Self {
+            client,
+            server,
+            default_namespace,
+        }
+    }
+
+    /// Runs one verb, writing its output to `out`.
+    pub async fn run(&self, verb: Verb, out: &mut impl Write) -> Result<(), CliError> {
+        match verb {
+            Verb::Get(args) => self.get(args, out).await,
+            Verb::Transcript(args) => self.transcript(args, out).await,
+            Verb::Stop(args) => self.stop(args, out).await,
+            Verb::Input(args) => self.input(args, out).await,
+            Verb::Describe(args) => self.describe(args, out).await,
+        }
+    }
+
+    // === verbs ===
+
+    async fn get(&self, args: GetArgs, out: &mut impl Write) -> Result<(), CliError> {
+        let namespace = self.namespace(args.namespace.as_deref());
+        let mut runs = match (&args.run, args.all_namespaces) {
+            (Some(name), _) => vec![self.read_run(&namespace, name).await?],
+            (None, true) => self.list_runs(Api::all(self.client.clone())).await?,
+            (None, false) => self.list_runs(self.runs(&namespace)).await?,
+        };
+        if runs.is_empty() {
+            let scope = if args.all_namespaces {
+                "any namespace".into()
+            } else {
+                format!("namespace {namespace}")
+            };
+            writeln!(out, "No AgentRuns found in {scope}.")?;
+            return Ok(());
+        }
+        runs.sort_by_key(|r| (r.namespace(), r.name_any()));
+        write!(
+            out,
+            "{}",
+            render::runs_table(&runs, args.all_namespaces, Timestamp::now())
+        )?;
+        Ok(())
+    }
+
+    async fn transcript(&self, args: TranscriptArgs, out: &mut impl Write) -> Result<(), CliError> {
+        let namespace = self.namespace(args.target.namespace.as_deref());
+        let run = self.read_run(&namespace, &args.target.run).await?;
+        let segments = self.ledger(&run).await?;
+        let mut transcript = Transcript::default();
+        for segment in &segments {
+            print_lines(out, transcript.segment(segment))?;
+        }
+        if args.follow && !is_finished(&run) {
+            self.follow(&run, &mut transcript, out).await?;
+        }
+        print_lines(out, transcript.finish())
+    }
+
+    async fn stop(&self, args: RunArgs, out: &mut impl Write) -> Result<(), CliError> {
+        let namespace = self.namespace(args.namespace.as_deref());
+        let run = self.read_run(&namespace, &args.run).await?;
+        let phase = phase_of(&run);
+        if phase.is_terminal() {
+            writeln!(
+                out,
+                "run {} already ended ({phase}); nothing to stop",
+                args.run
+            )?;
+            return Ok(());
+        }
+        let patch = serde_json::json!({ "spec": { "stop": true } });
+        self.runs(&namespace)
+            .patch(&args.run, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(|e| self.run_error(e, &namespace, &args.run))?;
+        writeln!(
+            out,
+            "run {} in {namespace}: stop requested (phase was {phase})",
+            args.run
+        )?;
+        Ok(())
+    }
+
+    async fn input(&self, args: InputArgs, out: &mut impl Write) -> Result<(), CliError> {
+        let namespace = self.namespace(args.target.namespace.as_deref());
+        let name = &args.target.run;
+        for _ in 0..INPUT_RETRIES {
+            let run = self.read_run(&namespace, name).await?;
+            let phase = phase_of(&run);
+            if phase != Phase::WaitingInput {
+                return Err(CliError::NotWaitingForInput {
+                    name: name.clone(),
+                    phase: phase.to_string(),
+                });
+            }
+            let mut inputs = run.spec.inputs.clone();
+            inputs.push(args.text.clone());
+            // The resourceVersion makes the merge patch a compare-and-swap: `inputs` is
+            // append-only, and a concurrent append must not be overwritten.
+            let patch = serde_json::json!({
+                "metadata": { "resourceVersion": run.resource_version() },
+                "spec": { "inputs": inputs },
+            });
+            match self
+                .runs(&namespace)
+                .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => {
+                    writeln!(
+                        out,
+                        "run {name} in {namespace}: input #{} sent",
+                        inputs.len()
+                    )?;
+                    return Ok(());
+                }
+                Err(e) if is_conflict(&e) => continue,
+                Err(e) => return Err(self.run_error(e, &namespace, name)),
+            }
+        }
+        Err(CliError::Contended { name: name.clone() })
+    }
+
+    async fn describe(&self, args: RunArgs, out: &mut impl Write) -> Result<(), CliError> {
+        let namespace = self.namespace(args.namespace.as_deref());
+        let run = self.read_run(&namespace, &args.run).await?;
+        let segments = self.ledger(&run).await?;
+        let events = self.events_of(&run).await?;
+        let text = render::describe(&Description {
+            run: &run,
+            segments: &segments,
+            events: &events,
+            now: Timestamp::now(),
+        });
+        write!(out, "{text}")?;
+        Ok(())
+    }
+
+    // === follow ===
+
+    /// Prints segments as they are appended, in order, until the run reaches a terminal phase
+    /// (then the rest of the ledger is read once more and printed) or is deleted.
+    async fn follow(
+        &self,
+        run: &AgentRun,
+        t: &mut Transcript,
+        out: &mut impl Write,
+    ) -> Result<(), CliError> {
+        let namespace = run.namespace().unwrap_or_default();
+        let selector = format!("{RUN_UID_LABEL}={}", run.uid().unwrap_or_default());
+        let segments = watcher(
+            self.segments(&namespace),
+            watcher::Config::default().labels(&selector),
+        )
+        .default_backoff()
+        .applied_objects();
+        let runs = watcher(
+            self.runs(&namespace),
+            watcher::Config::default().fields(&format!("metadata.name={}", run.name_any())),
+        )
+        .default_backoff();
+        let mut segments = std::pin::pin!(segments);
+        let mut runs = std::pin::pin!(runs);
+        let mut pending = BTreeMap::new();
+        loop {
+            tokio::select! {
+                Some(seg) = segments.next() => {
+                    if let Ok(seg) = seg {
+                        pending.insert(seg.spec.seq, seg);
+                        print_contiguous(t, &mut pending, out)?;
+                    }
+                }
+                Some(event) = runs.next() => {
+                    if let Ok(event) = event && run_ended(&event, run) {
+                        break;
+                    }
+                }
+                else => break,
+            }
+        }
+        let rest = self.ledger(run).await?;
+        pending.extend(rest.into_iter().map(|s| (s.spec.seq, s)));
+        print_contiguous(t, &mut pending, out)
+    }
+
+    // === reads ===
+
+    fn namespace(&self, flag: Option<&str>) -> String {
+        flag.unwrap_or(&self.default_namespace).to_string()
+    }
+
+    fn runs(&self, namespace: &str) -> Api<AgentRun> {
+        Api::namespaced(self.client.clone(), namespace)
+    }
+
+    fn segments(&self, namespace: &str) -> Api<LedgerSegment> {
+        Api::namespaced(self.client.clone(), namespace)
+    }
+
+    async fn read_run(&self, namespace: &str, name: &str) -> Result<AgentRun, CliError> {
+        self.runs(namespace)
+            .get(name)
+            .await
+            .map_err(|e| self.run_error(e, namespace, name))
+    }
+
+    async fn list_runs(&self, api: Api<AgentRun>) -> Result<Vec<AgentRun>, CliError> {
+        let list = api
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| self.error(e))?;
+        Ok(list.items)
+    }
+
+    async fn ledger(&self, run: &AgentRun) -> Result<Vec<LedgerSegment>, CliError> {
+        SegmentStore::for_run(self.client.clone(), run)
+            .list()
+            .await
+            .map_err(|e| match e {
+                LedgerError::Kube(e) => self.error(e),
+                other => CliError::Ledger {
+                    name: run.name_any(),
+                    detail: other.to_string(),
+                },
+            })
+    }
+
+    /// The run's Events (core/v1 view, which also shows events.k8s.io Events), oldest first.
+    async fn events_of(&self, run: &AgentRun) -> Result<Vec<Event>, CliError> {
+        let api: Api<Event> =
+            Api::namespaced(self.client.clone(), &run.namespace().unwrap_or_default());
+        let selector = format!(
+            "involvedObject.name={},involvedObject.kind=AgentRun",
+            run.name_any()
+        );
+        let list = api
+            .list(&ListParams::default().fields(&selector))
+            .await
+            .map_err(|e| self.error(e))?;
+        let uid = run.uid();
+        let mut events: Vec<Event> = list
+            .items
+            .into_iter()
+            .filter(|e| e.involved_object.uid.is_none() || e.involved_object.uid == uid)
+            .collect();
+        events.sort_by_key(event_time);
+        Ok(events)
+    }
+
+    // === errors ===
+
+    fn run_error(&self, err: kube::Error, namespace: &str, name: &str) -> CliError {
+        if is_not_found(&err) {
+            return CliError::RunNotFound {
+                name: name.to_string(),
+                namespace: namespace.to_string(),
+            };
+        }
+        self.error(err)
+    }
+
+    /// An API answer becomes `Api`; anything else (no answer at all) means unreachable.
+    fn error(&self, err: kube::Error) -> CliError {
+        let server = self.server.clone();
+        match err {
+            kube::Error::Api(status) => CliError::Api {
+                server,
+                detail: status.message.clone(),
+            },
+            other => CliError::Unreachable {
+                server,
+                detail: error_chain(&other),
+            },
+        }
+    }
+}
+
+/// The error and its sources, `: `-joined (connection errors hide the cause in the chain).
+fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut parts = vec![err.to_string()];
+    let mut source = err.source();
+    while let Some(e) = source {
+        let text = e.to_string();
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        source = e.source();
+    }
+    parts.join(": ")
+}
+
+fn phase_of(run: &AgentRun) -> Phase {
+    run.status.as_ref().map(|s| s.phase).unwrap_or_default()
+}
+
+fn is_finished(run: &AgentRun) -> bool {
+    phase_of(run).is_terminal()
+}
+
+/// True when a watch event on the run says it finished or was deleted.
+fn run_ended(event: &watcher::Event<AgentRun>, run: &AgentRun) -> bool {
+    match event {
+        watcher::Event::Apply(current) | watcher::Event::InitApply(current) => {
+            current.uid() == run.uid() && is_finished(current)
+        }
+        watcher::Event::Delete(_) => true,
+        watcher::Event::Init | watcher::Event::InitDone => false,
+    }
+}
+
+fn event_time(e: &Event) -> Option<Timestamp> {
+    e.event_time
+        .as_ref()
+        .map(|t| t.0)
+        .or_else(|| e.last_timestamp.as_ref().map(|t| t.0))
+        .or_else(|| e.metadata.creation_timestamp.as_ref().map(|t| t.0))
+}
+
+/// Prints the segments that continue the transcript without a gap, and drops older ones.
+fn print_contiguous(
+    t: &mut Transcript,
+    pending: &mut BTreeMap<i64, LedgerSegment>,
+    out: &mut impl Write,
+) -> Result<(), CliError> {
+    pending.retain(|seq, _| *seq > t.tail);
+    while let Some(segment) = pending.remove(&(t.tail + 1)) {
+        print_lines(out, t.segment(&segment))?;
+    }
+    Ok(())
+}
+
+fn print_lines(out: &mut impl Write, lines: Vec<String>) -> Result<(), CliError> {
+    for line in lines {
+        writeln!(out, "{line}")?;
+    }
+    out.flush()?;
+    Ok(())
+}

@@ -1,0 +1,474 @@
+//! Pure rendering for the CLI: the `get` table, the transcript and `describe`. No I/O here;
+//! every function takes what was read and `now`, and returns text.
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as B64;
+use k8s_openapi::api::core::v1::Event;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+
+use crate::crd::v1alpha1::{
+    AgentRun, AgentRunStatus, LedgerEvent, LedgerSegment, ProbeOutcome, Role,
+};
+
+// === the `get` table ===
+
+/// The `get` table: like `kubectl get agentruns`, with the unknown effects spelled out.
+pub fn runs_table(runs: &[AgentRun], all_namespaces: bool, now: Timestamp) -> String {
+    let mut header = vec![
+        "NAME",
+        "PHASE",
+        "ATTEMPT",
+        "STEPS",
+        "UNKNOWN EFFECTS",
+        "WORKER",
+        "AGE",
+    ];
+    if all_namespaces {
+        header.insert(0, "NAMESPACE");
+    }
+    let mut rows = vec![header.iter().map(|h| h.to_string()).collect::<Vec<_>>()];
+    for run in runs {
+        let status = run.status.clone().unwrap_or_default();
+        let mut row = vec![
+            run.name_any(),
+            status.phase.to_string(),
+            status.attempt.to_string(),
+            status.steps.to_string(),
+            unknown_effects_cell(&status),
+            status.worker.clone().unwrap_or_else(|| "<none>".into()),
+            age(run.metadata.creation_timestamp.as_ref(), now),
+        ];
+        if all_namespaces {
+            row.insert(0, run.namespace().unwrap_or_default());
+        }
+        rows.push(row);
+    }
+    align(&rows)
+}
+
+/// `0`, or the count and which steps: `2 (#3 shell, #5 http)`.
+pub fn unknown_effects_cell(status: &AgentRunStatus) -> String {
+    let effects = &status.unknown_effects;
+    if effects.is_empty() {
+        return status.unknown_effect_count.to_string();
+    }
+    let steps: Vec<String> = effects
+        .iter()
+        .map(|e| format!("#{} {}", e.step, e.tool))
+        .collect();
+    format!("{} ({})", effects.len(), steps.join(", "))
+}
+
+/// Columns padded to their widest cell, separated by three spaces (as kubectl does).
+fn align(rows: &[Vec<String>]) -> String {
+    let columns = rows.first().map_or(0, Vec::len);
+    let widths: Vec<usize> = (0..columns)
+        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for row in rows {
+        let cells: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(cell, w)| format!("{cell:<w$}"))
+            .collect();
+        out.push_str(cells.join("   ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// A kubectl-style age: `45s`, `12m`, `3h`, `2d`.
+pub fn age(since: Option<&Time>, now: Timestamp) -> String {
+    let Some(since) = since else {
+        return "<unknown>".into();
+    };
+    let secs = now.as_second().saturating_sub(since.0.as_second()).max(0);
+    match secs {
+        s if s < 120 => format!("{s}s"),
+        s if s < 2 * 3600 => format!("{}m", s / 60),
+        s if s < 2 * 86400 => format!("{}h", s / 3600),
+        s => format!("{}d", s / 86400),
+    }
+}
+
+// === the transcript ===
+
+/// Renders ledger segments as a readable transcript, one segment at a time (so `-f` can feed
+/// segments as they arrive). Keeps what spans segments: chunked events, streamed model text,
+/// the tool of each step.
+#[derive(Debug, Default)]
+pub struct Transcript {
+    chunks: Vec<u8>,
+    streamed: String,
+    tools: std::collections::BTreeMap<i64, String>,
+    /// Position of the last segment rendered.
+    pub tail: i64,
+}
+
+impl Transcript {
+    /// The lines for one segment (the next position).
+    pub fn segment(&mut self, segment: &LedgerSegment) -> Vec<String> {
+        self.tail = segment.spec.seq;
+        let mut lines = Vec::new();
+        for event in &segment.spec.events {
+            if let Some(event) = self.assemble(event, &mut lines) {
+                self.event(segment.spec.fence, &event, &mut lines);
+            }
+        }
+        lines
+    }
+
+    /// Lines for anything still pending at the end (a dead attempt's streamed text).
+    pub fn finish(&mut self) -> Vec<String> {
+        let mut lines = Vec::new();
+        self.flush_streamed(&mut lines);
+        lines
+    }
+
+    /// Rebuilds chunked events; passes others through.
+    fn assemble(&mut self, event: &LedgerEvent, lines: &mut Vec<String>) -> Option<LedgerEvent> {
+        let LedgerEvent::Chunk { index, total, data } = event else {
+            return Some(event.clone());
+        };
+        match B64.decode(data) {
+            Ok(bytes) => self.chunks.extend(bytes),
+            Err(_) => lines.push(format!("!! chunk {index}/{total} is not valid base64")),
+        }
+        if index + 1 < *total {
+            return None;
+        }
+        let bytes = std::mem::take(&mut self.chunks);
+        match serde_json::from_slice(&bytes) {
+            Ok(event) => Some(event),
+            Err(err) => {
+                lines.push(format!("!! a chunked event could not be rebuilt: {err}"));
+                None
+            }
+        }
+    }
+
+    fn event(&mut self, fence: i64, event: &LedgerEvent, lines: &mut Vec<String>) {
+        use LedgerEvent as E;
+        match event {
+            E::ModelDelta { text } => return self.streamed.push_str(text),
+            E::Message {
+                role: Role::Assistant,
+                ..
+            } => self.streamed.clear(),
+            E::Claimed { .. } | E::AttemptStarted { .. } | E::Closed { .. } | E::Handoff => {
+                self.flush_streamed(lines)
+            }
+            _ => {}
+        }
+        if let E::StepIntent { step, tool, .. } = event {
+            self.tools.insert(*step, tool.clone());
+        }
+        lines.extend(event_lines(fence, event, &self.tools));
+    }
+
+    fn flush_streamed(&mut self, lines: &mut Vec<String>) {
+        let text = std::mem::take(&mut self.streamed);
+        if !text.trim().is_empty() {
+            lines.push(block(
+                "[assistant, streamed; its attempt ended before it was recorded]",
+                &text,
+            ));
+        }
+    }
+}
+
+/// Renders a whole ledger (segments in order).
+pub fn transcript(segments: &[LedgerSegment]) -> String {
+    let mut t = Transcript::default();
+    let mut lines: Vec<String> = segments.iter().flat_map(|s| t.segment(s)).collect();
+    lines.extend(t.finish());
+    lines.iter().map(|l| format!("{l}\n")).collect()
+}
+
+/// The lines of one (complete) event, written under `fence`.
+fn event_lines(
+    fence: i64,
+    event: &LedgerEvent,
+    tools: &std::collections::BTreeMap<i64, String>,
+) -> Vec<String> {
+    use LedgerEvent as E;
+    let tool = |step: &i64| tools.get(step).cloned().unwrap_or_else(|| "?".into());
+    let line = match event {
+        E::AttemptStarted { fence, pod } => format!("=== attempt {fence} started in pod {pod}"),
+        E::Claimed { fence, pod } => {
+            format!("=== claimed: attempt {fence} goes to pod {pod} (fence {fence})")
+        }
+        E::Message { role, content } => block(&format!("[{}]", role_name(*role)), content),
+        E::Input { index, content } => block(&format!("[user input #{}]", index + 1), content),
+        E::StepIntent {
+            step,
+            tool,
+            input,
+            idempotent,
+            ..
+        } => {
+            let marker = if *idempotent { " (idempotent)" } else { "" };
+            block(&format!("-> step {step}: {tool}{marker}"), input)
+        }
+        E::StepResult {
+            step,
+            output,
+            is_error,
+        } => {
+            let kind = if *is_error { "error" } else { "result" };
+            block(&format!("<- step {step} {kind} ({}):", tool(step)), output)
+        }
+        E::StepUnknown { step, attempt } => format!(
+            "!! step {step} ({}): effect UNKNOWN: the worker of attempt {attempt} died while it ran; it was not re-run",
+            tool(step)
+        ),
+        E::StepProbed { step, outcome } => {
+            format!("   probe of step {step}: {}", probe_name(*outcome))
+        }
+        E::WaitingInput { step, question } => {
+            block(&format!("?? waiting for input (step {step}):"), question)
+        }
+        E::Handoff => format!("=== attempt {fence} handed off"),
+        E::Final { output } => block("=== final answer:", output),
+        E::Failed { reason, message } => format!("=== failed: {reason}: {message}"),
+        E::Stopped => "=== stopped on request".to_string(),
+        E::Closed { fence, reason } => {
+            format!("=== closed by the controller at fence {fence}: {reason}")
+        }
+        E::ModelDelta { .. } | E::Chunk { .. } => return Vec::new(),
+    };
+    vec![line]
+}
+
+/// `head` followed by `body`, on the same line when it is one line, else indented below.
+fn block(head: &str, body: &str) -> String {
+    let body = body.trim_end();
+    if !body.contains('\n') {
+        return if body.is_empty() {
+            head.to_string()
+        } else {
+            format!("{head} {body}")
+        };
+    }
+    let indented: Vec<String> = body.lines().map(|l| format!("    {l}")).collect();
+    format!("{head}\n{}", indented.join("\n"))
+}
+
+fn role_name(role: Role) -> &'static str {
+    match role {
+        Role::System => "system",
+        Role::User => "user",
+        Role::Assistant => "assistant",
+    }
+}
+
+fn probe_name(outcome: ProbeOutcome) -> &'static str {
+    match outcome {
+        ProbeOutcome::Applied => "applied (recorded, not re-run)",
+        ProbeOutcome::NotApplied => "not applied (safe to run again)",
+        ProbeOutcome::Unknown => "could not tell (still unknown)",
+    }
+}
+
+// === describe ===
+
+/// What `describe` shows about a run.
+pub struct Description<'a> {
+    pub run: &'a AgentRun,
+    pub segments: &'a [LedgerSegment],
+    pub events: &'a [Event],
+    pub now: Timestamp,
+}
+
+/// The `describe` text: phase, attempts and fences (from the ledger), unknown effects,
+/// conditions and Events.
+pub fn describe(d: &Description) -> String {
+    let status = d.run.status.clone().unwrap_or_default();
+    let mut out = String::new();
+    out.push_str(&summary(d.run, &status));
+    out.push_str(&attempts_section(d.segments));
+    out.push_str(&unknown_section(&status));
+    out.push_str(&conditions_section(&status, d.now));
+    out.push_str(&events_section(d.events, d.now));
+    out
+}
+
+fn summary(run: &AgentRun, s: &AgentRunStatus) -> String {
+    let mut lines = vec![
+        ("Name", run.name_any()),
+        ("Namespace", run.namespace().unwrap_or_default()),
+        ("Phase", s.phase.to_string()),
+        ("Reason", s.reason.clone().unwrap_or_default()),
+        ("Message", s.message.clone().unwrap_or_default()),
+        ("Attempt", s.attempt.to_string()),
+        ("Fence", s.fence.to_string()),
+        (
+            "Failed attempts",
+            format!("{} of {}", s.failed_attempts, run.spec.max_attempts),
+        ),
+        (
+            "Worker",
+            s.worker.clone().unwrap_or_else(|| "<none>".into()),
+        ),
+        ("Steps", s.steps.to_string()),
+        (
+            "Inputs",
+            format!(
+                "{} consumed of {}",
+                s.inputs_consumed,
+                run.spec.inputs.len()
+            ),
+        ),
+        ("Stop requested", run.spec.stop.to_string()),
+    ];
+    if let Some(l) = &s.ledger {
+        lines.push((
+            "Ledger",
+            format!(
+                "{} segments, {} events, {} bytes",
+                l.segments, l.events, l.bytes
+            ),
+        ));
+    }
+    if let Some(output) = &s.output {
+        let label = if s.output_partial {
+            "Output (partial)"
+        } else {
+            "Output"
+        };
+        lines.push((label, output.clone()));
+    }
+    let mut out: String = lines
+        .into_iter()
+        .filter(|(_, v)| !v.is_empty())
+        .map(|(k, v)| block(&format!("{:<16}", format!("{k}:")), &v) + "\n")
+        .collect();
+    out.push('\n');
+    out
+}
+
+/// One line per attempt, from the ledger: its fence, pod, and how it ended.
+fn attempts_section(segments: &[LedgerSegment]) -> String {
+    let mut out = String::from("Attempts (from the ledger):\n");
+    let history = attempt_history(segments);
+    if history.is_empty() {
+        out.push_str("  <none>\n");
+    }
+    for (fence, pod, end) in history {
+        out.push_str(&format!("  fence {fence:<3} pod {pod:<24} {end}\n"));
+    }
+    out.push('\n');
+    out
+}
+
+/// `(fence, pod, how it ended)` for each attempt the ledger records, in order.
+pub fn attempt_history(segments: &[LedgerSegment]) -> Vec<(i64, String, String)> {
+    let mut history: Vec<(i64, String, String)> = Vec::new();
+    for event in segments.iter().flat_map(|s| s.spec.events.iter()) {
+        let end = match event {
+            LedgerEvent::Claimed { fence, pod } => {
+                end_last(&mut history, "superseded (claimed for a new attempt)");
+                history.push((*fence, pod.clone(), "claimed".into()));
+                continue;
+            }
+            LedgerEvent::AttemptStarted { fence, pod } => {
+                match history.last_mut() {
+                    Some(last) if last.0 == *fence => last.2 = "running".into(),
+                    _ => history.push((*fence, pod.clone(), "running".into())),
+                }
+                continue;
+            }
+            LedgerEvent::Handoff => "handed off",
+            LedgerEvent::WaitingInput { .. } => "waited for input",
+            LedgerEvent::Final { .. } => "finished with a final answer",
+            LedgerEvent::Failed { .. } => "failed",
+            LedgerEvent::Stopped => "stopped",
+            LedgerEvent::Closed { .. } => "closed by the controller",
+            _ => continue,
+        };
+        if let Some(last) = history.last_mut() {
+            last.2 = end.into();
+        }
+    }
+    history
+}
+
+fn end_last(history: &mut [(i64, String, String)], end: &str) {
+    if let Some(last) = history.last_mut()
+        && (last.2 == "running" || last.2 == "claimed")
+    {
+        last.2 = end.into();
+    }
+}
+
+fn unknown_section(s: &AgentRunStatus) -> String {
+    let mut out = String::from("Unknown effects:\n");
+    if s.unknown_effects.is_empty() {
+        out.push_str("  <none>\n");
+    }
+    for e in &s.unknown_effects {
+        out.push_str(&format!(
+            "  step {} ({}), attempt {}: {} - {}\n",
+            e.step, e.tool, e.attempt, e.resolution, e.summary
+        ));
+    }
+    out.push('\n');
+    out
+}
+
+fn conditions_section(s: &AgentRunStatus, now: Timestamp) -> String {
+    let mut rows = vec![
+        ["TYPE", "STATUS", "REASON", "AGE", "MESSAGE"]
+            .map(String::from)
+            .to_vec(),
+    ];
+    for c in &s.conditions {
+        rows.push(vec![
+            c.type_.clone(),
+            c.status.clone(),
+            c.reason.clone(),
+            age(Some(&c.last_transition_time), now),
+            c.message.clone(),
+        ]);
+    }
+    section("Conditions", &rows)
+}
+
+fn events_section(events: &[Event], now: Timestamp) -> String {
+    let mut rows = vec![
+        ["TYPE", "REASON", "AGE", "FROM", "MESSAGE"]
+            .map(String::from)
+            .to_vec(),
+    ];
+    for e in events {
+        let when = e
+            .event_time
+            .as_ref()
+            .map(|t| Time(t.0))
+            .or_else(|| e.last_timestamp.clone());
+        let from = e.reporting_component.clone().filter(|c| !c.is_empty());
+        let from = from.or_else(|| e.source.as_ref().and_then(|s| s.component.clone()));
+        rows.push(vec![
+            e.type_.clone().unwrap_or_default(),
+            e.reason.clone().unwrap_or_default(),
+            age(
+                when.as_ref().or(e.metadata.creation_timestamp.as_ref()),
+                now,
+            ),
+            from.unwrap_or_default(),
+            e.message.clone().unwrap_or_default(),
+        ]);
+    }
+    section("Events", &rows)
+}
+
+fn section(title: &str, rows: &[Vec<String>]) -> String {
+    if rows.len() < 2 {
+        return format!("{title}: <none>\n\n");
+    }
+    let table: String = align(rows).lines().map(|l| format!("  {l}\n")).collect();
+    format!("{title}:\n{table}\n")
+}

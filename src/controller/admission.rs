@@ -1,0 +1,129 @@
+//! Thread admission (DESIGN.md §2): a Lease per thread key is the UNIQUE constraint. Created
+//! with `create` (AlreadyExists = busy), holder = the run, owned by it; deleted with a
+//! precondition (uid + resourceVersion) when that run ends; then the oldest Pending run of
+//! the thread is woken.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, ObjectMeta, PostParams, Preconditions};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Resource, ResourceExt};
+
+use super::Error;
+use super::apply::Applied;
+use super::context::Context;
+use super::observe::oldest_pending;
+use super::statuses::run_name;
+use crate::crd::v1alpha1::AgentRun;
+use crate::crd::{MANAGED_BY_LABEL, THREAD_KEY_ANNOTATION};
+use crate::kube_util::{is_already_exists, is_conflict, is_not_found};
+use crate::lease::{lease_holder, thread_lease_name};
+
+/// Creates the thread's admission Lease naming `run`.
+pub async fn admit(ctx: &Context, run: &AgentRun) -> Result<Applied, Error> {
+    let Some(key) = run.spec.thread_key.as_deref() else {
+        return Ok(Applied::Done);
+    };
+    let ns = run.namespace().unwrap_or_default();
+    ctx.check_leader()?;
+    match ctx
+        .api::<Lease>(&ns)
+        .create(&PostParams::default(), &thread_lease(run, key))
+        .await
+    {
+        Ok(_) => {
+            ctx.wrote("admission");
+            tracing::info!(run = %run_name(run), thread = key, "admitted");
+            ctx.event(run, false, "Admitted", format!("admitted on thread {key}"));
+            Ok(Applied::Requeue)
+        }
+        Err(err) if is_already_exists(&err) => Ok(Applied::Requeue),
+        Err(err) => Err(err.into()),
+    }
+}
+
+fn thread_lease(run: &AgentRun, key: &str) -> Lease {
+    let owner = run.controller_owner_ref(&()).map(|mut o| {
+        o.controller = Some(false);
+        vec![o]
+    });
+    Lease {
+        metadata: ObjectMeta {
+            name: Some(thread_lease_name(key)),
+            labels: Some(BTreeMap::from([(MANAGED_BY_LABEL.into(), "baton".into())])),
+            annotations: Some(BTreeMap::from([(THREAD_KEY_ANNOTATION.into(), key.into())])),
+            owner_references: owner,
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(run.name_any()),
+            acquire_time: Some(MicroTime(Timestamp::now())),
+            ..LeaseSpec::default()
+        }),
+    }
+}
+
+/// Releases the thread `run` holds (if it holds it) and wakes the next Pending run of it.
+pub async fn release(ctx: &Context, run: &AgentRun) -> Result<(), Error> {
+    let Some(key) = run.spec.thread_key.as_deref() else {
+        return Ok(());
+    };
+    let held = |lease: &Lease| {
+        lease_holder(lease) == Some(run.name_any().as_str())
+            && lease.owner_references().first().map(|o| o.uid.clone()) == run.uid()
+    };
+    delete_thread_lease(ctx, run, key, held).await?;
+    wake_next(ctx, run, key);
+    Ok(())
+}
+
+/// Deletes an admission Lease whose holder is finished or gone, then looks again.
+pub async fn clear_stale(ctx: &Context, run: &AgentRun) -> Result<Applied, Error> {
+    let Some(key) = run.spec.thread_key.as_deref() else {
+        return Ok(Applied::Done);
+    };
+    let stale = |lease: &Lease| lease_holder(lease) != Some(run.name_any().as_str());
+    delete_thread_lease(ctx, run, key, stale).await?;
+    Ok(Applied::Requeue)
+}
+
+/// Reads the thread Lease; if `should` holds, deletes it with a uid+resourceVersion precondition.
+async fn delete_thread_lease(
+    ctx: &Context,
+    run: &AgentRun,
+    key: &str,
+    should: impl Fn(&Lease) -> bool,
+) -> Result<(), Error> {
+    let api = ctx.api::<Lease>(&run.namespace().unwrap_or_default());
+    let name = thread_lease_name(key);
+    let Some(lease) = api.get_opt(&name).await? else {
+        return Ok(());
+    };
+    if !should(&lease) {
+        return Ok(());
+    }
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: lease.uid(),
+            resource_version: lease.resource_version(),
+        }),
+        ..DeleteParams::default()
+    };
+    ctx.check_leader()?;
+    match api.delete(&name, &params).await {
+        Ok(_) => ctx.wrote("admission"),
+        Err(err) if is_conflict(&err) || is_not_found(&err) => {}
+        Err(err) => return Err(err.into()),
+    }
+    Ok(())
+}
+
+fn wake_next(ctx: &Context, run: &AgentRun, key: &str) {
+    let ns = run.namespace().unwrap_or_default();
+    if let Some(next) = oldest_pending(ctx, &ns, key) {
+        let _ = ctx.wake.unbounded_send(ObjectRef::new(&next).within(&ns));
+    }
+}

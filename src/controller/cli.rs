@@ -1,0 +1,77 @@
+//! `baton controller`: flags, and the entry point the binary calls.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use super::{Config, DEFAULT_WORKER_IMAGE, Error, RolloutPolicy, default_identity};
+
+/// Flags of `baton controller`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ControllerArgs {
+    /// Worker image for runs that do not name one.
+    #[arg(long, env = "BATON_WORKER_IMAGE", default_value = DEFAULT_WORKER_IMAGE)]
+    pub worker_image: String,
+    /// Watch only this namespace (default: all).
+    #[arg(long, env = "BATON_WATCH_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// Elect a leader among replicas (`--leader-election=false` to run without).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_election: bool,
+    /// Namespace of the leader Lease.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    pub leader_namespace: String,
+    /// Leader Lease duration, in seconds.
+    #[arg(long, default_value_t = 15)]
+    pub leader_lease_seconds: u64,
+    /// Admin server (metrics, /livez, /readyz).
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    pub admin_addr: SocketAddr,
+    /// Runs in a rollout handoff at once.
+    #[arg(long, default_value_t = 1)]
+    pub max_concurrent_handoffs: usize,
+    /// What live runs do when the worker image changes: `handoff` or `keep`.
+    #[arg(long, default_value = "handoff", value_parser = parse_policy)]
+    pub rollout_policy: RolloutPolicy,
+    /// Reconciles running at once.
+    #[arg(long, default_value_t = 64)]
+    pub concurrency: u16,
+}
+
+fn parse_policy(s: &str) -> Result<RolloutPolicy, String> {
+    match s {
+        "handoff" => Ok(RolloutPolicy::Handoff),
+        "keep" => Ok(RolloutPolicy::Keep),
+        other => Err(format!("unknown rollout policy {other:?} (handoff | keep)")),
+    }
+}
+
+impl ControllerArgs {
+    pub fn config(&self) -> Config {
+        Config {
+            worker_image: self.worker_image.clone(),
+            namespace: self.namespace.clone(),
+            leader_election: self.leader_election,
+            leader_namespace: self.leader_namespace.clone(),
+            identity: default_identity(),
+            leader_lease: Duration::from_secs(self.leader_lease_seconds.max(3)),
+            admin_addr: Some(self.admin_addr),
+            max_concurrent_handoffs: self.max_concurrent_handoffs,
+            rollout_policy: self.rollout_policy,
+            events: true,
+            concurrency: self.concurrency,
+        }
+    }
+}
+
+/// Runs `baton controller` with a client from the environment until it fails.
+pub async fn main(args: ControllerArgs) -> Result<(), Error> {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,kube=warn".into()),
+        )
+        .json()
+        .try_init();
+    let client = kube::Client::try_default().await?;
+    super::run(client, args.config()).await
+}

@@ -1,0 +1,123 @@
+//! What every reconcile shares: the client, the watch caches, the controller's own memory of
+//! lease sightings, leadership, metrics and the Event recorder.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use futures::channel::mpsc::UnboundedSender;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Api, Client, Resource, ResourceExt};
+
+use super::election::Leadership;
+use super::metrics::Metrics;
+use super::{Config, Error};
+use crate::crd::v1alpha1::AgentRun;
+use crate::lease::LeaseSighting;
+
+/// What the controller remembers about one run, on its own clock.
+#[derive(Debug, Clone, Default)]
+pub struct RunMemory {
+    pub sighting: Option<LeaseSighting>,
+    pub stop_seen_at: Option<Instant>,
+}
+
+/// Key of a run in memory: namespace and name.
+pub type RunKey = (String, String);
+
+pub fn run_key(run: &AgentRun) -> RunKey {
+    (run.namespace().unwrap_or_default(), run.name_any())
+}
+
+/// Shared by every reconcile.
+pub struct Context {
+    pub client: Client,
+    pub config: Config,
+    pub runs: Store<AgentRun>,
+    pub pods: Store<Pod>,
+    pub leases: Store<Lease>,
+    pub memory: Mutex<HashMap<RunKey, RunMemory>>,
+    /// Runs whose pod was deleted for a rollout, with the fence it was deleted at.
+    pub rollouts: Mutex<HashSet<(RunKey, i64)>>,
+    pub leadership: Arc<Leadership>,
+    pub metrics: Arc<Metrics>,
+    pub recorder: Option<Recorder>,
+    /// Set once the run, pod and Lease caches have synced (one waiter: kube's
+    /// `Store::wait_until_ready` wakes only the last of several concurrent waiters).
+    pub synced: Arc<std::sync::atomic::AtomicBool>,
+    /// Wakes a run at once (the next run of a thread, when the thread is released).
+    pub wake: UnboundedSender<ObjectRef<AgentRun>>,
+}
+
+impl Context {
+    /// Refuses when this replica does not lead: called right before every write.
+    pub fn check_leader(&self) -> Result<(), Error> {
+        if self.leadership.is_leader(Instant::now()) {
+            Ok(())
+        } else {
+            Err(Error::NotLeader)
+        }
+    }
+
+    /// Counts one API write of `kind` (seal, status, lease, pod, ...).
+    pub fn wrote(&self, kind: &str) {
+        self.metrics.api_write(kind);
+    }
+
+    pub fn runs_api(&self, run: &AgentRun) -> Api<AgentRun> {
+        Api::namespaced(self.client.clone(), &run.namespace().unwrap_or_default())
+    }
+
+    pub fn api<K>(&self, namespace: &str) -> Api<K>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        <K as Resource>::DynamicType: Default,
+    {
+        Api::namespaced(self.client.clone(), namespace)
+    }
+
+    /// A copy of what the controller remembers about `run`.
+    pub fn memory_of(&self, run: &AgentRun) -> RunMemory {
+        let memory = self.memory.lock().expect("memory lock");
+        memory.get(&run_key(run)).cloned().unwrap_or_default()
+    }
+
+    pub fn remember(&self, run: &AgentRun, change: impl FnOnce(&mut RunMemory)) {
+        let mut memory = self.memory.lock().expect("memory lock");
+        change(memory.entry(run_key(run)).or_default());
+    }
+
+    pub fn forget(&self, run: &AgentRun) {
+        self.memory
+            .lock()
+            .expect("memory lock")
+            .remove(&run_key(run));
+    }
+
+    /// Publishes an Event about `run` off the reconcile path (best effort).
+    pub fn event(&self, run: &AgentRun, warning: bool, reason: &str, note: String) {
+        let Some(recorder) = self.recorder.clone() else {
+            return;
+        };
+        let reference = run.object_ref(&());
+        let event = Event {
+            type_: if warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: reason.into(),
+            note: Some(note),
+            action: reason.into(),
+            secondary: None,
+        };
+        tokio::spawn(async move {
+            if let Err(err) = recorder.publish(&event, &reference).await {
+                tracing::debug!(%err, "publishing an event");
+            }
+        });
+    }
+}

@@ -1,0 +1,423 @@
+//! The decision: a pure function of what the controller observed about one run and `now`.
+//!
+//! No client, no clock of its own. `decide` returns one [`Action`] (apply performs it) and
+//! when to look again, at the exact next deadline (lease expiry, startup grace, stop grace,
+//! TTL), never by polling.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::jiff::Timestamp;
+
+use crate::crd::v1alpha1::{AgentRun, Phase};
+use crate::lease::LeaseSighting;
+
+use super::validate::validate;
+
+/// How long a Lease that names a never-renewed pod must stay unchanged before a missing pod
+/// counts as gone: the time the claiming controller has to create it after moving the Lease.
+pub const POD_CREATE_GRACE: Duration = Duration::from_secs(10);
+
+/// How often a run queued behind its thread looks again (a safety net: the holder's finish
+/// also wakes the next run at once).
+pub const ADMISSION_RECHECK: Duration = Duration::from_secs(30);
+
+/// How often a run waiting for a rollout slot looks again.
+pub const ROLLOUT_RECHECK: Duration = Duration::from_secs(2);
+
+/// The run Lease as observed.
+#[derive(Debug, Clone)]
+pub struct LeaseObs {
+    pub holder: Option<String>,
+    pub fence: Option<i64>,
+    /// When this version was first seen, on the controller's clock.
+    pub sighting: LeaseSighting,
+}
+
+/// The worker pod of the run's current fence, as observed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PodState {
+    /// No pod object (never created, deleted, or force-deleted).
+    Missing,
+    /// Created, not (yet) running: unscheduled, pulling, starting.
+    Pending {
+        image: String,
+    },
+    Running {
+        image: String,
+    },
+    /// Phase Succeeded or Failed: its process is gone.
+    Terminated,
+    /// Deletion requested (graceful): the worker may be handing off.
+    Deleting,
+}
+
+/// The run's thread admission.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Admission {
+    /// No threadKey: admitted at once.
+    NotRequired,
+    /// The thread's admission Lease names this run.
+    Held,
+    /// The thread is free and this is the oldest Pending run of it.
+    Free,
+    /// Another (live) run holds the thread, or an older Pending run is ahead.
+    Busy { holder: String },
+    /// The admission Lease names a run that is finished or gone: delete it (precondition).
+    Stale { holder: String },
+}
+
+/// How worker image rollouts are handled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RolloutPolicy {
+    /// Live runs move to the new image through a graceful handoff, a few at a time.
+    Handoff,
+    /// Live runs keep their pod until they finish.
+    Keep,
+}
+
+/// Everything `decide` looks at.
+#[derive(Debug, Clone)]
+pub struct Observation<'a> {
+    pub run: &'a AgentRun,
+    pub lease: Option<LeaseObs>,
+    pub pod: PodState,
+    pub admission: Admission,
+    /// When the controller first saw `spec.stop` set (its own clock).
+    pub stop_seen_at: Option<Instant>,
+    /// The image this run's worker should run.
+    pub desired_image: String,
+    pub rollout: RolloutPolicy,
+    /// Whether a rollout handoff may start now (fewer than the maximum in flight).
+    pub rollout_slot: bool,
+    pub now: Instant,
+    pub wall: Timestamp,
+}
+
+/// Why a run is claimed for a new worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ClaimReason {
+    Start,
+    LeaseExpired,
+    PodTerminated,
+    PodGone,
+    Handoff,
+    InputReceived,
+}
+
+impl ClaimReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClaimReason::Start => "Start",
+            ClaimReason::LeaseExpired => "LeaseExpired",
+            ClaimReason::PodTerminated => "PodTerminated",
+            ClaimReason::PodGone => "PodGone",
+            ClaimReason::Handoff => "Handoff",
+            ClaimReason::InputReceived => "InputReceived",
+        }
+    }
+
+    /// True for a takeover (the previous attempt ended by dying).
+    pub fn is_death(self) -> bool {
+        matches!(
+            self,
+            ClaimReason::LeaseExpired | ClaimReason::PodTerminated | ClaimReason::PodGone
+        )
+    }
+}
+
+/// A claim of the run for fence+1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claim {
+    pub reason: ClaimReason,
+    /// The previous attempt died: failedAttempts + 1.
+    pub failed: bool,
+}
+
+/// A terminal claim: the controller ends the run itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Close {
+    pub phase: Phase,
+    pub reason: String,
+    pub message: String,
+    /// The previous attempt died: failedAttempts + 1.
+    pub failed: bool,
+}
+
+/// What to do now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    Nothing,
+    /// The spec fails a rule the schema cannot express: `Failed`/`InvalidSpec`.
+    Reject {
+        message: String,
+    },
+    /// Create the thread's admission Lease.
+    Admit,
+    /// Say (condition Admitted=False) which run holds the thread.
+    Queue {
+        holder: String,
+    },
+    /// Delete an admission Lease whose holder is finished or gone.
+    ClearStaleAdmission,
+    /// Seal, status CAS, Lease move, pod creation (DESIGN.md §3).
+    Claim(Claim),
+    /// The status claim landed but the Lease is behind: move it, then create the pod.
+    CompleteClaim,
+    /// Seal with `closed`, then the terminal status with the salvage.
+    Close(Close),
+    /// `Finishing` → its outcome.
+    Finish,
+    /// Terminal run whose run Lease still names a holder.
+    ReleaseLease,
+    /// Terminal run that still holds its thread.
+    ReleaseAdmission,
+    /// Delete the current pod (rollout handoff, or a zombie of a finished run).
+    DeletePod {
+        rollout: bool,
+    },
+    /// ttlSecondsAfterFinished passed.
+    DeleteRun,
+}
+
+/// An action and when to look again (None: only on a change).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub action: Action,
+    pub requeue: Option<Duration>,
+}
+
+impl Decision {
+    fn act(action: Action) -> Self {
+        Self {
+            action,
+            requeue: None,
+        }
+    }
+
+    fn wait(requeue: Option<Duration>) -> Self {
+        Self {
+            action: Action::Nothing,
+            requeue,
+        }
+    }
+
+    fn wait_until(now: Instant, deadline: Instant) -> Self {
+        Self::wait(Some(deadline.saturating_duration_since(now)))
+    }
+}
+
+/// The decision for one run.
+pub fn decide(obs: &Observation<'_>) -> Decision {
+    let status = obs.run.status.clone().unwrap_or_default();
+    match status.phase {
+        Phase::Pending => decide_pending(obs),
+        Phase::Running => decide_running(obs),
+        Phase::Handoff if obs.run.spec.stop => Decision::act(stop_now()),
+        Phase::Handoff => claim(obs, ClaimReason::Handoff),
+        Phase::WaitingInput => decide_waiting(obs),
+        Phase::Finishing => Decision::act(Action::Finish),
+        _ => decide_terminal(obs),
+    }
+}
+
+fn decide_pending(obs: &Observation<'_>) -> Decision {
+    if let Err(message) = validate(&obs.run.spec) {
+        return Decision::act(Action::Reject { message });
+    }
+    if obs.run.spec.stop {
+        return Decision::act(stop_now());
+    }
+    match &obs.admission {
+        Admission::NotRequired | Admission::Held => claim(obs, ClaimReason::Start),
+        Admission::Free => Decision::act(Action::Admit),
+        Admission::Stale { .. } => Decision::act(Action::ClearStaleAdmission),
+        Admission::Busy { holder } => {
+            let queued = admitted_condition_says(obs.run, holder);
+            Decision {
+                action: if queued {
+                    Action::Nothing
+                } else {
+                    Action::Queue {
+                        holder: holder.clone(),
+                    }
+                },
+                requeue: Some(ADMISSION_RECHECK),
+            }
+        }
+    }
+}
+
+/// True when the Admitted=False condition already names `holder` (nothing to write).
+fn admitted_condition_says(run: &AgentRun, holder: &str) -> bool {
+    run.status.as_ref().is_some_and(|s| {
+        s.conditions.iter().any(|c| {
+            c.type_ == crate::status::condition::ADMITTED
+                && c.status == "False"
+                && c.message.contains(holder)
+        })
+    })
+}
+
+fn decide_waiting(obs: &Observation<'_>) -> Decision {
+    if obs.run.spec.stop {
+        return Decision::act(stop_now());
+    }
+    let consumed = obs.run.status.as_ref().map_or(0, |s| s.inputs_consumed);
+    if obs.run.spec.inputs.len() as i64 > consumed {
+        return claim(obs, ClaimReason::InputReceived);
+    }
+    Decision::wait(None)
+}
+
+fn decide_running(obs: &Observation<'_>) -> Decision {
+    let fence = obs.run.status.as_ref().map_or(0, |s| s.fence);
+    let Some(lease) = obs.lease.as_ref().filter(|l| l.fence >= Some(fence)) else {
+        // The status claim landed; the Lease (and so the pod) is behind.
+        return Decision::act(Action::CompleteClaim);
+    };
+    let decision = match &obs.pod {
+        PodState::Terminated => claim(obs, ClaimReason::PodTerminated),
+        PodState::Missing => decide_missing_pod(obs, lease),
+        PodState::Running { image } if rollout_wanted(obs, image, lease) => {
+            decide_rollout(obs, lease)
+        }
+        _ => decide_expiry(obs, lease),
+    };
+    with_stop_deadline(obs, decision)
+}
+
+/// A stop the worker did not carry out within `durationSeconds` becomes a terminal claim.
+fn with_stop_deadline(obs: &Observation<'_>, decision: Decision) -> Decision {
+    if !obs.run.spec.stop || decision.action != Action::Nothing {
+        return decision;
+    }
+    let grace = Duration::from_secs(obs.run.spec.lease.duration_seconds.max(0) as u64);
+    let deadline = obs.stop_seen_at.unwrap_or(obs.now) + grace;
+    if obs.now >= deadline {
+        return Decision::act(stop_now());
+    }
+    let until_stop = deadline.saturating_duration_since(obs.now);
+    Decision {
+        requeue: min_requeue(decision.requeue, Some(until_stop)),
+        ..decision
+    }
+}
+
+fn decide_rollout(obs: &Observation<'_>, lease: &LeaseObs) -> Decision {
+    if obs.rollout_slot {
+        return Decision::act(Action::DeletePod { rollout: true });
+    }
+    let expiry = decide_expiry(obs, lease);
+    Decision {
+        requeue: min_requeue(expiry.requeue, Some(ROLLOUT_RECHECK)),
+        ..expiry
+    }
+}
+
+fn decide_expiry(obs: &Observation<'_>, lease: &LeaseObs) -> Decision {
+    let spec = &obs.run.spec.lease;
+    if lease.sighting.expired(spec, obs.now) {
+        return claim(obs, ClaimReason::LeaseExpired);
+    }
+    Decision::wait_until(obs.now, lease.sighting.deadline(spec))
+}
+
+/// The pod of the current fence is missing. If the Lease already names it and either the
+/// worker renewed (the pod certainly existed) or the claimer had `POD_CREATE_GRACE` to create
+/// it, that attempt is over: claim again with fence+1 (a pod is never re-created).
+fn decide_missing_pod(obs: &Observation<'_>, lease: &LeaseObs) -> Decision {
+    if lease.sighting.renewed {
+        return claim(obs, ClaimReason::PodGone);
+    }
+    let deadline = lease.sighting.seen_at + POD_CREATE_GRACE;
+    if obs.now >= deadline {
+        return claim_with(obs, ClaimReason::PodGone, false);
+    }
+    Decision::wait_until(obs.now, deadline)
+}
+
+fn rollout_wanted(obs: &Observation<'_>, image: &str, lease: &LeaseObs) -> bool {
+    obs.rollout == RolloutPolicy::Handoff
+        && !obs.run.spec.stop
+        && image != obs.desired_image
+        && lease.sighting.renewed
+        && lease.holder.is_some()
+}
+
+fn min_requeue(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+fn stop_now() -> Action {
+    Action::Close(Close {
+        phase: Phase::Stopped,
+        reason: "StopRequested".into(),
+        message: "spec.stop was set and no worker carried it out".into(),
+        failed: false,
+    })
+}
+
+fn claim(obs: &Observation<'_>, reason: ClaimReason) -> Decision {
+    claim_with(obs, reason, reason.is_death())
+}
+
+/// A claim, or the end of the run: a death with the budget spent gives up, and a stop
+/// requested while nobody runs the run ends it.
+fn claim_with(obs: &Observation<'_>, reason: ClaimReason, failed: bool) -> Decision {
+    let status = obs.run.status.clone().unwrap_or_default();
+    if obs.run.spec.stop && reason != ClaimReason::Start {
+        return Decision::act(stop_now());
+    }
+    let failed_after = status.failed_attempts + i32::from(failed);
+    if failed && failed_after >= obs.run.spec.max_attempts {
+        return Decision::act(Action::Close(Close {
+            phase: Phase::Interrupted,
+            reason: "MaxAttemptsExceeded".into(),
+            message: format!(
+                "{failed_after} attempts ended by dying (last: {}); maxAttempts is {}",
+                reason.as_str(),
+                obs.run.spec.max_attempts
+            ),
+            failed,
+        }));
+    }
+    Decision::act(Action::Claim(Claim { reason, failed }))
+}
+
+fn decide_terminal(obs: &Observation<'_>) -> Decision {
+    if obs.lease.as_ref().is_some_and(|l| l.holder.is_some()) {
+        return Decision::act(Action::ReleaseLease);
+    }
+    if obs.admission == Admission::Held {
+        return Decision::act(Action::ReleaseAdmission);
+    }
+    if matches!(obs.pod, PodState::Pending { .. } | PodState::Running { .. }) {
+        return Decision::act(Action::DeletePod { rollout: false });
+    }
+    ttl_decision(obs)
+}
+
+fn ttl_decision(obs: &Observation<'_>) -> Decision {
+    let (Some(ttl), Some(done)) = (
+        obs.run.spec.ttl_seconds_after_finished,
+        obs.run
+            .status
+            .as_ref()
+            .and_then(|s| s.completion_time.as_ref()),
+    ) else {
+        return Decision::wait(None);
+    };
+    let expires = done.0.as_second().saturating_add(ttl);
+    let now = obs.wall.as_second();
+    if now >= expires {
+        return Decision::act(Action::DeleteRun);
+    }
+    Decision::wait(Some(Duration::from_secs((expires - now) as u64)))
+}
+
+#[cfg(test)]
+#[path = "decide_tests.rs"]
+mod tests;

@@ -1,0 +1,430 @@
+//! Table-driven tests of `decide`: phase × lease state × pod state × attempts left.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::jiff::Timestamp;
+
+use super::*;
+use crate::crd::v1alpha1::{AgentRunStatus, Phase};
+
+const IMAGE: &str = "baton:v1";
+
+/// Lease states, as the controller's clock sees them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum L {
+    /// Renewed 5 s ago (duration 30).
+    Fresh,
+    /// Unchanged for 31 s after renewals.
+    Expired,
+    /// Holder cleared 5 s ago (handoff / input wait / finish).
+    Released,
+    /// Moved to the new pod 60 s ago, no renewal yet (startup 300).
+    Startup,
+    /// Moved, never renewed, past startupSeconds.
+    StartupExpired,
+}
+
+const LEASES: [L; 5] = [
+    L::Fresh,
+    L::Expired,
+    L::Released,
+    L::Startup,
+    L::StartupExpired,
+];
+
+fn pods() -> Vec<PodState> {
+    vec![
+        PodState::Missing,
+        PodState::Pending {
+            image: IMAGE.into(),
+        },
+        PodState::Running {
+            image: IMAGE.into(),
+        },
+        PodState::Terminated,
+        PodState::Deleting,
+    ]
+}
+
+fn run(phase: Phase, fence: i64, failed: i32, max_attempts: i32) -> AgentRun {
+    let mut run: AgentRun = serde_json::from_value(serde_json::json!({
+        "apiVersion": "baton.dev/v1alpha1", "kind": "AgentRun",
+        "metadata": {"name": "r", "namespace": "ns", "uid": "u", "generation": 1},
+        "spec": {"input": "hi", "maxAttempts": max_attempts,
+                 "agent": {"model": {"script": [{"text": "x"}]}}}
+    }))
+    .unwrap();
+    run.status = Some(AgentRunStatus {
+        phase,
+        fence,
+        attempt: fence,
+        failed_attempts: failed,
+        ..AgentRunStatus::default()
+    });
+    run
+}
+
+fn lease(state: L, fence: i64, now: Instant) -> LeaseObs {
+    let (ago, renewed, held) = match state {
+        L::Fresh => (5, true, true),
+        L::Expired => (31, true, true),
+        L::Released => (5, true, false),
+        L::Startup => (60, false, true),
+        L::StartupExpired => (301, false, true),
+    };
+    LeaseObs {
+        holder: held.then(|| format!("r-w{fence}")),
+        fence: Some(fence),
+        sighting: LeaseSighting {
+            version: "7".into(),
+            seen_at: now - Duration::from_secs(ago),
+            renewed,
+            held,
+        },
+    }
+}
+
+fn obs<'a>(
+    run: &'a AgentRun,
+    lease: Option<LeaseObs>,
+    pod: PodState,
+    now: Instant,
+) -> Observation<'a> {
+    Observation {
+        run,
+        lease,
+        pod,
+        admission: Admission::NotRequired,
+        stop_seen_at: None,
+        desired_image: IMAGE.into(),
+        rollout: RolloutPolicy::Handoff,
+        rollout_slot: true,
+        now,
+        wall: Timestamp::now(),
+    }
+}
+
+fn claim(reason: ClaimReason, failed: bool) -> Action {
+    Action::Claim(Claim { reason, failed })
+}
+
+fn is_give_up(action: &Action) -> bool {
+    matches!(action, Action::Close(c) if c.phase == Phase::Interrupted && c.reason == "MaxAttemptsExceeded")
+}
+
+/// What a Running run must do, for every lease × pod state, with attempts left.
+fn expected_running(l: L, pod: &PodState) -> Action {
+    match (pod, l) {
+        (PodState::Terminated, _) => claim(ClaimReason::PodTerminated, true),
+        // The Lease names the pod: renewed → the pod existed → gone; never renewed → grace.
+        (PodState::Missing, L::Fresh | L::Expired | L::Released) => {
+            claim(ClaimReason::PodGone, true)
+        }
+        (PodState::Missing, L::Startup | L::StartupExpired) => claim(ClaimReason::PodGone, false),
+        (_, L::Expired | L::StartupExpired) => claim(ClaimReason::LeaseExpired, true),
+        _ => Action::Nothing,
+    }
+}
+
+#[test]
+fn running_phase_over_every_lease_and_pod_state_with_attempts_left() {
+    let now = Instant::now();
+    let r = run(Phase::Running, 2, 1, 3);
+    for l in LEASES {
+        for pod in pods() {
+            let d = decide(&obs(&r, Some(lease(l, 2, now)), pod.clone(), now));
+            assert_eq!(
+                d.action,
+                expected_running(l, &pod),
+                "lease {l:?}, pod {pod:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn running_phase_with_the_budget_spent_gives_up_on_every_death() {
+    let now = Instant::now();
+    let r = run(Phase::Running, 3, 2, 3);
+    for l in LEASES {
+        for pod in pods() {
+            let d = decide(&obs(&r, Some(lease(l, 3, now)), pod.clone(), now));
+            match expected_running(l, &pod) {
+                Action::Claim(Claim { failed: true, .. }) => {
+                    assert!(
+                        is_give_up(&d.action),
+                        "lease {l:?}, pod {pod:?}: {:?}",
+                        d.action
+                    )
+                }
+                other => assert_eq!(d.action, other, "lease {l:?}, pod {pod:?}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn a_live_lease_is_looked_at_again_exactly_when_it_would_expire() {
+    let now = Instant::now();
+    let r = run(Phase::Running, 1, 0, 3);
+    let running = PodState::Running {
+        image: IMAGE.into(),
+    };
+    let fresh = decide(&obs(
+        &r,
+        Some(lease(L::Fresh, 1, now)),
+        running.clone(),
+        now,
+    ));
+    assert_eq!(fresh.requeue, Some(Duration::from_secs(25)));
+    let startup = decide(&obs(&r, Some(lease(L::Startup, 1, now)), running, now));
+    assert_eq!(startup.requeue, Some(Duration::from_secs(240)));
+}
+
+#[test]
+fn a_missing_never_renewed_pod_waits_for_the_create_grace_first() {
+    let now = Instant::now();
+    let r = run(Phase::Running, 1, 0, 3);
+    let mut l = lease(L::Startup, 1, now);
+    l.sighting.seen_at = now - Duration::from_secs(3);
+    let d = decide(&obs(&r, Some(l), PodState::Missing, now));
+    assert_eq!(d.action, Action::Nothing);
+    assert_eq!(d.requeue, Some(POD_CREATE_GRACE - Duration::from_secs(3)));
+}
+
+#[test]
+fn status_ahead_of_the_lease_completes_the_claim_whatever_the_pod() {
+    let now = Instant::now();
+    let r = run(Phase::Running, 2, 0, 3);
+    for l in LEASES {
+        for pod in pods() {
+            let behind = decide(&obs(&r, Some(lease(l, 1, now)), pod.clone(), now));
+            assert_eq!(
+                behind.action,
+                Action::CompleteClaim,
+                "lease {l:?}, pod {pod:?}"
+            );
+        }
+        let missing = decide(&obs(&r, None, PodState::Missing, now));
+        assert_eq!(missing.action, Action::CompleteClaim);
+    }
+}
+
+#[test]
+fn handoff_is_claimed_at_once_without_a_failed_attempt_even_with_the_budget_spent() {
+    let now = Instant::now();
+    let r = run(Phase::Handoff, 3, 2, 3);
+    for l in LEASES {
+        for pod in pods() {
+            let d = decide(&obs(&r, Some(lease(l, 3, now)), pod.clone(), now));
+            assert_eq!(
+                d.action,
+                claim(ClaimReason::Handoff, false),
+                "lease {l:?}, pod {pod:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn waiting_input_is_claimed_only_when_a_new_input_arrives() {
+    let now = Instant::now();
+    let mut r = run(Phase::WaitingInput, 2, 0, 3);
+    for l in LEASES {
+        for pod in pods() {
+            let d = decide(&obs(&r, Some(lease(l, 2, now)), pod.clone(), now));
+            assert_eq!(
+                d,
+                Decision {
+                    action: Action::Nothing,
+                    requeue: None
+                }
+            );
+        }
+    }
+    r.spec.inputs.push("yes".into());
+    let d = decide(&obs(
+        &r,
+        Some(lease(L::Released, 2, now)),
+        PodState::Terminated,
+        now,
+    ));
+    assert_eq!(d.action, claim(ClaimReason::InputReceived, false));
+    r.status.as_mut().unwrap().inputs_consumed = 1;
+    let d = decide(&obs(
+        &r,
+        Some(lease(L::Released, 2, now)),
+        PodState::Terminated,
+        now,
+    ));
+    assert_eq!(d.action, Action::Nothing);
+}
+
+#[test]
+fn finishing_is_completed_whatever_the_lease_and_pod() {
+    let now = Instant::now();
+    let r = run(Phase::Finishing, 2, 0, 3);
+    for l in LEASES {
+        for pod in pods() {
+            let d = decide(&obs(&r, Some(lease(l, 2, now)), pod.clone(), now));
+            assert_eq!(d.action, Action::Finish, "lease {l:?}, pod {pod:?}");
+        }
+    }
+}
+
+#[test]
+fn pending_admission_table() {
+    let now = Instant::now();
+    let r = run(Phase::Pending, 0, 0, 3);
+    let busy = Admission::Busy {
+        holder: "first".into(),
+    };
+    let stale = Admission::Stale {
+        holder: "gone".into(),
+    };
+    let cases = [
+        (Admission::NotRequired, claim(ClaimReason::Start, false)),
+        (Admission::Held, claim(ClaimReason::Start, false)),
+        (Admission::Free, Action::Admit),
+        (
+            busy,
+            Action::Queue {
+                holder: "first".into(),
+            },
+        ),
+        (stale, Action::ClearStaleAdmission),
+    ];
+    for (admission, expected) in cases {
+        let mut o = obs(&r, None, PodState::Missing, now);
+        o.admission = admission.clone();
+        assert_eq!(decide(&o).action, expected, "{admission:?}");
+    }
+}
+
+#[test]
+fn a_queued_run_does_not_rewrite_its_condition() {
+    let now = Instant::now();
+    let mut r = run(Phase::Pending, 0, 0, 3);
+    r.spec.thread_key = Some("t".into());
+    r.status = Some(super::super::statuses::queued(&r, "first"));
+    let mut o = obs(&r, None, PodState::Missing, now);
+    o.admission = Admission::Busy {
+        holder: "first".into(),
+    };
+    let d = decide(&o);
+    assert_eq!(d.action, Action::Nothing);
+    assert_eq!(d.requeue, Some(ADMISSION_RECHECK));
+}
+
+#[test]
+fn an_invalid_spec_is_rejected_before_admission() {
+    let now = Instant::now();
+    let mut r = run(Phase::Pending, 0, 0, 3);
+    r.spec.lease.renew_seconds = 30;
+    let d = decide(&obs(&r, None, PodState::Missing, now));
+    assert!(
+        matches!(d.action, Action::Reject { ref message } if message.contains("spec.lease.renewSeconds"))
+    );
+}
+
+#[test]
+fn stop_ends_idle_runs_at_once_and_running_ones_after_the_lease_duration() {
+    let now = Instant::now();
+    for phase in [Phase::Pending, Phase::Handoff, Phase::WaitingInput] {
+        let mut r = run(phase, 1, 0, 3);
+        r.spec.stop = true;
+        let d = decide(&obs(
+            &r,
+            Some(lease(L::Released, 1, now)),
+            PodState::Missing,
+            now,
+        ));
+        assert!(
+            matches!(d.action, Action::Close(ref c) if c.phase == Phase::Stopped),
+            "{phase:?}"
+        );
+    }
+    let mut r = run(Phase::Running, 1, 0, 3);
+    r.spec.stop = true;
+    let running = PodState::Running {
+        image: IMAGE.into(),
+    };
+    let mut o = obs(&r, Some(lease(L::Fresh, 1, now)), running, now);
+    o.stop_seen_at = Some(now - Duration::from_secs(10));
+    let d = decide(&o);
+    assert_eq!(
+        d,
+        Decision {
+            action: Action::Nothing,
+            requeue: Some(Duration::from_secs(20))
+        }
+    );
+    o.stop_seen_at = Some(now - Duration::from_secs(30));
+    assert!(matches!(decide(&o).action, Action::Close(ref c) if c.phase == Phase::Stopped));
+    // A stopped run whose worker died is ended, not taken over.
+    o.stop_seen_at = Some(now);
+    o.pod = PodState::Terminated;
+    assert!(matches!(decide(&o).action, Action::Close(ref c) if c.phase == Phase::Stopped));
+}
+
+#[test]
+fn terminal_runs_release_what_they_hold_then_wait_for_their_ttl() {
+    let now = Instant::now();
+    let mut r = run(Phase::Succeeded, 2, 0, 3);
+    let held = Some(lease(L::Fresh, 2, now));
+    assert_eq!(
+        decide(&obs(&r, held, PodState::Terminated, now)).action,
+        Action::ReleaseLease
+    );
+    let released = Some(lease(L::Released, 2, now));
+    let mut o = obs(&r, released.clone(), PodState::Terminated, now);
+    o.admission = Admission::Held;
+    assert_eq!(decide(&o).action, Action::ReleaseAdmission);
+    let running = PodState::Running {
+        image: IMAGE.into(),
+    };
+    let d = decide(&obs(&r, released.clone(), running, now));
+    assert_eq!(d.action, Action::DeletePod { rollout: false });
+    assert_eq!(
+        decide(&obs(&r, released.clone(), PodState::Terminated, now)).requeue,
+        None
+    );
+    r.spec.ttl_seconds_after_finished = Some(60);
+    let done = Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(50);
+    r.status.as_mut().unwrap().completion_time =
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(done));
+    let d = decide(&obs(&r, released.clone(), PodState::Terminated, now));
+    assert_eq!(d.action, Action::Nothing);
+    assert!(d.requeue.is_some_and(|t| t <= Duration::from_secs(10)));
+    r.spec.ttl_seconds_after_finished = Some(10);
+    assert_eq!(
+        decide(&obs(&r, released, PodState::Terminated, now)).action,
+        Action::DeleteRun
+    );
+}
+
+#[test]
+fn rollout_moves_a_live_run_off_an_old_image_at_a_bounded_pace_or_keeps_it() {
+    let now = Instant::now();
+    let r = run(Phase::Running, 1, 0, 3);
+    let old = PodState::Running {
+        image: "baton:v0".into(),
+    };
+    let mut o = obs(&r, Some(lease(L::Fresh, 1, now)), old, now);
+    assert_eq!(decide(&o).action, Action::DeletePod { rollout: true });
+    o.rollout_slot = false;
+    assert_eq!(
+        decide(&o),
+        Decision {
+            action: Action::Nothing,
+            requeue: Some(ROLLOUT_RECHECK)
+        }
+    );
+    o.rollout_slot = true;
+    o.rollout = RolloutPolicy::Keep;
+    assert_eq!(decide(&o).action, Action::Nothing);
+    // A worker that never renewed cannot hand off yet: no rollout.
+    o.rollout = RolloutPolicy::Handoff;
+    o.lease = Some(lease(L::Startup, 1, now));
+    assert_eq!(decide(&o).action, Action::Nothing);
+}

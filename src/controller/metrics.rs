@@ -1,0 +1,165 @@
+//! Prometheus metrics, prefix `baton`: runs by phase, claims and takeovers by reason,
+//! give-ups, reconcile duration, errors, and API writes by kind.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::crd::v1alpha1::{AgentRun, Phase};
+
+type Labels = Vec<(&'static str, String)>;
+
+/// Every metric the controller exports.
+pub struct Metrics {
+    registry: Registry,
+    runs: Family<Labels, Gauge>,
+    claims: Family<Labels, Counter>,
+    takeovers: Family<Labels, Counter>,
+    give_ups: Counter,
+    reconciles: Counter,
+    reconcile_duration: Histogram,
+    errors: Family<Labels, Counter>,
+    api_writes: Family<Labels, Counter>,
+    takeover_lateness: Histogram,
+    writes_total: AtomicU64,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut m = Self {
+            registry: Registry::with_prefix("baton"),
+            runs: Family::default(),
+            claims: Family::default(),
+            takeovers: Family::default(),
+            give_ups: Counter::default(),
+            reconciles: Counter::default(),
+            reconcile_duration: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
+            errors: Family::default(),
+            api_writes: Family::default(),
+            takeover_lateness: Histogram::new(exponential_buckets(0.01, 2.0, 14)),
+            writes_total: AtomicU64::new(0),
+        };
+        m.register();
+        m
+    }
+
+    fn register(&mut self) {
+        let r = &mut self.registry;
+        r.register("runs", "AgentRuns by phase", self.runs.clone());
+        r.register("claims", "Claims by reason", self.claims.clone());
+        r.register(
+            "takeovers",
+            "Takeovers (claims after a death) by reason",
+            self.takeovers.clone(),
+        );
+        r.register(
+            "give_ups",
+            "Runs ended Interrupted after maxAttempts",
+            self.give_ups.clone(),
+        );
+        r.register("reconciles", "Reconciles", self.reconciles.clone());
+        r.register(
+            "reconcile_duration_seconds",
+            "Time spent in one reconcile",
+            self.reconcile_duration.clone(),
+        );
+        r.register("errors", "Reconcile errors by kind", self.errors.clone());
+        r.register("api_writes", "API writes by kind", self.api_writes.clone());
+        r.register(
+            "takeover_lateness_seconds",
+            "Time from lease expiry (controller clock) to the claim",
+            self.takeover_lateness.clone(),
+        );
+    }
+
+    pub fn claim(&self, reason: &str, takeover: bool) {
+        let labels = vec![("reason", reason.to_string())];
+        self.claims.get_or_create(&labels).inc();
+        if takeover {
+            self.takeovers.get_or_create(&labels).inc();
+        }
+    }
+
+    pub fn give_up(&self) {
+        self.give_ups.inc();
+    }
+
+    pub fn reconciled(&self, seconds: f64) {
+        self.reconciles.inc();
+        self.reconcile_duration.observe(seconds);
+    }
+
+    pub fn error(&self, label: &'static str) {
+        self.errors
+            .get_or_create(&vec![("kind", label.to_string())])
+            .inc();
+    }
+
+    pub fn api_write(&self, kind: &str) {
+        self.api_writes
+            .get_or_create(&vec![("kind", kind.to_string())])
+            .inc();
+        self.writes_total.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn takeover_lateness(&self, seconds: f64) {
+        self.takeover_lateness.observe(seconds);
+    }
+
+    /// All API writes so far (for the benchmark).
+    pub fn writes_total(&self) -> u64 {
+        self.writes_total.load(Ordering::Relaxed)
+    }
+
+    /// Reconciles so far (for the benchmark).
+    pub fn reconciles_total(&self) -> u64 {
+        self.reconciles.get()
+    }
+
+    /// The Prometheus text exposition, with runs by phase counted from `runs`.
+    pub fn render<'a>(&self, runs: impl Iterator<Item = &'a AgentRun>) -> String {
+        self.count_phases(runs);
+        let mut out = String::new();
+        if encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+
+    fn count_phases<'a>(&self, runs: impl Iterator<Item = &'a AgentRun>) {
+        let mut counts = std::collections::HashMap::<Phase, i64>::new();
+        for run in runs {
+            let phase = run.status.as_ref().map(|s| s.phase).unwrap_or_default();
+            *counts.entry(phase).or_default() += 1;
+        }
+        for phase in ALL_PHASES {
+            let n = counts.get(&phase).copied().unwrap_or(0);
+            self.runs
+                .get_or_create(&vec![("phase", phase.to_string())])
+                .set(n);
+        }
+    }
+}
+
+const ALL_PHASES: [Phase; 9] = [
+    Phase::Pending,
+    Phase::Running,
+    Phase::Handoff,
+    Phase::WaitingInput,
+    Phase::Finishing,
+    Phase::Succeeded,
+    Phase::Failed,
+    Phase::Interrupted,
+    Phase::Stopped,
+];

@@ -1,0 +1,123 @@
+//! The controller (`baton controller`): admission, claims with a fence, takeover on expiry or
+//! pod death, give-up, finish, rollouts (DESIGN.md §3).
+//!
+//! observe → decide → apply: `observe` turns the watch caches and the controller's own
+//! sightings into an [`decide::Observation`]; `decide` is pure; `apply` does the I/O, checking
+//! that this replica still leads before every write. Safety never depends on the election:
+//! every write is a compare-and-swap on what was read.
+
+pub mod admin;
+mod admission;
+mod apply;
+mod claim;
+pub mod cli;
+mod context;
+pub mod decide;
+pub mod election;
+pub mod metrics;
+mod observe;
+pub mod pod;
+mod reconcile;
+mod statuses;
+pub mod validate;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+pub use context::Context;
+pub use decide::RolloutPolicy;
+pub use reconcile::run;
+
+/// Name of the Lease the controller replicas elect a leader with.
+pub const LEADER_LEASE_NAME: &str = "baton-controller-leader";
+/// The worker image used when neither the run nor the flag names one.
+pub const DEFAULT_WORKER_IMAGE: &str = "baton:dev";
+/// Reporting controller name in Events.
+pub const CONTROLLER_NAME: &str = "baton-controller";
+
+/// How the controller runs.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Worker image for runs that do not name one.
+    pub worker_image: String,
+    /// Watch only this namespace (None: all namespaces).
+    pub namespace: Option<String>,
+    /// Elect a leader; without it every replica writes (safe, only wasteful).
+    pub leader_election: bool,
+    /// Namespace of the leader Lease.
+    pub leader_namespace: String,
+    /// This replica's identity in the leader Lease.
+    pub identity: String,
+    /// Leader Lease duration; it is renewed every third of it.
+    pub leader_lease: Duration,
+    /// Admin HTTP server (metrics, health); None: not served.
+    pub admin_addr: Option<SocketAddr>,
+    /// How many runs may be in a rollout handoff at once.
+    pub max_concurrent_handoffs: usize,
+    pub rollout_policy: RolloutPolicy,
+    /// Publish Kubernetes Events.
+    pub events: bool,
+    /// Reconciles running at once (0: unbounded).
+    pub concurrency: u16,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            worker_image: DEFAULT_WORKER_IMAGE.into(),
+            namespace: None,
+            leader_election: true,
+            leader_namespace: "default".into(),
+            identity: default_identity(),
+            leader_lease: Duration::from_secs(15),
+            admin_addr: None,
+            max_concurrent_handoffs: 1,
+            rollout_policy: RolloutPolicy::Handoff,
+            events: true,
+            concurrency: 64,
+        }
+    }
+}
+
+/// `$POD_NAME`, else the host name, plus a random suffix: unique per process.
+pub fn default_identity() -> String {
+    let base = std::env::var("POD_NAME")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_else(|_| "baton-controller".into());
+    format!("{base}-{:06x}", rand::random::<u32>() & 0xff_ffff)
+}
+
+/// Errors of the controller.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("ledger: {0}")]
+    Ledger(#[from] crate::ledger::LedgerError),
+    #[error("lease: {0}")]
+    Lease(#[from] crate::lease::LeaseError),
+    #[error("status: {0}")]
+    Status(#[from] crate::status::StatusError),
+    /// This replica is not (or no longer) the leader: it must not write.
+    #[error("not the leader")]
+    NotLeader,
+    #[error("leader election failed: {0}")]
+    Election(String),
+    #[error("admin server: {0}")]
+    Admin(#[from] std::io::Error),
+}
+
+impl Error {
+    /// Low-cardinality label for metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Error::Kube(_) => "kube",
+            Error::Ledger(e) => e.label(),
+            Error::Lease(e) => e.label(),
+            Error::Status(e) => e.label(),
+            Error::NotLeader => "not_leader",
+            Error::Election(_) => "election",
+            Error::Admin(_) => "admin",
+        }
+    }
+}

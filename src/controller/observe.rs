@@ -1,0 +1,167 @@
+//! Observe: the watch caches and the controller's own memory, turned into an `Observation`.
+//! Reads only (plus updating the in-memory sightings); no API calls.
+
+use std::time::Instant;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use kube::runtime::reflector::ObjectRef;
+
+use super::context::{Context, run_key};
+use super::decide::{Admission, LeaseObs, Observation, PodState};
+use super::pod::{desired_image, pod_image};
+use crate::crd::v1alpha1::AgentRun;
+use crate::crd::worker_pod_name;
+use crate::lease::{LeaseSighting, lease_fence, lease_holder, run_lease_name, thread_lease_name};
+
+/// Everything decide needs about `run`, as of `now`.
+pub fn observe<'a>(ctx: &Context, run: &'a AgentRun, now: Instant) -> Observation<'a> {
+    let ns = run.namespace().unwrap_or_default();
+    let lease = ctx
+        .leases
+        .get(&ObjectRef::new(&run_lease_name(&run.name_any())).within(&ns));
+    let lease = lease.map(|l| sight(ctx, run, &l, now));
+    let stop_seen_at = remember_stop(ctx, run, now);
+    let in_flight = rollouts_in_flight(ctx);
+    Observation {
+        run,
+        lease,
+        pod: pod_state(ctx, run),
+        admission: admission(ctx, run),
+        stop_seen_at,
+        desired_image: desired_image(run, &ctx.config.worker_image),
+        rollout: ctx.config.rollout_policy,
+        rollout_slot: in_flight < ctx.config.max_concurrent_handoffs,
+        now,
+        wall: Timestamp::now(),
+    }
+}
+
+/// Records a sighting of the run's Lease (keeping the first time this version was seen).
+pub fn sight(ctx: &Context, run: &AgentRun, lease: &Lease, now: Instant) -> LeaseObs {
+    let mut sighting = None;
+    ctx.remember(run, |m| {
+        let s = LeaseSighting::observe(m.sighting.as_ref(), lease, now);
+        m.sighting = Some(s.clone());
+        sighting = Some(s);
+    });
+    LeaseObs {
+        holder: lease_holder(lease).map(Into::into),
+        fence: lease_fence(lease),
+        sighting: sighting.expect("set above"),
+    }
+}
+
+fn remember_stop(ctx: &Context, run: &AgentRun, now: Instant) -> Option<Instant> {
+    let mut seen = None;
+    ctx.remember(run, |m| {
+        m.stop_seen_at = run.spec.stop.then(|| m.stop_seen_at.unwrap_or(now));
+        seen = m.stop_seen_at;
+    });
+    seen
+}
+
+/// The pod of the run's current fence, as the cache has it.
+pub fn pod_state(ctx: &Context, run: &AgentRun) -> PodState {
+    let fence = run.status.as_ref().map_or(0, |s| s.fence);
+    if fence == 0 {
+        return PodState::Missing;
+    }
+    let name = worker_pod_name(&run.name_any(), fence);
+    let ns = run.namespace().unwrap_or_default();
+    match ctx.pods.get(&ObjectRef::new(&name).within(&ns)) {
+        Some(pod) if owned_by(&pod, run) => classify_pod(&pod),
+        _ => PodState::Missing,
+    }
+}
+
+fn owned_by(pod: &Pod, run: &AgentRun) -> bool {
+    let uid = run.uid().unwrap_or_default();
+    pod.owner_references().iter().any(|o| o.uid == uid)
+}
+
+/// Pending, running, terminated or being deleted.
+pub fn classify_pod(pod: &Pod) -> PodState {
+    let image = pod_image(pod);
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    match phase {
+        Some("Succeeded") | Some("Failed") => PodState::Terminated,
+        _ if pod.metadata.deletion_timestamp.is_some() => PodState::Deleting,
+        Some("Running") => PodState::Running { image },
+        _ => PodState::Pending { image },
+    }
+}
+
+/// The run's thread admission as the caches have it.
+pub fn admission(ctx: &Context, run: &AgentRun) -> Admission {
+    let Some(key) = run.spec.thread_key.as_deref() else {
+        return Admission::NotRequired;
+    };
+    let ns = run.namespace().unwrap_or_default();
+    let lease_ref = ObjectRef::new(&thread_lease_name(key)).within(&ns);
+    match ctx.leases.get(&lease_ref) {
+        Some(lease) => held_admission(ctx, run, &lease),
+        None => match oldest_pending(ctx, &ns, key) {
+            Some(first) if first != run.name_any() => Admission::Busy { holder: first },
+            _ => Admission::Free,
+        },
+    }
+}
+
+fn held_admission(ctx: &Context, run: &AgentRun, lease: &Lease) -> Admission {
+    let holder = lease_holder(lease).unwrap_or_default().to_string();
+    let holder_uid = lease.owner_references().first().map(|o| o.uid.clone());
+    if holder == run.name_any() && holder_uid == run.uid() {
+        return Admission::Held;
+    }
+    let ns = run.namespace().unwrap_or_default();
+    let live = ctx
+        .runs
+        .get(&ObjectRef::new(&holder).within(&ns))
+        .filter(|h| h.uid() == holder_uid)
+        .is_some_and(|h| !h.status.as_ref().is_some_and(|s| s.phase.is_terminal()));
+    if live {
+        Admission::Busy { holder }
+    } else {
+        Admission::Stale { holder }
+    }
+}
+
+/// The oldest Pending run of a thread (creation time, then name).
+pub fn oldest_pending(ctx: &Context, ns: &str, key: &str) -> Option<String> {
+    ctx.runs
+        .state()
+        .iter()
+        .filter(|r| r.namespace().as_deref() == Some(ns))
+        .filter(|r| r.spec.thread_key.as_deref() == Some(key))
+        .filter(|r| {
+            r.status
+                .as_ref()
+                .is_none_or(|s| s.phase == crate::crd::v1alpha1::Phase::Pending)
+        })
+        .min_by_key(|r| (r.creation_timestamp().map(|t| t.0), r.name_any()))
+        .map(|r| r.name_any())
+}
+
+/// Rollout handoffs still in flight; finished ones (the run moved past that fence) are dropped.
+fn rollouts_in_flight(ctx: &Context) -> usize {
+    let mut rollouts = ctx.rollouts.lock().expect("rollouts lock");
+    rollouts.retain(|((ns, name), fence)| {
+        ctx.runs
+            .get(&ObjectRef::new(name).within(ns))
+            .and_then(|r| r.status.clone())
+            .is_some_and(|s| s.fence == *fence && !s.phase.is_terminal())
+    });
+    rollouts.len()
+}
+
+/// Marks a rollout handoff in flight for the run at its current fence.
+pub fn start_rollout(ctx: &Context, run: &AgentRun) {
+    let fence = run.status.as_ref().map_or(0, |s| s.fence);
+    ctx.rollouts
+        .lock()
+        .expect("rollouts lock")
+        .insert((run_key(run), fence));
+}

@@ -1,0 +1,138 @@
+//! The worker pod of one attempt (pure): deterministic name per fence, owned by the run.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Container, EnvVar, EnvVarSource, Pod, PodSpec, SecretKeySelector,
+};
+use kube::api::ObjectMeta;
+use kube::{Resource, ResourceExt};
+
+use crate::crd::v1alpha1::AgentRun;
+use crate::crd::{FENCE_LABEL, MANAGED_BY_LABEL, RUN_LABEL, env, worker_pod_name};
+use crate::ledger::store::label_value;
+
+/// Grace period a worker gets to hand off on SIGTERM.
+pub const TERMINATION_GRACE_SECONDS: i64 = 30;
+/// Name of the worker container.
+pub const CONTAINER_NAME: &str = "worker";
+
+/// The image the run's worker should run: the run's own, else the controller's.
+pub fn desired_image(run: &AgentRun, default_image: &str) -> String {
+    run.spec
+        .worker
+        .image
+        .clone()
+        .unwrap_or_else(|| default_image.to_string())
+}
+
+/// The image a pod runs (its worker container's).
+pub fn pod_image(pod: &Pod) -> String {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.containers.iter().find(|c| c.name == CONTAINER_NAME))
+        .and_then(|c| c.image.clone())
+        .unwrap_or_default()
+}
+
+/// The worker pod for attempt `fence` of `run`.
+pub fn worker_pod(run: &AgentRun, fence: i64, image: &str) -> Pod {
+    let name = worker_pod_name(&run.name_any(), fence);
+    let labels = BTreeMap::from([
+        (RUN_LABEL.to_string(), label_value(&run.name_any())),
+        (FENCE_LABEL.to_string(), fence.to_string()),
+        (MANAGED_BY_LABEL.to_string(), "baton".to_string()),
+    ]);
+    let worker = &run.spec.worker;
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            namespace: run.namespace(),
+            labels: Some(labels),
+            owner_references: run.controller_owner_ref(&()).map(|o| vec![o]),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodSpec {
+            containers: vec![Container {
+                name: CONTAINER_NAME.into(),
+                image: Some(image.into()),
+                command: Some(vec!["baton".into(), "worker".into()]),
+                env: Some(worker_env(run, fence, &name)),
+                resources: worker.resources.clone(),
+                ..Container::default()
+            }],
+            restart_policy: Some("Never".into()),
+            termination_grace_period_seconds: Some(TERMINATION_GRACE_SECONDS),
+            service_account_name: worker.service_account_name.clone(),
+            node_selector: (!worker.node_selector.is_empty()).then(|| worker.node_selector.clone()),
+            tolerations: (!worker.tolerations.is_empty()).then(|| worker.tolerations.clone()),
+            ..PodSpec::default()
+        }),
+        status: None,
+    }
+}
+
+fn worker_env(run: &AgentRun, fence: i64, pod: &str) -> Vec<EnvVar> {
+    let plain = |name: &str, value: String| EnvVar {
+        name: name.into(),
+        value: Some(value),
+        value_from: None,
+    };
+    let mut vars = vec![
+        plain(env::RUN, run.name_any()),
+        plain(env::NAMESPACE, run.namespace().unwrap_or_default()),
+        plain(env::FENCE, fence.to_string()),
+        plain(env::POD, pod.to_string()),
+    ];
+    if let Some(secret) = &run.spec.agent.model.api_key_secret_ref {
+        vars.push(EnvVar {
+            name: env::MODEL_API_KEY.into(),
+            value: None,
+            value_from: Some(EnvVarSource {
+                secret_key_ref: Some(SecretKeySelector {
+                    name: secret.name.clone(),
+                    key: secret.key.clone(),
+                    optional: Some(false),
+                }),
+                ..EnvVarSource::default()
+            }),
+        });
+    }
+    vars
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::v1alpha1::SecretKeyRef;
+
+    fn run() -> AgentRun {
+        let mut run: AgentRun = serde_json::from_value(serde_json::json!({
+            "apiVersion": "baton.dev/v1alpha1", "kind": "AgentRun",
+            "metadata": {"name": "r1", "namespace": "ns", "uid": "u-1"},
+            "spec": {"input": "hi", "agent": {"model": {"script": [{"text": "x"}]}}}
+        }))
+        .unwrap();
+        run.spec.agent.model.api_key_secret_ref = Some(SecretKeyRef {
+            name: "s".into(),
+            key: "k".into(),
+        });
+        run
+    }
+
+    #[test]
+    fn the_pod_carries_name_labels_owner_and_env() {
+        let pod = worker_pod(&run(), 3, "img:1");
+        assert_eq!(pod.name_any(), "r1-w3");
+        assert_eq!(pod.labels()[FENCE_LABEL], "3");
+        assert_eq!(pod.owner_references()[0].uid, "u-1");
+        assert_eq!(pod_image(&pod), "img:1");
+        let spec = pod.spec.unwrap();
+        assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
+        let env = spec.containers[0].env.clone().unwrap();
+        let get = |n: &str| env.iter().find(|e| e.name == n).cloned().unwrap();
+        assert_eq!(get(env::POD).value.as_deref(), Some("r1-w3"));
+        assert_eq!(get(env::FENCE).value.as_deref(), Some("3"));
+        assert!(get(env::MODEL_API_KEY).value.is_none());
+    }
+}

@@ -1,0 +1,224 @@
+//! Wiring: the watches, the kube-runtime `Controller`, the election and the admin server, and
+//! the reconcile loop (observe → decide → apply, re-deciding on conflict).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::controller::{self, Action as Requeue, Controller};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{self, reflector};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, Resource, ResourceExt};
+use tokio::sync::watch;
+
+use super::admin::{self, AdminState};
+use super::apply::{Applied, apply};
+use super::context::Context;
+use super::decide::{Action, decide};
+use super::election::{self, Leadership};
+use super::metrics::Metrics;
+use super::observe::observe;
+use super::{CONTROLLER_NAME, Config, Error};
+use crate::crd::MANAGED_BY_LABEL;
+use crate::crd::v1alpha1::AgentRun;
+
+/// How many times one reconcile re-reads and re-decides after a conflict.
+const MAX_REDECIDE: usize = 4;
+/// Look again this soon when the caches were behind.
+const SOON: Duration = Duration::from_millis(500);
+/// Safety net after a write (the watch normally triggers first).
+const AFTER_WRITE: Duration = Duration::from_secs(2);
+
+/// Runs the controller until it fails. Spawn it as a task and abort it to stop it.
+pub async fn run(client: Client, config: Config) -> Result<(), Error> {
+    let (ctx, controller, pod_events, lease_events, wake_rx) = build(client, config);
+    let ready = ctx.synced.clone();
+    tokio::spawn(mark_ready(ctx.clone(), ready.clone()));
+    let gained = leadership_gained(ctx.leadership.subscribe());
+    let reconciling = controller
+        .owns_stream(pod_events)
+        .owns_stream(lease_events)
+        .reconcile_on(wake_rx)
+        .reconcile_all_on(gained)
+        .run(reconcile, error_policy, ctx.clone())
+        .for_each(|_| futures::future::ready(()));
+    tokio::select! {
+        _ = reconciling => Ok(()),
+        err = run_election(ctx.clone()) => Err(err),
+        res = serve_admin(ctx.clone(), ready) => res,
+    }
+}
+
+type Built = (
+    Arc<Context>,
+    Controller<AgentRun>,
+    std::pin::Pin<Box<dyn Stream<Item = Result<Pod, watcher::Error>> + Send>>,
+    std::pin::Pin<Box<dyn Stream<Item = Result<Lease, watcher::Error>> + Send>>,
+    futures::channel::mpsc::UnboundedReceiver<reflector::ObjectRef<AgentRun>>,
+);
+
+fn build(client: Client, config: Config) -> Built {
+    let wc = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}=baton"));
+    let (pods, pod_writer) = reflector::store();
+    let pod_events = reflector(
+        pod_writer,
+        watcher(scoped::<Pod>(&client, &config), wc.clone()),
+    )
+    .default_backoff()
+    .touched_objects()
+    .boxed();
+    let (leases, lease_writer) = reflector::store();
+    let lease_events = reflector(lease_writer, watcher(scoped::<Lease>(&client, &config), wc))
+        .default_backoff()
+        .touched_objects()
+        .boxed();
+    let controller = Controller::new(
+        scoped::<AgentRun>(&client, &config),
+        watcher::Config::default(),
+    )
+    .with_config(controller::Config::default().concurrency(config.concurrency));
+    let (wake, wake_rx) = futures::channel::mpsc::unbounded();
+    let leadership = if config.leader_election {
+        Leadership::elected()
+    } else {
+        Leadership::always()
+    };
+    let recorder = config.events.then(|| {
+        let reporter = Reporter {
+            controller: CONTROLLER_NAME.into(),
+            instance: Some(config.identity.clone()),
+        };
+        Recorder::new(client.clone(), reporter)
+    });
+    let ctx = Arc::new(Context {
+        client,
+        runs: controller.store(),
+        pods,
+        leases,
+        memory: Default::default(),
+        rollouts: Default::default(),
+        leadership: Arc::new(leadership),
+        metrics: Arc::new(Metrics::new()),
+        recorder,
+        wake,
+        synced: Arc::new(AtomicBool::new(false)),
+        config,
+    });
+    (ctx, controller, pod_events, lease_events, wake_rx)
+}
+
+fn scoped<K>(client: &Client, config: &Config) -> Api<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+    <K as Resource>::DynamicType: Default,
+{
+    match &config.namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// A `()` each time this replica becomes leader: every run is reconciled then.
+fn leadership_gained(rx: watch::Receiver<bool>) -> impl Stream<Item = ()> + Send {
+    futures::stream::unfold(rx, |mut rx| async move {
+        loop {
+            rx.changed().await.ok()?;
+            if *rx.borrow_and_update() {
+                return Some(((), rx));
+            }
+        }
+    })
+}
+
+async fn run_election(ctx: Arc<Context>) -> Error {
+    if !ctx.config.leader_election {
+        return futures::future::pending().await;
+    }
+    let c = &ctx.config;
+    let result = election::run(
+        ctx.client.clone(),
+        &c.leader_namespace,
+        &c.identity,
+        c.leader_lease,
+        &ctx.leadership,
+    )
+    .await;
+    Error::Election(format!("{result:?}"))
+}
+
+async fn serve_admin(ctx: Arc<Context>, ready: Arc<AtomicBool>) -> Result<(), Error> {
+    match ctx.config.admin_addr {
+        Some(addr) => Ok(admin::serve(
+            addr,
+            AdminState {
+                ctx: ctx.clone(),
+                ready,
+            },
+        )
+        .await?),
+        None => futures::future::pending().await,
+    }
+}
+
+async fn mark_ready(ctx: Arc<Context>, ready: Arc<AtomicBool>) {
+    // Not the run store: the Controller's applier already waits on it, and a second waiter
+    // would never be woken.
+    let synced = async {
+        ctx.pods.wait_until_ready().await.ok()?;
+        ctx.leases.wait_until_ready().await.ok()
+    };
+    if synced.await.is_some() {
+        ready.store(true, Ordering::Release);
+    }
+}
+
+async fn reconcile(run: Arc<AgentRun>, ctx: Arc<Context>) -> Result<Requeue, Error> {
+    let started = Instant::now();
+    let result = reconcile_run(&run, &ctx).await;
+    ctx.metrics.reconciled(started.elapsed().as_secs_f64());
+    result
+}
+
+/// observe → decide → apply; on a conflict the run is re-read and decided again.
+async fn reconcile_run(run: &AgentRun, ctx: &Context) -> Result<Requeue, Error> {
+    if !ctx.leadership.is_leader(Instant::now()) {
+        return Ok(Requeue::await_change());
+    }
+    if !ctx.synced.load(Ordering::Acquire) {
+        return Ok(Requeue::requeue(SOON));
+    }
+    let mut run = run.clone();
+    for _ in 0..MAX_REDECIDE {
+        let decision = decide(&observe(ctx, &run, Instant::now()));
+        tracing::debug!(run = %run.name_any(), action = ?decision.action, "decided");
+        match apply(ctx, &run, &decision.action).await? {
+            Applied::Conflict => match ctx.runs_api(&run).get_opt(&run.name_any()).await? {
+                Some(fresh) => run = fresh,
+                None => return Ok(Requeue::await_change()),
+            },
+            Applied::Requeue => return Ok(Requeue::requeue(SOON)),
+            Applied::Done if decision.action != Action::Nothing => {
+                return Ok(Requeue::requeue(AFTER_WRITE));
+            }
+            Applied::Done => {
+                return Ok(decision
+                    .requeue
+                    .map_or_else(Requeue::await_change, Requeue::requeue));
+            }
+        }
+    }
+    Ok(Requeue::requeue(SOON))
+}
+
+fn error_policy(run: Arc<AgentRun>, err: &Error, ctx: Arc<Context>) -> Requeue {
+    ctx.metrics.error(err.label());
+    if matches!(err, Error::NotLeader) {
+        return Requeue::await_change();
+    }
+    tracing::warn!(run = %run.name_any(), %err, "reconcile failed");
+    Requeue::requeue(Duration::from_secs(2))
+}

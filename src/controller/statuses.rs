@@ -1,0 +1,185 @@
+//! The statuses the controller writes (pure): each is the whole status for one CAS.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+
+use super::decide::{Claim, ClaimReason, Close};
+use super::validate::INVALID_SPEC;
+use crate::crd::v1alpha1::{AgentRun, AgentRunStatus, LedgerStats, Phase, UnknownEffect};
+use crate::ledger::Replay;
+use crate::status::{condition, set_condition};
+
+/// Longest summary of a step kept in `unknownEffects`.
+const SUMMARY_CHARS: usize = 120;
+
+fn base(run: &AgentRun) -> (AgentRunStatus, Option<i64>) {
+    (
+        run.status.clone().unwrap_or_default(),
+        run.metadata.generation,
+    )
+}
+
+/// The status of a claim for `fence` (DESIGN.md §3): Running, the new fence and pod.
+pub fn claimed(run: &AgentRun, claim: Claim, fence: i64, pod: &str) -> AgentRunStatus {
+    let (mut s, generation) = base(run);
+    s.phase = Phase::Running;
+    s.fence = fence;
+    s.attempt = fence;
+    s.failed_attempts += i32::from(claim.failed);
+    s.worker = Some(pod.into());
+    s.start_time.get_or_insert_with(|| Time(Timestamp::now()));
+    s.observed_generation = generation;
+    s.reason = Some(claim.reason.as_str().into());
+    s.message = Some(format!("attempt {fence} claimed for pod {pod}"));
+    let c = &mut s.conditions;
+    set_condition(
+        c,
+        condition::ADMITTED,
+        true,
+        "Admitted",
+        "the run was admitted",
+        generation,
+    );
+    let held = format!("lease moved to {pod} at fence {fence}");
+    set_condition(c, condition::LEASE_HELD, true, "Claimed", &held, generation);
+    if claim.reason != ClaimReason::Start {
+        let why = format!("resumed at attempt {fence} after {}", claim.reason.as_str());
+        set_condition(
+            c,
+            condition::RESUMED,
+            true,
+            claim.reason.as_str(),
+            &why,
+            generation,
+        );
+    }
+    s
+}
+
+/// The status of a terminal claim: the terminal phase at `fence`, the salvage up to the seal.
+pub fn closed(run: &AgentRun, close: &Close, fence: i64, replay: &Replay) -> AgentRunStatus {
+    let (mut s, generation) = base(run);
+    s.fence = fence;
+    s.attempt = fence;
+    s.failed_attempts += i32::from(close.failed);
+    s.worker = None;
+    let salvage = replay.salvage();
+    s.output = (!salvage.is_empty()).then_some(salvage);
+    s.output_partial = replay.final_output.is_none();
+    s.steps = s.steps.max(replay.last_step());
+    record_unknown(&mut s, replay);
+    s.ledger = Some(LedgerStats {
+        segments: replay.tail,
+        events: replay.events,
+        bytes: s.ledger.as_ref().map_or(0, |l| l.bytes),
+    });
+    terminal(
+        &mut s,
+        close.phase,
+        &close.reason,
+        &close.message,
+        generation,
+    );
+    s
+}
+
+fn record_unknown(s: &mut AgentRunStatus, replay: &Replay) {
+    for step in replay.unknown_steps() {
+        if s.unknown_effects.iter().any(|u| u.step == step.step) {
+            continue;
+        }
+        let summary: String = format!("{} {}", step.tool, step.input)
+            .chars()
+            .take(SUMMARY_CHARS)
+            .collect();
+        s.unknown_effects.push(UnknownEffect {
+            step: step.step,
+            tool: step.tool.clone(),
+            attempt: step.attempt,
+            resolution: "unknown".into(),
+            summary,
+        });
+    }
+    s.unknown_effect_count = s.unknown_effects.len() as i64;
+}
+
+/// `Finishing` → its outcome (Succeeded, Failed, Stopped or Interrupted).
+pub fn finished(run: &AgentRun) -> AgentRunStatus {
+    let (mut s, generation) = base(run);
+    let phase = s
+        .outcome
+        .filter(|p| p.is_terminal())
+        .unwrap_or(Phase::Failed);
+    let reason = s.reason.clone().unwrap_or_else(|| phase.to_string());
+    let message = s
+        .message
+        .clone()
+        .unwrap_or_else(|| format!("the run {phase}"));
+    terminal(&mut s, phase, &reason, &message, generation);
+    s
+}
+
+/// A spec that breaks a rule the schema cannot express.
+pub fn rejected(run: &AgentRun, message: &str) -> AgentRunStatus {
+    let (mut s, generation) = base(run);
+    terminal(&mut s, Phase::Failed, INVALID_SPEC, message, generation);
+    let c = &mut s.conditions;
+    set_condition(
+        c,
+        condition::ADMITTED,
+        false,
+        INVALID_SPEC,
+        message,
+        generation,
+    );
+    s
+}
+
+/// Pending behind another run of the thread.
+pub fn queued(run: &AgentRun, holder: &str) -> AgentRunStatus {
+    let (mut s, generation) = base(run);
+    let key = run.spec.thread_key.clone().unwrap_or_default();
+    let message = format!("thread {key} is held by run {holder}");
+    s.observed_generation = generation;
+    s.reason = Some("ThreadBusy".into());
+    s.message = Some(message.clone());
+    set_condition(
+        &mut s.conditions,
+        condition::ADMITTED,
+        false,
+        "ThreadBusy",
+        &message,
+        generation,
+    );
+    s
+}
+
+fn terminal(
+    s: &mut AgentRunStatus,
+    phase: Phase,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+) {
+    s.phase = phase;
+    s.reason = Some(reason.into());
+    s.message = Some(message.into());
+    s.completion_time = Some(Time(Timestamp::now()));
+    s.observed_generation = generation;
+    let c = &mut s.conditions;
+    set_condition(c, condition::COMPLETE, true, reason, message, generation);
+    set_condition(
+        c,
+        condition::LEASE_HELD,
+        false,
+        "Released",
+        "the run is finished",
+        generation,
+    );
+}
+
+/// The run's display name for logs: `namespace/name`.
+pub fn run_name(run: &AgentRun) -> String {
+    format!("{}/{}", run.namespace().unwrap_or_default(), run.name_any())
+}

@@ -1,0 +1,141 @@
+//! Spec rules the CRD schema cannot express, checked at admission. A run that breaks one
+//! ends `Failed` with reason `InvalidSpec` and a message naming the field.
+
+use crate::crd::v1alpha1::{AgentRunSpec, Provider};
+
+/// The reason a rejected run ends with.
+pub const INVALID_SPEC: &str = "InvalidSpec";
+
+/// Checks the rules; the error names the field.
+pub fn validate(spec: &AgentRunSpec) -> Result<(), String> {
+    check_lease(spec)?;
+    check_model(spec)?;
+    check_script_tools(spec)
+}
+
+fn check_lease(spec: &AgentRunSpec) -> Result<(), String> {
+    let lease = &spec.lease;
+    if lease.renew_seconds >= lease.duration_seconds {
+        return Err(format!(
+            "spec.lease.renewSeconds ({}) must be less than spec.lease.durationSeconds ({})",
+            lease.renew_seconds, lease.duration_seconds
+        ));
+    }
+    Ok(())
+}
+
+fn check_model(spec: &AgentRunSpec) -> Result<(), String> {
+    let model = &spec.agent.model;
+    match model.provider {
+        Provider::Scripted if model.script.is_empty() => {
+            Err("spec.agent.model.script must not be empty for provider scripted".to_string())
+        }
+        Provider::Openai | Provider::Anthropic
+            if model.name.as_deref().is_none_or(|n| n.trim().is_empty()) =>
+        {
+            Err(format!(
+                "spec.agent.model.name is required for provider {}",
+                provider_name(model.provider)
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
+fn provider_name(provider: Provider) -> &'static str {
+    match provider {
+        Provider::Scripted => "scripted",
+        Provider::Openai => "openai",
+        Provider::Anthropic => "anthropic",
+    }
+}
+
+fn check_script_tools(spec: &AgentRunSpec) -> Result<(), String> {
+    let declared = |name: &str| spec.agent.tools.iter().any(|t| t.name == name);
+    for (turn_index, turn) in spec.agent.model.script.iter().enumerate() {
+        for (call_index, call) in turn.tool_calls.iter().enumerate() {
+            if !declared(&call.tool) {
+                return Err(format!(
+                    "spec.agent.model.script[{turn_index}].toolCalls[{call_index}].tool ({}) \
+                     is not declared in spec.agent.tools",
+                    call.tool
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::v1alpha1::{ScriptToolCall, ScriptTurn, ToolKind, ToolSpec};
+
+    fn spec() -> AgentRunSpec {
+        serde_json::from_value(serde_json::json!({
+            "input": "hi",
+            "agent": {"model": {"provider": "scripted", "script": [{"text": "done"}]}}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_plain_scripted_spec_is_valid() {
+        assert_eq!(validate(&spec()), Ok(()));
+    }
+
+    #[test]
+    fn renew_must_be_below_duration() {
+        let mut s = spec();
+        s.lease.renew_seconds = 30;
+        s.lease.duration_seconds = 30;
+        assert_eq!(
+            validate(&s).unwrap_err(),
+            "spec.lease.renewSeconds (30) must be less than spec.lease.durationSeconds (30)"
+        );
+    }
+
+    #[test]
+    fn scripted_needs_a_script_and_remote_providers_a_name() {
+        let mut s = spec();
+        s.agent.model.script.clear();
+        assert!(
+            validate(&s)
+                .unwrap_err()
+                .contains("spec.agent.model.script")
+        );
+        s.agent.model.provider = Provider::Openai;
+        assert!(validate(&s).unwrap_err().contains("spec.agent.model.name"));
+        s.agent.model.name = Some("gpt-4o-mini".into());
+        assert_eq!(validate(&s), Ok(()));
+    }
+
+    #[test]
+    fn scripted_tool_calls_must_name_declared_tools() {
+        let mut s = spec();
+        s.agent.model.script.insert(
+            0,
+            ScriptTurn {
+                tool_calls: vec![ScriptToolCall {
+                    tool: "sh".into(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            },
+        );
+        let err = validate(&s).unwrap_err();
+        assert!(
+            err.contains("spec.agent.model.script[0].toolCalls[0].tool (sh)"),
+            "{err}"
+        );
+        s.agent.tools.push(ToolSpec {
+            name: "sh".into(),
+            kind: ToolKind::Shell,
+            description: None,
+            idempotent: false,
+            timeout_seconds: 5,
+            probe: None,
+        });
+        assert_eq!(validate(&s), Ok(()));
+    }
+}

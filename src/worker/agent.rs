@@ -1,0 +1,229 @@
+//! The agent loop: ask the model for a turn, record each tool call durably (the one awaited
+//! round trip of a step) before running it, buffer its result, repeat until a final answer,
+//! a failure, a stop, a handoff or an input wait.
+
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use super::appender::AppendError;
+use super::finish::Ending;
+use super::model::{ModelError, ModelRequest, ModelToolCall, ModelTurn};
+use super::provider::Model;
+use super::resume::question_of;
+use super::session::Session;
+use super::tools::{self, ToolOutput};
+use crate::crd::v1alpha1::{LedgerEvent, Role, ToolKind, ToolSpec, UnknownEffect};
+
+/// Runs turns until the run reaches an ending.
+pub async fn agent_loop(s: &mut Session) -> Ending {
+    loop {
+        if let Some(ending) = interrupted(s) {
+            return ending;
+        }
+        let turn = match call_model(s).await {
+            Ok(turn) => turn,
+            Err(ending) => return ending,
+        };
+        s.pending.push(LedgerEvent::Message {
+            role: Role::Assistant,
+            content: turn.text.clone(),
+        });
+        s.drop_deltas = true;
+        if turn.tool_calls.is_empty() {
+            return Ending::Final { output: turn.text };
+        }
+        for call in turn.tool_calls {
+            if let Some(ending) = run_call(s, call).await {
+                return ending;
+            }
+        }
+    }
+}
+
+/// The ending an interruption asks for, if any. Losing the run wins over everything.
+pub fn interrupted(s: &Session) -> Option<Ending> {
+    if s.guard.is_lost() {
+        Some(Ending::Lost)
+    } else if s.interrupts.stop.is_cancelled() {
+        Some(Ending::Stopped)
+    } else if s.interrupts.handoff.is_cancelled() {
+        Some(Ending::Handoff)
+    } else {
+        None
+    }
+}
+
+/// The ending for an append that was refused.
+pub fn refused(err: AppendError) -> Ending {
+    match err {
+        AppendError::TooLarge { .. } => Ending::TooLarge,
+        AppendError::Lost(_) | AppendError::Gone => Ending::Lost,
+    }
+}
+
+async fn call_model(s: &mut Session) -> Result<ModelTurn, Ending> {
+    let model: Arc<Model> = s.model.clone().map_err(|message| Ending::Failed {
+        reason: "ProviderError".into(),
+        message,
+    })?;
+    let request = ModelRequest {
+        system_prompt: s.spec().agent.system_prompt.clone(),
+        messages: s.replay.messages.clone(),
+        tools: s.spec().agent.tools.clone(),
+    };
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let appender = s.appender.clone();
+    let forward = tokio::spawn(async move {
+        while let Some(text) = rx.recv().await {
+            appender.buffer(LedgerEvent::ModelDelta { text });
+        }
+    });
+    let cancel = CancellationToken::new();
+    let result = tokio::select! {
+        r = model.complete(&request, &tx, &cancel) => Some(r),
+        _ = s.guard.token().cancelled() => None,
+        _ = s.interrupts.stop.cancelled() => None,
+        _ = s.interrupts.handoff.cancelled() => None,
+    };
+    cancel.cancel();
+    drop(tx);
+    let _ = forward.await;
+    match result {
+        None => Err(interrupted(s).unwrap_or(Ending::Lost)),
+        Some(Ok(turn)) => Ok(turn),
+        Some(Err(_)) if interrupted(s).is_some() => Err(interrupted(s).unwrap_or(Ending::Lost)),
+        Some(Err(ModelError::Permanent { message, .. })) => Err(Ending::Failed {
+            reason: "ProviderError".into(),
+            message,
+        }),
+        Some(Err(err @ ModelError::Retryable { .. })) => Err(Ending::GaveUp {
+            message: err.to_string(),
+        }),
+    }
+}
+
+/// One tool call: the write-ahead intent (awaited), then the tool, then its buffered result.
+async fn run_call(s: &mut Session, call: ModelToolCall) -> Option<Ending> {
+    let step = s.replay.last_step() + 1;
+    let max = s.spec().agent.max_steps as i64;
+    if step > max {
+        return Some(Ending::Failed {
+            reason: "MaxStepsExceeded".into(),
+            message: format!("the agent asked for step {step}, over its budget of {max} steps"),
+        });
+    }
+    let tool = s
+        .spec()
+        .agent
+        .tools
+        .iter()
+        .find(|t| t.name == call.tool)
+        .cloned();
+    let intent = LedgerEvent::StepIntent {
+        step,
+        tool: call.tool.clone(),
+        call_id: call.call_id.clone(),
+        input: call.arguments.clone(),
+        idempotent: tool
+            .as_ref()
+            .is_some_and(|t| tools::is_idempotent(t, &call.arguments)),
+    };
+    if let Err(err) = s.append(vec![intent]).await {
+        return Some(refused(err));
+    }
+    s.publish_steps();
+    let Some(tool) = tool else {
+        let output = format!("there is no tool named {:?}", call.tool);
+        s.buffer(result(step, ToolOutput::error(output)));
+        return None;
+    };
+    if tool.kind == ToolKind::AskUser {
+        return Some(Ending::Waiting {
+            step,
+            question: question_of(&call.arguments),
+        });
+    }
+    match run_tool(s, &tool, &call.arguments, step).await {
+        ToolRun::Done(output) => {
+            s.buffer(result(step, output));
+            None
+        }
+        ToolRun::Killed => {
+            mark_killed(s, step, &tool, &call.arguments).await;
+            Some(interrupted(s).unwrap_or(Ending::Lost))
+        }
+        ToolRun::Lost => Some(Ending::Lost),
+    }
+}
+
+/// A step's result event.
+pub fn result(step: i64, output: ToolOutput) -> LedgerEvent {
+    LedgerEvent::StepResult {
+        step,
+        output: output.output,
+        is_error: output.is_error,
+    }
+}
+
+/// How a tool run ended.
+pub enum ToolRun {
+    Done(ToolOutput),
+    /// Killed by a stop or an overdue handoff: its effect is unknown.
+    Killed,
+    /// The run was lost while it ran: record nothing.
+    Lost,
+}
+
+/// Runs a tool; a stop kills it at once, a handoff after the grace period, a loss at once.
+pub async fn run_tool(s: &Session, tool: &ToolSpec, arguments: &str, step: i64) -> ToolRun {
+    let kill = CancellationToken::new();
+    let escalate = {
+        let (guard, interrupts, kill, grace) = (
+            s.guard.clone(),
+            s.interrupts.clone(),
+            kill.clone(),
+            s.cfg.handoff_grace,
+        );
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = guard.token().cancelled() => {}
+                _ = interrupts.stop.cancelled() => {}
+                _ = async { interrupts.handoff.cancelled().await; tokio::time::sleep(grace).await } => {}
+            }
+            kill.cancel();
+        })
+    };
+    let output = tools::run(tool, arguments, &s.tool_env(step), &kill).await;
+    escalate.abort();
+    if s.guard.is_lost() {
+        ToolRun::Lost
+    } else if kill.is_cancelled() {
+        ToolRun::Killed
+    } else {
+        ToolRun::Done(output)
+    }
+}
+
+/// A tool killed mid-run has an unknown effect: recorded as such for the next owner.
+async fn mark_killed(s: &mut Session, step: i64, tool: &ToolSpec, arguments: &str) {
+    let attempt = s.fence();
+    s.buffer(LedgerEvent::StepUnknown { step, attempt });
+    s.report_unknown(UnknownEffect {
+        step,
+        tool: tool.name.clone(),
+        attempt,
+        resolution: "unknown".into(),
+        summary: summary(arguments),
+    })
+    .await;
+}
+
+/// A short summary of a call's arguments for status.
+pub fn summary(arguments: &str) -> String {
+    let mut s: String = arguments.chars().take(120).collect();
+    if arguments.chars().count() > 120 {
+        s.push('…');
+    }
+    s
+}

@@ -1,0 +1,302 @@
+//! How an attempt ends: the ledger event first, then the phase by fenced CAS, then the lease
+//! is released. The worker never writes a terminal phase: `Finishing` carries the outcome and
+//! the controller completes it.
+
+use std::time::Duration;
+
+use tracing::{info, warn};
+
+use super::agent::refused;
+use super::progress::{self, Progress};
+use super::session::Session;
+use crate::crd::v1alpha1::{AgentRunStatus, LedgerEvent, LedgerStats, Phase};
+use crate::status::{StatusError, fenced_update};
+
+/// Why an attempt ends.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Ending {
+    Final {
+        output: String,
+    },
+    Failed {
+        reason: String,
+        message: String,
+    },
+    Stopped,
+    /// An `askUser` step waits for `spec.inputs`.
+    Waiting {
+        step: i64,
+        question: String,
+    },
+    /// SIGTERM: the next worker continues at once.
+    Handoff,
+    /// The transcript cannot grow further: `Interrupted`, nothing more appended.
+    TooLarge,
+    /// The model kept failing with retryable errors: the attempt dies without a write, so
+    /// the controller claims the run again (the turn is not lost).
+    GaveUp {
+        message: String,
+    },
+    /// The run is no longer ours: write nothing.
+    Lost,
+}
+
+/// How the process exits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    /// The attempt ended as planned (Finishing, Handoff, WaitingInput).
+    Done,
+    /// Another worker holds the run: nothing was done.
+    Superseded,
+    /// The run was lost mid-attempt (a newer fence, a closed ledger, an expired lease).
+    Lost,
+    /// The attempt died without a decision (a fault, or a model that kept failing).
+    Failed,
+}
+
+impl Exit {
+    pub fn code(self) -> u8 {
+        match self {
+            Exit::Done | Exit::Superseded => 0,
+            Exit::Failed => 1,
+            Exit::Lost => 3,
+        }
+    }
+}
+
+/// The event an ending appends, if any.
+pub fn event_for(ending: &Ending) -> Option<LedgerEvent> {
+    Some(match ending {
+        Ending::Final { output } => LedgerEvent::Final {
+            output: output.clone(),
+        },
+        Ending::Failed { reason, message } => LedgerEvent::Failed {
+            reason: reason.clone(),
+            message: message.clone(),
+        },
+        Ending::Stopped => LedgerEvent::Stopped,
+        Ending::Waiting { step, question } => LedgerEvent::WaitingInput {
+            step: *step,
+            question: question.clone(),
+        },
+        Ending::Handoff => LedgerEvent::Handoff,
+        Ending::TooLarge | Ending::GaveUp { .. } | Ending::Lost => return None,
+    })
+}
+
+/// Pure: the status an ending writes. `salvage` is the best output the ledger holds.
+pub fn phase_change(
+    status: &mut AgentRunStatus,
+    ending: &Ending,
+    salvage: &str,
+    p: &Progress,
+    ledger: &LedgerStats,
+) {
+    progress::apply(status, p, ledger);
+    let partial = (!salvage.is_empty()).then(|| salvage.to_string());
+    let (phase, outcome, output, reason, message) = match ending {
+        Ending::Final { output } => (
+            Phase::Finishing,
+            Some(Phase::Succeeded),
+            Some(output.clone()),
+            "Completed".to_string(),
+            "the agent gave its final answer".to_string(),
+        ),
+        Ending::Failed { reason, message } => (
+            Phase::Finishing,
+            Some(Phase::Failed),
+            partial,
+            reason.clone(),
+            message.clone(),
+        ),
+        Ending::Stopped => (
+            Phase::Finishing,
+            Some(Phase::Stopped),
+            partial,
+            "StopRequested".into(),
+            "the run was stopped on request".into(),
+        ),
+        Ending::TooLarge => (
+            Phase::Finishing,
+            Some(Phase::Interrupted),
+            partial,
+            "TranscriptTooLarge".into(),
+            "the transcript reached the ledger's size cap; nothing was trimmed".into(),
+        ),
+        Ending::Waiting { question, .. } => (
+            Phase::WaitingInput,
+            None,
+            None,
+            "WaitingForInput".into(),
+            question.clone(),
+        ),
+        Ending::Handoff => (
+            Phase::Handoff,
+            None,
+            None,
+            "HandedOff".into(),
+            "the worker was asked to stop and handed the run off".into(),
+        ),
+        Ending::GaveUp { .. } | Ending::Lost => return,
+    };
+    status.output_partial = output.is_some() && outcome != Some(Phase::Succeeded);
+    status.phase = phase;
+    status.outcome = outcome;
+    if output.is_some() {
+        status.output = output;
+    }
+    status.reason = Some(reason);
+    status.message = Some(message);
+}
+
+/// Ends the attempt: appends the ending's event (unless the ledger already holds it), writes
+/// the phase, releases the lease.
+pub async fn conclude(s: &mut Session, ending: Ending, record: bool) -> Exit {
+    let mut ending = ending;
+    if let Some(event) = event_for(&ending).filter(|_| record)
+        && let Err(err) = s.append(vec![event]).await
+    {
+        ending = refused(err);
+    }
+    match &ending {
+        Ending::Lost => return Exit::Lost,
+        Ending::GaveUp { message } => {
+            warn!(%message, "the model kept failing: ending this attempt without a decision");
+            return Exit::Failed;
+        }
+        _ => {}
+    }
+    if let Some(task) = s.progress_task.take() {
+        task.abort();
+    }
+    match write_phase(s, &ending).await {
+        Ok(()) => {}
+        Err(StatusError::FenceMoved { .. }) => return Exit::Lost,
+        Err(err) => {
+            warn!(error = %err, "writing the phase failed");
+            return Exit::Failed;
+        }
+    }
+    release(s).await;
+    info!(ending = ?ending_label(&ending), "attempt ended");
+    Exit::Done
+}
+
+fn ending_label(ending: &Ending) -> &'static str {
+    match ending {
+        Ending::Final { .. } => "final",
+        Ending::Failed { .. } => "failed",
+        Ending::Stopped => "stopped",
+        Ending::Waiting { .. } => "waitingInput",
+        Ending::Handoff => "handoff",
+        Ending::TooLarge => "transcriptTooLarge",
+        Ending::GaveUp { .. } => "gaveUp",
+        Ending::Lost => "lost",
+    }
+}
+
+async fn write_phase(s: &Session, ending: &Ending) -> Result<(), StatusError> {
+    let salvage = s.replay.salvage();
+    let p = s.progress.borrow().clone();
+    let ledger = s.ledger_stats.borrow().clone();
+    let name = s.cfg.run.clone();
+    let mut last = None;
+    for delay_ms in [0u64, 200, 1000, 3000] {
+        tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+        if s.guard.is_lost() {
+            return Err(StatusError::FenceMoved {
+                run: name,
+                ours: s.fence(),
+                current: -1,
+            });
+        }
+        let change = |st: &mut AgentRunStatus| phase_change(st, ending, &salvage, &p, &ledger);
+        match fenced_update(&s.runs, &name, s.fence(), change).await {
+            Ok(_) => return Ok(()),
+            Err(err @ StatusError::FenceMoved { .. }) => return Err(err),
+            Err(err) => last = Some(err),
+        }
+    }
+    Err(last.unwrap_or(StatusError::Conflict { run: name }))
+}
+
+/// Stops renewing and releases the lease (best effort: the phase already tells the controller).
+async fn release(s: &mut Session) {
+    for task in s.heartbeat.drain(..) {
+        task.abort();
+    }
+    if let Err(err) = s.lease.release().await {
+        warn!(error = %err, "releasing the lease");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn change(ending: Ending, salvage: &str) -> AgentRunStatus {
+        let mut st = AgentRunStatus {
+            phase: Phase::Running,
+            fence: 2,
+            ..Default::default()
+        };
+        phase_change(
+            &mut st,
+            &ending,
+            salvage,
+            &Progress::default(),
+            &LedgerStats::default(),
+        );
+        st
+    }
+
+    #[test]
+    fn a_final_answer_moves_to_finishing_succeeded() {
+        let st = change(
+            Ending::Final {
+                output: "42".into(),
+            },
+            "42",
+        );
+        assert_eq!(st.phase, Phase::Finishing);
+        assert_eq!(st.outcome, Some(Phase::Succeeded));
+        assert_eq!(st.output.as_deref(), Some("42"));
+        assert!(!st.output_partial);
+    }
+
+    #[test]
+    fn a_too_large_transcript_is_interrupted_with_the_salvage() {
+        let st = change(Ending::TooLarge, "partial text");
+        assert_eq!(st.outcome, Some(Phase::Interrupted));
+        assert_eq!(st.reason.as_deref(), Some("TranscriptTooLarge"));
+        assert_eq!(st.output.as_deref(), Some("partial text"));
+        assert!(st.output_partial);
+    }
+
+    #[test]
+    fn handoff_and_waiting_are_not_terminal() {
+        assert_eq!(change(Ending::Handoff, "").phase, Phase::Handoff);
+        let st = change(
+            Ending::Waiting {
+                step: 3,
+                question: "why?".into(),
+            },
+            "",
+        );
+        assert_eq!(st.phase, Phase::WaitingInput);
+        assert_eq!(st.outcome, None);
+    }
+
+    #[test]
+    fn lost_writes_nothing() {
+        assert_eq!(change(Ending::Lost, "x").phase, Phase::Running);
+        assert_eq!(event_for(&Ending::Lost), None);
+        assert_eq!(event_for(&Ending::TooLarge), None);
+    }
+
+    #[test]
+    fn stopped_appends_stopped_and_ends_stopped() {
+        assert_eq!(event_for(&Ending::Stopped), Some(LedgerEvent::Stopped));
+        assert_eq!(change(Ending::Stopped, "").outcome, Some(Phase::Stopped));
+    }
+}

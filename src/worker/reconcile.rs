@@ -1,0 +1,183 @@
+//! Carrying out the resume plan: the first append (`attemptStarted`, then a `stepUnknown` for
+//! every open step, in the same segment), then probes and idempotent re-runs, each reported
+//! in `status.unknownEffects` and as a Warning Event; then the ledger's standing.
+
+use tokio_util::sync::CancellationToken;
+
+use super::agent::{ToolRun, refused, result, run_tool, summary};
+use super::finish::Ending;
+use super::resume::{Reconcile, ResumePlan, Standing, Then};
+use super::session::Session;
+use super::tools::{ToolOutput, probe};
+use crate::crd::v1alpha1::{LedgerEvent, ProbeOutcome, UnknownEffect};
+
+/// What a probe that confirmed the effect puts in the step's result.
+pub const APPLIED_BY_PROBE: &str = "effect confirmed applied by probe; not re-run";
+
+/// Where resume leaves the attempt: an ending (and whether its event must still be
+/// appended), or on into the agent loop.
+pub enum Resumed {
+    End { ending: Ending, record: bool },
+    Continue,
+}
+
+/// Carries out `plan`.
+pub async fn resume(s: &mut Session, plan: ResumePlan) -> Resumed {
+    let mut first = vec![LedgerEvent::AttemptStarted {
+        fence: s.fence(),
+        pod: s.cfg.pod.clone(),
+    }];
+    first.extend(plan.reconcile.iter().filter(|r| r.mark_unknown).map(|r| {
+        LedgerEvent::StepUnknown {
+            step: r.step,
+            attempt: r.attempt,
+        }
+    }));
+    if let Err(err) = s.append(first).await {
+        return end(refused(err), false);
+    }
+    for r in &plan.reconcile {
+        let resolution = match follow_up(s, r).await {
+            Ok(resolution) => resolution,
+            Err(ending) => return end(ending, false),
+        };
+        let effect = UnknownEffect {
+            step: r.step,
+            tool: r.tool.clone(),
+            attempt: r.attempt,
+            resolution: resolution.into(),
+            summary: summary(&r.input),
+        };
+        s.report_unknown(effect).await;
+    }
+    s.publish_steps();
+    standing(s, plan.standing).await
+}
+
+fn end(ending: Ending, record: bool) -> Resumed {
+    Resumed::End { ending, record }
+}
+
+async fn standing(s: &mut Session, standing: Standing) -> Resumed {
+    match standing {
+        Standing::Finished { output } => end(Ending::Final { output }, false),
+        Standing::Failed { reason, message } => end(Ending::Failed { reason, message }, false),
+        Standing::Stopped => end(Ending::Stopped, false),
+        Standing::Waiting {
+            step,
+            question,
+            record,
+        } => end(Ending::Waiting { step, question }, record),
+        Standing::Answer {
+            step,
+            question,
+            record,
+            index,
+            content,
+        } => {
+            let mut events = Vec::new();
+            if record {
+                events.push(LedgerEvent::WaitingInput { step, question });
+            }
+            events.push(LedgerEvent::Input {
+                index,
+                content: content.clone(),
+            });
+            events.push(result(
+                step,
+                ToolOutput {
+                    output: content,
+                    is_error: false,
+                },
+            ));
+            if let Err(err) = s.append(events).await {
+                return end(refused(err), false);
+            }
+            s.progress.send_modify(|p| p.inputs_consumed = index + 1);
+            Resumed::Continue
+        }
+        Standing::Continue => Resumed::Continue,
+    }
+}
+
+/// Probes or re-runs a step; returns the resolution reported in status.
+async fn follow_up(s: &mut Session, r: &Reconcile) -> Result<&'static str, Ending> {
+    match r.then {
+        Then::Nothing => Ok("unknown"),
+        Then::Rerun => rerun(s, r).await.map(|_| "rerun"),
+        Then::Probe => match run_probe(s, r).await {
+            ProbeOutcome::Applied => {
+                s.buffer(LedgerEvent::StepProbed {
+                    step: r.step,
+                    outcome: ProbeOutcome::Applied,
+                });
+                s.buffer(result(
+                    r.step,
+                    ToolOutput {
+                        output: APPLIED_BY_PROBE.into(),
+                        is_error: false,
+                    },
+                ));
+                Ok("applied")
+            }
+            ProbeOutcome::NotApplied => {
+                // Durable before the re-run: a death during it makes the next owner probe again.
+                let probed = LedgerEvent::StepProbed {
+                    step: r.step,
+                    outcome: ProbeOutcome::NotApplied,
+                };
+                s.append(vec![probed]).await.map_err(refused)?;
+                rerun(s, r).await.map(|_| "notApplied")
+            }
+            ProbeOutcome::Unknown => {
+                s.buffer(LedgerEvent::StepProbed {
+                    step: r.step,
+                    outcome: ProbeOutcome::Unknown,
+                });
+                Ok("unknown")
+            }
+        },
+    }
+}
+
+async fn run_probe(s: &Session, r: &Reconcile) -> ProbeOutcome {
+    let Some(spec) = s
+        .spec()
+        .agent
+        .tools
+        .iter()
+        .find(|t| t.name == r.tool)
+        .and_then(|t| t.probe.clone())
+    else {
+        return ProbeOutcome::Unknown;
+    };
+    let cancel = CancellationToken::new();
+    let lost = s.guard.token().clone();
+    let tool_env = s.tool_env(r.step);
+    tokio::select! {
+        outcome = probe::run(&spec, &r.input, &tool_env, &cancel) => outcome,
+        _ = lost.cancelled() => { cancel.cancel(); ProbeOutcome::Unknown }
+    }
+}
+
+async fn rerun(s: &mut Session, r: &Reconcile) -> Result<(), Ending> {
+    let Some(tool) = s
+        .spec()
+        .agent
+        .tools
+        .iter()
+        .find(|t| t.name == r.tool)
+        .cloned()
+    else {
+        return Ok(());
+    };
+    match run_tool(s, &tool, &r.input, r.step).await {
+        ToolRun::Done(output) => {
+            s.buffer(result(r.step, output));
+            Ok(())
+        }
+        // Killed again: it stays unknown (already recorded); the next owner decides anew.
+        ToolRun::Killed => Err(super::agent::interrupted(s).unwrap_or(Ending::Lost)),
+        ToolRun::Lost => Err(Ending::Lost),
+    }
+}

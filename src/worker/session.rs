@@ -1,0 +1,134 @@
+//! The state of one attempt: the run as read at start, the replayed conversation, the
+//! appender, the stop signals and the progress reported in status.
+
+use std::sync::Arc;
+
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::{Api, Client, Resource, ResourceExt};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::warn;
+
+use super::WorkerConfig;
+use super::api_count::ApiCounters;
+use super::appender::{AppendError, Appender};
+use super::guard::{Interrupts, LostGuard};
+use super::progress::Progress;
+use super::provider::Model;
+use super::tools::ToolEnv;
+use crate::crd::v1alpha1::{AgentRun, AgentRunSpec, LedgerEvent, LedgerStats, UnknownEffect};
+use crate::lease::WorkerLease;
+use crate::ledger::Replay;
+
+/// One attempt at a run.
+pub struct Session {
+    pub cfg: WorkerConfig,
+    pub client: Client,
+    pub runs: Api<AgentRun>,
+    /// The run as read at start (its spec drives the attempt).
+    pub run: AgentRun,
+    pub lease: WorkerLease,
+    pub appender: Appender,
+    pub ledger_stats: watch::Receiver<LedgerStats>,
+    pub guard: LostGuard,
+    pub interrupts: Interrupts,
+    /// The ledger as replayed at start plus everything this attempt appended or buffered.
+    pub replay: Replay,
+    pub progress: watch::Sender<Progress>,
+    pub counters: Arc<ApiCounters>,
+    /// The model, or why it could not be built (the run fails with that message).
+    pub model: Result<Arc<Model>, String>,
+    /// Events that go with the next awaited append (the assistant message of a turn).
+    pub pending: Vec<LedgerEvent>,
+    /// Drop buffered deltas at the next awaited append: the turn's message replaces them.
+    pub drop_deltas: bool,
+    /// Renewals and the run watch: stopped before the lease is released.
+    pub heartbeat: Vec<JoinHandle<()>>,
+    /// The progress writer: stopped before the final status write.
+    pub progress_task: Option<JoinHandle<()>>,
+}
+
+impl Session {
+    pub fn spec(&self) -> &AgentRunSpec {
+        &self.run.spec
+    }
+
+    pub fn fence(&self) -> i64 {
+        self.cfg.fence
+    }
+
+    pub fn tool_env(&self, step: i64) -> ToolEnv {
+        ToolEnv {
+            run: self.cfg.run.clone(),
+            run_uid: self.run.uid().unwrap_or_default(),
+            fence: self.cfg.fence,
+            step,
+        }
+    }
+
+    /// The awaited append: pending events, then `events`, after everything buffered. On
+    /// success the events are folded into the replay (after any older owner's slipped segments).
+    pub async fn append(&mut self, events: Vec<LedgerEvent>) -> Result<(), AppendError> {
+        let mut all = std::mem::take(&mut self.pending);
+        all.extend(events);
+        let drop_deltas = std::mem::take(&mut self.drop_deltas);
+        let acked = self.appender.append(all.clone(), drop_deltas).await?;
+        self.counters.add_awaited(acked.requests);
+        for seg in &acked.slipped {
+            for event in &seg.spec.events {
+                self.replay.apply(seg.spec.fence, event);
+            }
+        }
+        for event in &all {
+            self.replay.apply(self.cfg.fence, event);
+        }
+        Ok(())
+    }
+
+    /// Buffers an event for the next flush and folds it into the replay at once.
+    pub fn buffer(&mut self, event: LedgerEvent) {
+        self.replay.apply(self.cfg.fence, &event);
+        self.appender.buffer(event);
+    }
+
+    /// Publishes the step count.
+    pub fn publish_steps(&self) {
+        let steps = self.replay.last_step();
+        self.progress.send_if_modified(|p| {
+            let changed = p.steps != steps;
+            p.steps = steps;
+            changed
+        });
+    }
+
+    /// Records an unknown effect in status (via progress) and as a Warning Event.
+    pub async fn report_unknown(&self, effect: UnknownEffect) {
+        let note = format!(
+            "step {} ({}) of attempt {}: its worker died before the result was recorded; resolution: {}",
+            effect.step, effect.tool, effect.attempt, effect.resolution
+        );
+        self.progress.send_modify(|p| {
+            p.unknown_effects.retain(|e| e.step != effect.step);
+            p.unknown_effects.push(effect);
+        });
+        self.warn_event("UnknownEffect", &note).await;
+    }
+
+    async fn warn_event(&self, reason: &str, note: &str) {
+        let reporter = Reporter {
+            controller: "baton-worker".into(),
+            instance: Some(self.cfg.pod.clone()),
+        };
+        let recorder = Recorder::new(self.client.clone(), reporter);
+        let event = Event {
+            type_: EventType::Warning,
+            reason: reason.into(),
+            note: Some(note.chars().take(1000).collect()),
+            action: "Resume".into(),
+            secondary: None,
+        };
+        if let Err(err) = recorder.publish(&event, &self.run.object_ref(&())).await {
+            warn!(error = %err, "publishing a Warning Event");
+        }
+    }
+}

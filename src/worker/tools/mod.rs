@@ -1,0 +1,160 @@
+//! Tools the agent may call, and the probes that check an unknown step's effect at resume.
+//!
+//! Every tool and probe gets `BATON_RUN`, `BATON_FENCE`, `BATON_STEP` and
+//! `BATON_IDEMPOTENCY_KEY` (`<run-uid>/<step>`), so fence-aware systems can refuse a zombie too.
+//! Tool arguments arrive as a JSON object, serialized.
+
+pub mod http;
+pub mod probe;
+pub mod shell;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::crd::env;
+use crate::crd::v1alpha1::{ToolKind, ToolSpec};
+
+/// Bytes of tool output kept, at most; the rest is dropped and marked.
+pub const OUTPUT_CAP_BYTES: usize = 64 * 1024;
+
+/// Who is calling a tool: the run, the fence and the step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolEnv {
+    pub run: String,
+    pub run_uid: String,
+    pub fence: i64,
+    pub step: i64,
+}
+
+impl ToolEnv {
+    /// `<run-uid>/<step>`: the same for every attempt at the step, so a re-run is recognisable.
+    pub fn idempotency_key(&self) -> String {
+        format!("{}/{}", self.run_uid, self.step)
+    }
+
+    /// The `BATON_*` environment of a tool or probe process.
+    pub fn vars(&self) -> Vec<(String, String)> {
+        vec![
+            (env::RUN.into(), self.run.clone()),
+            (env::FENCE.into(), self.fence.to_string()),
+            (env::STEP.into(), self.step.to_string()),
+            (env::IDEMPOTENCY_KEY.into(), self.idempotency_key()),
+        ]
+    }
+}
+
+/// What a tool call returns to the model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolOutput {
+    pub output: String,
+    pub is_error: bool,
+}
+
+impl ToolOutput {
+    pub fn error(output: impl Into<String>) -> Self {
+        Self {
+            output: output.into(),
+            is_error: true,
+        }
+    }
+}
+
+/// Parses a tool call's arguments (a JSON object) into strings; non-string values keep their JSON text.
+pub fn parse_arguments(json: &str) -> Result<BTreeMap<String, String>, String> {
+    let value: serde_json::Value =
+        serde_json::from_str(json).map_err(|e| format!("arguments are not JSON: {e}"))?;
+    let serde_json::Value::Object(map) = value else {
+        return Err("arguments must be a JSON object".into());
+    };
+    Ok(map
+        .into_iter()
+        .map(|(k, v)| match v {
+            serde_json::Value::String(s) => (k, s),
+            other => (k, other.to_string()),
+        })
+        .collect())
+}
+
+/// True when re-running a step of this tool has the effect of running it once.
+/// `askUser` has no effect outside the ledger; a GET is idempotent by HTTP's definition.
+pub fn is_idempotent(spec: &ToolSpec, arguments: &str) -> bool {
+    match spec.kind {
+        ToolKind::AskUser => true,
+        ToolKind::Http => spec.idempotent || http::method_of(arguments) == "GET",
+        ToolKind::Shell => spec.idempotent,
+    }
+}
+
+/// Runs a `shell` or `http` tool (askUser is the agent's business). Cancelling `cancel` kills it.
+pub async fn run(
+    spec: &ToolSpec,
+    arguments: &str,
+    tool_env: &ToolEnv,
+    cancel: &CancellationToken,
+) -> ToolOutput {
+    let args = match parse_arguments(arguments) {
+        Ok(args) => args,
+        Err(message) => return ToolOutput::error(message),
+    };
+    let timeout = Duration::from_secs(spec.timeout_seconds.max(1) as u64);
+    match spec.kind {
+        ToolKind::Shell => {
+            let Some(command) = args.get("command") else {
+                return ToolOutput::error("the shell tool needs a `command` argument");
+            };
+            let result = shell::run(command, &tool_env.vars(), timeout, cancel).await;
+            result.to_tool_output()
+        }
+        ToolKind::Http => http::run(&args, tool_env, timeout, cancel).await,
+        ToolKind::AskUser => ToolOutput::error("askUser is handled by the agent loop"),
+    }
+}
+
+/// Cuts `bytes` to `cap`, converting lossily; returns the text and how many bytes were dropped.
+pub fn capped_text(bytes: &[u8], total: usize, cap: usize) -> (String, usize) {
+    let kept = &bytes[..bytes.len().min(cap)];
+    (
+        String::from_utf8_lossy(kept).into_owned(),
+        total.saturating_sub(kept.len()),
+    )
+}
+
+/// The marker appended to an output that was cut.
+pub fn truncation_marker(dropped: usize) -> String {
+    format!("\n[output truncated: {dropped} bytes]")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arguments_are_a_json_object_of_strings() {
+        let args = parse_arguments(r#"{"command":"echo hi","n":3}"#).unwrap();
+        assert_eq!(args["command"], "echo hi");
+        assert_eq!(args["n"], "3");
+        assert!(parse_arguments("[1]").is_err());
+        assert!(parse_arguments("nope").is_err());
+    }
+
+    #[test]
+    fn the_idempotency_key_is_run_uid_and_step() {
+        let env = ToolEnv {
+            run: "r".into(),
+            run_uid: "u-1".into(),
+            fence: 3,
+            step: 7,
+        };
+        assert_eq!(env.idempotency_key(), "u-1/7");
+        assert!(env.vars().contains(&("BATON_FENCE".into(), "3".into())));
+    }
+
+    #[test]
+    fn capped_text_is_lossy_and_counts_what_it_dropped() {
+        let (text, dropped) = capped_text(b"ab\xffcdef", 6, 4);
+        assert_eq!(text, "ab\u{fffd}c");
+        assert_eq!(dropped, 2);
+    }
+}

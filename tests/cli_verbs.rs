@@ -1,0 +1,397 @@
+//! The CLI verbs against the real API server: runs and ledgers are created directly, then the
+//! `baton` binary (and `kubectl baton`, as a plugin) is run and its output checked. Also the
+//! documented `kubectl wait --for=jsonpath='{.status.phase}'=Succeeded`.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use baton::crd::v1alpha1::{AgentRun, LedgerEvent, Role};
+use baton::ledger::SegmentStore;
+use common::TestNamespace;
+use k8s_openapi::api::core::v1::{Event, ObjectReference};
+use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+
+const BATON: &str = env!("CARGO_BIN_EXE_baton");
+const PLUGIN: &str = env!("CARGO_BIN_EXE_kubectl-baton");
+
+fn baton(args: &[&str]) -> Output {
+    Command::new(BATON)
+        .args(args)
+        .output()
+        .expect("running baton")
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).to_string()
+}
+
+fn ok(args: &[&str]) -> String {
+    let out = baton(args);
+    assert!(
+        out.status.success(),
+        "baton {args:?} failed: {}",
+        stderr(&out)
+    );
+    stdout(&out)
+}
+
+fn failure(args: &[&str]) -> String {
+    let out = baton(args);
+    assert!(
+        !out.status.success(),
+        "baton {args:?} should fail; printed {}",
+        stdout(&out)
+    );
+    stderr(&out)
+}
+
+async fn create_run(ns: &TestNamespace, name: &str) -> AgentRun {
+    let run: AgentRun = serde_json::from_value(serde_json::json!({
+        "apiVersion": "baton.dev/v1alpha1", "kind": "AgentRun",
+        "metadata": {"name": name},
+        "spec": {"input": "tidy up", "agent": {"model": {"script": [{"text": "ok"}]}}}
+    }))
+    .unwrap();
+    ns.api::<AgentRun>()
+        .create(&PostParams::default(), &run)
+        .await
+        .unwrap()
+}
+
+async fn set_status(ns: &TestNamespace, name: &str, status: serde_json::Value) {
+    let patch = serde_json::json!({ "status": status });
+    ns.api::<AgentRun>()
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+}
+
+/// A run two attempts deep, with a step whose effect is unknown, and a Warning Event.
+async fn seeded_run(ns: &TestNamespace, name: &str) -> (AgentRun, SegmentStore) {
+    let run = create_run(ns, name).await;
+    let store = SegmentStore::for_run(ns.client.clone(), &run);
+    let first = vec![
+        LedgerEvent::Claimed {
+            fence: 1,
+            pod: format!("{name}-w1"),
+        },
+        LedgerEvent::AttemptStarted {
+            fence: 1,
+            pod: format!("{name}-w1"),
+        },
+        LedgerEvent::Message {
+            role: Role::User,
+            content: "tidy up".into(),
+        },
+        LedgerEvent::StepIntent {
+            step: 1,
+            tool: "sh".into(),
+            call_id: "c1".into(),
+            input: "rm -rf build".into(),
+            idempotent: false,
+        },
+    ];
+    let tail = store.append(0, 1, first).await.unwrap().tail;
+    let second = vec![
+        LedgerEvent::Claimed {
+            fence: 2,
+            pod: format!("{name}-w2"),
+        },
+        LedgerEvent::AttemptStarted {
+            fence: 2,
+            pod: format!("{name}-w2"),
+        },
+        LedgerEvent::StepUnknown {
+            step: 1,
+            attempt: 1,
+        },
+    ];
+    store.append(tail, 2, second).await.unwrap();
+    set_status(ns, name, serde_json::json!({
+        "phase": "Running", "attempt": 2, "fence": 2, "failedAttempts": 1, "steps": 1,
+        "worker": format!("{name}-w2"), "unknownEffectCount": 1,
+        "unknownEffects": [{"step": 1, "tool": "sh", "attempt": 1, "resolution": "unknown", "summary": "rm -rf build"}]
+    }))
+    .await;
+    warning_event(ns, &run).await;
+    (run, store)
+}
+
+async fn warning_event(ns: &TestNamespace, run: &AgentRun) {
+    let event = Event {
+        metadata: ObjectMeta {
+            name: Some(format!("{}.unknown", run.name_any())),
+            ..Default::default()
+        },
+        involved_object: ObjectReference {
+            api_version: Some("baton.dev/v1alpha1".into()),
+            kind: Some("AgentRun".into()),
+            name: Some(run.name_any()),
+            namespace: Some(ns.name.clone()),
+            uid: run.uid(),
+            ..Default::default()
+        },
+        type_: Some("Warning".into()),
+        reason: Some("UnknownEffect".into()),
+        message: Some("step 1 (sh) of attempt 1: its worker died".into()),
+        ..Default::default()
+    };
+    Api::<Event>::namespaced(ns.client.clone(), &ns.name)
+        .create(&PostParams::default(), &event)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn get_transcript_and_describe_show_the_run() {
+    let ns = TestNamespace::new("cli_read").await;
+    seeded_run(&ns, "r1").await;
+    create_run(&ns, "r2").await;
+    let n = ns.name.as_str();
+
+    let table = ok(&["get", "-n", n]);
+    let lines: Vec<&str> = table.lines().collect();
+    assert!(
+        lines[0].starts_with("NAME") && lines[0].contains("UNKNOWN EFFECTS"),
+        "{table}"
+    );
+    assert!(
+        lines[1].starts_with("r1")
+            && lines[1].contains("Running")
+            && lines[1].contains("1 (#1 sh)"),
+        "{table}"
+    );
+    assert!(
+        lines[2].starts_with("r2") && lines[2].contains("Pending"),
+        "{table}"
+    );
+    let all = ok(&["get", "-A"]);
+    assert!(all.starts_with("NAMESPACE") && all.contains(n), "{all}");
+    assert!(ok(&["get", "r2", "-n", n]).lines().count() == 2);
+
+    let transcript = ok(&["transcript", "r1", "-n", n]);
+    for want in [
+        "=== claimed: attempt 1 goes to pod r1-w1 (fence 1)",
+        "[user] tidy up",
+        "-> step 1: sh rm -rf build",
+        "=== claimed: attempt 2 goes to pod r1-w2 (fence 2)",
+        "!! step 1 (sh): effect UNKNOWN",
+    ] {
+        assert!(
+            transcript.contains(want),
+            "missing {want:?} in\n{transcript}"
+        );
+    }
+
+    let describe = ok(&["describe", "r1", "-n", n]);
+    for want in [
+        "Phase:           Running",
+        "Fence:           2",
+        "Failed attempts: 1 of 3",
+        "fence 1   pod r1-w1",
+        "superseded (claimed for a new attempt)",
+        "fence 2   pod r1-w2",
+        "step 1 (sh), attempt 1: unknown - rm -rf build",
+        "Warning   UnknownEffect",
+    ] {
+        assert!(describe.contains(want), "missing {want:?} in\n{describe}");
+    }
+    ns.cleanup().await;
+}
+
+#[tokio::test]
+async fn stop_and_input_change_the_spec_with_clear_errors() {
+    let ns = TestNamespace::new("cli_write").await;
+    let n = ns.name.as_str();
+    create_run(&ns, "r").await;
+    set_status(
+        &ns,
+        "r",
+        serde_json::json!({"phase": "Running", "attempt": 1, "fence": 1}),
+    )
+    .await;
+
+    let err = failure(&["input", "r", "yes please", "-n", n]);
+    assert!(
+        err.contains("run r is not waiting for input (phase Running)"),
+        "{err}"
+    );
+    set_status(&ns, "r", serde_json::json!({"phase": "WaitingInput"})).await;
+    assert!(ok(&["input", "r", "yes please", "-n", n]).contains("input #1 sent"));
+    assert!(ok(&["input", "r", "and this", "-n", n]).contains("input #2 sent"));
+    let run = ns.api::<AgentRun>().get("r").await.unwrap();
+    assert_eq!(run.spec.inputs, ["yes please", "and this"]);
+
+    assert!(ok(&["stop", "r", "-n", n]).contains("stop requested"));
+    assert!(ns.api::<AgentRun>().get("r").await.unwrap().spec.stop);
+    set_status(&ns, "r", serde_json::json!({"phase": "Stopped"})).await;
+    assert!(ok(&["stop", "r", "-n", n]).contains("already ended (Stopped)"));
+
+    for verb in [
+        vec!["describe", "nope"],
+        vec!["stop", "nope"],
+        vec!["transcript", "nope"],
+        vec!["input", "nope", "x"],
+    ] {
+        let mut args = verb.clone();
+        args.extend(["-n", n]);
+        let err = failure(&args);
+        assert!(
+            err.contains(&format!("run nope not found in namespace {n}")),
+            "{verb:?}: {err}"
+        );
+    }
+    ns.cleanup().await;
+}
+
+#[tokio::test]
+async fn an_unreachable_cluster_is_named() {
+    let kubeconfig = std::env::var("KUBECONFIG").expect("KUBECONFIG");
+    let text = std::fs::read_to_string(&kubeconfig).unwrap();
+    let mut config: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
+    for cluster in config["clusters"].as_sequence_mut().unwrap() {
+        cluster["cluster"]["server"] = "https://127.0.0.1:1".into();
+    }
+    let path = std::env::temp_dir().join(format!(
+        "baton-cli-unreachable-{}.kubeconfig",
+        std::process::id()
+    ));
+    std::fs::write(&path, serde_yaml::to_string(&config).unwrap()).unwrap();
+    let out = Command::new(BATON)
+        .args(["get"])
+        .env("KUBECONFIG", &path)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("cannot reach the cluster at https://127.0.0.1:1"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn transcript_follow_prints_new_segments_until_the_run_ends() {
+    let ns = TestNamespace::new("cli_follow").await;
+    let (_, store) = seeded_run(&ns, "f").await;
+    let child = tokio::process::Command::new(BATON)
+        .args(["transcript", "f", "-f", "-n", &ns.name])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let events = vec![
+        LedgerEvent::StepResult {
+            step: 2,
+            output: "late".into(),
+            is_error: false,
+        },
+        LedgerEvent::Message {
+            role: Role::Assistant,
+            content: "All tidy.".into(),
+        },
+        LedgerEvent::Final {
+            output: "All tidy.".into(),
+        },
+    ];
+    store.append(2, 2, events).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    set_status(&ns, "f", serde_json::json!({"phase": "Succeeded"})).await;
+    let out = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
+        .await
+        .expect("transcript -f ends when the run ends")
+        .unwrap();
+    let text = stdout(&out);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let first = text.find("=== claimed: attempt 1").expect(&text);
+    let last = text.find("=== final answer: All tidy.").expect(&text);
+    assert!(
+        first < last && text.contains("[assistant] All tidy."),
+        "{text}"
+    );
+    ns.cleanup().await;
+}
+
+#[tokio::test]
+async fn kubectl_baton_works_as_a_plugin() {
+    let ns = TestNamespace::new("cli_plugin").await;
+    seeded_run(&ns, "p").await;
+    let direct = Command::new(PLUGIN)
+        .args(["get", "-n", &ns.name])
+        .output()
+        .unwrap();
+    assert!(stdout(&direct).contains("1 (#1 sh)"), "{}", stderr(&direct));
+    // kubectl finds `kubectl-baton` on PATH.
+    let dir = Path::new(PLUGIN).parent().unwrap();
+    let path = format!(
+        "{}:{}",
+        dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = Command::new("kubectl")
+        .args(["baton", "describe", "p", "-n", &ns.name])
+        .env("PATH", path)
+        .output()
+        .unwrap();
+    assert!(
+        stdout(&out).contains("Phase:           Running"),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    ns.cleanup().await;
+}
+
+#[tokio::test]
+async fn kubectl_wait_for_the_succeeded_phase_works() {
+    let ns = TestNamespace::new("cli_kubectl_wait").await;
+    create_run(&ns, "w").await;
+    set_status(
+        &ns,
+        "w",
+        serde_json::json!({"phase": "Running", "attempt": 1, "fence": 1}),
+    )
+    .await;
+    let wait = tokio::process::Command::new("kubectl")
+        .args([
+            "wait",
+            "--for=jsonpath={.status.phase}=Succeeded",
+            "agentrun/w",
+            "-n",
+            &ns.name,
+            "--timeout=60s",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    set_status(&ns, "w", serde_json::json!({"phase": "Succeeded"})).await;
+    let out = tokio::time::timeout(Duration::from_secs(60), wait.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "kubectl wait: {}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    assert!(
+        stdout(&out).contains("agentrun.baton.dev/w condition met"),
+        "{}",
+        stdout(&out)
+    );
+    ns.cleanup().await;
+}

@@ -1,0 +1,180 @@
+//! Real `baton worker` processes for the worker tests: spawned with the pod's environment,
+//! signalled like a kubelet (or a crash) would.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::process::{Child, Command};
+
+/// A running worker process.
+pub struct WorkerProc {
+    pub child: Child,
+    pub pod: String,
+    pub log: PathBuf,
+}
+
+/// Starts `baton worker` for `run` at `fence` as `pod`, with extra flags.
+pub fn spawn_worker(
+    namespace: &str,
+    run: &str,
+    fence: i64,
+    pod: &str,
+    extra: &[&str],
+) -> WorkerProc {
+    let log = std::env::temp_dir().join(format!("baton-{namespace}-{pod}.log"));
+    let file = std::fs::File::create(&log).expect("creating the worker log");
+    let child = Command::new(env!("CARGO_BIN_EXE_baton"))
+        .arg("worker")
+        .args(extra)
+        .env("BATON_RUN", run)
+        .env("BATON_NAMESPACE", namespace)
+        .env("BATON_FENCE", fence.to_string())
+        .env("BATON_POD", pod)
+        .env("RUST_LOG", "info,baton=debug,kube=warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(file))
+        .kill_on_drop(true)
+        .spawn()
+        .expect("starting baton worker");
+    WorkerProc {
+        child,
+        pod: pod.to_string(),
+        log,
+    }
+}
+
+impl WorkerProc {
+    pub fn pid(&self) -> i32 {
+        self.child.id().expect("worker still running") as i32
+    }
+
+    /// Sends `signal` (libc::SIGKILL, SIGSTOP, SIGCONT, SIGTERM).
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: sends a signal to our own child process.
+        let rc = unsafe { libc::kill(self.pid(), signal) };
+        assert_eq!(rc, 0, "signalling the worker");
+    }
+
+    /// Waits for the exit code, failing the test after `timeout` (the log is printed).
+    pub async fn wait(&mut self, timeout: Duration) -> i32 {
+        match tokio::time::timeout(timeout, self.child.wait()).await {
+            Ok(status) => status.expect("waiting for the worker").code().unwrap_or(-1),
+            Err(_) => panic!(
+                "worker {} did not exit in {timeout:?}; log:\n{}",
+                self.pod,
+                self.log_text()
+            ),
+        }
+    }
+
+    /// kill -9 and reap.
+    pub async fn kill9(&mut self) {
+        self.signal(libc::SIGKILL);
+        let _ = self.child.wait().await;
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+/// Polls `check` every 50 ms until it returns true, failing after `timeout` with `what`.
+pub async fn wait_until<F, Fut>(timeout: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    while !check().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+use baton::crd::v1alpha1::{
+    AgentRun, AgentRunSpec, AgentSpec, LeaseSpec, ModelSpec, ScriptToolCall, ScriptTurn, ToolKind,
+    ToolSpec,
+};
+
+/// A scripted turn that calls `tool` with `command`.
+pub fn shell_turn(text: &str, tool: &str, command: &str, delay_ms: i64) -> ScriptTurn {
+    ScriptTurn {
+        text: Some(text.into()),
+        tool_calls: vec![ScriptToolCall {
+            tool: tool.into(),
+            arguments: [("command".to_string(), command.to_string())].into(),
+        }],
+        delay_milliseconds: Some(delay_ms),
+    }
+}
+
+/// A final scripted turn.
+pub fn final_turn(text: &str, delay_ms: i64) -> ScriptTurn {
+    ScriptTurn {
+        text: Some(text.into()),
+        tool_calls: vec![],
+        delay_milliseconds: Some(delay_ms),
+    }
+}
+
+/// A shell tool.
+pub fn shell_tool(name: &str, idempotent: bool) -> ToolSpec {
+    ToolSpec {
+        name: name.into(),
+        kind: ToolKind::Shell,
+        description: None,
+        idempotent,
+        timeout_seconds: 60,
+        probe: None,
+    }
+}
+
+/// An AgentRun with a scripted model.
+pub fn scripted_run(
+    name: &str,
+    script: Vec<ScriptTurn>,
+    tools: Vec<ToolSpec>,
+    lease: LeaseSpec,
+) -> AgentRun {
+    AgentRun::new(
+        name,
+        AgentRunSpec {
+            input: "do the thing".into(),
+            inputs: vec![],
+            thread_key: None,
+            agent: AgentSpec {
+                model: ModelSpec {
+                    script,
+                    ..ModelSpec::default()
+                },
+                system_prompt: None,
+                max_steps: 50,
+                tools,
+            },
+            lease,
+            max_attempts: 3,
+            stop: false,
+            ttl_seconds_after_finished: None,
+            worker: Default::default(),
+        },
+    )
+}
+
+/// A counter file for side effects: each run of the tool appends a line.
+pub fn counter_file(tag: &str) -> PathBuf {
+    let path = std::env::temp_dir().join(format!("baton-counter-{tag}-{}", rand::random::<u32>()));
+    let _ = std::fs::remove_file(&path);
+    path
+}
+
+/// Lines in a counter file.
+pub fn count(path: &std::path::Path) -> usize {
+    std::fs::read_to_string(path)
+        .map(|s| s.lines().count())
+        .unwrap_or(0)
+}

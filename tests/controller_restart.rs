@@ -1,0 +1,116 @@
+//! A controller that dies between the steps of a claim completes it on its next pass and
+//! never creates two pods for one fence.
+
+mod controller_support;
+
+use std::time::Duration;
+
+use baton::crd::v1alpha1::{AgentRun, LedgerEvent, Phase};
+use baton::lease::LeaseClient;
+use baton::ledger::SegmentStore;
+use baton::status::cas_status;
+use controller_support::*;
+use kube::{Resource, ResourceExt};
+
+/// Does the first steps of a claim for fence 1 by hand, as a controller that then died.
+async fn partial_claim(ns: &TestNamespace, name: &str, move_lease: bool) -> AgentRun {
+    let run = create(ns, agent_run(name, 4)).await;
+    let pod = baton::crd::worker_pod_name(name, 1);
+    let store = SegmentStore::for_run(ns.client.clone(), &run);
+    store
+        .append(
+            0,
+            1,
+            vec![LedgerEvent::Claimed {
+                fence: 1,
+                pod: pod.clone(),
+            }],
+        )
+        .await
+        .unwrap();
+    let mut status = status(&run);
+    status.phase = Phase::Running;
+    status.fence = 1;
+    status.attempt = 1;
+    status.worker = Some(pod.clone());
+    let run = cas_status(&ns.api(), &run, status).await.unwrap();
+    if move_lease {
+        let owner = run.controller_owner_ref(&()).unwrap();
+        LeaseClient::new(ns.client.clone(), &ns.name)
+            .move_to(name, owner, &pod, 1, 3)
+            .await
+            .unwrap();
+    }
+    run
+}
+
+#[tokio::test]
+async fn status_ahead_of_the_lease_is_completed_with_the_same_fence() {
+    let ns = TestNamespace::new("ctl-rs-status").await;
+    partial_claim(&ns, "r", false).await;
+    let _c = start(&ns.client, config(&ns.name));
+    wait_lease(&ns, "r", "r-w1", 1, T).await;
+    wait_pod(&ns, "r-w1", T).await;
+    assert_eq!(status(&get(&ns, "r").await).fence, 1);
+    ns.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_lease_moved_without_its_pod_ends_that_attempt_instead_of_recreating_it() {
+    let ns = TestNamespace::new("ctl-rs-lease").await;
+    let (_w, seen) = watch_pods(&ns);
+    partial_claim(&ns, "r", true).await;
+    let _c = start(&ns.client, config(&ns.name));
+    let run = wait_fence(&ns, "r", 2, Duration::from_secs(30)).await;
+    let s = status(&run);
+    assert_eq!(s.reason.as_deref(), Some("PodGone"));
+    assert_eq!(
+        s.failed_attempts, 0,
+        "an attempt that never ran is not a failed one"
+    );
+    wait_pod(&ns, "r-w2", T).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        !seen.lock().unwrap().contains_key("r-w1"),
+        "pod of fence 1 must never be created"
+    );
+    ns.cleanup().await;
+}
+
+#[tokio::test]
+async fn restarting_the_controller_repeatedly_never_makes_two_pods_per_fence() {
+    let ns = TestNamespace::new("ctl-rs-loop").await;
+    let (_w, seen) = watch_pods(&ns);
+    for i in 0..4 {
+        create(&ns, agent_run(&format!("r{i}"), 4)).await;
+    }
+    // Kill and restart the controller at varying moments while runs start and expire.
+    for round in 0..12u64 {
+        let c = start(&ns.client, config(&ns.name));
+        tokio::time::sleep(Duration::from_millis(150 + (round * 97) % 600)).await;
+        drop(c);
+    }
+    let _c = start(&ns.client, config(&ns.name));
+    for i in 0..4 {
+        let name = format!("r{i}");
+        wait_run(&ns, &name, Duration::from_secs(40), |s| {
+            s.fence >= 2 || s.phase.is_terminal()
+        })
+        .await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for (name, uids) in seen.lock().unwrap().iter() {
+        assert_eq!(uids.len(), 1, "pod {name} was created more than once");
+    }
+    for i in 0..4 {
+        let run = get(&ns, &format!("r{i}")).await;
+        let fences: Vec<i64> = seals(&ledger(&ns, &run.name_any()).await)
+            .iter()
+            .map(|s| s.0)
+            .collect();
+        let mut sorted = fences.clone();
+        sorted.dedup();
+        assert_eq!(fences, sorted, "one seal per fence in {}", run.name_any());
+    }
+    ns.cleanup().await;
+}

@@ -1,0 +1,303 @@
+//! Shared by the controller integration tests: start a controller in-process, create runs,
+//! play the worker (renew or not, write status by fenced CAS, append to the ledger), wait.
+
+#![allow(dead_code)]
+
+use std::time::{Duration, Instant};
+
+use baton::controller::{self, Config};
+use baton::crd::v1alpha1::{AgentRun, AgentRunStatus, LedgerEvent, LedgerSegment, Phase};
+use baton::lease::{LeaseClient, WorkerLease, lease_fence, lease_holder};
+use baton::ledger::{Appended, LedgerError, SegmentStore};
+use baton::status::{StatusError, fenced_update};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use tokio::task::JoinHandle;
+
+#[path = "../common/mod.rs"]
+pub mod common;
+
+pub use common::TestNamespace;
+
+/// A controller running in this process, scoped to one namespace.
+pub struct Running {
+    pub handle: JoinHandle<()>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.handle.abort();
+    }
+}
+
+pub fn config(ns: &str) -> Config {
+    Config {
+        namespace: Some(ns.into()),
+        leader_election: false,
+        leader_namespace: ns.into(),
+        leader_lease: Duration::from_secs(3),
+        admin_addr: None,
+        ..Config::default()
+    }
+}
+
+pub fn start(client: &Client, config: Config) -> Running {
+    let client = client.clone();
+    let handle = tokio::spawn(async move {
+        if let Err(err) = controller::run(client, config).await {
+            eprintln!("controller stopped: {err}");
+        }
+    });
+    Running { handle }
+}
+
+/// A run with short leases: duration 3 s, renew 1 s, startup `startup` s.
+pub fn agent_run(name: &str, startup: i32) -> AgentRun {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "baton.dev/v1alpha1", "kind": "AgentRun",
+        "metadata": {"name": name},
+        "spec": {
+            "input": "hello",
+            "lease": {"durationSeconds": 3, "renewSeconds": 1, "startupSeconds": startup},
+            "agent": {"model": {"provider": "scripted", "script": [{"text": "done"}]}}
+        }
+    }))
+    .unwrap()
+}
+
+pub async fn create(ns: &TestNamespace, run: AgentRun) -> AgentRun {
+    ns.api::<AgentRun>()
+        .create(&PostParams::default(), &run)
+        .await
+        .expect("creating run")
+}
+
+pub async fn get(ns: &TestNamespace, name: &str) -> AgentRun {
+    ns.api::<AgentRun>().get(name).await.expect("reading run")
+}
+
+pub fn status(run: &AgentRun) -> AgentRunStatus {
+    run.status.clone().unwrap_or_default()
+}
+
+/// Polls the run until `ok` holds; panics with the last status after `timeout`.
+pub async fn wait_run(
+    ns: &TestNamespace,
+    name: &str,
+    timeout: Duration,
+    ok: impl Fn(&AgentRunStatus) -> bool,
+) -> AgentRun {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let run = get(ns, name).await;
+        if ok(&status(&run)) {
+            return run;
+        }
+        if Instant::now() > deadline {
+            panic!("timed out waiting on run {name}; status: {:#?}", run.status);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+pub async fn wait_fence(ns: &TestNamespace, name: &str, fence: i64, timeout: Duration) -> AgentRun {
+    wait_run(ns, name, timeout, |s| {
+        s.fence >= fence && s.phase == Phase::Running
+    })
+    .await
+}
+
+pub async fn lease(ns: &TestNamespace, run: &str) -> Option<Lease> {
+    LeaseClient::new(ns.client.clone(), &ns.name)
+        .get(run)
+        .await
+        .expect("reading lease")
+}
+
+/// Waits until the run Lease names `pod` under `fence`.
+pub async fn wait_lease(
+    ns: &TestNamespace,
+    run: &str,
+    pod: &str,
+    fence: i64,
+    timeout: Duration,
+) -> Lease {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(l) = lease(ns, run).await
+            && lease_holder(&l) == Some(pod)
+            && lease_fence(&l) == Some(fence)
+        {
+            return l;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "lease of {run} never named {pod} at fence {fence}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+pub async fn wait_pod(ns: &TestNamespace, name: &str, timeout: Duration) -> Pod {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(p) = ns.api::<Pod>().get_opt(name).await.expect("reading pod") {
+            return p;
+        }
+        assert!(Instant::now() < deadline, "pod {name} never appeared");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+pub async fn pod_names(ns: &TestNamespace) -> Vec<String> {
+    let mut names: Vec<String> = ns
+        .api::<Pod>()
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|p| p.name_any())
+        .collect();
+    names.sort();
+    names
+}
+
+/// Marks a pod terminated, as a kubelet would after its process died.
+pub async fn terminate_pod(ns: &TestNamespace, name: &str) {
+    let patch = serde_json::json!({"status": {"phase": "Failed"}});
+    ns.api::<Pod>()
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("terminating pod");
+}
+
+/// Marks a pod running with the given image, as a kubelet would.
+pub async fn mark_pod_running(ns: &TestNamespace, name: &str) {
+    let patch = serde_json::json!({"status": {"phase": "Running"}});
+    ns.api::<Pod>()
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("marking pod running");
+}
+
+/// The worker of one attempt, played by the test.
+pub struct FakeWorker {
+    pub run: String,
+    pub pod: String,
+    pub fence: i64,
+    pub lease: WorkerLease,
+    pub tail: i64,
+    ns: String,
+    client: Client,
+}
+
+impl FakeWorker {
+    pub fn new(ns: &TestNamespace, run: &str, fence: i64) -> Self {
+        let pod = baton::crd::worker_pod_name(run, fence);
+        Self {
+            run: run.into(),
+            lease: WorkerLease::new(ns.client.clone(), &ns.name, run, &pod, fence),
+            pod,
+            fence,
+            tail: 0,
+            ns: ns.name.clone(),
+            client: ns.client.clone(),
+        }
+    }
+
+    fn runs(&self) -> Api<AgentRun> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    pub async fn renew(&self) -> Result<Lease, baton::lease::LeaseError> {
+        self.lease.renew().await
+    }
+
+    /// Renews every `every` until `n` renewals are done.
+    pub async fn renew_for(&self, n: usize, every: Duration) {
+        for _ in 0..n {
+            self.renew().await.expect("renewing");
+            tokio::time::sleep(every).await;
+        }
+    }
+
+    async fn store(&self) -> SegmentStore {
+        let run = self.runs().get(&self.run).await.expect("reading run");
+        SegmentStore::for_run(self.client.clone(), &run)
+    }
+
+    /// Lists the ledger (as a resuming worker does) and remembers its tail.
+    pub async fn resume(&mut self) -> Vec<LedgerSegment> {
+        let segments = self.store().await.list().await.expect("listing ledger");
+        self.tail = segments.last().map_or(0, |s| s.spec.seq);
+        segments
+    }
+
+    pub async fn append(&mut self, events: Vec<LedgerEvent>) -> Result<Appended, LedgerError> {
+        let appended = self
+            .store()
+            .await
+            .append(self.tail, self.fence, events)
+            .await?;
+        self.tail = appended.tail;
+        Ok(appended)
+    }
+
+    pub async fn write_status(
+        &self,
+        change: impl Fn(&mut AgentRunStatus),
+    ) -> Result<AgentRun, StatusError> {
+        fenced_update(&self.runs(), &self.run, self.fence, change).await
+    }
+}
+
+pub async fn ledger(ns: &TestNamespace, run: &str) -> Vec<LedgerSegment> {
+    let r = get(ns, run).await;
+    SegmentStore::for_run(ns.client.clone(), &r)
+        .list()
+        .await
+        .expect("listing ledger")
+}
+
+/// Every `claimed`/`closed` seal in the ledger, as (fence, is_closed).
+pub fn seals(segments: &[LedgerSegment]) -> Vec<(i64, bool)> {
+    segments
+        .iter()
+        .flat_map(|s| s.spec.events.iter())
+        .filter_map(|e| match e {
+            LedgerEvent::Claimed { fence, .. } => Some((*fence, false)),
+            LedgerEvent::Closed { fence, .. } => Some((*fence, true)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Pod name → every UID seen under it.
+pub type SeenPods = std::sync::Arc<
+    std::sync::Mutex<std::collections::BTreeMap<String, std::collections::BTreeSet<String>>>,
+>;
+
+/// Records the UID of every pod ever seen per name, to prove no name got two pods.
+pub fn watch_pods(ns: &TestNamespace) -> (JoinHandle<()>, SeenPods) {
+    use futures::StreamExt;
+    let seen = SeenPods::default();
+    let api = ns.api::<Pod>();
+    let out = seen.clone();
+    let handle = tokio::spawn(async move {
+        let stream = kube::runtime::watcher(api, Default::default());
+        let mut stream = std::pin::pin!(kube::runtime::WatchStreamExt::touched_objects(stream));
+        while let Some(Ok(pod)) = stream.next().await {
+            out.lock()
+                .unwrap()
+                .entry(pod.name_any())
+                .or_default()
+                .insert(pod.uid().unwrap_or_default());
+        }
+    });
+    (handle, seen)
+}
+
+pub const T: Duration = Duration::from_secs(20);

@@ -1,0 +1,120 @@
+//! Shared by the RBAC and chart tests: mint ServiceAccount tokens (TokenRequest), build a
+//! client that uses one, and ask the API server `kubectl auth can-i --as=...`.
+
+#![allow(dead_code)]
+
+use std::process::Command;
+
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::ServiceAccount;
+use kube::config::AuthInfo;
+use kube::{Api, Client, Config};
+
+/// A token for `namespace/sa`, valid for an hour, from the TokenRequest API.
+pub async fn mint_token(client: &Client, namespace: &str, sa: &str) -> String {
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: vec![],
+            expiration_seconds: Some(3600),
+            bound_object_ref: None,
+        },
+        ..Default::default()
+    };
+    let api: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
+    let minted = api
+        .create_token_request(sa, &Default::default(), &request)
+        .await
+        .unwrap_or_else(|e| panic!("TokenRequest for {namespace}/{sa}: {e}"));
+    minted.status.expect("a minted token").token
+}
+
+/// A client for the same API server that authenticates with `token` only.
+pub async fn client_with_token(token: &str) -> Client {
+    let mut config = Config::infer().await.expect("kubeconfig");
+    config.auth_info = serde_json::from_value::<AuthInfo>(serde_json::json!({ "token": token }))
+        .expect("an AuthInfo with a token");
+    Client::try_from(config).expect("a client with the token")
+}
+
+/// `kubectl auth can-i VERB RESOURCE[/NAME] [--subresource=SUB] -n NS --as=USER`.
+pub fn can_i(
+    namespace: &str,
+    user: &str,
+    verb: &str,
+    resource: &str,
+    subresource: Option<&str>,
+) -> bool {
+    let mut cmd = Command::new("kubectl");
+    cmd.args([
+        "auth",
+        "can-i",
+        verb,
+        resource,
+        "-n",
+        namespace,
+        &format!("--as={user}"),
+    ]);
+    if let Some(sub) = subresource {
+        cmd.arg(format!("--subresource={sub}"));
+    }
+    let out = cmd.output().expect("running kubectl (it must be on PATH)");
+    let answer = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    match answer.as_str() {
+        "yes" => true,
+        "no" => false,
+        _ => panic!(
+            "kubectl auth can-i {verb} {resource} -n {namespace} --as={user}: {answer:?} {}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    }
+}
+
+/// One `can-i` question and the answer expected.
+pub struct Check<'a> {
+    pub verb: &'a str,
+    pub resource: String,
+    pub subresource: Option<&'a str>,
+    pub namespace: String,
+    pub allowed: bool,
+}
+
+/// Asks every question and fails listing every wrong answer at once.
+pub fn assert_checks(user: &str, checks: &[Check]) {
+    let wrong: Vec<String> = checks
+        .iter()
+        .filter(|c| can_i(&c.namespace, user, c.verb, &c.resource, c.subresource) != c.allowed)
+        .map(|c| {
+            let sub = c
+                .subresource
+                .map(|s| format!(" (subresource {s})"))
+                .unwrap_or_default();
+            let want = if c.allowed { "allowed" } else { "refused" };
+            format!(
+                "{} {}{sub} in {}: expected {want}",
+                c.verb, c.resource, c.namespace
+            )
+        })
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "RBAC for {user} is wrong:\n  {}",
+        wrong.join("\n  ")
+    );
+}
+
+/// Shorthand for a check.
+pub fn check<'a>(
+    namespace: &str,
+    verb: &'a str,
+    resource: &str,
+    subresource: Option<&'a str>,
+    allowed: bool,
+) -> Check<'a> {
+    Check {
+        verb,
+        resource: resource.to_string(),
+        subresource,
+        namespace: namespace.to_string(),
+        allowed,
+    }
+}
