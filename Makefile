@@ -44,6 +44,16 @@ demo: ## The one-command demo: a run whose worker is killed mid-run resumes and 
 test: ## All tests: unit, then integration against a local kube-apiserver + etcd it starts and stops
 	bash hack/test.sh
 
+.PHONY: bench-worker
+bench-worker: ## Figures: a 1,000-step run's API round trips per step, ledger bytes, worker memory
+	bash hack/with-control-plane.sh $(CARGO) run --release --example worker_bench
+
+.PHONY: bench-controller
+bench-controller: ## Figures: takeover lateness, controller memory and writes with 1,000 and 5,000 runs
+	$(CARGO) build --release --bin baton
+	bash hack/with-control-plane.sh $(CARGO) bench --bench controller -- --runs 1000 --window 100
+	bash hack/with-control-plane.sh $(CARGO) bench --bench controller -- --runs 5000 --window 100
+
 .PHONY: control-plane-up
 control-plane-up: ## Start the local kube-apiserver + etcd (builds kube-apiserver once, cached)
 	bash $(CP) up

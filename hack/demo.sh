@@ -8,15 +8,22 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 
-ns=baton-demo
+if [[ -z ${BATON_LOCAL_CONTROL_PLANE:-} ]]; then
+  # Run under the control plane wrapper: it starts a local kube-apiserver + etcd (the first
+  # time it builds kube-apiserver: ~6 min) and stops it after the demo if it started it. The
+  # demo never touches the cluster your own KUBECONFIG names.
+  exec bash hack/with-control-plane.sh bash hack/demo.sh
+fi
+
+# A namespace of its own each time: the local control plane runs no garbage collector, so a
+# previous demo's pods, Lease and ledger would still be there under the same names.
+ns=baton-demo-$(date +%s)
 run=demo
 work=$(mktemp -d "${TMPDIR:-/tmp}/baton-demo.XXXXXX")
 effects=$work/baton-demo-effects.log   # the tools write here: the runner passes TMPDIR on
 runner_addr=127.0.0.1:7391
 admin_addr=127.0.0.1:8089
-cp=hack/control-plane.sh
 pids=()
-started_cp=0
 
 say() { printf '\n\033[1;36m==> %s\033[0m\n' "$*"; }
 
@@ -25,7 +32,6 @@ cleanup() {
   say "cleaning up"
   for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
   for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-  if [[ $started_cp == 1 ]]; then bash "$cp" down >/dev/null 2>&1 || true; fi
   echo "logs were in $work (removed)"; rm -rf "$work"
   exit "$rc"
 }
@@ -33,25 +39,16 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 say "building baton (the first build takes a few minutes)"
-cargo build --bins 2>&1 | grep -E '^(error|warning: unused)|Compiling baton|Finished' || true
+cargo build --bins
 baton=$root/target/debug/baton
 runner=$root/target/debug/baton-runner
 [[ -x $baton && -x $runner ]] || { echo "build failed"; exit 1; }
 
-if bash "$cp" status >/dev/null 2>&1; then
-  say "using the local control plane that is already up"
-else
-  say "starting a local kube-apiserver + etcd (the first time builds kube-apiserver: ~6 min)"
-  started_cp=1
-  bash "$cp" up
-fi
-eval "$(bash "$cp" env)"
 k() { kubectl --request-timeout=10s "$@" 2>/dev/null; }
 
 say "installing the CRDs"
 "$baton" crd --apply
 k create namespace "$ns" >/dev/null || true
-k -n "$ns" delete agentrun "$run" --wait=false >/dev/null || true
 
 say "starting the controller and the local pod runner"
 "$baton" controller --leader-election=false --namespace "$ns" --admin-addr "$admin_addr" \
