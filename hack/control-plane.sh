@@ -7,6 +7,9 @@
 #   hack/control-plane.sh down      stop exactly the processes `up` started, remove the state dir
 #   hack/control-plane.sh status    say whether it is up (exit 0 if up and ready, 1 otherwise)
 #   hack/control-plane.sh env       print `export KUBECONFIG=...` for: eval "$(hack/control-plane.sh env)"
+#   hack/control-plane.sh pause-apiserver / resume-apiserver
+#                                   SIGSTOP / SIGCONT only the kube-apiserver (an unreachable server;
+#                                   the end-to-end test runs it on its own BATON_CP_DIR instance)
 #
 # Binaries, first match wins:
 #   1. envtest convention: $TEST_ASSET_KUBE_APISERVER / $TEST_ASSET_ETCD, or $KUBEBUILDER_ASSETS/{kube-apiserver,etcd}
@@ -56,6 +59,8 @@ Commands:
   down      stop the processes started by 'up' (by PID file) and remove the state dir
   status    report whether the control plane is up (exit 0 if up and ready, 1 otherwise)
   env       print 'export KUBECONFIG=...'; use: eval "\$(${0##*/} env)"
+  pause-apiserver   SIGSTOP the kube-apiserver only (it stops answering, as an unreachable server)
+  resume-apiserver  SIGCONT it
   help      this text
 
 State dir:  $CP_DIR
@@ -779,6 +784,14 @@ cmd_env() {
   printf 'export KUBECONFIG=%q\n' "$KUBECONFIG_PATH"
 }
 
+cmd_signal_apiserver() { # SIGNAL
+  proc_is_ours kube-apiserver || die "kube-apiserver is not running (state in $CP_DIR)"
+  local pid
+  pid=$(<"$CP_DIR/kube-apiserver.pid")
+  kill -"$1" "$pid"
+  log "sent SIG$1 to kube-apiserver (pid $pid)"
+}
+
 on_exit() {
   if [[ -n ${GO_BUILD_PID:-} ]]; then
     kill -TERM "$GO_BUILD_PID" 2>/dev/null || true   # our own background `go build`
@@ -804,6 +817,8 @@ main() {
     down) cmd_down ;;
     status) cmd_status ;;
     env) cmd_env ;;
+    pause-apiserver) cmd_signal_apiserver STOP ;;
+    resume-apiserver) cmd_signal_apiserver CONT ;;
     help | -h | --help) usage ;;
     *) usage >&2; exit 2 ;;
   esac

@@ -4,7 +4,7 @@
 //! | request | effect |
 //! |---|---|
 //! | `GET /pods` | JSON list of the pods the runner knows (namespace, name, pid, detached, finished) |
-//! | `GET /pods/{ns}/{pod}/pid` | the pid (= process group) of the pod's live process |
+//! | `GET /pods/{ns}/{pod}/pid` | the pid (= session id) of the pod's live process |
 //! | `POST /pods/{ns}/{pod}/kill` | SIGKILL the group (kill -9) |
 //! | `POST /pods/{ns}/{pod}/pause` | SIGSTOP the group |
 //! | `POST /pods/{ns}/{pod}/resume` | SIGCONT the group |

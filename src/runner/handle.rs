@@ -11,7 +11,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::process::{Signal, signal_group};
+use super::process::{Signal, signal_container};
 use super::registry::Registry;
 use super::status::is_terminal;
 use super::{Error, PodKey, RunnerConfig, node, watch};
@@ -36,7 +36,7 @@ impl Drop for Ctx {
 
 fn kill_all(registry: &Registry) {
     for pgid in registry.live_groups() {
-        let _ = signal_group(pgid, Signal::Kill);
+        let _ = signal_container(pgid, Signal::Kill);
     }
 }
 
@@ -93,7 +93,7 @@ impl Drop for Inner {
     }
 }
 
-/// The running runner. Cheap to clone; dropping the last clone kills every process group the
+/// The running runner. Cheap to clone; dropping the last clone kills every container (session) the
 /// runner started (without waiting); [`shutdown`](Self::shutdown) does so and waits.
 #[derive(Clone)]
 pub struct RunnerHandle {
@@ -105,7 +105,7 @@ pub struct RunnerHandle {
 pub struct PodInfo {
     pub namespace: String,
     pub name: String,
-    /// The pid (= process group) of its live process.
+    /// The pid (= session and process group id) of its live process.
     pub pid: Option<u32>,
     /// Its status is no longer reported (detached, or force-deleted with orphaning on).
     pub detached: bool,
@@ -128,7 +128,7 @@ impl RunnerHandle {
         &self.ctx().config
     }
 
-    /// The pid (and process group id) of the live process behind a pod.
+    /// The pid (and session id) of the live process behind a pod.
     pub fn pid(&self, namespace: &str, pod: &str) -> Option<u32> {
         self.ctx().registry.pgid(&PodKey::new(namespace, pod))
     }
@@ -147,7 +147,7 @@ impl RunnerHandle {
         }
     }
 
-    /// Sends `signal` to the process group behind a pod.
+    /// Sends `signal` to the container (session) behind a pod.
     pub fn signal(&self, namespace: &str, pod: &str, signal: Signal) -> Result<(), Error> {
         let key = PodKey::new(namespace, pod);
         let pgid = self
@@ -156,10 +156,10 @@ impl RunnerHandle {
             .pgid(&key)
             .ok_or_else(|| Error::NoProcess(key.clone()))?;
         tracing::info!(pod = %key, pgid, ?signal, "signal injected");
-        Ok(signal_group(pgid, signal)?)
+        Ok(signal_container(pgid, signal)?)
     }
 
-    /// kill -9 the process group behind a pod (the pod is then reported Failed, exit 137).
+    /// kill -9 the container (session) behind a pod (the pod is then reported Failed, exit 137).
     pub fn kill(&self, namespace: &str, pod: &str) -> Result<(), Error> {
         self.signal(namespace, pod, Signal::Kill)
     }
@@ -238,7 +238,7 @@ impl RunnerHandle {
         Ok(drained)
     }
 
-    /// Stops watching, kills every process group the runner started and waits until they are
+    /// Stops watching, kills every container (session) the runner started and waits until they are
     /// reaped (up to 10 s). Statuses are not reported for processes killed this way. Idempotent.
     pub async fn shutdown(&self) {
         let ctx = self.ctx();

@@ -16,7 +16,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::time::{Instant, sleep, sleep_until};
 
 use super::handle::Ctx;
-use super::process::{self, Signal, signal_group};
+use super::process::{self, Signal, signal_container};
 use super::registry::PodEvent;
 use super::spec::{self, EnvSources, ProcessSpec, SpecContext};
 use super::status::{ContainerInfo, ContainerRun, Exit, pod_status};
@@ -122,7 +122,7 @@ impl Supervisor {
         self.report(ContainerRun::Running { started_at }).await;
         let end = self.watch(&mut child, pid).await;
         // As a container's cgroup: nothing of the group outlives its main process.
-        let _ = signal_group(pid, Signal::Kill);
+        let _ = signal_container(pid, Signal::Kill);
         self.ctx.registry.set_pgid(&self.key, None);
         let (exit, deleting) = match end {
             End::Exited { exit, deleting } => (exit, deleting),
@@ -229,12 +229,12 @@ impl Supervisor {
                 }
                 _ = self.ctx.cancel.cancelled(), if !shutting_down => {
                     shutting_down = true;
-                    let _ = signal_group(pgid, Signal::Kill);
+                    let _ = signal_container(pgid, Signal::Kill);
                 }
                 _ = sleep_until(kill_at.unwrap_or_else(Instant::now)), if kill_at.is_some() => {
                     tracing::info!(pod = %self.key, pgid, "grace period over: SIGKILL");
                     kill_at = None;
-                    let _ = signal_group(pgid, Signal::Kill);
+                    let _ = signal_container(pgid, Signal::Kill);
                 }
                 event = self.rx.recv(), if events_open => match event {
                     Some(PodEvent::Observed(pod)) => {
@@ -245,7 +245,7 @@ impl Supervisor {
                         if !deleting {
                             deleting = true;
                             tracing::info!(pod = %self.key, pgid, grace = grace_seconds(&pod), "graceful deletion: SIGTERM");
-                            let _ = signal_group(pgid, Signal::Term);
+                            let _ = signal_container(pgid, Signal::Term);
                         }
                         if !gone && kill_at.is_none_or(|at| deadline < at) {
                             kill_at = Some(deadline);
@@ -260,7 +260,7 @@ impl Supervisor {
                             self.ctx.registry.detach(&self.key);
                         } else {
                             tracing::info!(pod = %self.key, pgid, "pod deleted from the API: SIGKILL");
-                            let _ = signal_group(pgid, Signal::Kill);
+                            let _ = signal_container(pgid, Signal::Kill);
                         }
                     }
                     None => events_open = false,

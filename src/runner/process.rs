@@ -1,5 +1,6 @@
-//! The process edge: start a pod's process in a process group of its own with its output in a
-//! log file, signal the whole group, and read how it ended.
+//! The process edge: start a pod's process as the leader of a session of its own (the local
+//! stand-in for a container) with its output in a log file, signal every process in that
+//! session, and read how it ended.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
@@ -36,16 +37,26 @@ impl Signal {
     }
 }
 
-/// Sends `signal` to every process in the group `pgid`. A group that no longer exists is not
-/// an error (the processes are already gone).
-pub fn signal_group(pgid: u32, signal: Signal) -> io::Result<()> {
-    let pgid =
-        libc::pid_t::try_from(pgid).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-    if pgid <= 1 {
+/// Sends `signal` to every process of the container led by `leader`: its session. A tool the
+/// worker started in a process group of its own is still in the session, so a kill takes it too,
+/// as a container's cgroup would. A container that no longer exists is not an error.
+pub fn signal_container(leader: u32, signal: Signal) -> io::Result<()> {
+    let sid =
+        libc::pid_t::try_from(leader).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    if sid <= 1 {
         return Err(io::Error::from(io::ErrorKind::InvalidInput));
     }
-    // SAFETY: kill(2) with a negative pid signals a process group; it touches no memory.
-    let rc = unsafe { libc::kill(-pgid, signal.raw()) };
+    send(-sid, signal)?;
+    for pid in session_members(sid) {
+        send(pid, signal)?;
+    }
+    Ok(())
+}
+
+/// kill(2), where a process that is already gone is not an error.
+fn send(pid: libc::pid_t, signal: Signal) -> io::Result<()> {
+    // SAFETY: kill(2) only sends a signal; it touches no memory.
+    let rc = unsafe { libc::kill(pid, signal.raw()) };
     if rc == 0 {
         return Ok(());
     }
@@ -57,9 +68,31 @@ pub fn signal_group(pgid: u32, signal: Signal) -> io::Result<()> {
     }
 }
 
-/// Starts `spec` as the leader of a new process group (as a container's cgroup, a kill of the
-/// group takes every process it started with it), stdin from /dev/null, stdout and stderr
-/// appended to `log`. Returns the child; its pid is also the group id.
+/// The processes whose session id is `sid`, read from /proc.
+fn session_members(sid: libc::pid_t) -> Vec<libc::pid_t> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<libc::pid_t>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|stat| session_of_stat(&stat) == Some(sid))
+        })
+        .collect()
+}
+
+/// The session id in a /proc/PID/stat line: the 4th field after the command, which is in
+/// parentheses and may itself hold spaces and parentheses.
+fn session_of_stat(stat: &str) -> Option<libc::pid_t> {
+    let after_comm = &stat[stat.rfind(')')? + 1..];
+    after_comm.split_whitespace().nth(3)?.parse().ok()
+}
+
+/// Starts `spec` as the leader of a new session (the container: a kill of the session takes
+/// every process it started with it), stdin from /dev/null, stdout and stderr appended to
+/// `log`. Returns the child; its pid is also the session and group id.
 pub fn spawn(spec: &ProcessSpec, log: &Path) -> io::Result<Child> {
     let mut out = open_log(log)?;
     writeln!(
@@ -77,8 +110,16 @@ pub fn spawn(spec: &ProcessSpec, log: &Path) -> io::Result<Child> {
         .stdin(Stdio::null())
         .stdout(Stdio::from(out))
         .stderr(Stdio::from(err))
-        .process_group(0)
         .kill_on_drop(false);
+    // SAFETY: setsid(2) is async-signal-safe and the closure allocates nothing.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setsid() < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
     if let Some(dir) = &spec.working_dir {
         cmd.current_dir(dir);
     }
@@ -144,25 +185,73 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn own_group_and_group_kill() {
+    async fn own_session_and_container_kill() {
         let log = log_path("group");
         let mut child = spawn(&sh("sleep 30"), &log).unwrap();
         let pid = child.id().unwrap();
-        // SAFETY: getpgid reads the process group of a live child.
-        let pgid = unsafe { libc::getpgid(pid as libc::pid_t) };
-        assert_eq!(pgid as u32, pid, "the child leads its own process group");
-        signal_group(pid, Signal::Kill).unwrap();
+        // SAFETY: getsid reads the session of a live child.
+        let sid = unsafe { libc::getsid(pid as libc::pid_t) };
+        assert_eq!(sid as u32, pid, "the child leads its own session");
+        signal_container(pid, Signal::Kill).unwrap();
         assert_eq!(
             exit_of(child.wait().await.unwrap()),
             Exit::Signal(libc::SIGKILL)
         );
-        signal_group(pid, Signal::Kill).expect("a vanished group is not an error");
+        signal_container(pid, Signal::Kill).expect("a vanished container is not an error");
         let _ = std::fs::remove_file(log);
+    }
+
+    #[tokio::test]
+    async fn a_kill_reaches_a_grandchild_in_a_process_group_of_its_own() {
+        let dir = std::env::temp_dir().join(format!("baton-runner-unit-{}-pg", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let pidfile = dir.join("grandchild.pid");
+        // A process group of its own inside the same session, as the worker's shell tool makes
+        // for each command (`setsid` would leave the session: no container does that by itself).
+        let script = format!(
+            "python3 -c 'import os, time; os.setpgid(0, 0); open(\"{}\", \"w\").write(str(os.getpid())); time.sleep(30)' & wait",
+            pidfile.display()
+        );
+        let mut child = spawn(&sh(&script), &log_path("pg")).unwrap();
+        let grandchild = wait_for_pid_file(&pidfile).await;
+        // SAFETY: getpgid reads the process group of a live process.
+        let pgid = unsafe { libc::getpgid(grandchild) };
+        assert_ne!(
+            pgid as u32,
+            child.id().unwrap(),
+            "the grandchild has a group of its own"
+        );
+        signal_container(child.id().unwrap(), Signal::Kill).unwrap();
+        let _ = child.wait().await;
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        let alive = std::fs::read_to_string(format!("/proc/{grandchild}/stat"))
+            .is_ok_and(|s| !s.contains(") Z "));
+        assert!(!alive, "the grandchild outlived its container");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    async fn wait_for_pid_file(path: &Path) -> libc::pid_t {
+        for _ in 0..100 {
+            if let Some(pid) = std::fs::read_to_string(path)
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+            {
+                return pid;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        panic!("no pid file at {}", path.display());
+    }
+
+    #[test]
+    fn the_session_is_read_past_a_command_with_spaces_and_parentheses() {
+        assert_eq!(session_of_stat("42 (a (b) c) S 1 42 42 0 -1"), Some(42));
+        assert_eq!(session_of_stat("garbage"), None);
     }
 
     #[test]
     fn refuses_to_signal_init_or_everything() {
-        assert!(signal_group(0, Signal::Kill).is_err());
-        assert!(signal_group(1, Signal::Kill).is_err());
+        assert!(signal_container(0, Signal::Kill).is_err());
+        assert!(signal_container(1, Signal::Kill).is_err());
     }
 }

@@ -1,0 +1,197 @@
+//! The randomized chaos test: N scripted runs (default 20; `BATON_CHAOS_RUNS`), random faults
+//! (kill -9, pause past the lease then resume, graceful delete = drain, controller restart)
+//! from a seed it prints (`BATON_CHAOS_SEED` replays one), then the invariants:
+//! - every run reaches a terminal phase (Succeeded, or Interrupted after maxAttempts deaths);
+//! - no non-idempotent tool effect ran twice, and a Succeeded run lost no effect except an
+//!   in-flight step it reports as unknown;
+//! - no write from a stale fence was accepted: no segment after a `claimed{F}` seal has a
+//!   fence below F, nothing follows `closed`, and the status fence equals the last seal;
+//! - every transcript is contiguous, and no segment changed after it was first seen.
+
+mod e2e_support;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use baton::crd::v1alpha1::Phase;
+use e2e_support::*;
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+
+#[derive(Debug, Clone, Copy)]
+enum Fault {
+    Kill,
+    Pause,
+    Drain,
+    ControllerRestart,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos() {
+    let seed: u64 = std::env::var("BATON_CHAOS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random);
+    let n: usize = std::env::var("BATON_CHAOS_RUNS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20);
+    eprintln!("chaos: seed {seed} (replay with BATON_CHAOS_SEED={seed}), {n} runs");
+    let mut rng = StdRng::seed_from_u64(seed);
+
+    let mut env = E2e::start("chaos").await;
+    let names: Vec<String> = (0..n).map(|i| format!("chaos-{i:03}")).collect();
+    for name in &names {
+        let script = Script {
+            turns: rng.random_range(4..=6),
+            think_ms: rng.random_range(100..=400),
+            tool_ms: rng.random_range(800..=2000),
+        };
+        env.create(&scripted_run(&env.effects, name, &script)).await;
+    }
+
+    // Faults, for a window, at most 3 per run.
+    let started = Instant::now();
+    let window = Duration::from_secs(
+        std::env::var("BATON_CHAOS_WINDOW")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(60),
+    );
+    let mut faults: BTreeMap<String, usize> = BTreeMap::new();
+    let mut log = Vec::new();
+    let mut resumers = Vec::new();
+    let mut paused = std::collections::BTreeSet::new();
+    let mut drained = std::collections::BTreeSet::new();
+    let pause_for = Duration::from_secs(lease().duration_seconds as u64 + 3);
+    while started.elapsed() < window {
+        tokio::time::sleep(Duration::from_millis(rng.random_range(300..=1000))).await;
+        let fault = match rng.random_range(0..10) {
+            0..=2 => Fault::Kill,
+            3..=4 => Fault::Pause,
+            5..=7 => Fault::Drain,
+            _ => Fault::ControllerRestart,
+        };
+        let t = started.elapsed().as_secs_f64();
+        if let Fault::ControllerRestart = fault {
+            env.kill_controller(0);
+            let down = Duration::from_millis(rng.random_range(0..=2000));
+            tokio::time::sleep(down).await;
+            env.start_controller(0);
+            log.push(format!("{t:6.1}s controller restart (down {down:?})"));
+            continue;
+        }
+        // A run with a live, unpaused worker and fault budget left.
+        let api = env.runs();
+        let params = Default::default();
+        let runs = retry(|| api.list(&params)).await.items;
+        if runs
+            .iter()
+            .all(|r| r.status.as_ref().is_some_and(|s| s.phase.is_terminal()))
+        {
+            break;
+        }
+        let mut live = Vec::new();
+        for run in runs {
+            let name = run.metadata.name.clone().unwrap_or_default();
+            let st = run.status.unwrap_or_default();
+            if faults.get(&name).copied().unwrap_or(0) >= 3 || st.phase != Phase::Running {
+                continue;
+            }
+            let Some(pod) = st.worker.clone() else {
+                continue;
+            };
+            if paused.contains(&pod) || (matches!(fault, Fault::Drain) && drained.contains(&pod)) {
+                continue;
+            }
+            if env.runner.pid(&env.ns, &pod).is_some() {
+                live.push((name, pod));
+            }
+        }
+        if live.is_empty() {
+            if names
+                .iter()
+                .all(|n| faults.get(n).copied().unwrap_or(0) >= 3)
+            {
+                break;
+            }
+            continue;
+        }
+        let (name, pod) = live[rng.random_range(0..live.len())].clone();
+        let ok = match fault {
+            Fault::Kill => env.runner.kill(&env.ns, &pod).is_ok(),
+            Fault::Pause => {
+                let ok = env.runner.pause(&env.ns, &pod).is_ok();
+                paused.insert(pod.clone());
+                let runner = env.runner.clone();
+                let ns = env.ns.clone();
+                let pod = pod.clone();
+                resumers.push(tokio::spawn(async move {
+                    tokio::time::sleep(pause_for).await;
+                    let _ = runner.resume(&ns, &pod);
+                }));
+                ok
+            }
+            Fault::Drain => {
+                env.delete_pod(&pod).await;
+                drained.insert(pod.clone());
+                true
+            }
+            Fault::ControllerRestart => unreachable!(),
+        };
+        if ok {
+            *faults.entry(name.clone()).or_default() += 1;
+            log.push(format!("{t:6.1}s {fault:?} {pod}"));
+        }
+    }
+    for r in resumers {
+        let _ = r.await;
+    }
+    eprintln!("chaos: {} faults injected:\n{}", log.len(), log.join("\n"));
+
+    // Every run ends.
+    for name in &names {
+        env.wait_terminal(name).await;
+    }
+    eprintln!("chaos: all runs terminal after {:?}", started.elapsed());
+
+    env.check_invariants(&names, true).await;
+    let effects = env.effects();
+    let mut tally: BTreeMap<&str, usize> = BTreeMap::new();
+    for name in &names {
+        let run = env.get(name).await;
+        let st = run.status.clone().unwrap_or_default();
+        *tally.entry(st.phase.as_str()).or_default() += 1;
+        let turns = run.spec.agent.model.script.len() - 1;
+        match st.phase {
+            Phase::Succeeded => {
+                assert_eq!(
+                    st.output.as_deref(),
+                    Some(format!("{name}: all {turns} turns done").as_str()),
+                    "seed {seed}"
+                );
+                // An effect that never landed must be a reported unknown (in-flight) step.
+                for turn in 1..=turns {
+                    if effects.count(name, turn) == 0 {
+                        assert!(
+                            st.unknown_effects.iter().any(|u| u.step == turn as i64),
+                            "seed {seed}: {name} turn {turn} never ran and is not reported: {:#?}",
+                            st.unknown_effects
+                        );
+                    }
+                }
+            }
+            Phase::Interrupted => {
+                assert_eq!(
+                    st.reason.as_deref(),
+                    Some("MaxAttemptsExceeded"),
+                    "seed {seed}: {name}: {st:#?}"
+                );
+                assert!(st.failed_attempts >= run.spec.max_attempts, "{st:#?}");
+            }
+            other => panic!("seed {seed}: {name} ended {other}: {st:#?}"),
+        }
+    }
+    eprintln!("chaos: seed {seed}: outcomes {tally:?}");
+    env.finish().await;
+}
