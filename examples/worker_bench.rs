@@ -74,6 +74,7 @@ fn config(ns: &str, pod: &str, stats_file: &std::path::Path) -> WorkerConfig {
         handoff_grace: Duration::from_secs(20),
         progress_interval: Duration::from_secs(1),
         stats_file: Some(stats_file.to_path_buf()),
+        segment_budget: baton::ledger::SEGMENT_BUDGET_BYTES,
     }
 }
 

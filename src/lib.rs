@@ -10,6 +10,7 @@ pub mod ledger;
 pub mod rbac;
 pub mod runner;
 pub mod status;
+pub mod telemetry;
 pub mod worker;
 
 /// Errors that reach the binary's `main`.

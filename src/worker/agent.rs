@@ -3,6 +3,7 @@
 //! a failure, a stop, a handoff or an input wait.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use tokio_util::sync::CancellationToken;
 
@@ -81,7 +82,7 @@ async fn call_model(s: &mut Session) -> Result<ModelTurn, Ending> {
     });
     let cancel = CancellationToken::new();
     let result = tokio::select! {
-        r = model.complete(&request, &tx, &cancel) => Some(r),
+        r = model.complete(&request, &tx, &cancel, &s.metrics) => Some(r),
         _ = s.guard.token().cancelled() => None,
         _ = s.interrupts.stop.cancelled() => None,
         _ = s.interrupts.handoff.cancelled() => None,
@@ -93,12 +94,14 @@ async fn call_model(s: &mut Session) -> Result<ModelTurn, Ending> {
         None => Err(interrupted(s).unwrap_or(Ending::Lost)),
         Some(Ok(turn)) => Ok(turn),
         Some(Err(_)) if interrupted(s).is_some() => Err(interrupted(s).unwrap_or(Ending::Lost)),
+        // Providers already scrub the key from what a server says; this is the last check
+        // before the ledger, status and logs.
         Some(Err(ModelError::Permanent { message, .. })) => Err(Ending::Failed {
             reason: "ProviderError".into(),
-            message,
+            message: s.redact(&message),
         }),
         Some(Err(err @ ModelError::Retryable { .. })) => Err(Ending::GaveUp {
-            message: err.to_string(),
+            message: s.redact(&err.to_string()),
         }),
     }
 }
@@ -129,9 +132,11 @@ async fn run_call(s: &mut Session, call: ModelToolCall) -> Option<Ending> {
             .as_ref()
             .is_some_and(|t| tools::is_idempotent(t, &call.arguments)),
     };
+    let sent_at = Instant::now();
     if let Err(err) = s.append(vec![intent]).await {
         return Some(refused(err));
     }
+    s.metrics.step_appended(sent_at.elapsed());
     s.publish_steps();
     let Some(tool) = tool else {
         let output = format!("there is no tool named {:?}", call.tool);
@@ -194,8 +199,9 @@ pub async fn run_tool(s: &Session, tool: &ToolSpec, arguments: &str, step: i64) 
             kill.cancel();
         })
     };
-    let output = tools::run(tool, arguments, &s.tool_env(step), &kill).await;
+    let mut output = tools::run(tool, arguments, &s.tool_env(step), &kill).await;
     escalate.abort();
+    output.output = s.redact(&output.output);
     if s.guard.is_lost() {
         ToolRun::Lost
     } else if kill.is_cancelled() {

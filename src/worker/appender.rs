@@ -2,12 +2,14 @@
 //! Events are buffered and flushed every `interval` or `max_events`, whichever first; the hot
 //! path's `stepIntent` append carries the buffer and is the only append it awaits.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{debug, warn};
 
 use super::guard::LostGuard;
+use super::metrics::{AppendKind, FenceRejection, WorkerMetrics};
 use crate::crd::v1alpha1::{LedgerEvent, LedgerSegment, LedgerStats};
 use crate::ledger::{LedgerError, SegmentStore, event_bytes};
 
@@ -73,6 +75,14 @@ enum Command {
     },
 }
 
+/// Where the appender starts: this attempt's fence, the ledger's tail and its size.
+#[derive(Debug, Clone)]
+pub struct Start {
+    pub fence: i64,
+    pub tail: i64,
+    pub stats: LedgerStats,
+}
+
 /// The handle the agent talks to.
 #[derive(Clone)]
 pub struct Appender {
@@ -80,27 +90,27 @@ pub struct Appender {
 }
 
 impl Appender {
-    /// Starts the appender at `tail` with the ledger's current size.
+    /// Starts the appender at `start`.
     pub fn spawn(
         store: SegmentStore,
-        fence: i64,
-        tail: i64,
-        stats: LedgerStats,
+        start: Start,
         max_bytes: u64,
         policy: FlushPolicy,
         guard: LostGuard,
+        metrics: Arc<WorkerMetrics>,
     ) -> (Self, watch::Receiver<LedgerStats>) {
         let (tx, rx) = mpsc::unbounded_channel();
-        let (stats_tx, stats_rx) = watch::channel(stats.clone());
+        let (stats_tx, stats_rx) = watch::channel(start.stats.clone());
         let task = Task {
             store,
-            fence,
-            tail,
-            stats,
+            fence: start.fence,
+            tail: start.tail,
+            stats: start.stats,
             stats_tx,
             max_bytes,
             policy,
             guard,
+            metrics,
             buffer: Vec::new(),
             oldest: None,
             slipped: Vec::new(),
@@ -143,6 +153,7 @@ struct Task {
     max_bytes: u64,
     policy: FlushPolicy,
     guard: LostGuard,
+    metrics: Arc<WorkerMetrics>,
     buffer: Vec<LedgerEvent>,
     oldest: Option<Instant>,
     slipped: Vec<LedgerSegment>,
@@ -157,7 +168,7 @@ impl Task {
             let command = tokio::select! {
                 c = rx.recv() => c,
                 _ = sleep_until(deadline) => {
-                    let _ = self.flush(Vec::new()).await;
+                    let _ = self.flush(Vec::new(), AppendKind::Flush).await;
                     continue;
                 }
             };
@@ -170,7 +181,7 @@ impl Task {
                         .policy
                         .due(self.buffer.len(), self.oldest, Instant::now())
                     {
-                        let _ = self.flush(Vec::new()).await;
+                        let _ = self.flush(Vec::new(), AppendKind::Flush).await;
                     }
                 }
                 Some(Command::Append {
@@ -182,10 +193,13 @@ impl Task {
                         self.buffer
                             .retain(|e| !matches!(e, LedgerEvent::ModelDelta { .. }));
                     }
-                    let result = self.flush(events).await.map(|mut acked| {
-                        acked.slipped = std::mem::take(&mut self.slipped);
-                        acked
-                    });
+                    let result = self
+                        .flush(events, AppendKind::Awaited)
+                        .await
+                        .map(|mut acked| {
+                            acked.slipped = std::mem::take(&mut self.slipped);
+                            acked
+                        });
                     let _ = ack.send(result);
                 }
             }
@@ -194,7 +208,11 @@ impl Task {
 
     /// Appends the buffer followed by `events`, retrying transient errors until the lease
     /// would expire. A retried create that had landed is recognised as our own write.
-    async fn flush(&mut self, extra: Vec<LedgerEvent>) -> Result<Acked, AppendError> {
+    async fn flush(
+        &mut self,
+        extra: Vec<LedgerEvent>,
+        kind: AppendKind,
+    ) -> Result<Acked, AppendError> {
         let mut events = std::mem::take(&mut self.buffer);
         self.oldest = None;
         events.extend(extra);
@@ -217,12 +235,13 @@ impl Task {
                 max: self.max_bytes,
             }));
         }
-        self.append_with_retries(events).await
+        self.append_with_retries(events, kind).await
     }
 
     async fn append_with_retries(
         &mut self,
         events: Vec<LedgerEvent>,
+        kind: AppendKind,
     ) -> Result<Acked, AppendError> {
         let mut backoff = Duration::from_millis(100);
         let mut requests = 0;
@@ -240,7 +259,7 @@ impl Task {
             match attempt {
                 Ok(appended) => {
                     requests += (appended.written.len() + 2 * appended.slipped.len()) as u64;
-                    self.record(&appended.written);
+                    self.record(&appended.written, kind);
                     self.tail = appended.tail;
                     self.slipped.extend(appended.slipped);
                     debug!(tail = self.tail, "appended");
@@ -251,6 +270,9 @@ impl Task {
                     });
                 }
                 Err(err) if err.is_lost() => {
+                    if let Some(rejection) = FenceRejection::of_ledger(&err) {
+                        self.metrics.fence_rejected(rejection);
+                    }
                     self.guard.lose(err.to_string());
                     return Err(self.refuse(AppendError::Lost(err.to_string())));
                 }
@@ -271,7 +293,8 @@ impl Task {
         *backoff = (*backoff * 2).min(Duration::from_secs(2));
     }
 
-    fn record(&mut self, written: &[LedgerSegment]) {
+    fn record(&mut self, written: &[LedgerSegment], kind: AppendKind) {
+        let before = self.stats.bytes;
         for seg in written {
             self.stats.segments += 1;
             self.stats.events += seg.spec.events.len() as i64;
@@ -282,6 +305,9 @@ impl Task {
                 .map(|e| event_bytes(e).unwrap_or(0) as i64)
                 .sum::<i64>();
         }
+        let bytes = (self.stats.bytes - before).max(0) as u64;
+        self.metrics
+            .ledger_appended(kind, written.len() as u64, bytes);
         let _ = self.stats_tx.send(self.stats.clone());
     }
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 use tracing::{info, warn};
 
 use super::agent::refused;
+use super::metrics::FenceRejection;
 use super::progress::{self, Progress};
 use super::session::Session;
 use crate::crd::v1alpha1::{AgentRunStatus, LedgerEvent, LedgerStats, Phase};
@@ -213,7 +214,10 @@ async fn write_phase(s: &Session, ending: &Ending) -> Result<(), StatusError> {
         let change = |st: &mut AgentRunStatus| phase_change(st, ending, &salvage, &p, &ledger);
         match fenced_update(&s.runs, &name, s.fence(), change).await {
             Ok(_) => return Ok(()),
-            Err(err @ StatusError::FenceMoved { .. }) => return Err(err),
+            Err(err @ StatusError::FenceMoved { .. }) => {
+                s.metrics.fence_rejected(FenceRejection::StatusFenceMoved);
+                return Err(err);
+            }
             Err(err) => last = Some(err),
         }
     }

@@ -1,6 +1,7 @@
 //! Off the hot path: lease renewals every `renewSeconds`, and a watch on the AgentRun that
 //! notices `spec.stop` and a fence that moved on. Both stop for good when the run is lost.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -9,6 +10,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use tracing::{info, warn};
 
 use super::guard::{Interrupts, LostGuard};
+use super::metrics::{FenceRejection, RenewalFailure, WorkerMetrics};
 use crate::crd::v1alpha1::{AgentRun, LeaseSpec};
 use crate::lease::WorkerLease;
 
@@ -46,20 +48,30 @@ pub fn next_step(valid_until: Instant, now: Instant) -> RenewStep {
 }
 
 /// Renews until the run is lost or the task is aborted.
-pub async fn renew_loop(lease: WorkerLease, timing: RenewTiming, guard: LostGuard) {
+pub async fn renew_loop(
+    lease: WorkerLease,
+    timing: RenewTiming,
+    guard: LostGuard,
+    metrics: Arc<WorkerMetrics>,
+) {
     loop {
         tokio::select! {
             _ = tokio::time::sleep(timing.every) => {}
             _ = guard.token().cancelled() => return,
         }
-        if !renew_once(&lease, timing, &guard).await {
+        if !renew_once(&lease, timing, &guard, &metrics).await {
             return;
         }
     }
 }
 
 /// One renewal, retried until it lands or the lease would expire. False once lost.
-pub async fn renew_once(lease: &WorkerLease, timing: RenewTiming, guard: &LostGuard) -> bool {
+pub async fn renew_once(
+    lease: &WorkerLease,
+    timing: RenewTiming,
+    guard: &LostGuard,
+    metrics: &WorkerMetrics,
+) -> bool {
     loop {
         let budget = match next_step(guard.valid_until(), Instant::now()) {
             RenewStep::Renew { budget } => budget,
@@ -69,20 +81,26 @@ pub async fn renew_once(lease: &WorkerLease, timing: RenewTiming, guard: &LostGu
             }
         };
         let sent_at = Instant::now();
-        match tokio::time::timeout(budget, lease.renew()).await {
+        let renewal = tokio::time::timeout(budget, lease.renew()).await;
+        metrics.lease_renewed(sent_at.elapsed());
+        match renewal {
             Ok(Ok(_)) => {
                 guard.renewed(sent_at, timing.duration);
                 return true;
             }
             Ok(Err(err)) if err.is_lost() => {
+                metrics.lease_renewal_failed(RenewalFailure::Lost);
+                metrics.fence_rejected(FenceRejection::LeaseLost);
                 guard.lose(err.to_string());
                 return false;
             }
             Ok(Err(err)) => {
+                metrics.lease_renewal_failed(RenewalFailure::Error);
                 warn!(error = %err, "lease renewal failed; retrying");
                 tokio::time::sleep(Duration::from_millis(500).min(budget)).await;
             }
             Err(_) => {
+                metrics.lease_renewal_failed(RenewalFailure::Timeout);
                 guard.lose("the lease renewal did not land before the lease would expire");
                 return false;
             }

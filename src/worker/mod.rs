@@ -11,13 +11,17 @@
 //!   further write; a worker superseded before it started exits 0 quietly.
 //! - An older owner's segments that slip in before an append are folded into the replay
 //!   after what this attempt buffered (the seal makes that practically impossible).
+//! - Metrics (`baton_worker_*`) and probes are served on `--admin-addr`; a busy port only
+//!   costs the endpoint, never the run.
 
+pub mod admin;
 pub mod agent;
 pub mod api_count;
 pub mod appender;
 pub mod finish;
 pub mod guard;
 pub mod heartbeat;
+pub mod metrics;
 pub mod model;
 pub mod progress;
 pub mod provider;
@@ -28,24 +32,28 @@ pub mod tools;
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use kube::{Api, Client};
 use tokio::sync::watch;
 use tracing::{Instrument, error, info, info_span};
 
+use admin::{AdminAddr, AdminState, DEFAULT_ADMIN_ADDR};
 use api_count::{ApiCounters, counted_client};
 use appender::{Appender, FlushPolicy, stats_of};
 use finish::{Exit, conclude};
 use guard::{Interrupts, LostGuard};
 use heartbeat::{RenewTiming, renew_loop, watch_run};
-use progress::{Progress, progress_loop};
+use metrics::{FenceRejection, WorkerMetrics};
+use progress::{FencedRun, Progress, progress_loop};
 use reconcile::Resumed;
 use session::Session;
 
 use crate::crd::v1alpha1::{AgentRun, AgentRunStatus, Phase};
 use crate::lease::{LeaseError, WorkerLease};
-use crate::ledger::{LedgerError, Replay, SegmentStore, check_still_owner};
+use crate::ledger::{LedgerError, Replay, SEGMENT_BUDGET_BYTES, SegmentStore, check_still_owner};
+use crate::telemetry::{LogFormat, init_logging};
 
 /// Default cap on the ledger's size: past it the run ends `Interrupted` (TranscriptTooLarge).
 pub const DEFAULT_MAX_LEDGER_BYTES: u64 = 64 * 1024 * 1024;
@@ -86,6 +94,16 @@ pub struct WorkerArgs {
     /// Write the API request counts (JSON) to this file at exit (used by the benchmark).
     #[arg(long)]
     pub stats_file: Option<PathBuf>,
+    /// Admin server (/metrics, /livez, /readyz); `none` disables it. A busy port is logged
+    /// and skipped.
+    #[arg(long, env = "BATON_ADMIN_ADDR", default_value = DEFAULT_ADMIN_ADDR)]
+    pub admin_addr: AdminAddr,
+    /// Log format.
+    #[arg(long, env = "BATON_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// Serialized events per LedgerSegment, at most (tests use a small one to split events).
+    #[arg(long, hide = true, default_value_t = SEGMENT_BUDGET_BYTES)]
+    pub segment_budget_bytes: usize,
 }
 
 /// The worker's settings.
@@ -101,6 +119,8 @@ pub struct WorkerConfig {
     pub handoff_grace: Duration,
     pub progress_interval: Duration,
     pub stats_file: Option<PathBuf>,
+    /// Serialized events per segment, at most.
+    pub segment_budget: usize,
 }
 
 impl std::fmt::Debug for WorkerConfig {
@@ -131,6 +151,7 @@ impl From<WorkerArgs> for WorkerConfig {
             handoff_grace: Duration::from_secs(a.handoff_grace_seconds),
             progress_interval: Duration::from_millis(a.progress_millis),
             stats_file: a.stats_file,
+            segment_budget: a.segment_budget_bytes.max(1024),
         }
     }
 }
@@ -156,25 +177,38 @@ impl WorkerError {
     }
 }
 
-/// `baton worker`'s entry point: sets up logging, runs one attempt, returns the exit code.
+/// `baton worker`'s entry point: sets up logging and the admin server, runs one attempt,
+/// returns the exit code.
 pub async fn cli_main(args: WorkerArgs) -> u8 {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,kube=warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .try_init();
-    run(args.into()).await.code()
+    init_logging(args.log_format);
+    let state = AdminState {
+        metrics: Arc::new(WorkerMetrics::new()),
+        ready: Arc::new(AtomicBool::new(false)),
+    };
+    let admin = admin::start(args.admin_addr, state.clone()).await;
+    let exit = run_observed(args.into(), state).await;
+    if let Some(server) = admin {
+        server.abort();
+    }
+    exit.code()
 }
 
-/// Runs one attempt.
+/// Runs one attempt, with metrics nobody serves.
 pub async fn run(cfg: WorkerConfig) -> Exit {
+    let state = AdminState {
+        metrics: Arc::new(WorkerMetrics::new()),
+        ready: Arc::default(),
+    };
+    run_observed(cfg, state).await
+}
+
+/// Runs one attempt, counting into `state.metrics` and raising `state.ready` once the
+/// attempt holds the run and has replayed its ledger.
+pub async fn run_observed(cfg: WorkerConfig, state: AdminState) -> Exit {
     let span = info_span!("worker", run = %cfg.run, fence = cfg.fence, pod = %cfg.pod);
     let counters = Arc::new(ApiCounters::default());
     let stats_file = cfg.stats_file.clone();
-    let exit = match attempt(cfg, counters.clone()).instrument(span).await {
+    let exit = match attempt(cfg, counters.clone(), state).instrument(span).await {
         Ok(exit) => exit,
         Err(err) => {
             error!(error = %err, label = err.label(), "the attempt failed");
@@ -195,7 +229,12 @@ pub fn may_start(status: Option<&AgentRunStatus>, fence: i64, pod: &str) -> bool
     })
 }
 
-async fn attempt(cfg: WorkerConfig, counters: Arc<ApiCounters>) -> Result<Exit, WorkerError> {
+async fn attempt(
+    cfg: WorkerConfig,
+    counters: Arc<ApiCounters>,
+    state: AdminState,
+) -> Result<Exit, WorkerError> {
+    let metrics = state.metrics.clone();
     let client = counted_client(counters.clone()).await?;
     let runs: Api<AgentRun> = Api::namespaced(client.clone(), &cfg.namespace);
     let lease = WorkerLease::new(
@@ -210,18 +249,25 @@ async fn attempt(cfg: WorkerConfig, counters: Arc<ApiCounters>) -> Result<Exit, 
         return Ok(Exit::Superseded);
     };
     let renewed_at = Instant::now();
-    match lease.renew().await {
+    let renewal = lease.renew().await;
+    metrics.lease_renewed(renewed_at.elapsed());
+    match renewal {
         Ok(_) => {}
-        Err(err) if err.is_lost() => return Ok(Exit::Superseded),
+        Err(err) if err.is_lost() => {
+            metrics.fence_rejected(FenceRejection::LeaseLost);
+            return Ok(Exit::Superseded);
+        }
         Err(err) => return Err(err.into()),
     }
     let timing = RenewTiming::from_spec(&run.spec.lease);
     let guard = LostGuard::new(renewed_at, timing.duration);
     let interrupts = Interrupts::default();
-    let mut s = open_session(cfg, client, runs, run, lease, guard, interrupts, counters).await?;
-    let Some(mut s) = s.take() else {
+    let parts = (client, runs, run, lease);
+    let s = open_session(cfg, parts, guard, interrupts, counters, metrics).await?;
+    let Some(mut s) = s else {
         return Ok(Exit::Lost);
     };
+    state.ready.store(true, Ordering::Relaxed);
     let plan = resume::plan(&s.replay, s.spec());
     let (ending, record) = match reconcile::resume(&mut s, plan).await {
         Resumed::End { ending, record } => (ending, record),
@@ -251,20 +297,18 @@ async fn start_check(
 
 /// Starts the background tasks, lists and replays the ledger. `None`: the ledger shows a
 /// newer owner or a close, so the run is lost.
-#[allow(clippy::too_many_arguments)]
 async fn open_session(
     cfg: WorkerConfig,
-    client: Client,
-    runs: Api<AgentRun>,
-    run: AgentRun,
-    lease: WorkerLease,
+    (client, runs, run, lease): (Client, Api<AgentRun>, AgentRun, WorkerLease),
     guard: LostGuard,
     interrupts: Interrupts,
     counters: Arc<ApiCounters>,
+    metrics: Arc<WorkerMetrics>,
 ) -> Result<Option<Session>, WorkerError> {
     let timing = RenewTiming::from_spec(&run.spec.lease);
+    let renewals = renew_loop(lease.clone(), timing, guard.clone(), metrics.clone());
     let mut heartbeat = vec![
-        tokio::spawn(renew_loop(lease.clone(), timing, guard.clone()).in_current_span()),
+        tokio::spawn(renewals.in_current_span()),
         tokio::spawn(
             watch_run(
                 runs.clone(),
@@ -277,21 +321,25 @@ async fn open_session(
         ),
     ];
     heartbeat.push(tokio::spawn(on_sigterm(interrupts.clone())));
-    let store = SegmentStore::for_run(client.clone(), &run);
+    let store = SegmentStore::for_run(client.clone(), &run).with_budget(cfg.segment_budget);
     let segments = store.list().await?;
     if let Err(err) = check_still_owner(&segments, cfg.fence) {
         guard.lose(err.to_string());
         return Ok(None);
     }
     let replay = Replay::from_segments(&segments)?;
+    let start = appender::Start {
+        fence: cfg.fence,
+        tail: replay.tail,
+        stats: stats_of(&segments),
+    };
     let (appender, ledger_stats) = Appender::spawn(
         store,
-        cfg.fence,
-        replay.tail,
-        stats_of(&segments),
+        start,
         cfg.max_ledger_bytes,
         cfg.flush,
         guard.clone(),
+        metrics.clone(),
     );
     let progress = Progress {
         steps: replay.last_step(),
@@ -303,13 +351,16 @@ async fn open_session(
     let (progress_tx, progress_rx) = watch::channel(progress);
     let progress_task = tokio::spawn(
         progress_loop(
-            runs.clone(),
-            cfg.run.clone(),
-            cfg.fence,
+            FencedRun {
+                api: runs.clone(),
+                name: cfg.run.clone(),
+                fence: cfg.fence,
+            },
             progress_rx,
             ledger_stats.clone(),
             cfg.progress_interval,
             guard.clone(),
+            metrics.clone(),
         )
         .in_current_span(),
     );
@@ -329,6 +380,7 @@ async fn open_session(
         replay,
         progress: progress_tx,
         counters,
+        metrics,
         model,
         pending: Vec::new(),
         drop_deltas: false,
@@ -363,6 +415,41 @@ async fn on_sigterm(interrupts: Interrupts) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        worker: WorkerArgs,
+    }
+
+    fn parse(args: &[&str]) -> WorkerArgs {
+        use clap::Parser;
+        let base = ["baton", "--run=r", "--namespace=n", "--fence=1", "--pod=p"];
+        Cli::parse_from(base.iter().chain(args)).worker
+    }
+
+    #[test]
+    fn the_api_key_never_shows_in_debug_output() {
+        let cfg: WorkerConfig = parse(&["--model-api-key=sk-very-secret-123"]).into();
+        assert_eq!(cfg.api_key.as_deref(), Some("sk-very-secret-123"));
+        let shown = format!("{cfg:?}");
+        assert!(!shown.contains("sk-very-secret"), "{shown}");
+        assert!(shown.contains("<redacted>"), "{shown}");
+    }
+
+    #[test]
+    fn flags_default_to_text_logs_and_the_admin_port() {
+        let args = parse(&[]);
+        assert_eq!(args.log_format, LogFormat::Text);
+        assert_eq!(args.admin_addr, DEFAULT_ADMIN_ADDR.parse().unwrap());
+        let cfg: WorkerConfig = args.into();
+        assert_eq!(cfg.segment_budget, SEGMENT_BUDGET_BYTES);
+        let args = parse(&["--log-format=json", "--admin-addr=none"]);
+        assert_eq!(args.log_format, LogFormat::Json);
+        assert_eq!(args.admin_addr, AdminAddr(None));
+        let cfg: WorkerConfig = parse(&["--segment-budget-bytes=4096"]).into();
+        assert_eq!(cfg.segment_budget, 4096);
+    }
 
     #[test]
     fn only_the_named_worker_of_a_running_run_may_start() {

@@ -1,6 +1,7 @@
 //! Progress in status, off the hot path: steps, unknown effects, ledger size and the Resumed
 //! condition, written by fenced CAS at most every `interval` and only when something changed.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use kube::Api;
@@ -8,6 +9,7 @@ use tokio::sync::watch;
 use tracing::warn;
 
 use super::guard::LostGuard;
+use super::metrics::{FenceRejection, WorkerMetrics};
 use crate::crd::v1alpha1::{AgentRun, AgentRunStatus, LedgerStats, UnknownEffect};
 use crate::status::{StatusError, condition, fenced_update, set_condition};
 
@@ -51,15 +53,22 @@ pub fn apply(status: &mut AgentRunStatus, p: &Progress, ledger: &LedgerStats) {
     }
 }
 
+/// The run whose status progress is written to, under this attempt's fence.
+#[derive(Clone)]
+pub struct FencedRun {
+    pub api: Api<AgentRun>,
+    pub name: String,
+    pub fence: i64,
+}
+
 /// Writes progress whenever it changes, at most every `interval`, until aborted or lost.
 pub async fn progress_loop(
-    api: Api<AgentRun>,
-    name: String,
-    fence: i64,
+    run: FencedRun,
     mut progress: watch::Receiver<Progress>,
     mut ledger: watch::Receiver<LedgerStats>,
     interval: Duration,
     guard: LostGuard,
+    metrics: Arc<WorkerMetrics>,
 ) {
     loop {
         tokio::select! {
@@ -69,9 +78,11 @@ pub async fn progress_loop(
         }
         let p = progress.borrow_and_update().clone();
         let l = ledger.borrow_and_update().clone();
-        match fenced_update(&api, &name, fence, |s| apply(s, &p, &l)).await {
+        let write = fenced_update(&run.api, &run.name, run.fence, |s| apply(s, &p, &l));
+        match write.await {
             Ok(_) => {}
             Err(err @ StatusError::FenceMoved { .. }) => {
+                metrics.fence_rejected(FenceRejection::StatusFenceMoved);
                 guard.lose(err.to_string());
                 return;
             }

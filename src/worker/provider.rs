@@ -3,6 +3,7 @@
 
 use tokio_util::sync::CancellationToken;
 
+use super::metrics::WorkerMetrics;
 use super::model::anthropic::AnthropicModel;
 use super::model::openai::OpenAiModel;
 use super::model::retry::{RetryPolicy, with_retries};
@@ -42,14 +43,26 @@ impl Model {
         }
     }
 
-    /// The next turn, retrying retryable failures; `cancel` ends it at once.
+    /// The next turn, retrying retryable failures; `cancel` ends it at once. Every request
+    /// and every retry is counted in `metrics`.
     pub async fn complete(
         &self,
         request: &ModelRequest,
         deltas: &DeltaSink,
         cancel: &CancellationToken,
+        metrics: &WorkerMetrics,
     ) -> Result<ModelTurn, ModelError> {
         let policy = RetryPolicy::default();
-        with_retries(&policy, cancel, || self.complete_once(request, deltas)).await
+        let mut calls = 0u32;
+        let call = || {
+            calls += 1;
+            let retry = calls > 1;
+            async move {
+                let result = self.complete_once(request, deltas).await;
+                metrics.model_called(&result, retry);
+                result
+            }
+        };
+        with_retries(&policy, cancel, call).await
     }
 }

@@ -13,6 +13,8 @@ use super::WorkerConfig;
 use super::api_count::ApiCounters;
 use super::appender::{AppendError, Appender};
 use super::guard::{Interrupts, LostGuard};
+use super::metrics::WorkerMetrics;
+use super::model::sse::ApiKey;
 use super::progress::Progress;
 use super::provider::Model;
 use super::tools::ToolEnv;
@@ -36,6 +38,7 @@ pub struct Session {
     pub replay: Replay,
     pub progress: watch::Sender<Progress>,
     pub counters: Arc<ApiCounters>,
+    pub metrics: Arc<WorkerMetrics>,
     /// The model, or why it could not be built (the run fails with that message).
     pub model: Result<Arc<Model>, String>,
     /// Events that go with the next awaited append (the assistant message of a turn).
@@ -101,8 +104,15 @@ impl Session {
         });
     }
 
+    /// `text` with the model API key scrubbed out: a tool could read it from the worker's
+    /// environment (`/proc`), and nothing the ledger stores may hold it.
+    pub fn redact(&self, text: &str) -> String {
+        ApiKey::new(self.cfg.api_key.clone()).redact(text)
+    }
+
     /// Records an unknown effect in status (via progress) and as a Warning Event.
     pub async fn report_unknown(&self, effect: UnknownEffect) {
+        self.metrics.unknown_effect(&effect.resolution);
         let note = format!(
             "step {} ({}) of attempt {}: its worker died before the result was recorded; resolution: {}",
             effect.step, effect.tool, effect.attempt, effect.resolution

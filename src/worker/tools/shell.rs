@@ -9,6 +9,7 @@ use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
 
 use super::{OUTPUT_CAP_BYTES, ToolOutput, capped_text, truncation_marker};
+use crate::crd::env::MODEL_API_KEY;
 
 /// How long to wait for the pipes to close after the group was killed.
 const DRAIN_AFTER_KILL: Duration = Duration::from_secs(2);
@@ -65,7 +66,8 @@ impl ShellResult {
     }
 }
 
-/// Runs `sh -c command` with `vars` added to the environment.
+/// Runs `sh -c command` with `vars` added to the environment, minus the model API key: a
+/// command the model chose must not be able to print it into the ledger.
 pub async fn run(
     command: &str,
     vars: &[(String, String)],
@@ -76,6 +78,7 @@ pub async fn run(
     cmd.arg("-c")
         .arg(command)
         .envs(vars.iter().cloned())
+        .env_remove(MODEL_API_KEY)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -203,6 +206,20 @@ mod tests {
             &CancellationToken::new(),
         )
         .await
+    }
+
+    #[tokio::test]
+    async fn the_model_api_key_is_not_in_a_commands_environment() {
+        let vars = [(MODEL_API_KEY.to_string(), "sk-secret".to_string())];
+        let command = format!("echo ${{{MODEL_API_KEY}:-unset}}; env | grep -c sk-secret");
+        let r = run(
+            &command,
+            &vars,
+            Duration::from_secs(5),
+            &CancellationToken::new(),
+        )
+        .await;
+        assert_eq!(r.stdout, "unset\n0\n");
     }
 
     #[tokio::test]

@@ -1,0 +1,194 @@
+//! Helpers for the `worker_*` tests that drive a real worker through the OpenAI-compatible
+//! provider or watch what it does: Chat Completions streams, a worker started with extra
+//! environment, a watch of the ledger, and a plain HTTP GET for the admin server.
+//!
+//! Included with `#[path]`; as a test target of its own it is empty.
+
+#![allow(dead_code)]
+
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+
+use futures::StreamExt;
+use kube::Api;
+use kube::api::{WatchEvent, WatchParams};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::process::Command;
+
+use baton::crd::v1alpha1::LedgerSegment;
+
+use crate::common::worker_proc::WorkerProc;
+
+// === Chat Completions streams ===
+
+fn data(chunk: Value) -> String {
+    format!("data: {chunk}\n\n")
+}
+
+/// A streamed turn that calls `tool` once with `{"command": command}`, the arguments split
+/// over several deltas.
+pub fn tool_call_stream(call_id: &str, tool: &str, command: &str) -> Vec<String> {
+    let arguments = json!({ "command": command }).to_string();
+    let (head, tail) = arguments.split_at(arguments.len() / 2);
+    let call =
+        |fields: Value| data(json!({"choices": [{"index": 0, "delta": {"tool_calls": [fields]}}]}));
+    vec![
+        data(
+            json!({"choices": [{"index": 0, "delta": {"role": "assistant", "content": "Let me check."}}]}),
+        ),
+        call(
+            json!({"index": 0, "id": call_id, "type": "function", "function": {"name": tool, "arguments": ""}}),
+        ),
+        call(json!({"index": 0, "function": {"arguments": head}})),
+        call(json!({"index": 0, "function": {"arguments": tail}})),
+        data(json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})),
+        "data: [DONE]\n\n".to_string(),
+    ]
+}
+
+/// A streamed final answer, one delta per word.
+pub fn answer_stream(text: &str) -> Vec<String> {
+    let mut pieces: Vec<String> = text
+        .split_inclusive(' ')
+        .map(|w| data(json!({"choices": [{"index": 0, "delta": {"content": w}}]})))
+        .collect();
+    pieces.push(data(
+        json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
+    ));
+    pieces.push("data: [DONE]\n\n".to_string());
+    pieces
+}
+
+/// The `tool` messages of a Chat Completions request body, as (call id, content).
+pub fn tool_messages(body: &Value) -> Vec<(String, String)> {
+    let messages = body["messages"].as_array().cloned().unwrap_or_default();
+    messages
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| {
+            let id = m["tool_call_id"].as_str().unwrap_or_default().to_string();
+            let content = m["content"].as_str().unwrap_or_default().to_string();
+            (id, content)
+        })
+        .collect()
+}
+
+// === worker processes ===
+
+/// `baton worker` like `spawn_worker`, with `env` added to its environment.
+pub fn spawn_worker_env(
+    namespace: &str,
+    run: &str,
+    fence: i64,
+    pod: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> WorkerProc {
+    let log = std::env::temp_dir().join(format!("baton-{namespace}-{pod}.log"));
+    let file = std::fs::File::create(&log).expect("creating the worker log");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_baton"));
+    command
+        .arg("worker")
+        .args(extra)
+        .env("BATON_RUN", run)
+        .env("BATON_NAMESPACE", namespace)
+        .env("BATON_FENCE", fence.to_string())
+        .env("BATON_POD", pod)
+        .env("RUST_LOG", "info,baton=debug,kube=warn");
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    let child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(file))
+        .kill_on_drop(true)
+        .spawn()
+        .expect("starting baton worker");
+    WorkerProc {
+        child,
+        pod: pod.to_string(),
+        log,
+    }
+}
+
+/// The address a worker's admin server listens on, from its log.
+pub fn admin_addr(log: &str) -> Option<String> {
+    let line = log.lines().find(|l| l.contains("admin server listening"))?;
+    let start = line.find("addr=")? + "addr=".len();
+    let addr: String = line[start..]
+        .chars()
+        .take_while(|c| !c.is_whitespace() && *c != '"' && *c != ',')
+        .collect();
+    Some(addr)
+}
+
+/// `GET path` on `addr`: (status code, body).
+pub async fn http_get(addr: &str, path: &str) -> (u16, String) {
+    let mut socket = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("connecting to the admin server");
+    let request = format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n");
+    socket.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    socket.read_to_string(&mut response).await.unwrap();
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// The value of an unlabelled (or fully labelled) sample in a Prometheus exposition.
+pub fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+// === watching the ledger ===
+
+/// Every watch event on LedgerSegments in a namespace, as (type, name, resourceVersion).
+pub struct SegmentWatch {
+    pub seen: Arc<Mutex<Vec<(String, String, String)>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl SegmentWatch {
+    /// Starts watching from now (existing segments are reported as ADDED first).
+    pub async fn start(api: Api<LedgerSegment>) -> Self {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let log = seen.clone();
+        let stream = api
+            .watch(&WatchParams::default().timeout(290), "0")
+            .await
+            .expect("watching segments");
+        let task = tokio::spawn(async move {
+            let mut stream = std::pin::pin!(stream);
+            while let Some(Ok(event)) = stream.next().await {
+                let (kind, seg) = match event {
+                    WatchEvent::Added(s) => ("ADDED", s),
+                    WatchEvent::Modified(s) => ("MODIFIED", s),
+                    WatchEvent::Deleted(s) => ("DELETED", s),
+                    _ => continue,
+                };
+                let name = seg.metadata.name.clone().unwrap_or_default();
+                let rv = seg.metadata.resource_version.clone().unwrap_or_default();
+                log.lock().unwrap().push((kind.to_string(), name, rv));
+            }
+        });
+        Self { seen, task }
+    }
+
+    /// Stops the watch and returns what it saw.
+    pub fn stop(self) -> Vec<(String, String, String)> {
+        self.task.abort();
+        self.seen.lock().unwrap().clone()
+    }
+}
