@@ -1,0 +1,215 @@
+//! Unit tests of the ledger replay.
+
+use super::*;
+use crate::crd::v1alpha1::LedgerSegmentSpec;
+
+fn seg(seq: i64, fence: i64, events: Vec<LedgerEvent>) -> LedgerSegment {
+    LedgerSegment::new(
+        &format!("r-{seq:06}"),
+        LedgerSegmentSpec {
+            run: "r".into(),
+            seq,
+            fence,
+            format: 1,
+            events,
+        },
+    )
+}
+
+fn intent(step: i64) -> LedgerEvent {
+    LedgerEvent::StepIntent {
+        step,
+        tool: "sh".into(),
+        call_id: format!("c{step}"),
+        input: "{}".into(),
+        idempotent: false,
+    }
+}
+
+fn assistant(text: &str) -> LedgerEvent {
+    LedgerEvent::Message {
+        role: Role::Assistant,
+        content: text.into(),
+    }
+}
+
+#[test]
+fn an_intent_without_a_result_is_an_open_step() {
+    let r = Replay::from_segments(&[seg(1, 1, vec![assistant("working"), intent(1)])]).unwrap();
+    assert_eq!(r.open_steps().len(), 1);
+    assert_eq!(r.open_steps()[0].attempt, 1);
+    assert_eq!(r.last_step(), 1);
+}
+
+#[test]
+fn an_unknown_step_tells_the_model_and_a_later_result_replaces_the_notice() {
+    let segments = [
+        seg(1, 1, vec![assistant("a"), intent(1)]),
+        seg(
+            2,
+            2,
+            vec![LedgerEvent::StepUnknown {
+                step: 1,
+                attempt: 1,
+            }],
+        ),
+    ];
+    let mut r = Replay::from_segments(&segments).unwrap();
+    assert!(r.open_steps().is_empty());
+    assert_eq!(r.unknown_steps().len(), 1);
+    let notice = |r: &Replay| {
+        r.messages
+            .iter()
+            .filter_map(|m| match m {
+                ReplayedMessage::ToolResult { content, .. } => Some(content.clone()),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(notice(&r), vec![UNKNOWN_EFFECT_NOTICE.to_string()]);
+
+    r.extend(&[seg(
+        3,
+        2,
+        vec![LedgerEvent::StepResult {
+            step: 1,
+            output: "ok".into(),
+            is_error: false,
+        }],
+    )])
+    .unwrap();
+    assert_eq!(
+        notice(&r),
+        vec!["ok".to_string()],
+        "one result per call, replaced in place"
+    );
+    assert!(r.steps[&1].was_unknown);
+}
+
+#[test]
+fn tool_calls_attach_to_the_assistant_turn_that_made_them() {
+    let segments = [seg(
+        1,
+        1,
+        vec![
+            assistant("two calls"),
+            intent(1),
+            LedgerEvent::StepResult {
+                step: 1,
+                output: "1".into(),
+                is_error: false,
+            },
+            intent(2),
+        ],
+    )];
+    let r = Replay::from_segments(&segments).unwrap();
+    let ReplayedMessage::Assistant { tool_calls, .. } = &r.messages[0] else {
+        panic!("not assistant")
+    };
+    assert_eq!(tool_calls.len(), 2);
+    assert_eq!(r.assistant_turns(), 1);
+}
+
+#[test]
+fn streamed_text_of_a_dead_attempt_is_salvaged_but_never_a_message() {
+    let segments = [
+        seg(1, 1, vec![assistant("first part")]),
+        seg(
+            2,
+            1,
+            vec![LedgerEvent::ModelDelta {
+                text: "half an ans".into(),
+            }],
+        ),
+    ];
+    let r = Replay::from_segments(&segments).unwrap();
+    assert_eq!(r.assistant_turns(), 1);
+    assert_eq!(r.salvage(), "first part\n\nhalf an ans");
+}
+
+#[test]
+fn a_new_attempt_discards_the_streamed_tail() {
+    let segments = [
+        seg(
+            1,
+            1,
+            vec![LedgerEvent::ModelDelta {
+                text: "lost".into(),
+            }],
+        ),
+        seg(
+            2,
+            2,
+            vec![LedgerEvent::AttemptStarted {
+                fence: 2,
+                pod: "p".into(),
+            }],
+        ),
+    ];
+    let r = Replay::from_segments(&segments).unwrap();
+    assert_eq!(r.streamed_tail, "");
+    assert_eq!(r.attempts, vec![2]);
+}
+
+#[test]
+fn final_waiting_and_inputs_are_honoured() {
+    let segments = [
+        seg(
+            1,
+            1,
+            vec![LedgerEvent::WaitingInput {
+                step: 1,
+                question: "which?".into(),
+            }],
+        ),
+        seg(
+            2,
+            2,
+            vec![LedgerEvent::Input {
+                index: 0,
+                content: "that one".into(),
+            }],
+        ),
+        seg(
+            3,
+            2,
+            vec![LedgerEvent::Final {
+                output: "done".into(),
+            }],
+        ),
+    ];
+    let r = Replay::from_segments(&segments[..1]).unwrap();
+    assert_eq!(r.waiting, Some((1, "which?".into())));
+    let r = Replay::from_segments(&segments).unwrap();
+    assert_eq!(r.waiting, None);
+    assert_eq!(r.inputs_consumed, 1);
+    assert_eq!(r.final_output.as_deref(), Some("done"));
+    assert_eq!(r.salvage(), "done");
+    assert_eq!(r.max_fence, 2);
+}
+
+#[test]
+fn a_gap_is_refused() {
+    let err = Replay::from_segments(&[seg(1, 1, vec![]), seg(3, 1, vec![])]).unwrap_err();
+    assert!(matches!(
+        err,
+        LedgerError::Gap {
+            expected: 2,
+            found: 3
+        }
+    ));
+}
+
+#[test]
+fn a_closed_ledger_records_its_seal() {
+    let r = Replay::from_segments(&[seg(
+        1,
+        4,
+        vec![LedgerEvent::Closed {
+            fence: 4,
+            reason: "MaxAttemptsExceeded".into(),
+        }],
+    )])
+    .unwrap();
+    assert_eq!(r.closed, Some((4, "MaxAttemptsExceeded".into())));
+}
