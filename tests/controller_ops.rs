@@ -1,0 +1,130 @@
+//! Operating the controller: its admin endpoints and ttlSecondsAfterFinished retention,
+//! against a real API server, with the test playing the worker.
+
+mod controller_support;
+
+use std::net::TcpListener;
+use std::time::{Duration, Instant};
+
+use baton::crd::v1alpha1::{AgentRun, LedgerEvent, Phase};
+use controller_support::*;
+
+/// A free loopback port for the admin server.
+fn free_addr() -> std::net::SocketAddr {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// Plain HTTP/1.1 GET on loopback; returns (status line, body).
+async fn get(addr: std::net::SocketAddr, path: &str) -> std::io::Result<(String, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    Ok((
+        head.lines().next().unwrap_or_default().to_string(),
+        body.to_string(),
+    ))
+}
+
+/// Polls `path` until it answers 200 (the server starts with the controller); returns the body.
+async fn wait_http_ok(addr: std::net::SocketAddr, path: &str) -> String {
+    let deadline = Instant::now() + T;
+    loop {
+        let answer = tokio::time::timeout(Duration::from_secs(2), get(addr, path)).await;
+        if let Ok(Ok((status, body))) = &answer
+            && status.contains(" 200 ")
+        {
+            return body.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{path} never answered 200: {answer:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Plays a worker that finishes run `name` at fence 1.
+async fn finish_as_worker(ns: &TestNamespace, name: &str) {
+    wait_lease(ns, name, &baton::crd::worker_pod_name(name, 1), 1, T).await;
+    let mut w = FakeWorker::new(ns, name, 1);
+    w.resume().await;
+    w.renew().await.unwrap();
+    w.append(vec![LedgerEvent::Final {
+        output: "done".into(),
+    }])
+    .await
+    .unwrap();
+    w.write_status(|s| {
+        s.phase = Phase::Finishing;
+        s.outcome = Some(Phase::Succeeded);
+        s.output = Some("done".into());
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn admin_endpoints_serve_health_and_metrics_with_claims_counted() {
+    let ns = TestNamespace::new("ctl-admin").await;
+    let addr = free_addr();
+    let mut cfg = config(&ns.name);
+    cfg.admin_addr = Some(addr);
+    let _c = start(&ns.client, cfg);
+    wait_http_ok(addr, "/livez").await;
+    wait_http_ok(addr, "/readyz").await;
+
+    create(&ns, agent_run("r", 10)).await;
+    finish_as_worker(&ns, "r").await;
+    wait_run(&ns, "r", T, |s| s.phase == Phase::Succeeded).await;
+
+    let metrics = wait_http_ok(addr, "/metrics").await;
+    for name in [
+        "baton_claims_total",
+        "baton_runs",
+        "baton_reconciles_total",
+        "baton_api_writes_total",
+    ] {
+        assert!(metrics.contains(name), "/metrics lacks {name}:\n{metrics}");
+    }
+    assert!(
+        metrics.lines().any(|l| l.starts_with("baton_claims_total{")
+            && l.contains("Start")
+            && l.ends_with(" 1")),
+        "one Start claim counted:\n{metrics}"
+    );
+    ns.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_finished_run_is_deleted_after_its_ttl() {
+    let ns = TestNamespace::new("ctl-ttl").await;
+    let _c = start(&ns.client, config(&ns.name));
+    let mut run = agent_run("r", 10);
+    run.spec.ttl_seconds_after_finished = Some(2);
+    create(&ns, run).await;
+    finish_as_worker(&ns, "r").await;
+    wait_run(&ns, "r", T, |s| s.phase == Phase::Succeeded).await;
+    let finished = Instant::now();
+
+    let deadline = finished + T;
+    while ns.api::<AgentRun>().get_opt("r").await.unwrap().is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "the run outlived its ttlSecondsAfterFinished"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Deleted no earlier than the TTL after completion (completionTime is second-granular).
+    assert!(
+        finished.elapsed() >= Duration::from_secs(1),
+        "deleted before its TTL"
+    );
+    ns.cleanup().await;
+}
