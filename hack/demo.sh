@@ -25,6 +25,11 @@ runner_addr=127.0.0.1:7391
 admin_addr=127.0.0.1:8089
 pids=()
 
+command -v kubectl >/dev/null 2>&1 || {
+  echo "the demo shows the run with kubectl, which is not installed: apt-get install kubernetes-client" >&2
+  exit 1
+}
+
 say() { printf '\n\033[1;36m==> %s\033[0m\n' "$*"; }
 
 cleanup() {
