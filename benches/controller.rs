@@ -9,20 +9,28 @@
 //! over the window. Reports takeover lateness after expiry (claim seen by a watch minus
 //! renewal + durationSeconds), controller RSS, API writes per takeover (Events excluded),
 //! reconciles per second.
+//!
+//! The bench works in a fresh namespace and, whatever happens, deletes every run, segment,
+//! Lease, pod, worker ServiceAccount/Role/RoleBinding and Event in it at the end (the local
+//! control plane has no garbage collector and no namespace controller).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use baton::crd::v1alpha1::AgentRun;
+use baton::crd::v1alpha1::{AgentRun, LedgerSegment};
 use baton::lease::WorkerLease;
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{ObjectMeta, PostParams};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Event as CoreEvent, Namespace, Pod, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 
 const DURATION: i32 = 10;
+/// Label on every run the bench creates.
+const BENCH_LABEL: &str = "baton.dev/bench";
 
 struct Args {
     runs: usize,
@@ -66,30 +74,53 @@ async fn main() -> anyhow::Result<()> {
         .await?;
     let port = 18000 + rand::random::<u16>() % 2000;
     let mut controller = spawn_controller(&ns, port)?;
-    let claims = watch_claims(client.clone(), &ns);
+    let result = bench(&client, &ns, port, &args, &mut controller).await;
+    controller.kill().await.ok();
+    cleanup(&client, &ns).await;
+    result
+}
+
+async fn bench(
+    client: &Client,
+    ns: &str,
+    port: u16,
+    args: &Args,
+    controller: &mut tokio::process::Child,
+) -> anyhow::Result<()> {
+    let progress = watch_runs(client.clone(), ns);
     println!(
         "bench: {} runs in namespace {ns}, leases expiring over {} s",
         args.runs, args.window
     );
-    create_runs(&client, &ns, args.runs).await?;
-    wait_started(&client, &ns, args.runs).await;
+    let t = Instant::now();
+    create_runs(client, ns, args.runs).await?;
+    println!(
+        "bench: {} runs created in {:.1} s",
+        args.runs,
+        t.elapsed().as_secs_f64()
+    );
+    let start_timeout = Duration::from_secs(120 + args.runs as u64 / 5);
+    if !wait_started(&progress, args.runs, t, start_timeout).await {
+        anyhow::bail!("not every run started within {start_timeout:?}");
+    }
     let before = scrape(port).await?;
     let started = Instant::now();
-    let expiries = renew_spread(&client, &ns, &args).await;
-    wait_claimed(&claims, args.runs, Duration::from_secs(args.window + 120)).await;
+    let ticker = tokio::spawn(tick(progress.clone(), args.runs, args.window, started));
+    let expiries = renew_spread(client, ns, args).await;
+    wait_claimed(&progress, args.runs, Duration::from_secs(args.window + 120)).await;
+    ticker.abort();
     let elapsed = started.elapsed().as_secs_f64();
     let after = scrape(port).await?;
     let rss = rss_kib(controller.id().unwrap_or_default());
     report(
-        &args,
+        args,
         &expiries,
-        &claims.lock().unwrap(),
+        &progress.lock().unwrap().claimed,
         &before,
         &after,
         elapsed,
         rss,
     );
-    controller.kill().await.ok();
     Ok(())
 }
 
@@ -106,7 +137,7 @@ fn spawn_controller(ns: &str, port: u16) -> anyhow::Result<tokio::process::Child
 fn run_manifest(name: &str) -> AgentRun {
     serde_json::from_value(serde_json::json!({
         "apiVersion": "baton.dev/v1alpha1", "kind": "AgentRun",
-        "metadata": {"name": name},
+        "metadata": {"name": name, "labels": {BENCH_LABEL: "true"}},
         "spec": {"input": "bench",
                  "lease": {"durationSeconds": DURATION, "renewSeconds": 3, "startupSeconds": 3600},
                  "agent": {"model": {"script": [{"text": "x"}]}}}
@@ -124,43 +155,28 @@ async fn create_runs(client: &Client, ns: &str, n: usize) -> anyhow::Result<()> 
                     .await
             }
         })
-        .buffer_unordered(32)
+        .buffer_unordered(16)
         .try_collect::<Vec<_>>()
         .await?;
     Ok(())
 }
 
-async fn wait_started(client: &Client, ns: &str, n: usize) {
-    let api: Api<AgentRun> = Api::namespaced(client.clone(), ns);
-    let t = Instant::now();
-    loop {
-        let runs = api
-            .list(&Default::default())
-            .await
-            .map(|l| l.items)
-            .unwrap_or_default();
-        let started = runs
-            .iter()
-            .filter(|r| r.status.as_ref().is_some_and(|s| s.fence >= 1))
-            .count();
-        if started >= n {
-            println!(
-                "bench: {n} runs started in {:.1} s",
-                t.elapsed().as_secs_f64()
-            );
-            tokio::time::sleep(Duration::from_secs(3)).await;
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+/// What the bench's own watch has seen of the runs.
+#[derive(Default)]
+struct Progress {
+    /// Runs seen at fence >= 1.
+    started: HashSet<String>,
+    /// When each run was first seen claimed for fence 2.
+    claimed: HashMap<String, Instant>,
 }
 
-type Claims = Arc<Mutex<HashMap<String, Instant>>>;
+type Shared = Arc<Mutex<Progress>>;
 
-/// When each run was first seen claimed for fence 2.
-fn watch_claims(client: Client, ns: &str) -> Claims {
-    let claims: Claims = Default::default();
-    let out = claims.clone();
+/// One watch on the runs (no polling lists: 5,000 runs listed twice a second would load the
+/// API server the controller is measured against).
+fn watch_runs(client: Client, ns: &str) -> Shared {
+    let progress: Shared = Default::default();
+    let out = progress.clone();
     let api: Api<AgentRun> = Api::namespaced(client, ns);
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(
@@ -169,15 +185,37 @@ fn watch_claims(client: Client, ns: &str) -> Claims {
                 .applied_objects()
         );
         while let Some(Ok(run)) = stream.next().await {
-            if run.status.as_ref().is_some_and(|s| s.fence >= 2) {
-                out.lock()
-                    .unwrap()
-                    .entry(run.name_any())
-                    .or_insert_with(Instant::now);
+            let fence = run.status.as_ref().map_or(0, |s| s.fence);
+            let mut p = out.lock().unwrap();
+            if fence >= 1 {
+                p.started.insert(run.name_any());
+            }
+            if fence >= 2 {
+                p.claimed.entry(run.name_any()).or_insert_with(Instant::now);
             }
         }
     });
-    claims
+    progress
+}
+
+async fn wait_started(progress: &Shared, n: usize, since: Instant, timeout: Duration) -> bool {
+    loop {
+        let started = progress.lock().unwrap().started.len();
+        if started >= n {
+            let secs = since.elapsed().as_secs_f64();
+            println!(
+                "bench: {n} runs started {secs:.1} s after the first was created ({:.1} runs/s)",
+                n as f64 / secs
+            );
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            return true;
+        }
+        if since.elapsed() > timeout {
+            println!("bench: only {started} of {n} runs started");
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// Renews run i once at i·window/N; returns each run's expected expiry.
@@ -207,30 +245,140 @@ async fn renew_spread(client: &Client, ns: &str, args: &Args) -> HashMap<String,
         .unwrap_or_default()
 }
 
-async fn wait_claimed(claims: &Claims, n: usize, timeout: Duration) {
+/// Every 10 s: how many leases should have expired by now, and how many were taken over.
+async fn tick(progress: Shared, n: usize, window: u64, t0: Instant) {
+    let step = window as f64 / n as f64;
+    loop {
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let t = t0.elapsed().as_secs_f64();
+        let due = (((t - DURATION as f64) / step).floor().max(0.0) as usize).min(n);
+        let claimed = progress.lock().unwrap().claimed.len();
+        println!("bench: t={t:5.0} s  expired≈{due:5}  taken over {claimed:5}");
+    }
+}
+
+async fn wait_claimed(progress: &Shared, n: usize, timeout: Duration) {
     let t = Instant::now();
-    while claims.lock().unwrap().len() < n && t.elapsed() < timeout {
+    while progress.lock().unwrap().claimed.len() < n && t.elapsed() < timeout {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
-/// Sums of the controller's counters: (api writes, reconciles, takeovers).
-async fn scrape(port: u16) -> anyhow::Result<(f64, f64, f64)> {
+/// Deletes what the bench made (the local control plane has no garbage collector and no
+/// namespace controller, so nothing else would): every object of these kinds in the bench's
+/// own namespace, then the namespace.
+async fn cleanup(client: &Client, ns: &str) {
+    let t = Instant::now();
+    let mut left = 0;
+    left += purge::<AgentRun>(client, ns).await;
+    left += purge::<LedgerSegment>(client, ns).await;
+    left += purge::<Lease>(client, ns).await;
+    left += purge::<Pod>(client, ns).await;
+    left += purge::<ServiceAccount>(client, ns).await;
+    left += purge::<Role>(client, ns).await;
+    left += purge::<RoleBinding>(client, ns).await;
+    left += purge::<CoreEvent>(client, ns).await;
+    let _ = Api::<Namespace>::all(client.clone())
+        .delete(ns, &DeleteParams::default())
+        .await;
+    println!(
+        "bench: cleanup of namespace {ns} took {:.1} s ({left} objects left)",
+        t.elapsed().as_secs_f64()
+    );
+}
+
+/// `deletecollection` over the namespace until nothing is left (a large collection can
+/// outlast one request's timeout). Returns how many objects are left.
+async fn purge<K>(client: &Client, ns: &str) -> usize
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+    <K as kube::Resource>::DynamicType: Default,
+{
+    let api: Api<K> = Api::namespaced(client.clone(), ns);
+    let params = DeleteParams::background().grace_period(0);
+    let mut left = usize::MAX;
+    for _ in 0..10 {
+        if let Err(err) = api.delete_collection(&params, &ListParams::default()).await {
+            eprintln!("bench: deleting {}: {err}", K::kind(&Default::default()));
+        }
+        left = api
+            .list_metadata(&ListParams::default())
+            .await
+            .map_or(usize::MAX, |l| l.items.len());
+        if left == 0 {
+            break;
+        }
+    }
+    left
+}
+
+/// The controller's counters: every sample line of the exposition, by series.
+async fn scrape(port: u16) -> anyhow::Result<Samples> {
     let body = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
         .await?
         .text()
         .await?;
-    let sum = |prefix: &str| -> f64 {
-        body.lines()
-            .filter(|l| l.starts_with(prefix))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
-    };
-    Ok((
-        sum("baton_api_writes_total"),
-        sum("baton_reconciles_total"),
-        sum("baton_takeovers_total"),
-    ))
+    Ok(body
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            Some((series.to_string(), value.parse::<f64>().ok()?))
+        })
+        .collect())
+}
+
+type Samples = HashMap<String, f64>;
+
+/// Sum of the series whose name starts with `prefix`.
+fn sum(samples: &Samples, prefix: &str) -> f64 {
+    samples
+        .iter()
+        .filter(|(k, _)| k.starts_with(prefix))
+        .map(|(_, v)| v)
+        .sum()
+}
+
+/// Per-series increase of the series starting with `prefix`, nonzero only.
+fn deltas(before: &Samples, after: &Samples, prefix: &str) -> Vec<(String, f64)> {
+    let mut out: Vec<(String, f64)> = after
+        .iter()
+        .filter(|(k, _)| k.starts_with(prefix))
+        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
+        .filter(|(_, d)| *d > 0.0)
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+/// The upper bound of the histogram bucket holding quantile `q` of the observations made
+/// between the two scrapes.
+fn bucket_quantile(before: &Samples, after: &Samples, prefix: &str, q: f64) -> String {
+    let mut buckets: Vec<(f64, f64)> = after
+        .iter()
+        .filter(|(k, _)| k.starts_with(prefix))
+        .filter_map(|(k, v)| {
+            let le = k.split("le=\"").nth(1)?.split('"').next()?;
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().ok()?
+            };
+            Some((le, v - before.get(k).copied().unwrap_or(0.0)))
+        })
+        .collect();
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let total = buckets.last().map_or(0.0, |b| b.1);
+    if total <= 0.0 {
+        return "n/a".into();
+    }
+    buckets
+        .iter()
+        .find(|(_, count)| *count >= q * total)
+        .map_or("n/a".into(), |(le, _)| format!("{le}"))
 }
 
 fn rss_kib(pid: u32) -> u64 {
@@ -246,8 +394,8 @@ fn report(
     args: &Args,
     expiries: &HashMap<String, Instant>,
     claims: &HashMap<String, Instant>,
-    before: &(f64, f64, f64),
-    after: &(f64, f64, f64),
+    before: &Samples,
+    after: &Samples,
     elapsed: f64,
     rss: u64,
 ) {
@@ -264,7 +412,8 @@ fn report(
             .copied()
             .unwrap_or(f64::NAN)
     };
-    let takeovers = (after.2 - before.2).max(1.0);
+    let delta = |prefix: &str| sum(after, prefix) - sum(before, prefix);
+    let takeovers = delta("baton_takeovers_total").max(1.0);
     println!("runs:                      {}", args.runs);
     println!(
         "takeovers observed:        {} of {}",
@@ -280,10 +429,39 @@ fn report(
     println!("controller RSS:            {:.1} MiB", rss as f64 / 1024.0);
     println!(
         "API writes per takeover:   {:.2} (Events excluded)",
-        (after.0 - before.0) / takeovers
+        delta("baton_api_writes_total") / takeovers
     );
+    for (series, d) in deltas(before, after, "baton_api_writes_total") {
+        println!("  {series}: {d}");
+    }
     println!(
         "reconciles per second:     {:.1}",
-        (after.1 - before.1) / elapsed
+        delta("baton_reconciles_total") / elapsed
     );
+    let (p50, p99) = (
+        bucket_quantile(
+            before,
+            after,
+            "baton_takeover_lateness_seconds_bucket",
+            0.50,
+        ),
+        bucket_quantile(
+            before,
+            after,
+            "baton_takeover_lateness_seconds_bucket",
+            0.99,
+        ),
+    );
+    println!("controller's own lateness: p50 <= {p50} s, p99 <= {p99} s (histogram bucket bounds)");
+    let dropped = delta("baton_events_dropped_total");
+    if dropped > 0.0 {
+        println!("events dropped:            {dropped}");
+    }
+    let errors = deltas(before, after, "baton_errors_total");
+    if !errors.is_empty() {
+        println!("reconcile errors during the window:");
+        for (series, d) in errors {
+            println!("  {series}: {d}");
+        }
+    }
 }

@@ -13,10 +13,10 @@ use super::decide::Action;
 use super::observe::start_rollout;
 use super::statuses::{self, run_name};
 use crate::crd::FENCE_ANNOTATION;
-use crate::crd::v1alpha1::AgentRun;
+use crate::crd::v1alpha1::{AgentRun, AgentRunStatus};
 use crate::kube_util::{is_conflict, is_not_found};
 use crate::lease::{lease_fence, lease_holder, run_lease_name};
-use crate::status::{StatusError, cas_status};
+use crate::status::{self, StatusError};
 
 /// What applying an action came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,7 +40,9 @@ pub async fn apply(ctx: &Context, run: &AgentRun, action: &Action) -> Result<App
         Action::Queue { holder } => write_status(ctx, run, statuses::queued(run, holder)).await,
         Action::ClearStaleAdmission => admission::clear_stale(ctx, run).await,
         Action::Claim(c) => claim::claim(ctx, run, *c).await,
-        Action::CompleteClaim => claim::move_lease_and_create_pod(ctx, run).await,
+        Action::CompleteClaim => {
+            claim::move_lease_and_create_pod(ctx, run, claim::LeaseBase::Fresh).await
+        }
         Action::Close(c) => claim::close(ctx, run, c).await,
         Action::Finish => finish(ctx, run).await,
         Action::ReleaseLease => release_run_lease(ctx, run).await.map(|_| Applied::Done),
@@ -50,18 +52,34 @@ pub async fn apply(ctx: &Context, run: &AgentRun, action: &Action) -> Result<App
     }
 }
 
-async fn write_status(
+/// The controller's status write: one CAS on the run as read (after a leadership check).
+/// None: the run changed since it was read (re-read and re-decide). On success, the version
+/// it replaced is remembered: until the watch cache moves past it, the cache is behind.
+pub async fn cas_status(
     ctx: &Context,
     run: &AgentRun,
-    status: crate::crd::v1alpha1::AgentRunStatus,
-) -> Result<Applied, Error> {
-    let phase = status.phase;
+    status: AgentRunStatus,
+) -> Result<Option<AgentRun>, Error> {
     ctx.check_leader()?;
-    match cas_status(&ctx.runs_api(run), run, status).await {
-        Err(StatusError::Conflict { .. }) => return Ok(Applied::Conflict),
+    let updated = match status::cas_status(&ctx.runs_api(run), run, status).await {
+        Err(StatusError::Conflict { .. }) => return Ok(None),
         other => other?,
     };
     ctx.wrote("status");
+    let replaced = run.resource_version();
+    ctx.remember(run, |m| m.replaced_version = replaced);
+    Ok(Some(updated))
+}
+
+async fn write_status(
+    ctx: &Context,
+    run: &AgentRun,
+    status: AgentRunStatus,
+) -> Result<Applied, Error> {
+    let phase = status.phase;
+    if cas_status(ctx, run, status).await?.is_none() {
+        return Ok(Applied::Conflict);
+    }
     if phase.is_terminal() {
         let reason = run.status.as_ref().and_then(|s| s.reason.clone());
         ctx.event(
@@ -78,12 +96,9 @@ async fn write_status(
 async fn finish(ctx: &Context, run: &AgentRun) -> Result<Applied, Error> {
     let desired = statuses::finished(run);
     let phase = desired.phase;
-    ctx.check_leader()?;
-    let updated = match cas_status(&ctx.runs_api(run), run, desired).await {
-        Err(StatusError::Conflict { .. }) => return Ok(Applied::Conflict),
-        other => other?,
+    let Some(updated) = cas_status(ctx, run, desired).await? else {
+        return Ok(Applied::Conflict);
     };
-    ctx.wrote("status");
     tracing::info!(run = %run_name(run), %phase, "finished");
     ctx.event(run, false, "Finished", format!("the run ended {phase}"));
     release_run_lease(ctx, &updated).await?;

@@ -9,89 +9,254 @@
 
 use std::time::Instant;
 
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{DeleteParams, PostParams};
-use kube::{Resource, ResourceExt};
+use kube::api::{DeleteParams, GetParams, ListParams, PostParams};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Api, Resource, ResourceExt};
 
 use super::Error;
-use super::apply::{Applied, release_admission, release_run_lease};
-use super::context::Context;
+use super::access::ensure_run_rbac;
+use super::apply::{Applied, cas_status, release_admission, release_run_lease};
+use super::context::{Context, SealMemory};
 use super::decide::{Claim, ClaimReason, Close};
 use super::observe::sight;
 use super::pod::{desired_image, worker_pod};
 use super::statuses::{self, run_name};
 use crate::crd::v1alpha1::{AgentRun, LedgerEvent, LedgerSegment};
-use crate::crd::worker_pod_name;
+use crate::crd::{RUN_UID_LABEL, worker_pod_name};
 use crate::kube_util::{is_already_exists, is_not_found};
-use crate::lease::{LeaseClient, lease_fence};
-use crate::ledger::{Replay, SegmentStore};
-use crate::status::{StatusError, cas_status};
+use crate::lease::{LeaseClient, lease_fence, run_lease_name};
+use crate::ledger::{Replay, SegmentStore, segment_name};
 
 /// A claim of `run` for fence+1.
 pub async fn claim(ctx: &Context, run: &AgentRun, claim: Claim) -> Result<Applied, Error> {
-    if !confirm_trigger(ctx, run, claim.reason).await? {
+    let Some(lease) = confirm_trigger(ctx, run, claim.reason).await? else {
         return Ok(Applied::Requeue);
-    }
+    };
     let status = run.status.clone().unwrap_or_default();
     let fence = status.fence + 1;
     let pod = worker_pod_name(&run.name_any(), fence);
-    let store = SegmentStore::for_run(ctx.client.clone(), run);
-    let replay = read_ledger(&store).await?;
-    if replay.closed.is_some() {
-        // A terminal claim was sealed and its status write lost: that decision stands.
+    if !seal(ctx, run, fence, &pod).await? {
         return Ok(Applied::Conflict);
     }
-    if replay.max_fence < fence {
-        let seal = vec![LedgerEvent::Claimed {
-            fence,
-            pod: pod.clone(),
-        }];
-        ctx.check_leader()?;
-        match store.append(replay.tail, fence, seal).await {
-            Err(err) if err.is_lost() => return Ok(Applied::Conflict),
-            other => other?,
-        };
-        ctx.wrote("seal");
-    }
     let desired = statuses::claimed(run, claim, fence, &pod);
+    let Some(updated) = cas_status(ctx, run, desired).await? else {
+        return Ok(Applied::Conflict);
+    };
+    record_claim(ctx, run, claim, fence, &pod);
+    // The old pod's deletion does not wait for the new one (the fence, not the deletion,
+    // protects the run). A pod confirmed gone is not deleted again.
+    let old_pod = async {
+        match claim.reason {
+            ClaimReason::PodGone => Ok(()),
+            _ => delete_pod(ctx, run, status.fence).await,
+        }
+    };
+    futures::try_join!(move_lease_and_create_pod(ctx, &updated, lease), old_pod)?;
+    Ok(Applied::Done)
+}
+
+/// Appends the seal `claimed{fence, pod}` (unless the ledger already holds a claim at this
+/// fence). False: the run was lost to a newer claim or closed; re-read it and re-decide.
+/// Safety rests on the `create` at tail+1 (a taken position collides and is classified), never
+/// on how the tail was found; [`ledger_end`] finds it without reading the whole ledger.
+async fn seal(ctx: &Context, run: &AgentRun, fence: i64, pod: &str) -> Result<bool, Error> {
+    let tail = match ledger_end(ctx, run, fence).await? {
+        LedgerEnd::Tail(tail) => tail,
+        LedgerEnd::Sealed(seq) => {
+            // Sealed by an earlier pass (or a racing controller): the status CAS decides.
+            remember_seal(ctx, run, fence, seq);
+            return Ok(true);
+        }
+        LedgerEnd::Lost => return Ok(false),
+    };
+    let seal = vec![LedgerEvent::Claimed {
+        fence,
+        pod: pod.to_string(),
+    }];
     ctx.check_leader()?;
-    let updated = match cas_status(&ctx.runs_api(run), run, desired).await {
-        Err(StatusError::Conflict { .. }) => return Ok(Applied::Conflict),
+    let appended = match SegmentStore::for_run(ctx.client.clone(), run)
+        .append(tail, fence, seal)
+        .await
+    {
+        Err(err) if err.is_lost() => return Ok(false),
         other => other?,
     };
-    ctx.wrote("status");
-    record_claim(ctx, run, claim, fence, &pod);
-    move_lease_and_create_pod(ctx, &updated).await?;
-    delete_pod(ctx, run, status.fence).await?;
-    Ok(Applied::Done)
+    ctx.wrote("seal");
+    remember_seal(ctx, run, fence, appended.tail);
+    Ok(true)
+}
+
+/// Where a claim for `fence` finds the ledger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LedgerEnd {
+    /// Append the seal after this position.
+    Tail(i64),
+    /// A segment of this very fence (its seal) is already at this position.
+    Sealed(i64),
+    /// A newer fence or a `closed` seal: the claim is lost.
+    Lost,
+}
+
+/// How a claim for `fence` reads one segment met on its way to the end of the ledger.
+pub fn classify_seen(segment: &LedgerSegment, fence: i64) -> Option<LedgerEnd> {
+    let closed = segment
+        .spec
+        .events
+        .iter()
+        .any(|e| matches!(e, LedgerEvent::Closed { .. }));
+    if closed || segment.spec.fence > fence {
+        Some(LedgerEnd::Lost)
+    } else if segment.spec.fence == fence {
+        Some(LedgerEnd::Sealed(segment.spec.seq))
+    } else {
+        None
+    }
+}
+
+/// At most this many positions are probed past a tail hint before listing instead.
+const MAX_PROBES: i64 = 8;
+
+/// Where the ledger ends, for a claim of the run (as read, at fence `fence - 1`) for `fence`,
+/// without an expensive read. The invariant that makes this safe: every writer appends at
+/// its tail+1 and stops at any segment of a higher fence or `closed`, so every segment of a
+/// fence above F, and every `closed`, lies AFTER every segment of fence <= F. Hence:
+/// - First claim (F = 0): the tail is 0. If the ledger is not empty, position 1 is taken and
+///   the `create` there collides: with our own seal (an earlier pass sealed and lost its
+///   status write: success) or with anything else (a newer owner, `closed`): lost. Exactly
+///   what a list would have told.
+/// - Later claims start from a known position of a segment of fence <= F: the seal this
+///   controller wrote for F (remembered), or, verified to exist, the ledger size the worker
+///   of F reported in status; the positions after it are probed one by one with GETs served
+///   from the API server's watch cache (resourceVersion 0). Probing every position after the
+///   hint sees every segment that matters. A probe that misses a just-created segment
+///   (the cache lags) only makes the `create` collide and classify it.
+/// - Otherwise (a restarted controller, a hint too far behind): the run's segments are listed
+///   from the watch cache: a contiguous prefix of the ledger (segments are only ever created,
+///   each after the one before it), caught up with by the `create` the same way. (A list
+///   filters every segment the API server caches, the costly path: profiled at about a third
+///   of a 1.20 API server's CPU when done once per takeover.)
+async fn ledger_end(ctx: &Context, run: &AgentRun, fence: i64) -> Result<LedgerEnd, Error> {
+    if fence == 1 {
+        return Ok(LedgerEnd::Tail(0));
+    }
+    let current = fence - 1;
+    let api = ctx.api::<LedgerSegment>(&run.namespace().unwrap_or_default());
+    let uid = run.uid().unwrap_or_default();
+    let remembered = ctx
+        .memory_of(run)
+        .seal
+        .filter(|s| s.uid == uid && s.fence == current)
+        .map(|s| s.seq);
+    let reported = run
+        .status
+        .as_ref()
+        .and_then(|s| s.ledger.as_ref())
+        .map_or(0, |l| l.segments);
+    let start = match remembered {
+        Some(seq) => Some(seq),
+        None if reported > 0 => match cached_segment(&api, run, reported).await? {
+            Some(seg) if seg.spec.fence <= current => match classify_seen(&seg, fence) {
+                None => Some(reported),
+                Some(end) => return Ok(end),
+            },
+            _ => None,
+        },
+        None => None,
+    };
+    if let Some(start) = start {
+        for seq in start + 1..=start + MAX_PROBES {
+            match cached_segment(&api, run, seq).await? {
+                None => return Ok(LedgerEnd::Tail(seq - 1)),
+                Some(seg) => {
+                    if let Some(end) = classify_seen(&seg, fence) {
+                        return Ok(end);
+                    }
+                }
+            }
+        }
+    }
+    let replay = read_ledger_cached(ctx, run).await?;
+    Ok(if replay.closed.is_some() || replay.max_fence > fence {
+        LedgerEnd::Lost
+    } else if replay.max_fence == fence {
+        // Its position is not needed: nothing is appended.
+        LedgerEnd::Sealed(0)
+    } else {
+        LedgerEnd::Tail(replay.tail)
+    })
+}
+
+/// Segment `seq` of the run as the API server's watch cache has it (None: not there, or a
+/// segment of an earlier run of the same name, which a `create` would collide with anyway).
+async fn cached_segment(
+    api: &Api<LedgerSegment>,
+    run: &AgentRun,
+    seq: i64,
+) -> Result<Option<LedgerSegment>, Error> {
+    let name = segment_name(&run.name_any(), seq);
+    match api.get_with(&name, &GetParams::any()).await {
+        Ok(seg) if seg.labels().get(RUN_UID_LABEL) == run.uid().as_ref() => Ok(Some(seg)),
+        Ok(_) => Ok(None),
+        Err(err) if is_not_found(&err) => Ok(None),
+        Err(err) => Err(err.into()),
+    }
+}
+
+fn remember_seal(ctx: &Context, run: &AgentRun, fence: i64, seq: i64) {
+    if seq < 1 {
+        return;
+    }
+    let uid = run.uid().unwrap_or_default();
+    ctx.remember(run, |m| m.seal = Some(SealMemory { uid, fence, seq }));
+}
+
+/// What the Lease move starts from (the base of its CAS).
+#[derive(Debug, Clone)]
+pub enum LeaseBase {
+    /// Just read from the API server (None: there is no Lease).
+    Read(Option<Box<Lease>>),
+    /// The watch cache's copy: a stale one costs a refused write and a re-read.
+    Cached,
+    /// Read it from the API server first.
+    Fresh,
 }
 
 /// Before a takeover, the cache's view is checked against the API server: the Lease is
 /// re-read (a renewal the cache missed cancels the expiry), a missing pod is confirmed gone.
+/// None: the trigger did not hold. Otherwise what the Lease move will start from: the Lease
+/// as just read, or the cache's copy when the Lease is not expected to move meanwhile, or a
+/// fresh read for a handoff (the worker releases its Lease right after writing `Handoff`).
 async fn confirm_trigger(
     ctx: &Context,
     run: &AgentRun,
     reason: ClaimReason,
-) -> Result<bool, Error> {
+) -> Result<Option<LeaseBase>, Error> {
     let ns = run.namespace().unwrap_or_default();
     match reason {
         ClaimReason::LeaseExpired => {
             let fresh = LeaseClient::new(ctx.client.clone(), &ns)
                 .get(&run.name_any())
                 .await?;
-            let before = ctx.memory_of(run).sighting.map(|s| s.version);
-            let Some(fresh) = fresh else { return Ok(true) };
-            let changed = fresh.resource_version() != before;
-            sight(ctx, run, &fresh, Instant::now());
-            Ok(!changed)
+            let Some(fresh) = fresh else {
+                return Ok(Some(LeaseBase::Read(None)));
+            };
+            // Still expired on our clock as the API server has it now? (A version the
+            // controller had not seen is a change: a new allowance starts now.)
+            let now = Instant::now();
+            let seen = sight(ctx, run, &fresh, now);
+            let expired = seen.sighting.expired(&run.spec.lease, now);
+            Ok(expired.then(|| LeaseBase::Read(Some(Box::new(fresh)))))
         }
         ClaimReason::PodGone => {
             let fence = run.status.as_ref().map_or(0, |s| s.fence);
             let name = worker_pod_name(&run.name_any(), fence);
             let pod = ctx.api::<Pod>(&ns).get_opt(&name).await?;
-            Ok(pod.is_none())
+            Ok(pod.is_none().then_some(LeaseBase::Cached))
         }
-        _ => Ok(true),
+        ClaimReason::Handoff => Ok(Some(LeaseBase::Fresh)),
+        _ => Ok(Some(LeaseBase::Cached)),
     }
 }
 
@@ -114,8 +279,9 @@ fn record_claim(ctx: &Context, run: &AgentRun, claim: Claim, fence: i64, pod: &s
     );
 }
 
-/// The ledger folded. `extend` (not `from_segments`): a chunked event still being written by
-/// an older owner must not stop a claim; it only ever needs positions, fences and seals.
+/// The ledger folded, read from the API server. `extend` (not `from_segments`): a chunked
+/// event still being written by an older owner must not stop a claim; it only ever needs
+/// positions, fences and seals.
 async fn read_ledger(store: &SegmentStore) -> Result<Replay, Error> {
     let segments = store.list().await?;
     let mut replay = Replay::default();
@@ -123,14 +289,40 @@ async fn read_ledger(store: &SegmentStore) -> Result<Replay, Error> {
     Ok(replay)
 }
 
+/// The ledger folded from the API server's watch cache (resourceVersion 0): no etcd range
+/// read over every segment of the namespace, possibly a little behind. Only for a seal,
+/// whose `create` at tail+1 catches up with whatever this missed (see [`ledger_end`]).
+async fn read_ledger_cached(ctx: &Context, run: &AgentRun) -> Result<Replay, Error> {
+    let ns = run.namespace().unwrap_or_default();
+    let selector = format!("{RUN_UID_LABEL}={}", run.uid().unwrap_or_default());
+    let mut segments = ctx
+        .api::<LedgerSegment>(&ns)
+        .list(&ListParams::default().labels(&selector).match_any())
+        .await?
+        .items;
+    segments.sort_by_key(|s| s.spec.seq);
+    let mut replay = Replay::default();
+    replay.extend(&segments)?;
+    Ok(replay)
+}
+
 /// Status ahead of the Lease: move the Lease (CAS), then create the pod. A Lease already at
-/// the fence means the pod was handled by whoever moved it: nothing is created here.
-pub async fn move_lease_and_create_pod(ctx: &Context, run: &AgentRun) -> Result<Applied, Error> {
+/// the fence means the pod was handled by whoever moved it: nothing is created here, and
+/// neither is it when the move finds the Lease moved by someone else meanwhile.
+pub async fn move_lease_and_create_pod(
+    ctx: &Context,
+    run: &AgentRun,
+    lease: LeaseBase,
+) -> Result<Applied, Error> {
     let ns = run.namespace().unwrap_or_default();
     let fence = run.status.as_ref().map_or(0, |s| s.fence);
     let pod_name = worker_pod_name(&run.name_any(), fence);
     let leases = LeaseClient::new(ctx.client.clone(), &ns);
-    let current = leases.get(&run.name_any()).await?;
+    let current = match lease {
+        LeaseBase::Read(read) => read.map(|l| *l),
+        LeaseBase::Cached => cached_lease(ctx, run),
+        LeaseBase::Fresh => leases.get(&run.name_any()).await?,
+    };
     if current
         .as_ref()
         .and_then(lease_fence)
@@ -138,12 +330,18 @@ pub async fn move_lease_and_create_pod(ctx: &Context, run: &AgentRun) -> Result<
     {
         return Ok(Applied::Requeue);
     }
+    // The pod runs as the run's own ServiceAccount: it (and its Role) exist before the pod.
+    ensure_run_rbac(ctx, run, fence == 1).await?;
     let owner = run.controller_owner_ref(&()).unwrap_or_default();
     let duration = run.spec.lease.duration_seconds;
     ctx.check_leader()?;
-    leases
-        .move_to(&run.name_any(), owner, &pod_name, fence, duration)
+    let moved = leases
+        .move_from(&run.name_any(), current, owner, &pod_name, fence, duration)
         .await?;
+    if moved.is_none() {
+        // Someone else moved it meanwhile: the pod is theirs to create.
+        return Ok(Applied::Requeue);
+    }
     ctx.wrote("lease");
     let image = desired_image(run, &ctx.config.worker_image);
     ctx.check_leader()?;
@@ -154,12 +352,27 @@ pub async fn move_lease_and_create_pod(ctx: &Context, run: &AgentRun) -> Result<
     {
         Ok(_) => ctx.wrote("pod"),
         Err(err) if is_already_exists(&err) => {}
-        Err(err) => return Err(err.into()),
+        Err(err) => {
+            // Perhaps the ServiceAccount was removed behind our back: check again next time.
+            ctx.remember(run, |m| m.rbac_for = None);
+            return Err(err.into());
+        }
     }
     Ok(Applied::Done)
 }
 
-/// Deletes the worker pod of `fence` if the cache has it (404 is fine).
+/// The run Lease as the watch cache has it.
+fn cached_lease(ctx: &Context, run: &AgentRun) -> Option<Lease> {
+    let ns = run.namespace().unwrap_or_default();
+    let name = run_lease_name(&run.name_any());
+    ctx.leases
+        .get(&ObjectRef::new(&name).within(&ns))
+        .map(|l| (*l).clone())
+}
+
+/// Deletes the worker pod of `fence` unless the cache shows it already being deleted (404 is
+/// fine). A pod missing from the cache is deleted all the same: the cache may lag, and a
+/// skipped deletion would leave an old worker pod behind for good.
 pub async fn delete_pod(ctx: &Context, run: &AgentRun, fence: i64) -> Result<(), Error> {
     if fence == 0 {
         return Ok(());
@@ -170,7 +383,7 @@ pub async fn delete_pod(ctx: &Context, run: &AgentRun, fence: i64) -> Result<(),
     if ctx
         .pods
         .get(&cached)
-        .is_none_or(|p| p.metadata.deletion_timestamp.is_some())
+        .is_some_and(|p| p.metadata.deletion_timestamp.is_some())
     {
         return Ok(());
     }
@@ -205,12 +418,9 @@ pub async fn close(ctx: &Context, run: &AgentRun, close: &Close) -> Result<Appli
         }
     }
     let desired = statuses::closed(run, close, fence, &replay);
-    ctx.check_leader()?;
-    let updated = match cas_status(&ctx.runs_api(run), run, desired).await {
-        Err(StatusError::Conflict { .. }) => return Ok(Applied::Conflict),
-        other => other?,
+    let Some(updated) = cas_status(ctx, run, desired).await? else {
+        return Ok(Applied::Conflict);
     };
-    ctx.wrote("status");
     record_close(ctx, run, close, fence);
     release_run_lease(ctx, &updated).await?;
     release_admission(ctx, &updated).await?;
@@ -257,4 +467,54 @@ fn record_close(ctx: &Context, run: &AgentRun, close: &Close, fence: i64) {
     tracing::info!(run = %run_name(run), fence, phase = %close.phase, reason = %close.reason, "ended");
     let note = format!("{} at fence {fence}: {}", close.phase, close.message);
     ctx.event(run, true, &close.reason, note);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::v1alpha1::LedgerSegmentSpec;
+
+    fn seg(seq: i64, fence: i64, events: Vec<LedgerEvent>) -> LedgerSegment {
+        LedgerSegment::new(
+            &segment_name("r", seq),
+            LedgerSegmentSpec {
+                run: "r".into(),
+                seq,
+                fence,
+                format: 1,
+                events,
+            },
+        )
+    }
+
+    #[test]
+    fn a_claim_walks_past_older_fences_and_stops_at_its_own_a_newer_or_a_close() {
+        let step = LedgerEvent::ModelDelta { text: "x".into() };
+        assert_eq!(classify_seen(&seg(4, 2, vec![step.clone()]), 3), None);
+        let own = LedgerEvent::Claimed {
+            fence: 3,
+            pod: "r-w3".into(),
+        };
+        assert_eq!(
+            classify_seen(&seg(5, 3, vec![own]), 3),
+            Some(LedgerEnd::Sealed(5))
+        );
+        assert_eq!(
+            classify_seen(&seg(5, 4, vec![step]), 3),
+            Some(LedgerEnd::Lost)
+        );
+        let closed = LedgerEvent::Closed {
+            fence: 3,
+            reason: "StopRequested".into(),
+        };
+        assert_eq!(
+            classify_seen(&seg(5, 3, vec![closed.clone()]), 3),
+            Some(LedgerEnd::Lost)
+        );
+        // Even a `closed` of an older fence ends the walk: nothing is appended after it.
+        assert_eq!(
+            classify_seen(&seg(5, 2, vec![closed]), 3),
+            Some(LedgerEnd::Lost)
+        );
+    }
 }

@@ -5,9 +5,10 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use futures::channel::mpsc::UnboundedSender;
+use futures::StreamExt;
+use futures::channel::mpsc::{Receiver, Sender, UnboundedSender};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -23,6 +24,21 @@ use crate::lease::LeaseSighting;
 pub struct RunMemory {
     pub sighting: Option<LeaseSighting>,
     pub stop_seen_at: Option<Instant>,
+    /// UID of the run whose worker ServiceAccount, Role and RoleBinding are known to exist.
+    pub rbac_for: Option<String>,
+    /// The resourceVersion this controller's last status write replaced: a cached run still
+    /// at it is behind the API server (deciding on it would only end in a conflict).
+    pub replaced_version: Option<String>,
+    /// The last seal this controller appended (or found) for the run.
+    pub seal: Option<SealMemory>,
+}
+
+/// Where this controller's seal for one fence of a run is in its ledger.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SealMemory {
+    pub uid: String,
+    pub fence: i64,
+    pub seq: i64,
 }
 
 /// Key of a run in memory: namespace and name.
@@ -44,7 +60,8 @@ pub struct Context {
     pub rollouts: Mutex<HashSet<(RunKey, i64)>>,
     pub leadership: Arc<Leadership>,
     pub metrics: Arc<Metrics>,
-    pub recorder: Option<Recorder>,
+    /// Events waiting to be published (None: Events are off).
+    pub events: Option<Sender<(Event, ObjectReference)>>,
     /// Set once the run, pod and Lease caches have synced (one waiter: kube's
     /// `Store::wait_until_ready` wakes only the last of several concurrent waiters).
     pub synced: Arc<std::sync::atomic::AtomicBool>,
@@ -97,9 +114,11 @@ impl Context {
             .remove(&run_key(run));
     }
 
-    /// Publishes an Event about `run` off the reconcile path (best effort).
+    /// Queues an Event about `run`, published off the reconcile path (best effort: when the
+    /// API server falls behind and the queue is full, the Event is dropped and counted,
+    /// rather than held in memory or competing with claims for the API server).
     pub fn event(&self, run: &AgentRun, warning: bool, reason: &str, note: String) {
-        let Some(recorder) = self.recorder.clone() else {
+        let Some(events) = self.events.clone() else {
             return;
         };
         let reference = run.object_ref(&());
@@ -114,10 +133,28 @@ impl Context {
             action: reason.into(),
             secondary: None,
         };
-        tokio::spawn(async move {
-            if let Err(err) = recorder.publish(&event, &reference).await {
-                tracing::debug!(%err, "publishing an event");
-            }
-        });
+        let mut events = events;
+        if events.try_send((event, reference)).is_err() {
+            self.metrics.event_dropped();
+        }
     }
+}
+
+/// How many Events may wait to be published.
+pub const EVENT_QUEUE: usize = 1024;
+/// How many Events are published at once.
+const EVENT_PUBLISHERS: usize = 4;
+
+/// Publishes queued Events until the queue's senders are gone.
+pub async fn publish_events(queue: Receiver<(Event, ObjectReference)>, recorder: Recorder) {
+    queue
+        .for_each_concurrent(EVENT_PUBLISHERS, |(event, reference)| {
+            let recorder = recorder.clone();
+            async move {
+                if let Err(err) = recorder.publish(&event, &reference).await {
+                    tracing::debug!(%err, "publishing an event");
+                }
+            }
+        })
+        .await;
 }

@@ -10,6 +10,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::crd::v1alpha1::{AgentRun, Phase};
 use crate::lease::LeaseSighting;
+use crate::rbac::{RbacError, RunRbac};
 
 use super::validate::validate;
 
@@ -224,6 +225,9 @@ fn decide_pending(obs: &Observation<'_>) -> Decision {
     if let Err(message) = validate(&obs.run.spec) {
         return Decision::act(Action::Reject { message });
     }
+    if let Some(message) = worker_account_problem(obs.run) {
+        return Decision::act(Action::Reject { message });
+    }
     if obs.run.spec.stop {
         return Decision::act(stop_now());
     }
@@ -244,6 +248,18 @@ fn decide_pending(obs: &Observation<'_>) -> Decision {
                 requeue: Some(ADMISSION_RECHECK),
             }
         }
+    }
+}
+
+/// A run whose own worker ServiceAccount (`baton-run-<run>`) could never exist: its name is
+/// too long. Such a run names its ServiceAccount itself or is rejected before any claim.
+fn worker_account_problem(run: &AgentRun) -> Option<String> {
+    if run.spec.worker.service_account_name.is_some() {
+        return None;
+    }
+    match RunRbac::for_run(run) {
+        Err(err @ RbacError::NameTooLong { .. }) => Some(err.to_string()),
+        _ => None,
     }
 }
 

@@ -328,6 +328,21 @@ fn an_invalid_spec_is_rejected_before_admission() {
 }
 
 #[test]
+fn a_run_whose_worker_account_name_would_be_too_long_is_rejected_unless_it_names_one() {
+    let now = Instant::now();
+    let mut r = run(Phase::Pending, 0, 0, 3);
+    r.metadata.name = Some("a".repeat(250));
+    let d = decide(&obs(&r, None, PodState::Missing, now));
+    assert!(
+        matches!(d.action, Action::Reject { ref message } if message.contains("too long")),
+        "{d:?}"
+    );
+    r.spec.worker.service_account_name = Some("custom".into());
+    let d = decide(&obs(&r, None, PodState::Missing, now));
+    assert_eq!(d.action, claim(ClaimReason::Start, false));
+}
+
+#[test]
 fn stop_ends_idle_runs_at_once_and_running_ones_after_the_lease_duration() {
     let now = Instant::now();
     for phase in [Phase::Pending, Phase::Handoff, Phase::WaitingInput] {

@@ -26,6 +26,7 @@ pub struct Metrics {
     errors: Family<Labels, Counter>,
     api_writes: Family<Labels, Counter>,
     takeover_lateness: Histogram,
+    events_dropped: Counter,
     writes_total: AtomicU64,
 }
 
@@ -48,6 +49,7 @@ impl Metrics {
             errors: Family::default(),
             api_writes: Family::default(),
             takeover_lateness: Histogram::new(exponential_buckets(0.01, 2.0, 14)),
+            events_dropped: Counter::default(),
             writes_total: AtomicU64::new(0),
         };
         m.register();
@@ -58,6 +60,11 @@ impl Metrics {
         let r = &mut self.registry;
         r.register("runs", "AgentRuns by phase", self.runs.clone());
         r.register("claims", "Claims by reason", self.claims.clone());
+        r.register(
+            "events_dropped",
+            "Kubernetes Events not published because too many were queued",
+            self.events_dropped.clone(),
+        );
         r.register(
             "takeovers",
             "Takeovers (claims after a death) by reason",
@@ -111,6 +118,10 @@ impl Metrics {
             .get_or_create(&vec![("kind", kind.to_string())])
             .inc();
         self.writes_total.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn event_dropped(&self) {
+        self.events_dropped.inc();
     }
 
     pub fn takeover_lateness(&self, seconds: f64) {

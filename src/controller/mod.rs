@@ -6,6 +6,7 @@
 //! that this replica still leads before every write. Safety never depends on the election:
 //! every write is a compare-and-swap on what was read.
 
+mod access;
 pub mod admin;
 mod admission;
 mod apply;
@@ -105,6 +106,9 @@ pub enum Error {
     Election(String),
     #[error("admin server: {0}")]
     Admin(#[from] std::io::Error),
+    /// The run's worker ServiceAccount, Role or RoleBinding could not be put in place.
+    #[error("worker RBAC: {0}")]
+    Rbac(String),
 }
 
 impl Error {
@@ -118,6 +122,7 @@ impl Error {
             Error::NotLeader => "not_leader",
             Error::Election(_) => "election",
             Error::Admin(_) => "admin",
+            Error::Rbac(_) => "rbac",
         }
     }
 }

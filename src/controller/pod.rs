@@ -1,9 +1,14 @@
-//! The worker pod of one attempt (pure): deterministic name per fence, owned by the run.
+//! The worker pod of one attempt (pure): deterministic name per fence, owned by the run,
+//! running as the run's own ServiceAccount (see `crate::rbac`) under a restricted security
+//! context: non-root, no privilege escalation, no capabilities, the runtime's default seccomp
+//! profile and a read-only root filesystem, with an `emptyDir` at `/tmp` (and `TMPDIR=/tmp`)
+//! so tools have somewhere to write.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Container, EnvVar, EnvVarSource, Pod, PodSpec, SecretKeySelector,
+    Capabilities, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, Pod, PodSecurityContext,
+    PodSpec, SeccompProfile, SecretKeySelector, SecurityContext, Volume, VolumeMount,
 };
 use kube::api::ObjectMeta;
 use kube::{Resource, ResourceExt};
@@ -11,11 +16,19 @@ use kube::{Resource, ResourceExt};
 use crate::crd::v1alpha1::AgentRun;
 use crate::crd::{FENCE_LABEL, MANAGED_BY_LABEL, RUN_LABEL, env, worker_pod_name};
 use crate::ledger::store::label_value;
+use crate::rbac::pod_service_account;
 
 /// Grace period a worker gets to hand off on SIGTERM.
 pub const TERMINATION_GRACE_SECONDS: i64 = 30;
 /// Name of the worker container.
 pub const CONTAINER_NAME: &str = "worker";
+/// The numeric non-root user (and group) the worker runs as: `runAsNonRoot` can only be
+/// verified by the kubelet against a numeric user, and 65532 is the distroless `nonroot` user.
+pub const WORKER_UID: i64 = 65532;
+/// The writable scratch directory of the otherwise read-only worker container.
+pub const SCRATCH_DIR: &str = "/tmp";
+/// Name of the `emptyDir` volume mounted at [`SCRATCH_DIR`].
+const SCRATCH_VOLUME: &str = "tmp";
 
 /// The image the run's worker should run: the run's own, else the controller's.
 pub fn desired_image(run: &AgentRun, default_image: &str) -> String {
@@ -59,16 +72,66 @@ pub fn worker_pod(run: &AgentRun, fence: i64, image: &str) -> Pod {
                 command: Some(vec!["baton".into(), "worker".into()]),
                 env: Some(worker_env(run, fence, &name)),
                 resources: worker.resources.clone(),
+                security_context: Some(container_security_context()),
+                volume_mounts: Some(vec![VolumeMount {
+                    name: SCRATCH_VOLUME.into(),
+                    mount_path: SCRATCH_DIR.into(),
+                    ..VolumeMount::default()
+                }]),
                 ..Container::default()
             }],
+            volumes: Some(vec![Volume {
+                name: SCRATCH_VOLUME.into(),
+                empty_dir: Some(EmptyDirVolumeSource::default()),
+                ..Volume::default()
+            }]),
+            security_context: Some(pod_security_context()),
             restart_policy: Some("Never".into()),
             termination_grace_period_seconds: Some(TERMINATION_GRACE_SECONDS),
-            service_account_name: worker.service_account_name.clone(),
+            service_account_name: Some(pod_service_account(run)),
             node_selector: (!worker.node_selector.is_empty()).then(|| worker.node_selector.clone()),
             tolerations: (!worker.tolerations.is_empty()).then(|| worker.tolerations.clone()),
             ..PodSpec::default()
         }),
         status: None,
+    }
+}
+
+fn runtime_default_seccomp() -> SeccompProfile {
+    SeccompProfile {
+        type_: "RuntimeDefault".into(),
+        localhost_profile: None,
+    }
+}
+
+/// Pod level: a numeric non-root user and group, and the runtime's default seccomp profile.
+fn pod_security_context() -> PodSecurityContext {
+    PodSecurityContext {
+        run_as_non_root: Some(true),
+        run_as_user: Some(WORKER_UID),
+        run_as_group: Some(WORKER_UID),
+        fs_group: Some(WORKER_UID),
+        seccomp_profile: Some(runtime_default_seccomp()),
+        ..PodSecurityContext::default()
+    }
+}
+
+/// Container level (the Pod Security "restricted" profile): no escalation, no capabilities,
+/// read-only root filesystem.
+fn container_security_context() -> SecurityContext {
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        privileged: Some(false),
+        read_only_root_filesystem: Some(true),
+        run_as_non_root: Some(true),
+        run_as_user: Some(WORKER_UID),
+        run_as_group: Some(WORKER_UID),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".into()]),
+            add: None,
+        }),
+        seccomp_profile: Some(runtime_default_seccomp()),
+        ..SecurityContext::default()
     }
 }
 
@@ -83,6 +146,7 @@ fn worker_env(run: &AgentRun, fence: i64, pod: &str) -> Vec<EnvVar> {
         plain(env::NAMESPACE, run.namespace().unwrap_or_default()),
         plain(env::FENCE, fence.to_string()),
         plain(env::POD, pod.to_string()),
+        plain("TMPDIR", SCRATCH_DIR.to_string()),
     ];
     if let Some(secret) = &run.spec.agent.model.api_key_secret_ref {
         vars.push(EnvVar {
@@ -134,5 +198,43 @@ mod tests {
         assert_eq!(get(env::POD).value.as_deref(), Some("r1-w3"));
         assert_eq!(get(env::FENCE).value.as_deref(), Some("3"));
         assert!(get(env::MODEL_API_KEY).value.is_none());
+        assert_eq!(get("TMPDIR").value.as_deref(), Some("/tmp"));
+    }
+
+    #[test]
+    fn the_pod_runs_as_the_runs_own_service_account_unless_the_run_names_one() {
+        let mut r = run();
+        let spec = worker_pod(&r, 1, "img").spec.unwrap();
+        assert_eq!(spec.service_account_name.as_deref(), Some("baton-run-r1"));
+        r.spec.worker.service_account_name = Some("custom".into());
+        let spec = worker_pod(&r, 1, "img").spec.unwrap();
+        assert_eq!(spec.service_account_name.as_deref(), Some("custom"));
+    }
+
+    #[test]
+    fn the_pod_is_restricted_with_a_writable_tmp() {
+        let spec = worker_pod(&run(), 1, "img").spec.unwrap();
+        let pod_sc = spec.security_context.clone().unwrap();
+        assert_eq!(pod_sc.run_as_non_root, Some(true));
+        assert_eq!(pod_sc.run_as_user, Some(WORKER_UID));
+        assert!(pod_sc.run_as_user.unwrap() > 0);
+        assert_eq!(pod_sc.seccomp_profile.unwrap().type_, "RuntimeDefault");
+        let c = &spec.containers[0];
+        let sc = c.security_context.clone().unwrap();
+        assert_eq!(sc.allow_privilege_escalation, Some(false));
+        assert_eq!(sc.read_only_root_filesystem, Some(true));
+        assert_eq!(sc.run_as_non_root, Some(true));
+        assert_eq!(sc.capabilities.unwrap().drop, Some(vec!["ALL".to_string()]));
+        assert_eq!(sc.seccomp_profile.unwrap().type_, "RuntimeDefault");
+        let mount = &c.volume_mounts.as_ref().unwrap()[0];
+        assert_eq!(mount.mount_path, "/tmp");
+        let volume = spec
+            .volumes
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|v| v.name == mount.name)
+            .unwrap();
+        assert!(volume.empty_dir.is_some());
     }
 }

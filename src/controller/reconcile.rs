@@ -5,11 +5,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use futures::{Stream, StreamExt};
+use futures::{Stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Container, ObjectReference, Pod, PodSpec, PodStatus};
 use kube::runtime::controller::{self, Action as Requeue, Controller};
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::{Event, Recorder, Reporter};
 use kube::runtime::reflector::{self, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -17,7 +17,7 @@ use tokio::sync::watch;
 
 use super::admin::{self, AdminState};
 use super::apply::{Applied, apply};
-use super::context::Context;
+use super::context::{Context, EVENT_QUEUE, publish_events};
 use super::decide::{Action, decide};
 use super::election::{self, Leadership};
 use super::metrics::Metrics;
@@ -25,6 +25,7 @@ use super::observe::observe;
 use super::{CONTROLLER_NAME, Config, Error};
 use crate::crd::MANAGED_BY_LABEL;
 use crate::crd::v1alpha1::AgentRun;
+use crate::lease::LeaseSighting;
 
 /// How many times one reconcile re-reads and re-decides after a conflict.
 const MAX_REDECIDE: usize = 4;
@@ -35,7 +36,7 @@ const AFTER_WRITE: Duration = Duration::from_secs(2);
 
 /// Runs the controller until it fails. Spawn it as a task and abort it to stop it.
 pub async fn run(client: Client, config: Config) -> Result<(), Error> {
-    let (ctx, controller, pod_events, lease_events, wake_rx) = build(client, config);
+    let (ctx, controller, pod_events, lease_events, wake_rx, events) = build(client, config);
     let ready = ctx.synced.clone();
     tokio::spawn(mark_ready(ctx.clone(), ready.clone()));
     let gained = leadership_gained(ctx.leadership.subscribe());
@@ -46,12 +47,24 @@ pub async fn run(client: Client, config: Config) -> Result<(), Error> {
         .reconcile_all_on(gained)
         .run(reconcile, error_policy, ctx.clone())
         .for_each(|_| futures::future::ready(()));
+    let publishing = async {
+        if let Some((queue, recorder)) = events {
+            publish_events(queue, recorder).await;
+        }
+        futures::future::pending::<()>().await
+    };
     tokio::select! {
         _ = reconciling => Ok(()),
+        _ = publishing => Ok(()),
         err = run_election(ctx.clone()) => Err(err),
         res = serve_admin(ctx.clone(), ready) => res,
     }
 }
+
+type Events = Option<(
+    futures::channel::mpsc::Receiver<(Event, ObjectReference)>,
+    Recorder,
+)>;
 
 type Built = (
     Arc<Context>,
@@ -59,56 +72,129 @@ type Built = (
     std::pin::Pin<Box<dyn Stream<Item = Result<Pod, watcher::Error>> + Send>>,
     std::pin::Pin<Box<dyn Stream<Item = Result<Lease, watcher::Error>> + Send>>,
     futures::channel::mpsc::UnboundedReceiver<reflector::ObjectRef<AgentRun>>,
+    Events,
 );
 
 fn build(client: Client, config: Config) -> Built {
     let wc = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}=baton"));
+    let (runs, run_writer) = reflector::store();
     let (pods, pod_writer) = reflector::store();
-    let pod_events = reflector(
-        pod_writer,
-        watcher(scoped::<Pod>(&client, &config), wc.clone()),
-    )
-    .default_backoff()
-    .touched_objects()
-    .boxed();
     let (leases, lease_writer) = reflector::store();
-    let lease_events = reflector(lease_writer, watcher(scoped::<Lease>(&client, &config), wc))
-        .default_backoff()
-        .touched_objects()
-        .boxed();
-    let controller = Controller::new(
-        scoped::<AgentRun>(&client, &config),
-        watcher::Config::default(),
-    )
-    .with_config(controller::Config::default().concurrency(config.concurrency));
     let (wake, wake_rx) = futures::channel::mpsc::unbounded();
     let leadership = if config.leader_election {
         Leadership::elected()
     } else {
         Leadership::always()
     };
-    let recorder = config.events.then(|| {
-        let reporter = Reporter {
-            controller: CONTROLLER_NAME.into(),
-            instance: Some(config.identity.clone()),
-        };
-        Recorder::new(client.clone(), reporter)
-    });
+    let (events, queue) = match config.events {
+        true => {
+            let reporter = Reporter {
+                controller: CONTROLLER_NAME.into(),
+                instance: Some(config.identity.clone()),
+            };
+            let recorder = Recorder::new(client.clone(), reporter);
+            let (tx, rx) = futures::channel::mpsc::channel(EVENT_QUEUE);
+            (Some(tx), Some((rx, recorder)))
+        }
+        false => (None, None),
+    };
     let ctx = Arc::new(Context {
-        client,
-        runs: controller.store(),
+        client: client.clone(),
+        runs: runs.clone(),
         pods,
         leases,
         memory: Default::default(),
         rollouts: Default::default(),
         leadership: Arc::new(leadership),
         metrics: Arc::new(Metrics::new()),
-        recorder,
+        events,
         wake,
         synced: Arc::new(AtomicBool::new(false)),
         config,
     });
-    (ctx, controller, pod_events, lease_events, wake_rx)
+    // The caches keep only what the controller reads: no managedFields anywhere (a large
+    // share of every object), and of a pod only its phase, owner, labels and worker image.
+    let run_events = reflector(
+        run_writer,
+        watcher(
+            scoped::<AgentRun>(&client, &ctx.config),
+            watcher::Config::default(),
+        )
+        .modify(strip_metadata),
+    )
+    .applied_objects();
+    let controller = Controller::for_stream(run_events, runs)
+        .with_config(controller::Config::default().concurrency(ctx.config.concurrency));
+    let pod_events = reflector(
+        pod_writer,
+        watcher(scoped::<Pod>(&client, &ctx.config), wc.clone()).modify(slim_pod),
+    )
+    .default_backoff()
+    .touched_objects()
+    .boxed();
+    let sighted = ctx.clone();
+    let lease_events = reflector(
+        lease_writer,
+        watcher(scoped::<Lease>(&client, &ctx.config), wc).modify(strip_metadata),
+    )
+    .default_backoff()
+    .touched_objects()
+    .inspect_ok(move |lease| sight_on_arrival(&sighted, lease))
+    .boxed();
+    (ctx, controller, pod_events, lease_events, wake_rx, queue)
+}
+
+/// A run Lease change is seen when its watch event arrives, not when the run is next
+/// reconciled: a busy reconcile queue must not push expiry deadlines later.
+fn sight_on_arrival(ctx: &Context, lease: &Lease) {
+    let Some(owner) = lease
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true) && o.kind == "AgentRun")
+    else {
+        return;
+    };
+    let key = (lease.namespace().unwrap_or_default(), owner.name.clone());
+    let now = Instant::now();
+    let mut memory = ctx.memory.lock().expect("memory lock");
+    let m = memory.entry(key).or_default();
+    m.sighting = Some(LeaseSighting::observe(m.sighting.as_ref(), lease, now));
+}
+
+fn strip_metadata<K: Resource>(obj: &mut K) {
+    let meta = obj.meta_mut();
+    meta.managed_fields = None;
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.remove(LAST_APPLIED);
+    }
+}
+
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// A worker pod as the controller needs it: metadata, containers' names and images, phase.
+fn slim_pod(pod: &mut Pod) {
+    strip_metadata(pod);
+    if let Some(spec) = pod.spec.take() {
+        let containers = spec
+            .containers
+            .into_iter()
+            .map(|c| Container {
+                name: c.name,
+                image: c.image,
+                ..Container::default()
+            })
+            .collect();
+        pod.spec = Some(PodSpec {
+            containers,
+            ..PodSpec::default()
+        });
+    }
+    if let Some(status) = pod.status.take() {
+        pod.status = Some(PodStatus {
+            phase: status.phase,
+            ..PodStatus::default()
+        });
+    }
 }
 
 fn scoped<K>(client: &Client, config: &Config) -> Api<K>
@@ -189,6 +275,13 @@ async fn reconcile_run(run: &AgentRun, ctx: &Context) -> Result<Requeue, Error> 
         return Ok(Requeue::await_change());
     }
     if !ctx.synced.load(Ordering::Acquire) {
+        return Ok(Requeue::requeue(SOON));
+    }
+    if run.resource_version().is_some()
+        && ctx.memory_of(run).replaced_version == run.resource_version()
+    {
+        // Our own status write has not reached the cache yet; its watch event will bring
+        // the run back (the requeue is only a safety net).
         return Ok(Requeue::requeue(SOON));
     }
     let mut run = run.clone();

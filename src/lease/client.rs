@@ -45,12 +45,48 @@ impl LeaseClient {
         fence: i64,
         duration_seconds: i32,
     ) -> Result<Lease, LeaseError> {
+        let current = self.get(run).await?;
+        let (lease, _) = self
+            .move_loop(run, current, owner, holder, fence, duration_seconds)
+            .await?;
+        Ok(lease)
+    }
+
+    /// Like [`move_to`](Self::move_to), but starting from `current`, the Lease as the caller
+    /// last read it (None: it saw none), instead of reading it first. A stale `current` costs
+    /// only a refused write (409 or AlreadyExists) and a re-read. Returns None, writing
+    /// nothing, when the Lease is (or turns out to be) at this fence or a newer one: then the
+    /// caller did not move it.
+    pub async fn move_from(
+        &self,
+        run: &str,
+        current: Option<Lease>,
+        owner: OwnerReference,
+        holder: &str,
+        fence: i64,
+        duration_seconds: i32,
+    ) -> Result<Option<Lease>, LeaseError> {
+        let (lease, moved) = self
+            .move_loop(run, current, owner, holder, fence, duration_seconds)
+            .await?;
+        Ok(moved.then_some(lease))
+    }
+
+    /// The Lease after the move, and whether this call moved it.
+    async fn move_loop(
+        &self,
+        run: &str,
+        mut current: Option<Lease>,
+        owner: OwnerReference,
+        holder: &str,
+        fence: i64,
+        duration_seconds: i32,
+    ) -> Result<(Lease, bool), LeaseError> {
         for _ in 0..CONFLICT_RETRIES {
-            let current = self.get(run).await?;
             if let Some(lease) = &current
                 && lease_fence(lease).is_some_and(|f| f >= fence)
             {
-                return Ok(lease.clone());
+                return Ok((lease.clone(), false));
             }
             let desired = moved_lease(current, run, owner.clone(), holder, fence, duration_seconds);
             let result = match desired.resource_version() {
@@ -62,9 +98,9 @@ impl LeaseClient {
                 None => self.api.create(&PostParams::default(), &desired).await,
             };
             match result {
-                Ok(lease) => return Ok(lease),
+                Ok(lease) => return Ok((lease, true)),
                 Err(err) if is_conflict(&err) || crate::kube_util::is_already_exists(&err) => {
-                    continue;
+                    current = self.get(run).await?;
                 }
                 Err(err) => return Err(err.into()),
             }

@@ -1,0 +1,110 @@
+//! Per-run least privilege (issue 6, item 2): before a run's worker pod is created, the run's
+//! own ServiceAccount, Role and RoleBinding ([`RunRbac`]) exist, owned by the run.
+//!
+//! These objects are not part of the claim protocol (they carry no fence); each is a plain
+//! `create` where AlreadyExists counts as success when the run owns the object. They cost three
+//! writes once per run, not per claim: the controller remembers (per run UID) that they exist.
+//! Without that memory (a restarted controller taking over), a first claim checks with one
+//! read (the RoleBinding, created last) before creating anything.
+
+use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::api::PostParams;
+use kube::{Api, Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::Error;
+use super::context::Context;
+use super::statuses::run_name;
+use crate::crd::v1alpha1::AgentRun;
+use crate::kube_util::is_already_exists;
+use crate::rbac::{RbacError, RunRbac};
+
+/// Makes sure the run's worker ServiceAccount, Role and RoleBinding exist. Nothing to do when
+/// the run names its own ServiceAccount (`spec.worker.serviceAccountName`: the user's choice,
+/// not isolated by baton), or when this controller already made sure for this run.
+pub async fn ensure_run_rbac(
+    ctx: &Context,
+    run: &AgentRun,
+    first_claim: bool,
+) -> Result<(), Error> {
+    if run.spec.worker.service_account_name.is_some() {
+        return Ok(());
+    }
+    let uid = run.uid();
+    if uid.is_some() && ctx.memory_of(run).rbac_for == uid {
+        return Ok(());
+    }
+    let rbac = RunRbac::for_run(run).map_err(|e| rbac_error(run, e))?;
+    let ns = run.namespace().unwrap_or_default();
+    let present = !first_claim
+        && ctx
+            .api::<RoleBinding>(&ns)
+            .get_opt(&rbac.name())
+            .await?
+            .is_some_and(|b| owned_by(&b, run));
+    if !present {
+        ctx.check_leader()?;
+        // The Role must exist before a binding to it can be created by a controller without
+        // `bind` (the API server resolves the Role to check for escalation); the
+        // ServiceAccount is independent of both.
+        let (accounts, roles) = (ctx.api::<ServiceAccount>(&ns), ctx.api::<Role>(&ns));
+        let (sa, role) = futures::try_join!(
+            create_owned(run, &accounts, &rbac.service_account),
+            create_owned(run, &roles, &rbac.role),
+        )?;
+        let bindings = ctx.api::<RoleBinding>(&ns);
+        let binding = create_owned(run, &bindings, &rbac.role_binding).await?;
+        for (kind, created) in [
+            ("service_account", sa),
+            ("role", role),
+            ("role_binding", binding),
+        ] {
+            if created {
+                ctx.wrote(kind);
+            }
+        }
+        tracing::debug!(run = %run_name(run), name = %rbac.name(), "worker RBAC in place");
+    }
+    ctx.remember(run, |m| m.rbac_for = uid);
+    Ok(())
+}
+
+/// Creates `obj`; true if this call created it. An existing object owned by the run is
+/// success; one owned by someone else (an earlier run of the same name that the garbage
+/// collector has not removed yet) is an error, retried later.
+async fn create_owned<K>(run: &AgentRun, api: &Api<K>, obj: &K) -> Result<bool, Error>
+where
+    K: Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
+    <K as Resource>::DynamicType: Default,
+{
+    match api.create(&PostParams::default(), obj).await {
+        Ok(_) => Ok(true),
+        Err(err) if is_already_exists(&err) => {
+            let existing = api.get(&obj.name_any()).await?;
+            if owned_by(&existing, run) {
+                Ok(false)
+            } else {
+                Err(Error::Rbac(format!(
+                    "{} {} exists but is not owned by run {} (waiting for it to be removed)",
+                    K::kind(&Default::default()),
+                    obj.name_any(),
+                    run_name(run)
+                )))
+            }
+        }
+        Err(err) => Err(err.into()),
+    }
+}
+
+fn owned_by<K: Resource>(obj: &K, run: &AgentRun) -> bool {
+    let uid = run.uid();
+    obj.owner_references()
+        .iter()
+        .any(|o| Some(&o.uid) == uid.as_ref())
+}
+
+fn rbac_error(run: &AgentRun, err: RbacError) -> Error {
+    Error::Rbac(format!("run {}: {err}", run_name(run)))
+}
