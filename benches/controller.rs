@@ -110,6 +110,8 @@ async fn bench(
     wait_claimed(&progress, args.runs, Duration::from_secs(args.window + 120)).await;
     ticker.abort();
     let elapsed = started.elapsed().as_secs_f64();
+    // The last claims' Lease moves, pod creations and deletions are still in flight.
+    tokio::time::sleep(Duration::from_secs(3)).await;
     let after = scrape(port).await?;
     let rss = rss_kib(controller.id().unwrap_or_default());
     report(
@@ -129,9 +131,20 @@ fn spawn_controller(ns: &str, port: u16) -> anyhow::Result<tokio::process::Child
     Ok(tokio::process::Command::new(bin)
         .args(["controller", "--namespace", ns, "--leader-election=false"])
         .args(["--admin-addr", &format!("127.0.0.1:{port}")])
+        .args(extra_args())
         .env("RUST_LOG", "warn")
         .kill_on_drop(true)
         .spawn()?)
+}
+
+/// Extra flags for `baton controller` (`BATON_CONTROLLER_ARGS`, split on spaces), e.g.
+/// `--concurrency 128`.
+fn extra_args() -> Vec<String> {
+    std::env::var("BATON_CONTROLLER_ARGS")
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(String::from)
+        .collect()
 }
 
 fn run_manifest(name: &str) -> AgentRun {

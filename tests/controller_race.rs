@@ -65,13 +65,16 @@ async fn with_election_only_the_leader_writes_and_a_successor_takes_over() {
     let a = start(&ns.client, elected("ctl-a"));
     tokio::time::sleep(Duration::from_secs(1)).await;
     let _b = start(&ns.client, elected("ctl-b"));
-    create(&ns, agent_run("r0", 4)).await;
+    // A long startup allowance: no run may expire while the test runs (a standby replica
+    // watches the Leases too, so its clock for r0 starts when r0's Lease moved, not when it
+    // comes to lead).
+    create(&ns, agent_run("r0", 60)).await;
     wait_fence(&ns, "r0", 1, T).await;
     let leader = ns.api::<Lease>().get(LEADER_LEASE_NAME).await.unwrap();
     assert_eq!(lease_holder(&leader), Some("ctl-a"));
     // The leader dies; the other replica takes over once the leader Lease expires.
     drop(a);
-    create(&ns, agent_run("r1", 4)).await;
+    create(&ns, agent_run("r1", 60)).await;
     wait_fence(&ns, "r1", 1, T).await;
     let leader = ns.api::<Lease>().get(LEADER_LEASE_NAME).await.unwrap();
     assert_eq!(lease_holder(&leader), Some("ctl-b"));

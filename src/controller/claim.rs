@@ -31,13 +31,18 @@ use crate::ledger::{Replay, SegmentStore, segment_name};
 
 /// A claim of `run` for fence+1.
 pub async fn claim(ctx: &Context, run: &AgentRun, claim: Claim) -> Result<Applied, Error> {
-    let Some(lease) = confirm_trigger(ctx, run, claim.reason).await? else {
-        return Ok(Applied::Requeue);
-    };
     let status = run.status.clone().unwrap_or_default();
     let fence = status.fence + 1;
     let pod = worker_pod_name(&run.name_any(), fence);
-    if !seal(ctx, run, fence, &pod).await? {
+    // Both are reads: finding the end of the ledger does not wait for the confirmation.
+    let (confirmed, end) = futures::try_join!(
+        confirm_trigger(ctx, run, claim.reason),
+        ledger_end(ctx, run, fence)
+    )?;
+    let Some(lease) = confirmed else {
+        return Ok(Applied::Requeue);
+    };
+    if !seal(ctx, run, fence, &pod, end).await? {
         return Ok(Applied::Conflict);
     }
     let desired = statuses::claimed(run, claim, fence, &pod);
@@ -61,8 +66,14 @@ pub async fn claim(ctx: &Context, run: &AgentRun, claim: Claim) -> Result<Applie
 /// fence). False: the run was lost to a newer claim or closed; re-read it and re-decide.
 /// Safety rests on the `create` at tail+1 (a taken position collides and is classified), never
 /// on how the tail was found; [`ledger_end`] finds it without reading the whole ledger.
-async fn seal(ctx: &Context, run: &AgentRun, fence: i64, pod: &str) -> Result<bool, Error> {
-    let tail = match ledger_end(ctx, run, fence).await? {
+async fn seal(
+    ctx: &Context,
+    run: &AgentRun,
+    fence: i64,
+    pod: &str,
+    end: LedgerEnd,
+) -> Result<bool, Error> {
+    let tail = match end {
         LedgerEnd::Tail(tail) => tail,
         LedgerEnd::Sealed(seq) => {
             // Sealed by an earlier pass (or a racing controller): the status CAS decides.

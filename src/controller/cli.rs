@@ -3,6 +3,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::telemetry::LogFormat;
+
 use super::{Config, DEFAULT_WORKER_IMAGE, Error, RolloutPolicy, default_identity};
 
 /// Flags of `baton controller`.
@@ -32,6 +34,9 @@ pub struct ControllerArgs {
     /// What live runs do when the worker image changes: `handoff` or `keep`.
     #[arg(long, default_value = "handoff", value_parser = parse_policy)]
     pub rollout_policy: RolloutPolicy,
+    /// Log format: `text`, or `json` for one JSON object per line.
+    #[arg(long, env = "BATON_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
     /// Reconciles running at once.
     #[arg(long, default_value_t = 64)]
     pub concurrency: u16,
@@ -65,13 +70,7 @@ impl ControllerArgs {
 
 /// Runs `baton controller` with a client from the environment until it fails.
 pub async fn main(args: ControllerArgs) -> Result<(), Error> {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,kube=warn".into()),
-        )
-        .json()
-        .try_init();
+    crate::telemetry::init_logging(args.log_format);
     let client = kube::Client::try_default().await?;
     super::run(client, args.config()).await
 }
