@@ -243,7 +243,10 @@ fn without_indices(message: &str) -> String {
 
 #[test]
 fn list_indices_are_dropped_from_field_paths_only() {
-    assert_eq!(without_indices("x [spec.tools[0].kind: bad, y[12]]"), "x [spec.tools.kind: bad, y]");
+    assert_eq!(
+        without_indices("x [spec.tools[0].kind: bad, y[12]]"),
+        "x [spec.tools.kind: bad, y]"
+    );
 }
 
 fn store_for(run: &AgentRun, client: kube::Client) -> SegmentStore {
