@@ -43,7 +43,11 @@ async fn two_runs_on_one_thread_are_strictly_sequential() {
     })
     .await
     .unwrap();
-    w.lease.release().await.unwrap();
+    // The controller may complete the run (and clear the Lease's holder) before this release.
+    match w.lease.release().await {
+        Ok(_) | Err(baton::lease::LeaseError::Lost { holder: None, .. }) => {}
+        Err(err) => panic!("releasing the lease: {err}"),
+    }
     let done = wait_run(&ns, "first", T, |s| s.phase == Phase::Succeeded).await;
     let started = wait_fence(&ns, "second", 1, T).await;
     let finished_at = status(&done).completion_time.unwrap().0;
