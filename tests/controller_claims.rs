@@ -209,7 +209,11 @@ async fn handoff_is_claimed_at_once_and_costs_no_attempt() {
     w1.renew().await.unwrap();
     w1.append(vec![LedgerEvent::Handoff]).await.unwrap();
     w1.write_status(|s| s.phase = Phase::Handoff).await.unwrap();
-    w1.lease.release().await.unwrap();
+    // The controller claims a Handoff at once: it may move the Lease before this release.
+    match w1.lease.release().await {
+        Ok(_) | Err(baton::lease::LeaseError::Lost { .. }) => {}
+        Err(err) => panic!("releasing the lease: {err}"),
+    }
     let t0 = Instant::now();
     let run = wait_fence(&ns, "r", 2, Duration::from_secs(10)).await;
     assert!(t0.elapsed() < Duration::from_secs(10));
