@@ -10,6 +10,8 @@
 //! renewal + durationSeconds), controller RSS, API writes per takeover (Events excluded),
 //! reconciles per second.
 //!
+//! `BATON_CONTROLLER_ARGS` adds flags to `baton controller` (e.g. `--concurrency 128`).
+//!
 //! The bench works in a fresh namespace and, whatever happens, deletes every run, segment,
 //! Lease, pod, worker ServiceAccount/Role/RoleBinding and Event in it at the end (the local
 //! control plane has no garbage collector and no namespace controller).
@@ -104,6 +106,7 @@ async fn bench(
         anyhow::bail!("not every run started within {start_timeout:?}");
     }
     let before = scrape(port).await?;
+    let apiserver_before = scrape_apiserver(client).await?;
     let started = Instant::now();
     let ticker = tokio::spawn(tick(progress.clone(), args.runs, args.window, started));
     let expiries = renew_spread(client, ns, args).await;
@@ -113,6 +116,7 @@ async fn bench(
     // The last claims' Lease moves, pod creations and deletions are still in flight.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let after = scrape(port).await?;
+    let apiserver_after = scrape_apiserver(client).await?;
     let rss = rss_kib(controller.id().unwrap_or_default());
     report(
         args,
@@ -123,6 +127,7 @@ async fn bench(
         elapsed,
         rss,
     );
+    report_apiserver(&apiserver_before, &apiserver_after);
     Ok(())
 }
 
@@ -334,14 +339,36 @@ async fn scrape(port: u16) -> anyhow::Result<Samples> {
         .await?
         .text()
         .await?;
-    Ok(body
-        .lines()
+    Ok(samples(&body))
+}
+
+/// The API server's own metrics (its Go runtime's garbage collections, its heap).
+async fn scrape_apiserver(client: &Client) -> anyhow::Result<Samples> {
+    let request = http::Request::get("/metrics").body(Vec::new())?;
+    Ok(samples(&client.request_text(request).await?))
+}
+
+/// Every sample line of a Prometheus text exposition, by series.
+fn samples(body: &str) -> Samples {
+    body.lines()
         .filter(|l| !l.starts_with('#'))
         .filter_map(|l| {
             let (series, value) = l.rsplit_once(' ')?;
             Some((series.to_string(), value.parse::<f64>().ok()?))
         })
-        .collect())
+        .collect()
+}
+
+/// What the API server (sharing the machine's cores with etcd, the controller and the bench)
+/// went through during the window: its garbage collections stall its requests.
+fn report_apiserver(before: &Samples, after: &Samples) {
+    let delta =
+        |series: &str| after.get(series).unwrap_or(&0.0) - before.get(series).unwrap_or(&0.0);
+    let heap = after.get("go_memstats_heap_alloc_bytes").unwrap_or(&0.0) / (1024.0 * 1024.0);
+    println!(
+        "API server during the window: {:.0} Go GC cycles, heap {heap:.0} MiB at the end",
+        delta("go_gc_duration_seconds_count")
+    );
 }
 
 type Samples = HashMap<String, f64>;
@@ -419,6 +446,7 @@ fn report(
             Some(at.saturating_duration_since(*expiry).as_secs_f64())
         })
         .collect();
+    dump_lateness(expiries, claims);
     late.sort_by(f64::total_cmp);
     let pct = |p: f64| {
         late.get(((late.len() as f64 - 1.0) * p).round() as usize)
@@ -451,21 +479,19 @@ fn report(
         "reconciles per second:     {:.1}",
         delta("baton_reconciles_total") / elapsed
     );
-    let (p50, p99) = (
-        bucket_quantile(
-            before,
-            after,
-            "baton_takeover_lateness_seconds_bucket",
-            0.50,
-        ),
-        bucket_quantile(
-            before,
-            after,
-            "baton_takeover_lateness_seconds_bucket",
-            0.99,
-        ),
-    );
+    let quantiles = |histogram: &str| {
+        let bucket = format!("{histogram}_bucket");
+        (
+            bucket_quantile(before, after, &bucket, 0.50),
+            bucket_quantile(before, after, &bucket, 0.99),
+        )
+    };
+    let (p50, p99) = quantiles("baton_takeover_lateness_seconds");
     println!("controller's own lateness: p50 <= {p50} s, p99 <= {p99} s (histogram bucket bounds)");
+    // The claim's own API round trips, of that lateness: the rest is the wait for the expiry's
+    // reconcile to start (the controller's queueing) and the watch's delay.
+    let (p50, p99) = quantiles("baton_claim_api_seconds");
+    println!("  of it, the claim's API calls: p50 <= {p50} s, p99 <= {p99} s");
     let dropped = delta("baton_events_dropped_total");
     if dropped > 0.0 {
         println!("events dropped:            {dropped}");
@@ -476,5 +502,38 @@ fn report(
         for (series, d) in errors {
             println!("  {series}: {d}");
         }
+    }
+}
+
+/// `BATON_BENCH_DUMP=FILE`: one line per takeover, "<expiry, s after the first> <lateness, s>",
+/// to see when in the window late takeovers happened.
+fn dump_lateness(expiries: &HashMap<String, Instant>, claims: &HashMap<String, Instant>) {
+    let Ok(path) = std::env::var("BATON_BENCH_DUMP") else {
+        return;
+    };
+    let Some(first) = expiries.values().min().copied() else {
+        return;
+    };
+    let mut lines: Vec<(f64, f64)> = expiries
+        .iter()
+        .filter_map(|(name, expiry)| {
+            let at = claims.get(name)?;
+            let offset = expiry.duration_since(first).as_secs_f64();
+            Some((offset, at.saturating_duration_since(*expiry).as_secs_f64()))
+        })
+        .collect();
+    lines.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let wall = std::time::SystemTime::now() - first.elapsed();
+    let unix = wall
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let header = format!("# first expiry at unix {:.3}\n", unix.as_secs_f64());
+    let body: String = lines
+        .iter()
+        .map(|(t, l)| format!("{t:.3} {l:.3}\n"))
+        .collect();
+    let text = header + &body;
+    if let Err(err) = std::fs::write(&path, text) {
+        eprintln!("bench: cannot write {path}: {err}");
     }
 }

@@ -7,6 +7,7 @@ mod helm_support;
 use std::collections::{BTreeMap, BTreeSet};
 
 use helm_support::{CHART, helm, of_kind, one, render, yaml_docs};
+use kube::ResourceExt;
 use serde_json::{Value, json};
 
 const VAP: &str = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy";
@@ -18,7 +19,10 @@ fn ci_values() -> Value {
         "image": {"repository": "registry.example/baton", "tag": "1.2.3"},
         "workerImage": "registry.example/baton-worker:1.2.3",
         "controller": {"watchNamespace": "agents", "rolloutPolicy": "keep", "maxConcurrentHandoffs": 4},
-        "metrics": {"serviceMonitor": {"enabled": true, "labels": {"release": "prom"}}},
+        "metrics": {
+            "serviceMonitor": {"enabled": true, "labels": {"release": "prom"}},
+            "podMonitor": {"enabled": true, "labels": {"release": "prom"}}
+        },
         "admissionPolicy": {"enabled": true}
     })
 }
@@ -96,6 +100,10 @@ fn the_controller_runs_two_replicas_with_election_probes_and_a_pdb() {
     assert!(
         of_kind(&objects, "ServiceMonitor").is_empty(),
         "ServiceMonitor is opt-in"
+    );
+    assert!(
+        of_kind(&objects, "PodMonitor").is_empty(),
+        "PodMonitor is opt-in"
     );
     // The flags the chart passes are flags `baton controller` accepts.
     let help = std::process::Command::new(env!("CARGO_BIN_EXE_baton"))
@@ -245,6 +253,26 @@ fn one_namespace_mode_binds_only_there_and_in_the_release_namespace() {
     let monitor = one(&objects, "ServiceMonitor");
     assert_eq!(monitor["spec"]["endpoints"][0]["port"], "metrics");
     assert_eq!(monitor["metadata"]["labels"]["release"], "prom");
+    // Worker pods: the port name and labels the controller gives them, in the watched namespace.
+    let workers = one(&objects, "PodMonitor");
+    let pod = baton::controller::pod::worker_pod(&sample_run(), 1, "img");
+    let spec = &workers["spec"];
+    assert_eq!(
+        spec["podMetricsEndpoints"][0]["port"],
+        baton::controller::pod::METRICS_PORT_NAME
+    );
+    for (key, value) in spec["selector"]["matchLabels"].as_object().unwrap() {
+        assert_eq!(
+            pod.labels().get(key).map(String::as_str),
+            value.as_str(),
+            "{key}"
+        );
+    }
+    for expr in spec["selector"]["matchExpressions"].as_array().unwrap() {
+        let key = expr["key"].as_str().unwrap();
+        assert!(pod.labels().contains_key(key), "worker pods lack {key}");
+    }
+    assert_eq!(spec["namespaceSelector"]["matchNames"], json!(["agents"]));
 }
 
 #[test]
@@ -341,4 +369,14 @@ fn the_charts_crds_are_the_generated_ones_and_notes_show_a_first_run() {
     let run: baton::crd::v1alpha1::AgentRun =
         serde_json::from_value(docs[0].clone()).expect("NOTES' AgentRun parses");
     assert_eq!(run.spec.agent.tools[0].name, "sh");
+}
+
+/// A run as the API server would hand it to the controller (name, namespace, UID).
+fn sample_run() -> baton::crd::v1alpha1::AgentRun {
+    serde_json::from_value(json!({
+        "apiVersion": "baton.dev/v1alpha1", "kind": "AgentRun",
+        "metadata": {"name": "r1", "namespace": "agents", "uid": "u-1"},
+        "spec": {"input": "hi", "agent": {"model": {"script": [{"text": "x"}]}}}
+    }))
+    .unwrap()
 }

@@ -31,6 +31,7 @@ use crate::ledger::{Replay, SegmentStore, segment_name};
 
 /// A claim of `run` for fence+1.
 pub async fn claim(ctx: &Context, run: &AgentRun, claim: Claim) -> Result<Applied, Error> {
+    let started = Instant::now();
     let status = run.status.clone().unwrap_or_default();
     let fence = status.fence + 1;
     let pod = worker_pod_name(&run.name_any(), fence);
@@ -49,6 +50,7 @@ pub async fn claim(ctx: &Context, run: &AgentRun, claim: Claim) -> Result<Applie
     let Some(updated) = cas_status(ctx, run, desired).await? else {
         return Ok(Applied::Conflict);
     };
+    ctx.metrics.claim_api(started.elapsed().as_secs_f64());
     record_claim(ctx, run, claim, fence, &pod);
     // The old pod's deletion does not wait for the new one (the fence, not the deletion,
     // protects the run). A pod confirmed gone is not deleted again.

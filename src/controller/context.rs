@@ -143,7 +143,7 @@ impl Context {
 /// How many Events may wait to be published.
 pub const EVENT_QUEUE: usize = 1024;
 /// How many Events are published at once.
-const EVENT_PUBLISHERS: usize = 4;
+const EVENT_PUBLISHERS: usize = 2;
 
 /// Publishes queued Events until the queue's senders are gone.
 pub async fn publish_events(queue: Receiver<(Event, ObjectReference)>, recorder: Recorder) {

@@ -1,5 +1,6 @@
 //! Prometheus metrics, prefix `baton`: runs by phase, claims and takeovers by reason,
-//! give-ups, reconcile duration, errors, and API writes by kind.
+//! give-ups, reconcile duration, errors, API writes by kind, takeover lateness and how much
+//! of it the claim's own API round trips took.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -26,6 +27,7 @@ pub struct Metrics {
     errors: Family<Labels, Counter>,
     api_writes: Family<Labels, Counter>,
     takeover_lateness: Histogram,
+    claim_api: Histogram,
     events_dropped: Counter,
     writes_total: AtomicU64,
 }
@@ -49,6 +51,7 @@ impl Metrics {
             errors: Family::default(),
             api_writes: Family::default(),
             takeover_lateness: Histogram::new(exponential_buckets(0.01, 2.0, 14)),
+            claim_api: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
             events_dropped: Counter::default(),
             writes_total: AtomicU64::new(0),
         };
@@ -88,6 +91,12 @@ impl Metrics {
             "Time from lease expiry (controller clock) to the claim",
             self.takeover_lateness.clone(),
         );
+        r.register(
+            "claim_api_seconds",
+            "Time from the start of a claim to its status write (API round trips: the trigger \
+             confirmed, the ledger sealed, the status compare-and-swap)",
+            self.claim_api.clone(),
+        );
     }
 
     pub fn claim(&self, reason: &str, takeover: bool) {
@@ -126,6 +135,10 @@ impl Metrics {
 
     pub fn takeover_lateness(&self, seconds: f64) {
         self.takeover_lateness.observe(seconds);
+    }
+
+    pub fn claim_api(&self, seconds: f64) {
+        self.claim_api.observe(seconds);
     }
 
     /// All API writes so far (for the benchmark).

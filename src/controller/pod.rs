@@ -7,8 +7,9 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, Pod, PodSecurityContext,
-    PodSpec, SeccompProfile, SecretKeySelector, SecurityContext, Volume, VolumeMount,
+    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, Pod,
+    PodSecurityContext, PodSpec, SeccompProfile, SecretKeySelector, SecurityContext, Volume,
+    VolumeMount,
 };
 use kube::api::ObjectMeta;
 use kube::{Resource, ResourceExt};
@@ -29,6 +30,8 @@ pub const WORKER_UID: i64 = 65532;
 pub const SCRATCH_DIR: &str = "/tmp";
 /// Name of the `emptyDir` volume mounted at [`SCRATCH_DIR`].
 const SCRATCH_VOLUME: &str = "tmp";
+/// Name of the worker's admin port (`/metrics`, `/livez`, `/readyz`), for a PodMonitor.
+pub const METRICS_PORT_NAME: &str = "metrics";
 
 /// The image the run's worker should run: the run's own, else the controller's.
 pub fn desired_image(run: &AgentRun, default_image: &str) -> String {
@@ -71,6 +74,7 @@ pub fn worker_pod(run: &AgentRun, fence: i64, image: &str) -> Pod {
                 image: Some(image.into()),
                 command: Some(vec!["baton".into(), "worker".into()]),
                 env: Some(worker_env(run, fence, &name)),
+                ports: Some(vec![metrics_port()]),
                 resources: worker.resources.clone(),
                 security_context: Some(container_security_context()),
                 volume_mounts: Some(vec![VolumeMount {
@@ -94,6 +98,17 @@ pub fn worker_pod(run: &AgentRun, fence: i64, image: &str) -> Pod {
             ..PodSpec::default()
         }),
         status: None,
+    }
+}
+
+/// The worker's admin port as its default address has it (the worker binds it unless
+/// `BATON_ADMIN_ADDR` says otherwise).
+fn metrics_port() -> ContainerPort {
+    ContainerPort {
+        name: Some(METRICS_PORT_NAME.into()),
+        container_port: crate::worker::admin::DEFAULT_ADMIN_PORT.into(),
+        protocol: Some("TCP".into()),
+        ..ContainerPort::default()
     }
 }
 
@@ -199,6 +214,15 @@ mod tests {
         assert_eq!(get(env::FENCE).value.as_deref(), Some("3"));
         assert!(get(env::MODEL_API_KEY).value.is_none());
         assert_eq!(get("TMPDIR").value.as_deref(), Some("/tmp"));
+    }
+
+    #[test]
+    fn the_pod_declares_the_workers_metrics_port() {
+        let spec = worker_pod(&run(), 1, "img").spec.unwrap();
+        let ports = spec.containers[0].ports.clone().unwrap();
+        let admin: std::net::SocketAddr = crate::worker::admin::DEFAULT_ADMIN_ADDR.parse().unwrap();
+        assert_eq!(ports[0].name.as_deref(), Some(METRICS_PORT_NAME));
+        assert_eq!(ports[0].container_port, i32::from(admin.port()));
     }
 
     #[test]
