@@ -2,7 +2,8 @@
 //!
 //! Every phase write goes through here: the object carries the resourceVersion it was read
 //! at, so the API server refuses it (409) if anything changed since. A worker's write also
-//! requires `status.fence` to still be its own, checked on the object it read.
+//! requires the run to still be its run (same UID: a run deleted and re-created under the same
+//! name is another run) at its fence, checked on the object it read.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
@@ -25,6 +26,13 @@ pub enum StatusError {
         ours: i64,
         current: i64,
     },
+    /// The run was deleted and re-created under the same name: it is not this writer's run.
+    #[error("run {run} was re-created (uid {current}, ours {ours}): the run was lost")]
+    Replaced {
+        run: String,
+        ours: String,
+        current: String,
+    },
     /// The object changed under a controller write: re-read and re-decide.
     #[error("run {run} changed since it was read")]
     Conflict { run: String },
@@ -33,9 +41,18 @@ pub enum StatusError {
 }
 
 impl StatusError {
+    /// The writer lost the run (its fence moved, or the run is another one now): stop writing.
+    pub fn is_lost(&self) -> bool {
+        matches!(
+            self,
+            StatusError::FenceMoved { .. } | StatusError::Replaced { .. }
+        )
+    }
+
     pub fn label(&self) -> &'static str {
         match self {
             StatusError::FenceMoved { .. } => "fence_moved",
+            StatusError::Replaced { .. } => "replaced",
             StatusError::Conflict { .. } => "conflict",
             StatusError::Kube(_) => "kube",
         }
@@ -63,16 +80,33 @@ pub async fn cas_status(
     }
 }
 
-/// A worker's fenced status write: reads the run, refuses if its fence is not `fence`, applies
-/// `change`, and writes by CAS; on 409 it re-reads and retries while the fence is still ours.
+/// The run a worker writes for: its name and UID, and the attempt's fence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fenced {
+    pub name: String,
+    pub uid: String,
+    pub fence: i64,
+}
+
+/// A worker's fenced status write: reads the run, refuses if it is another run (UID) or its
+/// fence is not ours, applies `change`, and writes by CAS; on 409 it re-reads and retries
+/// while the run is still ours.
 pub async fn fenced_update(
     api: &Api<AgentRun>,
-    name: &str,
-    fence: i64,
+    ours: &Fenced,
     change: impl Fn(&mut AgentRunStatus),
 ) -> Result<AgentRun, StatusError> {
+    let (name, fence) = (ours.name.as_str(), ours.fence);
     for _ in 0..CONFLICT_RETRIES {
         let run = api.get(name).await?;
+        let uid = run.uid().unwrap_or_default();
+        if uid != ours.uid {
+            return Err(StatusError::Replaced {
+                run: name.into(),
+                ours: ours.uid.clone(),
+                current: uid,
+            });
+        }
         let mut status = run.status.clone().unwrap_or_default();
         if status.fence != fence {
             return Err(StatusError::FenceMoved {

@@ -128,3 +128,100 @@ async fn a_finished_run_is_deleted_after_its_ttl() {
     );
     ns.cleanup().await;
 }
+
+/// A run deleted and re-created under the same name before its objects were garbage-collected
+/// (the local control plane has no garbage collector at all, so they stay): the new run starts
+/// at fence 1 on a Lease, ledger, pod and RBAC of its own, the old ones removed by UID, and
+/// the old run's worker can no longer renew that Lease or write that status.
+#[tokio::test]
+async fn a_run_recreated_under_a_deleted_runs_name_starts_clean() {
+    use baton::lease::WorkerLease;
+    use baton::status::{Fenced, StatusError, fenced_update};
+    use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+    use kube::ResourceExt;
+    use kube::api::DeleteParams;
+
+    let ns = TestNamespace::new("ctl-recreate").await;
+    let _c = start(&ns.client, config(&ns.name));
+    let old = create(&ns, agent_run("r", 60)).await;
+    wait_lease(&ns, "r", "r-w1", 1, T).await;
+    wait_pod(&ns, "r-w1", T).await;
+    let old_uid = old.uid().unwrap();
+    ns.api::<AgentRun>()
+        .delete("r", &DeleteParams::default())
+        .await
+        .unwrap();
+    let new = create(&ns, agent_run("r", 60)).await;
+    let new_uid = new.uid().unwrap();
+    assert_ne!(old_uid, new_uid);
+
+    let run = wait_fence(&ns, "r", 1, T).await;
+    let s = status(&run);
+    assert_eq!((s.fence, s.attempt, s.failed_attempts), (1, 1, 0));
+    let owned_by_new =
+        |owners: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference]| {
+            owners.iter().any(|o| o.uid == new_uid)
+        };
+    let deadline = Instant::now() + T;
+    loop {
+        let lease = lease(&ns, "r").await;
+        let pod = ns.api::<Pod>().get_opt("r-w1").await.unwrap();
+        let fresh = lease
+            .as_ref()
+            .is_some_and(|l| owned_by_new(l.owner_references()))
+            && pod
+                .as_ref()
+                .is_some_and(|p| owned_by_new(p.owner_references()));
+        if fresh {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "lease {lease:?} / pod {pod:?} still the old run's"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    wait_lease(&ns, "r", "r-w1", 1, T).await;
+    assert_eq!(seals(&ledger(&ns, "r").await), vec![(1, false)]);
+    let every_segment = ns
+        .api::<baton::crd::v1alpha1::LedgerSegment>()
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items;
+    assert!(
+        every_segment
+            .iter()
+            .all(|s| owned_by_new(s.owner_references())),
+        "the old run's segments are gone: {every_segment:?}"
+    );
+    let account = ns
+        .api::<ServiceAccount>()
+        .get(&baton::rbac::worker_service_account_name("r"))
+        .await
+        .unwrap();
+    assert!(owned_by_new(account.owner_references()), "{account:?}");
+
+    // The old run's worker (pod r-w1 at fence 1, like the new one's) is refused everywhere.
+    let zombie = Fenced {
+        name: "r".into(),
+        uid: old_uid.clone(),
+        fence: 1,
+    };
+    let refused = fenced_update(&ns.api::<AgentRun>(), &zombie, |s| {
+        s.phase = Phase::Finishing
+    })
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(refused, StatusError::Replaced { .. }),
+        "{refused:?}"
+    );
+    let lease = WorkerLease::new(ns.client.clone(), &ns.name, "r", "r-w1", 1).of_run(&old_uid);
+    assert!(lease.renew().await.unwrap_err().is_lost());
+    assert_eq!(
+        status(&controller_support::get(&ns, "r").await).phase,
+        Phase::Running
+    );
+    ns.cleanup().await;
+}

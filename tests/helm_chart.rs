@@ -181,7 +181,7 @@ fn the_controller_gets_exactly_the_verbs_it_uses() {
         ("baton.dev", "agentruns", "get list watch delete"),
         ("baton.dev", "agentruns/status", "get update"),
         ("baton.dev", "agentruns/finalizers", "update"),
-        ("baton.dev", "ledgersegments", "create get list"),
+        ("baton.dev", "ledgersegments", "create get list delete"),
         (
             "coordination.k8s.io",
             "leases",
@@ -189,9 +189,13 @@ fn the_controller_gets_exactly_the_verbs_it_uses() {
         ),
         ("", "pods", "get list watch create delete"),
         ("events.k8s.io", "events", "create patch"),
-        ("", "serviceaccounts", "get create"),
-        ("rbac.authorization.k8s.io", "roles", "get create"),
-        ("rbac.authorization.k8s.io", "rolebindings", "get create"),
+        ("", "serviceaccounts", "get create delete"),
+        ("rbac.authorization.k8s.io", "roles", "get create delete"),
+        (
+            "rbac.authorization.k8s.io",
+            "rolebindings",
+            "get create delete",
+        ),
     ]
     .into_iter()
     .map(|(g, r, v)| {

@@ -16,6 +16,7 @@ use serde::de::DeserializeOwned;
 
 use super::Error;
 use super::context::Context;
+use super::leftovers;
 use super::statuses::run_name;
 use crate::crd::v1alpha1::AgentRun;
 use crate::kube_util::is_already_exists;
@@ -51,11 +52,11 @@ pub async fn ensure_run_rbac(
         // ServiceAccount is independent of both.
         let (accounts, roles) = (ctx.api::<ServiceAccount>(&ns), ctx.api::<Role>(&ns));
         let (sa, role) = futures::try_join!(
-            create_owned(run, &accounts, &rbac.service_account),
-            create_owned(run, &roles, &rbac.role),
+            create_owned(ctx, run, &accounts, &rbac.service_account),
+            create_owned(ctx, run, &roles, &rbac.role),
         )?;
         let bindings = ctx.api::<RoleBinding>(&ns);
-        let binding = create_owned(run, &bindings, &rbac.role_binding).await?;
+        let binding = create_owned(ctx, run, &bindings, &rbac.role_binding).await?;
         for (kind, created) in [
             ("service_account", sa),
             ("role", role),
@@ -72,9 +73,14 @@ pub async fn ensure_run_rbac(
 }
 
 /// Creates `obj`; true if this call created it. An existing object owned by the run is
-/// success; one owned by someone else (an earlier run of the same name that the garbage
-/// collector has not removed yet) is an error, retried later.
-async fn create_owned<K>(run: &AgentRun, api: &Api<K>, obj: &K) -> Result<bool, Error>
+/// success; one owned by an earlier run of the same name (that the garbage collector has not
+/// removed yet) is deleted and the error retried later; one no run owns is left alone.
+async fn create_owned<K>(
+    ctx: &Context,
+    run: &AgentRun,
+    api: &Api<K>,
+    obj: &K,
+) -> Result<bool, Error>
 where
     K: Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
     <K as Resource>::DynamicType: Default,
@@ -84,15 +90,23 @@ where
         Err(err) if is_already_exists(&err) => {
             let existing = api.get(&obj.name_any()).await?;
             if owned_by(&existing, run) {
-                Ok(false)
-            } else {
-                Err(Error::Rbac(format!(
-                    "{} {} exists but is not owned by run {} (waiting for it to be removed)",
-                    K::kind(&Default::default()),
-                    obj.name_any(),
-                    run_name(run)
-                )))
+                return Ok(false);
             }
+            let leftover = leftovers::controlling_run(&existing).is_some();
+            if leftover {
+                leftovers::delete_leftover(ctx, api, &existing).await?;
+            }
+            Err(Error::Rbac(format!(
+                "{} {} exists but is not owned by run {} ({})",
+                K::kind(&Default::default()),
+                obj.name_any(),
+                run_name(run),
+                if leftover {
+                    "an earlier run's of the same name: removing it"
+                } else {
+                    "not a run's: remove it or name a ServiceAccount in spec.worker"
+                }
+            )))
         }
         Err(err) => Err(err.into()),
     }

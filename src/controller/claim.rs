@@ -20,6 +20,7 @@ use super::access::ensure_run_rbac;
 use super::apply::{Applied, cas_status, release_admission, release_run_lease};
 use super::context::{Context, SealMemory};
 use super::decide::{Claim, ClaimReason, Close};
+use super::leftovers;
 use super::observe::sight;
 use super::pod::{desired_image, worker_pod};
 use super::statuses::{self, run_name};
@@ -35,6 +36,9 @@ pub async fn claim(ctx: &Context, run: &AgentRun, claim: Claim) -> Result<Applie
     let status = run.status.clone().unwrap_or_default();
     let fence = status.fence + 1;
     let pod = worker_pod_name(&run.name_any(), fence);
+    if !leftovers::cleared(ctx, run, fence).await? {
+        return Ok(Applied::Requeue);
+    }
     // Both are reads: finding the end of the ledger does not wait for the confirmation.
     let (confirmed, end) = futures::try_join!(
         confirm_trigger(ctx, run, claim.reason),
@@ -418,6 +422,10 @@ pub async fn delete_pod(ctx: &Context, run: &AgentRun, fence: i64) -> Result<(),
 pub async fn close(ctx: &Context, run: &AgentRun, close: &Close) -> Result<Applied, Error> {
     let status = run.status.clone().unwrap_or_default();
     let fence = status.fence + 1;
+    // A run closed before it ever started seals position 1: nothing of a namesake may hold it.
+    if fence == 1 && !leftovers::cleared(ctx, run, fence).await? {
+        return Ok(Applied::Requeue);
+    }
     let store = SegmentStore::for_run(ctx.client.clone(), run);
     let mut replay = read_ledger(&store).await?;
     if replay.max_fence > fence {

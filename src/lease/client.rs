@@ -8,7 +8,7 @@ use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client, ResourceExt};
 use std::collections::BTreeMap;
 
-use super::{LeaseError, held_by, lease_fence, run_lease_name};
+use super::{LeaseError, held_by, lease_fence, owned_by_run, run_lease_name};
 use crate::crd::{FENCE_ANNOTATION, MANAGED_BY_LABEL, RUN_LABEL};
 use crate::kube_util::{is_conflict, is_not_found};
 use crate::ledger::store::label_value;
@@ -158,6 +158,8 @@ pub struct WorkerLease {
     name: String,
     holder: String,
     fence: i64,
+    /// The UID of the run the Lease must belong to, once known.
+    run_uid: Option<String>,
 }
 
 impl WorkerLease {
@@ -167,7 +169,15 @@ impl WorkerLease {
             name: run_lease_name(run),
             holder: holder.into(),
             fence,
+            run_uid: None,
         }
+    }
+
+    /// Holds only a Lease owned by the run with this UID: a run deleted and re-created under
+    /// the same name is another run, whose Lease may name a pod of ours at our fence.
+    pub fn of_run(mut self, uid: &str) -> Self {
+        self.run_uid = Some(uid.into());
+        self
     }
 
     /// Reads the Lease and checks that it names us under our fence.
@@ -179,7 +189,11 @@ impl WorkerLease {
             .ok_or_else(|| LeaseError::Missing {
                 name: self.name.clone(),
             })?;
-        if !held_by(&lease, &self.holder, self.fence) {
+        let other_run = self
+            .run_uid
+            .as_ref()
+            .is_some_and(|uid| !owned_by_run(&lease, uid));
+        if other_run || !held_by(&lease, &self.holder, self.fence) {
             return Err(self.lost(&lease));
         }
         Ok(lease)

@@ -172,7 +172,7 @@ pub async fn conclude(s: &mut Session, ending: Ending, record: bool) -> Exit {
     }
     match write_phase(s, &ending).await {
         Ok(()) => {}
-        Err(StatusError::FenceMoved { .. }) => return Exit::Lost,
+        Err(err) if err.is_lost() => return Exit::Lost,
         Err(err) => {
             warn!(error = %err, "writing the phase failed");
             return Exit::Failed;
@@ -212,9 +212,9 @@ async fn write_phase(s: &Session, ending: &Ending) -> Result<(), StatusError> {
             });
         }
         let change = |st: &mut AgentRunStatus| phase_change(st, ending, &salvage, &p, &ledger);
-        match fenced_update(&s.runs, &name, s.fence(), change).await {
+        match fenced_update(&s.runs, &super::fenced(&s.run, s.fence()), change).await {
             Ok(_) => return Ok(()),
-            Err(err @ StatusError::FenceMoved { .. }) => {
+            Err(err) if err.is_lost() => {
                 s.metrics.fence_rejected(FenceRejection::StatusFenceMoved);
                 return Err(err);
             }

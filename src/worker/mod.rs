@@ -35,7 +35,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use kube::{Api, Client};
+use kube::{Api, Client, ResourceExt};
 use tokio::sync::watch;
 use tracing::{Instrument, error, info, info_span};
 
@@ -53,6 +53,7 @@ use session::Session;
 use crate::crd::v1alpha1::{AgentRun, AgentRunStatus, Phase};
 use crate::lease::{LeaseError, WorkerLease};
 use crate::ledger::{LedgerError, Replay, SEGMENT_BUDGET_BYTES, SegmentStore, check_still_owner};
+use crate::status::Fenced;
 use crate::telemetry::{LogFormat, init_logging};
 
 /// Default cap on the ledger's size: past it the run ends `Interrupted` (TranscriptTooLarge).
@@ -222,6 +223,15 @@ pub async fn run_observed(cfg: WorkerConfig, state: AdminState) -> Exit {
     exit
 }
 
+/// This attempt's hold on `run` (as read at start): its name and UID, and the fence.
+pub fn fenced(run: &AgentRun, fence: i64) -> Fenced {
+    Fenced {
+        name: run.name_any(),
+        uid: run.uid().unwrap_or_default(),
+        fence,
+    }
+}
+
 /// Pure: a worker may start only if the run is `Running` under its fence with it as the worker.
 pub fn may_start(status: Option<&AgentRunStatus>, fence: i64, pod: &str) -> bool {
     status.is_some_and(|s| {
@@ -237,14 +247,7 @@ async fn attempt(
     let metrics = state.metrics.clone();
     let client = counted_client(counters.clone()).await?;
     let runs: Api<AgentRun> = Api::namespaced(client.clone(), &cfg.namespace);
-    let lease = WorkerLease::new(
-        client.clone(),
-        &cfg.namespace,
-        &cfg.run,
-        &cfg.pod,
-        cfg.fence,
-    );
-    let Some(run) = start_check(&runs, &lease, &cfg).await? else {
+    let Some((run, lease)) = start_check(&client, &runs, &cfg).await? else {
         info!("superseded before starting: exiting");
         return Ok(Exit::Superseded);
     };
@@ -278,18 +281,26 @@ async fn attempt(
 
 /// Reads the run and the Lease; `None` when this pod is not the run's current worker.
 async fn start_check(
+    client: &Client,
     runs: &Api<AgentRun>,
-    lease: &WorkerLease,
     cfg: &WorkerConfig,
-) -> Result<Option<AgentRun>, WorkerError> {
+) -> Result<Option<(AgentRun, WorkerLease)>, WorkerError> {
     let Some(run) = runs.get_opt(&cfg.run).await? else {
         return Ok(None);
     };
     if !may_start(run.status.as_ref(), cfg.fence, &cfg.pod) {
         return Ok(None);
     }
+    let lease = WorkerLease::new(
+        client.clone(),
+        &cfg.namespace,
+        &cfg.run,
+        &cfg.pod,
+        cfg.fence,
+    )
+    .of_run(&run.uid().unwrap_or_default());
     match lease.verify().await {
-        Ok(_) => Ok(Some(run)),
+        Ok(_) => Ok(Some((run, lease))),
         Err(err) if err.is_lost() => Ok(None),
         Err(err) => Err(err.into()),
     }
@@ -353,8 +364,7 @@ async fn open_session(
         progress_loop(
             FencedRun {
                 api: runs.clone(),
-                name: cfg.run.clone(),
-                fence: cfg.fence,
+                run: fenced(&run, cfg.fence),
             },
             progress_rx,
             ledger_stats.clone(),

@@ -11,7 +11,7 @@ use tracing::warn;
 use super::guard::LostGuard;
 use super::metrics::{FenceRejection, WorkerMetrics};
 use crate::crd::v1alpha1::{AgentRun, AgentRunStatus, LedgerStats, UnknownEffect};
-use crate::status::{StatusError, condition, fenced_update, set_condition};
+use crate::status::{Fenced, condition, fenced_update, set_condition};
 
 /// What the worker reports while it runs.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -57,8 +57,7 @@ pub fn apply(status: &mut AgentRunStatus, p: &Progress, ledger: &LedgerStats) {
 #[derive(Clone)]
 pub struct FencedRun {
     pub api: Api<AgentRun>,
-    pub name: String,
-    pub fence: i64,
+    pub run: Fenced,
 }
 
 /// Writes progress whenever it changes, at most every `interval`, until aborted or lost.
@@ -78,10 +77,10 @@ pub async fn progress_loop(
         }
         let p = progress.borrow_and_update().clone();
         let l = ledger.borrow_and_update().clone();
-        let write = fenced_update(&run.api, &run.name, run.fence, |s| apply(s, &p, &l));
+        let write = fenced_update(&run.api, &run.run, |s| apply(s, &p, &l));
         match write.await {
             Ok(_) => {}
-            Err(err @ StatusError::FenceMoved { .. }) => {
+            Err(err) if err.is_lost() => {
                 metrics.fence_rejected(FenceRejection::StatusFenceMoved);
                 guard.lose(err.to_string());
                 return;

@@ -250,7 +250,14 @@ impl FakeWorker {
         &self,
         change: impl Fn(&mut AgentRunStatus),
     ) -> Result<AgentRun, StatusError> {
-        fenced_update(&self.runs(), &self.run, self.fence, change).await
+        // A fake worker is handed its run by name: it writes for the run of that name now.
+        let run = self.runs().get(&self.run).await?;
+        fenced_update(
+            &self.runs(),
+            &baton::worker::fenced(&run, self.fence),
+            change,
+        )
+        .await
     }
 }
 

@@ -1,0 +1,141 @@
+//! Leftovers of a deleted run of the same name: its Lease `run.<name>`, its ledger segments
+//! `<name>-NNNNNN` and its worker pods `<name>-w<fence>` stay until the garbage collector
+//! removes them (in a real cluster soon; the local control plane has none). A new run of that
+//! name would collide with them: its seal with the old ledger, its Lease move with the old
+//! fence, its pod with the old pod, which it would take for its own and then count as dead.
+//!
+//! So before a claim creates anything, the objects it is about to use are checked against the
+//! run's UID, and those of another run are deleted, each with a UID precondition (so nothing
+//! but that leftover can be deleted), and the claim waits for the next pass. They are garbage
+//! either way: their owner is gone, as a run has one UID per name at a time.
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, GetParams, ListParams, Preconditions};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Api, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+
+use super::Error;
+use super::context::Context;
+use super::statuses::run_name;
+use crate::crd::v1alpha1::{AgentRun, LedgerSegment};
+use crate::crd::{RUN_UID_LABEL, worker_pod_name};
+use crate::kube_util::is_not_found;
+use crate::lease::run_lease_name;
+use crate::ledger::segment_name;
+
+/// True when nothing of another run stands where the claim of `run` for `fence` will write;
+/// false when leftovers were found (and are being deleted): look again shortly.
+pub async fn cleared(ctx: &Context, run: &AgentRun, fence: i64) -> Result<bool, Error> {
+    let uid = run.uid().unwrap_or_default();
+    let ns = run.namespace().unwrap_or_default();
+    let mut found = Vec::new();
+    if let Some(pod) = foreign_pod(ctx, run, &uid, fence) {
+        delete_leftover(ctx, &ctx.api::<Pod>(&ns), &pod).await?;
+        found.push(format!("pod {}", pod.name_any()));
+    }
+    if fence == 1 {
+        if let Some(lease) = foreign_lease(ctx, run, &uid) {
+            delete_leftover(ctx, &ctx.api::<Lease>(&ns), &lease).await?;
+            found.push(format!("Lease {}", lease.name_any()));
+        }
+        let segments = foreign_segments(ctx, run, &uid).await?;
+        if !segments.is_empty() {
+            let api = ctx.api::<LedgerSegment>(&ns);
+            for segment in &segments {
+                delete_leftover(ctx, &api, segment).await?;
+            }
+            found.push(format!("{} ledger segments", segments.len()));
+        }
+    }
+    if found.is_empty() {
+        return Ok(true);
+    }
+    let note = format!(
+        "removing what an earlier run named {} left behind ({}) before claiming fence {fence}",
+        run.name_any(),
+        found.join(", ")
+    );
+    tracing::info!(run = %run_name(run), fence, leftovers = %found.join(", "), "leftovers");
+    ctx.event(run, false, "RemovingLeftovers", note);
+    Ok(false)
+}
+
+/// The pod the claim for `fence` will create, if the cache has one owned by another run.
+fn foreign_pod(ctx: &Context, run: &AgentRun, uid: &str, fence: i64) -> Option<Pod> {
+    let name = worker_pod_name(&run.name_any(), fence);
+    let ns = run.namespace().unwrap_or_default();
+    let pod = ctx.pods.get(&ObjectRef::new(&name).within(&ns))?;
+    let other = controlling_run(&*pod).is_some_and(|owner| owner != uid);
+    other.then(|| (*pod).clone())
+}
+
+/// The run Lease, if the cache has one controlled by another run.
+fn foreign_lease(ctx: &Context, run: &AgentRun, uid: &str) -> Option<Lease> {
+    let ns = run.namespace().unwrap_or_default();
+    let name = run_lease_name(&run.name_any());
+    let lease = ctx.leases.get(&ObjectRef::new(&name).within(&ns))?;
+    let other = controlling_run(&*lease).is_some_and(|owner| owner != uid);
+    other.then(|| (*lease).clone())
+}
+
+/// UID of the AgentRun controlling `obj` (None: no run controls it, so it is not a run's
+/// leftover and is left alone).
+pub fn controlling_run<K: Resource>(obj: &K) -> Option<&str> {
+    obj.owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true) && o.kind == "AgentRun")
+        .map(|o| o.uid.as_str())
+}
+
+/// Every segment of the run that holds the first position, if that run is another one. The
+/// first position tells: every ledger starts there. Read from the API server's watch cache.
+async fn foreign_segments(
+    ctx: &Context,
+    run: &AgentRun,
+    uid: &str,
+) -> Result<Vec<LedgerSegment>, Error> {
+    let api = ctx.api::<LedgerSegment>(&run.namespace().unwrap_or_default());
+    let first = match api
+        .get_with(&segment_name(&run.name_any(), 1), &GetParams::any())
+        .await
+    {
+        Ok(segment) => segment,
+        Err(err) if is_not_found(&err) => return Ok(Vec::new()),
+        Err(err) => return Err(err.into()),
+    };
+    let Some(other) = first.labels().get(RUN_UID_LABEL).filter(|o| *o != uid) else {
+        return Ok(Vec::new());
+    };
+    let selector = format!("{RUN_UID_LABEL}={other}");
+    let mut segments = api
+        .list(&ListParams::default().labels(&selector).match_any())
+        .await?
+        .items;
+    if segments.is_empty() {
+        // The cache may not list what it just returned by name: delete that one at least.
+        segments.push(first);
+    }
+    Ok(segments)
+}
+
+/// Deletes `obj` only if it is still that very object (its UID); gone already is fine.
+pub async fn delete_leftover<K>(ctx: &Context, api: &Api<K>, obj: &K) -> Result<(), Error>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let precondition = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: obj.uid(),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    ctx.check_leader()?;
+    match api.delete(&obj.name_any(), &precondition).await {
+        Ok(_) => Ok(()),
+        Err(err) if is_not_found(&err) || crate::kube_util::is_conflict(&err) => Ok(()),
+        Err(err) => Err(err.into()),
+    }
+}
