@@ -10,5 +10,6 @@ cargo run -q -- crd --dir crds --check
 cargo run -q -- crd --dir charts/baton/crds --check
 
 echo "==> running all tests against the local control plane"
-# Benchmarks are not tests: they print figures (make bench-*) and are not run here.
-bash hack/with-control-plane.sh cargo test --lib --bins --tests -- "$@"
+# Benchmarks are not tests: they print figures (make bench-*) and are not run here. Every test
+# binary runs even after one fails (--no-fail-fast): one CI run shows every failure.
+bash hack/with-control-plane.sh cargo test --no-fail-fast --lib --bins --tests -- "$@"

@@ -204,6 +204,24 @@ async fn controller_token_requests(
     create_run_rbac(controller, &run).await;
 }
 
+/// Waits until the run's worker RoleBinding (created last of the three) exists.
+async fn wait_run_rbac(ns: &TestNamespace, name: &str, timeout: Duration) {
+    let deadline = std::time::Instant::now() + timeout;
+    while ns
+        .api::<RoleBinding>()
+        .get_opt(name)
+        .await
+        .unwrap()
+        .is_none()
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the controller never bound {name}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Creates a run's worker ServiceAccount, Role and RoleBinding as `client` (the controller).
 async fn create_run_rbac(client: &Client, run: &AgentRun) -> RunRbac {
     let rbac = RunRbac::for_run(run).unwrap();
@@ -262,14 +280,13 @@ async fn a_controller_holding_only_the_charts_token_finishes_a_run() {
     };
     let controller = tokio::spawn(baton::controller::run(controller_client.clone(), config));
 
-    // Until the controller creates per-run RBAC itself, the test does it with the
-    // controller's own token (so its RBAC is what is proven), before creating the run's pod.
-    let run = ns
-        .api::<AgentRun>()
+    // The controller, with nothing but the chart's token, gives the run its own ServiceAccount,
+    // Role and RoleBinding before its pod; the worker then runs as that identity.
+    ns.api::<AgentRun>()
         .create(&PostParams::default(), &scripted("full"))
         .await
         .unwrap();
-    create_run_rbac(&controller_client, &run).await;
+    wait_run_rbac(&ns, "baton-run-full", Duration::from_secs(30)).await;
     let worker_token = mint_token(&ns.client, &ns.name, "baton-run-full").await;
     let kubeconfig = worker_kubeconfig(&ns.name, &worker_token);
     assert_eq!(

@@ -22,6 +22,8 @@ use crate::lease::LeaseSighting;
 /// What the controller remembers about one run, on its own clock.
 #[derive(Debug, Clone, Default)]
 pub struct RunMemory {
+    /// The UID of the run this is about: a run re-created under the same name starts afresh.
+    pub uid: Option<String>,
     pub sighting: Option<LeaseSighting>,
     pub stop_seen_at: Option<Instant>,
     /// UID of the run whose worker ServiceAccount, Role and RoleBinding are known to exist.
@@ -39,6 +41,23 @@ pub struct SealMemory {
     pub uid: String,
     pub fence: i64,
     pub seq: i64,
+}
+
+/// The memory of the run at `key` with `uid`, started afresh if it was about another run of
+/// that name (a deleted one).
+pub fn memory_for<'a>(
+    memory: &'a mut HashMap<RunKey, RunMemory>,
+    key: RunKey,
+    uid: Option<&str>,
+) -> &'a mut RunMemory {
+    let m = memory.entry(key).or_default();
+    if uid.is_some() && m.uid.is_some() && m.uid.as_deref() != uid {
+        *m = RunMemory::default();
+    }
+    if uid.is_some() {
+        m.uid = uid.map(Into::into);
+    }
+    m
 }
 
 /// Key of a run in memory: namespace and name.
@@ -96,15 +115,21 @@ impl Context {
         Api::namespaced(self.client.clone(), namespace)
     }
 
-    /// A copy of what the controller remembers about `run`.
+    /// A copy of what the controller remembers about `run` (nothing, if that was about an
+    /// earlier run of the same name).
     pub fn memory_of(&self, run: &AgentRun) -> RunMemory {
         let memory = self.memory.lock().expect("memory lock");
-        memory.get(&run_key(run)).cloned().unwrap_or_default()
+        memory
+            .get(&run_key(run))
+            .filter(|m| m.uid.is_none() || m.uid == run.uid())
+            .cloned()
+            .unwrap_or_default()
     }
 
     pub fn remember(&self, run: &AgentRun, change: impl FnOnce(&mut RunMemory)) {
         let mut memory = self.memory.lock().expect("memory lock");
-        change(memory.entry(run_key(run)).or_default());
+        let uid = run.uid();
+        change(memory_for(&mut memory, run_key(run), uid.as_deref()));
     }
 
     pub fn forget(&self, run: &AgentRun) {
@@ -157,4 +182,30 @@ pub async fn publish_events(queue: Receiver<(Event, ObjectReference)>, recorder:
             }
         })
         .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_recreated_under_the_same_name_starts_with_a_fresh_memory() {
+        let mut memory = HashMap::new();
+        let key = || ("ns".to_string(), "r".to_string());
+        memory_for(&mut memory, key(), Some("u-old")).rbac_for = Some("u-old".into());
+        assert_eq!(
+            memory_for(&mut memory, key(), Some("u-old"))
+                .rbac_for
+                .as_deref(),
+            Some("u-old")
+        );
+        let fresh = memory_for(&mut memory, key(), Some("u-new"));
+        assert_eq!(fresh.rbac_for, None);
+        assert_eq!(fresh.uid.as_deref(), Some("u-new"));
+        // Without a UID to tell (a run not read from the API server), the memory is kept.
+        assert_eq!(
+            memory_for(&mut memory, key(), None).uid.as_deref(),
+            Some("u-new")
+        );
+    }
 }

@@ -17,7 +17,7 @@ use tokio::sync::watch;
 
 use super::admin::{self, AdminState};
 use super::apply::{Applied, apply};
-use super::context::{Context, EVENT_QUEUE, publish_events};
+use super::context::{Context, EVENT_QUEUE, memory_for, publish_events};
 use super::decide::{Action, decide};
 use super::election::{self, Leadership};
 use super::metrics::Metrics;
@@ -157,7 +157,7 @@ fn sight_on_arrival(ctx: &Context, lease: &Lease) {
     let key = (lease.namespace().unwrap_or_default(), owner.name.clone());
     let now = Instant::now();
     let mut memory = ctx.memory.lock().expect("memory lock");
-    let m = memory.entry(key).or_default();
+    let m = memory_for(&mut memory, key, Some(owner.uid.as_str()));
     m.sighting = Some(LeaseSighting::observe(m.sighting.as_ref(), lease, now));
 }
 

@@ -6,9 +6,7 @@ use std::collections::BTreeMap;
 use reqwest::header::ACCEPT;
 use serde_json::{Value, json};
 
-use super::openai::{
-    generated_call_id, model_name, paired_tool_results, tool_description, tool_parameters,
-};
+use super::openai::{model_name, paired_tool_results, tool_description, tool_parameters};
 use super::sse::{self, ApiKey, SseReader};
 use super::{DeltaSink, ModelError, ModelRequest, ModelToolCall, ModelTurn};
 use crate::crd::v1alpha1::{ModelSpec, ToolSpec};
@@ -306,27 +304,13 @@ impl TurnBuilder {
 }
 
 impl ToolUse {
+    /// A block without a streamed `partial_json` keeps the input its start carried.
     fn finish(self) -> Result<ModelToolCall, ModelError> {
-        if self.name.is_empty() {
-            return Err(ModelError::Retryable {
-                message: "the model's stream held a tool use without a name".into(),
-                retry_after: None,
-            });
-        }
         let arguments = match (self.json.trim(), self.initial) {
             ("", Some(initial @ Value::Object(_))) => initial.to_string(),
-            ("", _) => "{}".to_string(),
             _ => self.json,
         };
-        let call_id = match self.id.is_empty() {
-            true => generated_call_id(),
-            false => self.id,
-        };
-        Ok(ModelToolCall {
-            call_id,
-            tool: self.name,
-            arguments,
-        })
+        ModelToolCall::from_stream(self.id, self.name, arguments)
     }
 }
 

@@ -33,6 +33,33 @@ pub struct ModelToolCall {
     pub arguments: String,
 }
 
+impl ModelToolCall {
+    /// A tool call as a provider's stream assembled it. One without a name is a broken stream
+    /// (worth retrying); empty arguments are `{}`; a call without an id gets a unique one
+    /// (some local servers give none, and the conversation needs them).
+    pub fn from_stream(id: String, name: String, arguments: String) -> Result<Self, ModelError> {
+        if name.is_empty() {
+            return Err(ModelError::Retryable {
+                message: "the model's stream held a tool call without a name".into(),
+                retry_after: None,
+            });
+        }
+        let arguments = match arguments.trim() {
+            "" => "{}".to_string(),
+            _ => arguments,
+        };
+        let call_id = match id.is_empty() {
+            true => format!("call_{:016x}", rand::random::<u64>()),
+            false => id,
+        };
+        Ok(Self {
+            call_id,
+            tool: name,
+            arguments,
+        })
+    }
+}
+
 /// The model's turn: its text and the tool calls to run, in order. No tool calls = final answer.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ModelTurn {

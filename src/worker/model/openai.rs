@@ -361,31 +361,8 @@ impl TurnBuilder {
 
 impl PartialCall {
     fn finish(self) -> Result<ModelToolCall, ModelError> {
-        if self.name.is_empty() {
-            return Err(ModelError::Retryable {
-                message: "the model's stream held a tool call without a name".into(),
-                retry_after: None,
-            });
-        }
-        let arguments = match self.arguments.trim() {
-            "" => "{}".to_string(),
-            _ => self.arguments,
-        };
-        let call_id = match self.id.is_empty() {
-            true => generated_call_id(),
-            false => self.id,
-        };
-        Ok(ModelToolCall {
-            call_id,
-            tool: self.name,
-            arguments,
-        })
+        ModelToolCall::from_stream(self.id, self.name, self.arguments)
     }
-}
-
-/// Some local servers give no call ids; the conversation needs unique ones.
-pub(super) fn generated_call_id() -> String {
-    format!("call_{:016x}", rand::random::<u64>())
 }
 
 #[cfg(test)]
