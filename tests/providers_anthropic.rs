@@ -6,12 +6,12 @@ mod server;
 use std::time::{Duration, Instant};
 
 use baton::crd::v1alpha1::{ModelSpec, Provider, ToolKind, ToolSpec};
-use baton::ledger::{ReplayedMessage, ToolCallRecord};
+use baton::ledger::ReplayedMessage;
 use baton::worker::model::anthropic::AnthropicModel;
 use baton::worker::model::retry::{RetryPolicy, with_retries};
 use baton::worker::model::{ModelError, ModelRequest, ModelTurn};
 use serde_json::{Value, json};
-use server::{Reply, Server, split_every};
+use server::{Reply, Server, answer_tool_calls, calls_of, split_every};
 use tokio::sync::mpsc::unbounded_channel;
 use tokio_util::sync::CancellationToken;
 
@@ -177,42 +177,15 @@ async fn parallel_tool_uses_assemble_and_round_trip_as_tool_results() {
         (turn.text.as_str(), streamed.as_str()),
         ("Checking.", "Checking.")
     );
-    let calls: Vec<_> = turn
-        .tool_calls
-        .iter()
-        .map(|c| (c.call_id.as_str(), c.tool.as_str(), c.arguments.as_str()))
-        .collect();
     assert_eq!(
-        calls,
+        calls_of(&turn),
         [
             ("toolu_A", "sh", r#"{"command": "date"}"#),
             ("toolu_B", "fetch", r#"{"method":"GET","url":"http://x"}"#)
         ]
     );
 
-    let records = turn
-        .tool_calls
-        .iter()
-        .enumerate()
-        .map(|(i, c)| ToolCallRecord {
-            step: i as i64 + 1,
-            call_id: c.call_id.clone(),
-            tool: c.tool.clone(),
-            input: c.arguments.clone(),
-        });
-    conversation.push(ReplayedMessage::Assistant {
-        text: turn.text.clone(),
-        tool_calls: records.collect(),
-    });
-    for (i, c) in turn.tool_calls.iter().enumerate() {
-        conversation.push(ReplayedMessage::ToolResult {
-            step: i as i64 + 1,
-            call_id: c.call_id.clone(),
-            tool: c.tool.clone(),
-            content: format!("out {i}"),
-            is_error: i == 1,
-        });
-    }
+    answer_tool_calls(&mut conversation, &turn);
     conversation.push(ReplayedMessage::User("and summarise".into()));
     let (second, _) = complete(&model, &request(conversation)).await;
     assert_eq!(second.unwrap().text, "done");

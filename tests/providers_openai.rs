@@ -11,7 +11,7 @@ use baton::worker::model::openai::OpenAiModel;
 use baton::worker::model::retry::{RetryPolicy, with_retries};
 use baton::worker::model::{ModelError, ModelRequest, ModelTurn};
 use serde_json::{Value, json};
-use server::{Reply, Server, split_every};
+use server::{Reply, Server, answer_tool_calls, calls_of, split_every};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 use tokio_util::sync::CancellationToken;
 
@@ -226,13 +226,8 @@ async fn parallel_tool_calls_assemble_and_their_ids_round_trip() {
     let (turn, streamed) = complete(&model, &request(conversation.clone())).await;
     let turn = turn.unwrap();
     assert_eq!(streamed, "Running both.");
-    let calls: Vec<_> = turn
-        .tool_calls
-        .iter()
-        .map(|c| (c.call_id.as_str(), c.tool.as_str(), c.arguments.as_str()))
-        .collect();
     assert_eq!(
-        calls,
+        calls_of(&turn),
         [
             ("call_A", "sh", r#"{"command":"date"}"#),
             ("call_B", "fetch", r#"{"method":"GET","url":"http://x"}"#)
@@ -240,29 +235,7 @@ async fn parallel_tool_calls_assemble_and_their_ids_round_trip() {
     );
 
     // The agent loop records the calls and their results; the next request carries them back.
-    let records = turn
-        .tool_calls
-        .iter()
-        .enumerate()
-        .map(|(i, c)| ToolCallRecord {
-            step: i as i64 + 1,
-            call_id: c.call_id.clone(),
-            tool: c.tool.clone(),
-            input: c.arguments.clone(),
-        });
-    conversation.push(ReplayedMessage::Assistant {
-        text: turn.text.clone(),
-        tool_calls: records.collect(),
-    });
-    for (i, c) in turn.tool_calls.iter().enumerate() {
-        conversation.push(ReplayedMessage::ToolResult {
-            step: i as i64 + 1,
-            call_id: c.call_id.clone(),
-            tool: c.tool.clone(),
-            content: format!("out {i}"),
-            is_error: i == 1,
-        });
-    }
+    answer_tool_calls(&mut conversation, &turn);
     let (second, _) = complete(&model, &request(conversation)).await;
     assert_eq!(second.unwrap().text, "done");
 

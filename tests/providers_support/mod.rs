@@ -10,6 +10,8 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use baton::ledger::{ReplayedMessage, ToolCallRecord};
+use baton::worker::model::ModelTurn;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -192,4 +194,40 @@ async fn write_chunks(
 pub fn split_every(text: &str, size: usize) -> Vec<String> {
     let chars: Vec<char> = text.chars().collect();
     chars.chunks(size).map(|c| c.iter().collect()).collect()
+}
+
+/// Each tool call of `turn` as (call id, tool, arguments).
+pub fn calls_of(turn: &ModelTurn) -> Vec<(&str, &str, &str)> {
+    turn.tool_calls
+        .iter()
+        .map(|c| (c.call_id.as_str(), c.tool.as_str(), c.arguments.as_str()))
+        .collect()
+}
+
+/// What the agent loop does with a turn's tool calls: records them (steps 1, 2, ...) in the
+/// conversation, then each one's result, `out <i>`, the second one an error.
+pub fn answer_tool_calls(conversation: &mut Vec<ReplayedMessage>, turn: &ModelTurn) {
+    let records = turn
+        .tool_calls
+        .iter()
+        .enumerate()
+        .map(|(i, c)| ToolCallRecord {
+            step: i as i64 + 1,
+            call_id: c.call_id.clone(),
+            tool: c.tool.clone(),
+            input: c.arguments.clone(),
+        });
+    conversation.push(ReplayedMessage::Assistant {
+        text: turn.text.clone(),
+        tool_calls: records.collect(),
+    });
+    for (i, c) in turn.tool_calls.iter().enumerate() {
+        conversation.push(ReplayedMessage::ToolResult {
+            step: i as i64 + 1,
+            call_id: c.call_id.clone(),
+            tool: c.tool.clone(),
+            content: format!("out {i}"),
+            is_error: i == 1,
+        });
+    }
 }

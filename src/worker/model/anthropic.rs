@@ -291,15 +291,7 @@ impl TurnBuilder {
     }
 
     fn build(self) -> Result<ModelTurn, ModelError> {
-        let tool_calls = self
-            .tools
-            .into_values()
-            .map(ToolUse::finish)
-            .collect::<Result<_, _>>()?;
-        Ok(ModelTurn {
-            text: self.text,
-            tool_calls,
-        })
+        ModelTurn::assembled(self.text, self.tools.into_values().map(ToolUse::finish))
     }
 }
 

@@ -67,6 +67,18 @@ pub struct ModelTurn {
     pub tool_calls: Vec<ModelToolCall>,
 }
 
+impl ModelTurn {
+    /// The turn a provider's stream assembled: its text and its tool calls in order (the
+    /// first broken call fails the turn).
+    pub fn assembled(
+        text: String,
+        calls: impl IntoIterator<Item = Result<ModelToolCall, ModelError>>,
+    ) -> Result<Self, ModelError> {
+        let tool_calls = calls.into_iter().collect::<Result<_, _>>()?;
+        Ok(Self { text, tool_calls })
+    }
+}
+
 /// Why a model call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {

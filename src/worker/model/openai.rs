@@ -347,15 +347,7 @@ impl TurnBuilder {
     }
 
     fn build(self) -> Result<ModelTurn, ModelError> {
-        let tool_calls = self
-            .calls
-            .into_values()
-            .map(PartialCall::finish)
-            .collect::<Result<_, _>>()?;
-        Ok(ModelTurn {
-            text: self.text,
-            tool_calls,
-        })
+        ModelTurn::assembled(self.text, self.calls.into_values().map(PartialCall::finish))
     }
 }
 
