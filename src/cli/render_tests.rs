@@ -5,9 +5,9 @@ use k8s_openapi::jiff::Timestamp;
 
 use super::render::*;
 use crate::crd::v1alpha1::{
-    AgentRun, AgentRunStatus, LedgerEvent, LedgerSegment, LedgerSegmentSpec, Phase, ProbeOutcome,
-    Role, UnknownEffect,
+    AgentRun, AgentRunStatus, LedgerEvent, LedgerSegment, Phase, ProbeOutcome, Role, UnknownEffect,
 };
+use crate::ledger::test_segment as seg;
 
 fn now() -> Timestamp {
     "2025-01-01T12:00:00Z".parse().unwrap()
@@ -22,19 +22,6 @@ fn run(name: &str, ns: &str, status: AgentRunStatus) -> AgentRun {
     .unwrap();
     run.status = Some(status);
     run
-}
-
-fn seg(seq: i64, fence: i64, events: Vec<LedgerEvent>) -> LedgerSegment {
-    LedgerSegment::new(
-        &format!("r-{seq:06}"),
-        LedgerSegmentSpec {
-            run: "r".into(),
-            seq,
-            fence,
-            format: 1,
-            events,
-        },
-    )
 }
 
 fn unknown(step: i64, tool: &str) -> UnknownEffect {

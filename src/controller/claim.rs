@@ -493,20 +493,8 @@ fn record_close(ctx: &Context, run: &AgentRun, close: &Close, fence: i64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::crd::v1alpha1::LedgerSegmentSpec;
 
-    fn seg(seq: i64, fence: i64, events: Vec<LedgerEvent>) -> LedgerSegment {
-        LedgerSegment::new(
-            &segment_name("r", seq),
-            LedgerSegmentSpec {
-                run: "r".into(),
-                seq,
-                fence,
-                format: 1,
-                events,
-            },
-        )
-    }
+    use crate::ledger::test_segment as seg;
 
     #[test]
     fn a_claim_walks_past_older_fences_and_stops_at_its_own_a_newer_or_a_close() {

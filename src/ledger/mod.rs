@@ -138,23 +138,25 @@ pub fn classify_collision(
     }
 }
 
+/// Test fixture: segment `seq` of run `r`, written under `fence`.
+#[cfg(test)]
+pub fn test_segment(seq: i64, fence: i64, events: Vec<LedgerEvent>) -> LedgerSegment {
+    LedgerSegment::new(
+        &segment_name("r", seq),
+        crate::crd::v1alpha1::LedgerSegmentSpec {
+            run: "r".into(),
+            seq,
+            fence,
+            format: 1,
+            events,
+        },
+    )
+}
+
 #[cfg(test)]
 mod tests {
+    use super::test_segment as seg;
     use super::*;
-    use crate::crd::v1alpha1::LedgerSegmentSpec;
-
-    fn seg(seq: i64, fence: i64, events: Vec<LedgerEvent>) -> LedgerSegment {
-        LedgerSegment::new(
-            &segment_name("r", seq),
-            LedgerSegmentSpec {
-                run: "r".into(),
-                seq,
-                fence,
-                format: 1,
-                events,
-            },
-        )
-    }
 
     #[test]
     fn segment_names_sort_in_ledger_order() {

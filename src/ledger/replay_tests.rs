@@ -1,20 +1,8 @@
 //! Unit tests of the ledger replay.
 
 use super::*;
-use crate::crd::v1alpha1::LedgerSegmentSpec;
 
-fn seg(seq: i64, fence: i64, events: Vec<LedgerEvent>) -> LedgerSegment {
-    LedgerSegment::new(
-        &format!("r-{seq:06}"),
-        LedgerSegmentSpec {
-            run: "r".into(),
-            seq,
-            fence,
-            format: 1,
-            events,
-        },
-    )
-}
+use crate::ledger::test_segment as seg;
 
 fn intent(step: i64) -> LedgerEvent {
     LedgerEvent::StepIntent {
