@@ -16,7 +16,7 @@ use serde::de::DeserializeOwned;
 
 use super::Error;
 use super::context::Context;
-use super::leftovers;
+use super::leftovers::{self, owned_by};
 use super::statuses::run_name;
 use crate::crd::v1alpha1::AgentRun;
 use crate::kube_util::is_already_exists;
@@ -110,13 +110,6 @@ where
         }
         Err(err) => Err(err.into()),
     }
-}
-
-fn owned_by<K: Resource>(obj: &K, run: &AgentRun) -> bool {
-    let uid = run.uid();
-    obj.owner_references()
-        .iter()
-        .any(|o| Some(&o.uid) == uid.as_ref())
 }
 
 fn rbac_error(run: &AgentRun, err: RbacError) -> Error {

@@ -80,6 +80,14 @@ fn foreign_lease(ctx: &Context, run: &AgentRun, uid: &str) -> Option<Lease> {
     other.then(|| (*lease).clone())
 }
 
+/// True if `run` (by UID) is among `obj`'s owners.
+pub fn owned_by<K: Resource>(obj: &K, run: &AgentRun) -> bool {
+    let uid = run.uid();
+    obj.owner_references()
+        .iter()
+        .any(|o| Some(&o.uid) == uid.as_ref())
+}
+
 /// UID of the AgentRun controlling `obj` (None: no run controls it, so it is not a run's
 /// leftover and is left alone).
 pub fn controlling_run<K: Resource>(obj: &K) -> Option<&str> {

@@ -11,6 +11,7 @@ use kube::runtime::reflector::ObjectRef;
 
 use super::context::{Context, run_key};
 use super::decide::{Admission, LeaseObs, Observation, PodState};
+use super::leftovers::owned_by;
 use super::pod::{desired_image, pod_image};
 use crate::crd::v1alpha1::AgentRun;
 use crate::crd::worker_pod_name;
@@ -72,14 +73,9 @@ pub fn pod_state(ctx: &Context, run: &AgentRun) -> PodState {
     let name = worker_pod_name(&run.name_any(), fence);
     let ns = run.namespace().unwrap_or_default();
     match ctx.pods.get(&ObjectRef::new(&name).within(&ns)) {
-        Some(pod) if owned_by(&pod, run) => classify_pod(&pod),
+        Some(pod) if owned_by(&*pod, run) => classify_pod(&pod),
         _ => PodState::Missing,
     }
-}
-
-fn owned_by(pod: &Pod, run: &AgentRun) -> bool {
-    let uid = run.uid().unwrap_or_default();
-    pod.owner_references().iter().any(|o| o.uid == uid)
 }
 
 /// Pending, running, terminated or being deleted.
