@@ -1,4 +1,32 @@
-//! Small helpers over kube's error type, shared by every module that talks to the API server.
+//! Small helpers over kube's client config and error type, shared by every module that talks
+//! to the API server.
+
+use http::HeaderValue;
+use http::header::USER_AGENT;
+
+/// The cluster config from the environment (in-cluster or KUBECONFIG), its requests naming the
+/// baton component that sends them (`baton-<component>/<version>`). The API server takes the
+/// User-Agent's product as the field manager of every write, so `managedFields` and audit logs
+/// say `baton-controller` or `baton-worker` instead of `unknown`.
+pub async fn config_for(component: &str) -> Result<kube::Config, kube::Error> {
+    let mut config = kube::Config::infer()
+        .await
+        .map_err(kube::Error::InferConfig)?;
+    let agent = HeaderValue::from_str(&user_agent(component))
+        .map_err(|e| kube::Error::HttpError(http::Error::from(e)))?;
+    config.headers.push((USER_AGENT, agent));
+    Ok(config)
+}
+
+/// A client from the environment for `component` (see [`config_for`]).
+pub async fn client_for(component: &str) -> Result<kube::Client, kube::Error> {
+    kube::Client::try_from(config_for(component).await?)
+}
+
+/// `baton-<component>/<crate version>`.
+pub fn user_agent(component: &str) -> String {
+    format!("baton-{component}/{}", env!("CARGO_PKG_VERSION"))
+}
 
 /// The API server's status for an error, when it answered with one.
 fn status(err: &kube::Error) -> Option<&kube::core::Status> {
@@ -26,4 +54,19 @@ pub fn is_not_found(err: &kube::Error) -> bool {
 /// 403.
 pub fn is_forbidden(err: &kube::Error) -> bool {
     status(err).is_some_and(|s| s.is_forbidden())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_user_agent_names_the_component_and_version() {
+        let agent = user_agent("controller");
+        assert_eq!(
+            agent,
+            format!("baton-controller/{}", env!("CARGO_PKG_VERSION"))
+        );
+        assert!(HeaderValue::from_str(&agent).is_ok());
+    }
 }

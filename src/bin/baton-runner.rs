@@ -113,7 +113,7 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     if let Some(file) = &args.control_addr_file {
         std::fs::write(file, format!("{bound}\n"))?;
     }
-    let mut config = RunnerConfig::new(kube::Client::try_default().await?);
+    let mut config = RunnerConfig::new(baton::kube_util::client_for("runner").await?);
     config.node_name = args.node;
     config.namespace = args.namespace;
     config.label_selector = Some(args.selector).filter(|s| !s.is_empty());

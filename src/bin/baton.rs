@@ -80,7 +80,7 @@ async fn crd(args: CrdArgs) -> Result<ExitCode, baton::Error> {
         }
         (Some(dir), false, _) => baton::crd::write_crd_dir(&dir).map(|()| ExitCode::SUCCESS),
         (None, _, true) => {
-            let client = kube::Client::try_default().await?;
+            let client = baton::kube_util::client_for("crd-installer").await?;
             baton::crd::install(client, std::time::Duration::from_secs(60)).await?;
             Ok(ExitCode::SUCCESS)
         }

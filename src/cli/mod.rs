@@ -6,7 +6,7 @@ pub mod render;
 #[cfg(test)]
 mod render_tests;
 
-use kube::{Client, Config};
+use kube::Client;
 
 pub use ops::Session;
 
@@ -118,7 +118,7 @@ impl CliError {
 
 /// Runs one verb against the cluster named by the environment (KUBECONFIG, in-cluster).
 pub async fn main(verb: Verb) -> Result<(), CliError> {
-    let config = Config::infer()
+    let config = crate::kube_util::config_for("cli")
         .await
         .map_err(|e| CliError::NoConfig(e.to_string()))?;
     let server = config.cluster_url.to_string();

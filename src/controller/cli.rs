@@ -71,6 +71,6 @@ impl ControllerArgs {
 /// Runs `baton controller` with a client from the environment until it fails.
 pub async fn main(args: ControllerArgs) -> Result<(), Error> {
     crate::telemetry::init_logging(args.log_format);
-    let client = kube::Client::try_default().await?;
+    let client = crate::kube_util::client_for("controller").await?;
     super::run(client, args.config()).await
 }

@@ -135,9 +135,7 @@ where
 
 /// A client from the environment (in-cluster or KUBECONFIG) whose requests are counted.
 pub async fn counted_client(counters: Arc<ApiCounters>) -> Result<kube::Client, kube::Error> {
-    let config = kube::Config::infer()
-        .await
-        .map_err(kube::Error::InferConfig)?;
+    let config = crate::kube_util::config_for("worker").await?;
     let builder = ClientBuilder::try_from(config)?;
     Ok(builder.with_layer(&CountLayer(counters)).build())
 }

@@ -377,6 +377,7 @@ impl E2e {
             assert!(st.phase.is_terminal(), "{name} is not terminal: {st:#?}");
             let segments = self.ledger(name).await;
             check_ledger(name, &st, &segments, &recorded);
+            check_worker_field_manager(name, &segments);
             if non_idempotent {
                 for (turn, n) in effects.per_turn(name) {
                     assert!(
@@ -522,6 +523,32 @@ pub fn check_ledger(
 // scripted runs
 
 /// Lease settings for the tests: short, but generous enough for a loaded 2-core machine.
+/// The worker's writes carry its User-Agent, so the API server records `baton-worker` (not
+/// `unknown`) as their field manager: every segment but the controller's seals.
+fn check_worker_field_manager(name: &str, segments: &[LedgerSegment]) {
+    let sealed_by_controller = |seg: &LedgerSegment| {
+        seg.spec
+            .events
+            .iter()
+            .any(|e| matches!(e, LedgerEvent::Claimed { .. } | LedgerEvent::Closed { .. }))
+    };
+    for seg in segments.iter().filter(|s| !sealed_by_controller(s)) {
+        let managers: Vec<&str> = seg
+            .metadata
+            .managed_fields
+            .iter()
+            .flatten()
+            .filter_map(|m| m.manager.as_deref())
+            .collect();
+        assert_eq!(
+            managers,
+            ["baton-worker"],
+            "{name}: segment {} has field managers {managers:?}",
+            seg.spec.seq
+        );
+    }
+}
+
 pub fn lease() -> LeaseSpec {
     LeaseSpec {
         duration_seconds: 5,
