@@ -369,15 +369,16 @@ fn report_apiserver(before: &Samples, after: &Samples) {
         "API server during the window: {:.0} Go GC cycles, heap {heap:.0} MiB at the end",
         delta("go_gc_duration_seconds_count")
     );
-    println!("API server requests during the window (all clients, by verb and resource):");
-    for ((verb, resource), n) in requests_by_verb(before, after) {
-        println!("  {verb:>6} {resource:<28} {n:>7.0}");
+    // A 1.20 server counts a GET of a missing custom resource as `LIST` with code 404.
+    println!("API server requests during the window (all clients, by verb, resource and code):");
+    for ((verb, resource, code), n) in requests_by_verb(before, after) {
+        println!("  {verb:>6} {resource:<28} {code} {n:>7.0}");
     }
 }
 
-/// Increase of `apiserver_request_total` summed per (verb, resource[/subresource]).
-fn requests_by_verb(before: &Samples, after: &Samples) -> Vec<((String, String), f64)> {
-    let mut out: HashMap<(String, String), f64> = HashMap::new();
+/// Increase of `apiserver_request_total` summed per (verb, resource[/subresource], code).
+fn requests_by_verb(before: &Samples, after: &Samples) -> Vec<((String, String, String), f64)> {
+    let mut out: HashMap<(String, String, String), f64> = HashMap::new();
     for (series, n) in deltas(before, after, "apiserver_request_total{") {
         let label = |name: &str| {
             let key = format!("{name}=\"");
@@ -394,7 +395,8 @@ fn requests_by_verb(before: &Samples, after: &Samples) -> Vec<((String, String),
         if !sub.is_empty() {
             resource = format!("{resource}/{sub}");
         }
-        *out.entry((label("verb"), resource)).or_default() += n;
+        *out.entry((label("verb"), resource, label("code")))
+            .or_default() += n;
     }
     let mut out: Vec<_> = out.into_iter().collect();
     out.sort_by(|a, b| b.1.total_cmp(&a.1));

@@ -11,24 +11,25 @@ use std::time::Instant;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{DeleteParams, GetParams, ListParams, PostParams};
+use kube::api::{DeleteParams, PostParams};
 use kube::runtime::reflector::ObjectRef;
-use kube::{Api, Resource, ResourceExt};
+use kube::{Resource, ResourceExt};
 
 use super::Error;
 use super::access::ensure_run_rbac;
 use super::apply::{Applied, cas_status, release_admission, release_run_lease};
 use super::context::{Context, SealMemory};
 use super::decide::{Claim, ClaimReason, Close};
+use super::ledger_end::{LedgerEnd, ledger_end};
 use super::leftovers;
 use super::observe::sight;
 use super::pod::{desired_image, worker_pod};
 use super::statuses::{self, run_name};
 use crate::crd::v1alpha1::{AgentRun, LedgerEvent, LedgerSegment};
-use crate::crd::{RUN_UID_LABEL, worker_pod_name};
+use crate::crd::worker_pod_name;
 use crate::kube_util::{is_already_exists, is_not_found};
 use crate::lease::{LeaseClient, lease_fence, run_lease_name};
-use crate::ledger::{Replay, SegmentStore, segment_name};
+use crate::ledger::{Replay, SegmentStore};
 
 /// A claim of `run` for fence+1.
 pub async fn claim(ctx: &Context, run: &AgentRun, claim: Claim) -> Result<Applied, Error> {
@@ -103,122 +104,6 @@ async fn seal(
     ctx.wrote("seal");
     remember_seal(ctx, run, fence, appended.tail);
     Ok(true)
-}
-
-/// Where a claim for `fence` finds the ledger.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LedgerEnd {
-    /// Append the seal after this position.
-    Tail(i64),
-    /// A segment of this very fence (its seal) is already at this position.
-    Sealed(i64),
-    /// A newer fence or a `closed` seal: the claim is lost.
-    Lost,
-}
-
-/// How a claim for `fence` reads one segment met on its way to the end of the ledger.
-pub fn classify_seen(segment: &LedgerSegment, fence: i64) -> Option<LedgerEnd> {
-    let closed = segment
-        .spec
-        .events
-        .iter()
-        .any(|e| matches!(e, LedgerEvent::Closed { .. }));
-    if closed || segment.spec.fence > fence {
-        Some(LedgerEnd::Lost)
-    } else if segment.spec.fence == fence {
-        Some(LedgerEnd::Sealed(segment.spec.seq))
-    } else {
-        None
-    }
-}
-
-/// At most this many positions are probed past a tail hint before listing instead.
-const MAX_PROBES: i64 = 8;
-
-/// Where the ledger ends, for a claim of the run (as read, at fence `fence - 1`) for `fence`,
-/// without an expensive read. The invariant that makes this safe: every writer appends at
-/// its tail+1 and stops at any segment of a higher fence or `closed`, so every segment of a
-/// fence above F, and every `closed`, lies AFTER every segment of fence <= F. Hence:
-/// - First claim (F = 0): the tail is 0. If the ledger is not empty, position 1 is taken and
-///   the `create` there collides: with our own seal (an earlier pass sealed and lost its
-///   status write: success) or with anything else (a newer owner, `closed`): lost. Exactly
-///   what a list would have told.
-/// - Later claims start from a known position of a segment of fence <= F: the seal this
-///   controller wrote for F (remembered), or, verified to exist, the ledger size the worker
-///   of F reported in status; the positions after it are probed one by one with GETs served
-///   from the API server's watch cache (resourceVersion 0). Probing every position after the
-///   hint sees every segment that matters. A probe that misses a just-created segment
-///   (the cache lags) only makes the `create` collide and classify it.
-/// - Otherwise (a restarted controller, a hint too far behind): the run's segments are listed
-///   from the watch cache: a contiguous prefix of the ledger (segments are only ever created,
-///   each after the one before it), caught up with by the `create` the same way. (A list
-///   filters every segment the API server caches, the costly path: profiled at about a third
-///   of a 1.20 API server's CPU when done once per takeover.)
-async fn ledger_end(ctx: &Context, run: &AgentRun, fence: i64) -> Result<LedgerEnd, Error> {
-    if fence == 1 {
-        return Ok(LedgerEnd::Tail(0));
-    }
-    let current = fence - 1;
-    let api = ctx.api::<LedgerSegment>(&run.namespace().unwrap_or_default());
-    let uid = run.uid().unwrap_or_default();
-    let remembered = ctx
-        .memory_of(run)
-        .seal
-        .filter(|s| s.uid == uid && s.fence == current)
-        .map(|s| s.seq);
-    let reported = run
-        .status
-        .as_ref()
-        .and_then(|s| s.ledger.as_ref())
-        .map_or(0, |l| l.segments);
-    let start = match remembered {
-        Some(seq) => Some(seq),
-        None if reported > 0 => match cached_segment(&api, run, reported).await? {
-            Some(seg) if seg.spec.fence <= current => match classify_seen(&seg, fence) {
-                None => Some(reported),
-                Some(end) => return Ok(end),
-            },
-            _ => None,
-        },
-        None => None,
-    };
-    if let Some(start) = start {
-        for seq in start + 1..=start + MAX_PROBES {
-            match cached_segment(&api, run, seq).await? {
-                None => return Ok(LedgerEnd::Tail(seq - 1)),
-                Some(seg) => {
-                    if let Some(end) = classify_seen(&seg, fence) {
-                        return Ok(end);
-                    }
-                }
-            }
-        }
-    }
-    let replay = read_ledger_cached(ctx, run).await?;
-    Ok(if replay.closed.is_some() || replay.max_fence > fence {
-        LedgerEnd::Lost
-    } else if replay.max_fence == fence {
-        // Its position is not needed: nothing is appended.
-        LedgerEnd::Sealed(0)
-    } else {
-        LedgerEnd::Tail(replay.tail)
-    })
-}
-
-/// Segment `seq` of the run as the API server's watch cache has it (None: not there, or a
-/// segment of an earlier run of the same name, which a `create` would collide with anyway).
-async fn cached_segment(
-    api: &Api<LedgerSegment>,
-    run: &AgentRun,
-    seq: i64,
-) -> Result<Option<LedgerSegment>, Error> {
-    let name = segment_name(&run.name_any(), seq);
-    match api.get_with(&name, &GetParams::any()).await {
-        Ok(seg) if seg.labels().get(RUN_UID_LABEL) == run.uid().as_ref() => Ok(Some(seg)),
-        Ok(_) => Ok(None),
-        Err(err) if is_not_found(&err) => Ok(None),
-        Err(err) => Err(err.into()),
-    }
 }
 
 fn remember_seal(ctx: &Context, run: &AgentRun, fence: i64, seq: i64) {
@@ -301,23 +186,6 @@ fn record_claim(ctx: &Context, run: &AgentRun, claim: Claim, fence: i64, pod: &s
 /// positions, fences and seals.
 async fn read_ledger(store: &SegmentStore) -> Result<Replay, Error> {
     let segments = store.list().await?;
-    let mut replay = Replay::default();
-    replay.extend(&segments)?;
-    Ok(replay)
-}
-
-/// The ledger folded from the API server's watch cache (resourceVersion 0): no etcd range
-/// read over every segment of the namespace, possibly a little behind. Only for a seal,
-/// whose `create` at tail+1 catches up with whatever this missed (see [`ledger_end`]).
-async fn read_ledger_cached(ctx: &Context, run: &AgentRun) -> Result<Replay, Error> {
-    let ns = run.namespace().unwrap_or_default();
-    let selector = format!("{RUN_UID_LABEL}={}", run.uid().unwrap_or_default());
-    let mut segments = ctx
-        .api::<LedgerSegment>(&ns)
-        .list(&ListParams::default().labels(&selector).match_any())
-        .await?
-        .items;
-    segments.sort_by_key(|s| s.spec.seq);
     let mut replay = Replay::default();
     replay.extend(&segments)?;
     Ok(replay)
@@ -488,42 +356,4 @@ fn record_close(ctx: &Context, run: &AgentRun, close: &Close, fence: i64) {
     tracing::info!(run = %run_name(run), fence, phase = %close.phase, reason = %close.reason, "ended");
     let note = format!("{} at fence {fence}: {}", close.phase, close.message);
     ctx.event(run, true, &close.reason, note);
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    use crate::ledger::test_segment as seg;
-
-    #[test]
-    fn a_claim_walks_past_older_fences_and_stops_at_its_own_a_newer_or_a_close() {
-        let step = LedgerEvent::ModelDelta { text: "x".into() };
-        assert_eq!(classify_seen(&seg(4, 2, vec![step.clone()]), 3), None);
-        let own = LedgerEvent::Claimed {
-            fence: 3,
-            pod: "r-w3".into(),
-        };
-        assert_eq!(
-            classify_seen(&seg(5, 3, vec![own]), 3),
-            Some(LedgerEnd::Sealed(5))
-        );
-        assert_eq!(
-            classify_seen(&seg(5, 4, vec![step]), 3),
-            Some(LedgerEnd::Lost)
-        );
-        let closed = LedgerEvent::Closed {
-            fence: 3,
-            reason: "StopRequested".into(),
-        };
-        assert_eq!(
-            classify_seen(&seg(5, 3, vec![closed.clone()]), 3),
-            Some(LedgerEnd::Lost)
-        );
-        // Even a `closed` of an older fence ends the walk: nothing is appended after it.
-        assert_eq!(
-            classify_seen(&seg(5, 2, vec![closed]), 3),
-            Some(LedgerEnd::Lost)
-        );
-    }
 }

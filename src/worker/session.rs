@@ -14,7 +14,7 @@ use super::api_count::ApiCounters;
 use super::appender::{AppendError, Appender};
 use super::guard::{Interrupts, LostGuard};
 use super::metrics::WorkerMetrics;
-use super::model::sse::ApiKey;
+use super::model::endpoint::ApiKey;
 use super::progress::Progress;
 use super::provider::Model;
 use super::tools::ToolEnv;

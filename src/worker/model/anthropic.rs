@@ -6,8 +6,9 @@ use std::collections::BTreeMap;
 use reqwest::header::ACCEPT;
 use serde_json::{Value, json};
 
+use super::endpoint::{self, ApiKey};
 use super::openai::{model_name, paired_tool_results, tool_description, tool_parameters};
-use super::sse::{self, ApiKey, SseReader};
+use super::sse::{self, SseReader};
 use super::{DeltaSink, ModelError, ModelRequest, ModelToolCall, ModelTurn};
 use crate::crd::v1alpha1::{ModelSpec, ToolSpec};
 use crate::ledger::{ReplayedMessage, ToolCallRecord};
@@ -32,7 +33,7 @@ pub struct AnthropicModel {
 impl AnthropicModel {
     /// Checks the spec (a model name, an http(s) endpoint, a usable key) without any I/O.
     pub fn new(spec: &ModelSpec, api_key: Option<String>) -> Result<Self, ModelError> {
-        let base = sse::base_url(spec.endpoint.as_deref(), DEFAULT_ENDPOINT)?;
+        let base = endpoint::base_url(spec.endpoint.as_deref(), DEFAULT_ENDPOINT)?;
         let key = ApiKey::new(api_key);
         key.header("")?;
         // Accept an endpoint given with or without the version segment.
@@ -41,7 +42,7 @@ impl AnthropicModel {
             false => format!("{base}/v1/messages"),
         };
         Ok(Self {
-            client: sse::http_client()?,
+            client: endpoint::http_client()?,
             url,
             model: model_name(spec, "anthropic")?,
             key,
@@ -70,7 +71,7 @@ impl AnthropicModel {
         if let Some(key) = self.key.header("")? {
             http = http.header("x-api-key", key);
         }
-        let response = sse::send(http, &self.key, &self.url).await?;
+        let response = endpoint::send(http, &self.key, &self.url).await?;
         let mut reader = SseReader::new(response, &self.key, &self.url);
         read_turn(&mut reader, &self.key, deltas).await
     }
@@ -246,7 +247,7 @@ impl TurnBuilder {
             "content_block_delta" => self.delta(index, &event["delta"], deltas),
             "message_delta" => self.stop_reason |= event["delta"]["stop_reason"].is_string(),
             "message_stop" => self.stopped = true,
-            "error" => return Err(sse::stream_error(&event["error"], key)),
+            "error" => return Err(endpoint::stream_error(&event["error"], key)),
             // message_start, content_block_stop, ping, and whatever a later API adds.
             _ => {}
         }

@@ -2,6 +2,7 @@
 //! given the conversation so far, and receives streamed text as it comes.
 
 pub mod anthropic;
+pub mod endpoint;
 pub mod openai;
 pub mod retry;
 pub mod scripted;

@@ -9,7 +9,8 @@ use std::collections::BTreeMap;
 use reqwest::header::{ACCEPT, AUTHORIZATION};
 use serde_json::{Value, json};
 
-use super::sse::{self, ApiKey, SseReader};
+use super::endpoint::{self, ApiKey};
+use super::sse::{self, SseReader};
 use super::{DeltaSink, ModelError, ModelRequest, ModelToolCall, ModelTurn};
 use crate::crd::v1alpha1::{ModelSpec, ToolKind, ToolSpec};
 use crate::ledger::{ReplayedMessage, ToolCallRecord};
@@ -32,11 +33,11 @@ pub struct OpenAiModel {
 impl OpenAiModel {
     /// Checks the spec (a model name, an http(s) endpoint, a usable key) without any I/O.
     pub fn new(spec: &ModelSpec, api_key: Option<String>) -> Result<Self, ModelError> {
-        let base = sse::base_url(spec.endpoint.as_deref(), DEFAULT_ENDPOINT)?;
+        let base = endpoint::base_url(spec.endpoint.as_deref(), DEFAULT_ENDPOINT)?;
         let key = ApiKey::new(api_key);
         key.header("Bearer ")?;
         Ok(Self {
-            client: sse::http_client()?,
+            client: endpoint::http_client()?,
             url: format!("{base}/chat/completions"),
             model: model_name(spec, "openai")?,
             key,
@@ -57,7 +58,7 @@ impl OpenAiModel {
         if let Some(auth) = self.key.header("Bearer ")? {
             http = http.header(AUTHORIZATION, auth);
         }
-        let response = sse::send(http, &self.key, &self.url).await?;
+        let response = endpoint::send(http, &self.key, &self.url).await?;
         let mut reader = SseReader::new(response, &self.key, &self.url);
         read_turn(&mut reader, &self.key, deltas).await
     }
@@ -302,7 +303,7 @@ struct PartialCall {
 impl TurnBuilder {
     fn apply(&mut self, chunk: &Value, key: &ApiKey, deltas: &DeltaSink) -> Result<(), ModelError> {
         if let Some(error) = chunk.get("error") {
-            return Err(sse::stream_error(error, key));
+            return Err(endpoint::stream_error(error, key));
         }
         // One choice is asked for (no `n`), so the first is the turn.
         let Some(choice) = chunk["choices"].as_array().and_then(|c| c.first()) else {

@@ -1,0 +1,356 @@
+//! What the HTTP providers share about their endpoint: the HTTP client, the API key (which
+//! never reaches a log, an error or a `Debug` string) and the mapping of HTTP failures onto
+//! `ModelError`. The streamed responses are read by [`super::sse`].
+
+use std::error::Error as _;
+use std::fmt;
+use std::sync::Once;
+use std::time::{Duration, SystemTime};
+
+use reqwest::header::{HeaderMap, HeaderValue};
+use reqwest::{RequestBuilder, Response, StatusCode};
+use serde_json::Value;
+
+use super::ModelError;
+use super::retry::parse_retry_after;
+
+/// Connecting is quick or it is broken: fail fast so the retry can try another backend.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
+/// Longest silence tolerated between two reads of a stream. Models can think for minutes
+/// before their first token, so this is generous; the lease, not this, bounds a stuck call.
+const READ_TIMEOUT: Duration = Duration::from_secs(300);
+/// Provider messages end up in the run's status: keep them short.
+const MAX_MESSAGE_CHARS: usize = 2000;
+/// An error body is read up to this size; the rest is noise.
+const MAX_ERROR_BODY: usize = 64 * 1024;
+/// A word sharing this many consecutive characters with the key is treated as the key.
+const KEY_PIECE: usize = 12;
+const REDACTED: &str = "[REDACTED]";
+
+/// reqwest is built without a default TLS crypto provider; install ring's once per process.
+pub fn ensure_crypto_provider() {
+    static INSTALL: Once = Once::new();
+    INSTALL.call_once(|| {
+        // Another component may have installed one first; any provider will do.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
+/// The HTTP client the providers use: connection pool, timeouts, user agent.
+pub fn http_client() -> Result<reqwest::Client, ModelError> {
+    ensure_crypto_provider();
+    reqwest::Client::builder()
+        .connect_timeout(CONNECT_TIMEOUT)
+        .read_timeout(READ_TIMEOUT)
+        .user_agent(concat!("baton/", env!("CARGO_PKG_VERSION")))
+        .build()
+        .map_err(|e| ModelError::Permanent {
+            status: None,
+            message: format!("building the HTTP client: {}", error_chain(&e)),
+        })
+}
+
+/// Checks a configured endpoint and returns it without a trailing slash.
+pub fn base_url(endpoint: Option<&str>, default: &str) -> Result<String, ModelError> {
+    let endpoint = endpoint.map(str::trim).filter(|e| !e.is_empty());
+    let url = endpoint
+        .unwrap_or(default)
+        .trim_end_matches('/')
+        .to_string();
+    match reqwest::Url::parse(&url) {
+        Ok(parsed) if matches!(parsed.scheme(), "http" | "https") => Ok(url),
+        _ => Err(ModelError::Permanent {
+            status: None,
+            message: format!("model endpoint {url:?} is not an http(s) URL"),
+        }),
+    }
+}
+
+// === impl ApiKey ===
+
+/// An API key. Its `Debug` is redacted, and `redact` scrubs it from anything a server says.
+#[derive(Clone, Default)]
+pub struct ApiKey(Option<String>);
+
+impl fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let shown = if self.0.is_some() { REDACTED } else { "none" };
+        write!(f, "ApiKey({shown})")
+    }
+}
+
+impl ApiKey {
+    /// Secrets made with `echo key | kubectl create secret` end in a newline: trim it, or the
+    /// header would be invalid. An empty key is no key (local servers need none).
+    pub fn new(key: Option<String>) -> Self {
+        Self(key.map(|k| k.trim().to_string()).filter(|k| !k.is_empty()))
+    }
+
+    pub fn is_set(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// The key as a header value (with `prefix`, e.g. `Bearer `), marked sensitive so HTTP/2
+    /// never puts it in its compression table.
+    pub fn header(&self, prefix: &str) -> Result<Option<HeaderValue>, ModelError> {
+        let Some(key) = &self.0 else { return Ok(None) };
+        let mut value = HeaderValue::from_str(&format!("{prefix}{key}")).map_err(|_| {
+            ModelError::Permanent {
+                status: None,
+                message: "the API key contains characters not allowed in an HTTP header".into(),
+            }
+        })?;
+        value.set_sensitive(true);
+        Ok(Some(value))
+    }
+
+    /// `text` without the key, nor any word carrying a long piece of it (servers echo keys,
+    /// sometimes abbreviated).
+    pub fn redact(&self, text: &str) -> String {
+        let Some(key) = self.0.as_deref() else {
+            return text.to_string();
+        };
+        let text = text.replace(key, REDACTED);
+        if key.len() < KEY_PIECE {
+            return text;
+        }
+        text.split_inclusive(char::is_whitespace)
+            .map(|word| match shares_piece(word, key) {
+                true => format!("{REDACTED}{}", &word[word.trim_end().len()..]),
+                false => word.to_string(),
+            })
+            .collect()
+    }
+}
+
+fn shares_piece(word: &str, key: &str) -> bool {
+    let word = word.as_bytes();
+    word.len() >= KEY_PIECE
+        && key
+            .as_bytes()
+            .windows(KEY_PIECE)
+            .any(|piece| word.windows(KEY_PIECE).any(|w| w == piece))
+}
+
+// === errors ===
+
+/// Sends a request; anything but a 2xx becomes a `ModelError`.
+pub async fn send(
+    request: RequestBuilder,
+    key: &ApiKey,
+    url: &str,
+) -> Result<Response, ModelError> {
+    let response = request
+        .send()
+        .await
+        .map_err(|e| transport_error(&e, key, url))?;
+    let status = response.status();
+    if status.is_success() {
+        return Ok(response);
+    }
+    let headers = response.headers().clone();
+    let body = read_capped(response).await;
+    Err(status_error(status, &headers, &body, key, url))
+}
+
+/// Maps a failed HTTP exchange. 408, 429 and 5xx are worth waiting for; every other status
+/// (400 bad request, 401/403 bad key, 404 unknown model or endpoint) will fail again.
+pub fn status_error(
+    status: StatusCode,
+    headers: &HeaderMap,
+    body: &str,
+    key: &ApiKey,
+    url: &str,
+) -> ModelError {
+    let code = status.as_u16();
+    let message = clean(
+        key,
+        &format!("POST {url}: HTTP {code}: {}", provider_message(body)),
+    );
+    if code == 408 || code == 429 || status.is_server_error() {
+        let retry_after = parse_retry_after(headers, SystemTime::now());
+        ModelError::Retryable {
+            message,
+            retry_after,
+        }
+    } else {
+        ModelError::Permanent {
+            status: Some(code),
+            message,
+        }
+    }
+}
+
+/// Maps a transport failure: connection refused, reset, timeout, a body cut short. Only a
+/// request that could not even be built is permanent.
+pub fn transport_error(err: &reqwest::Error, key: &ApiKey, url: &str) -> ModelError {
+    let message = clean(key, &format!("POST {url}: {}", error_chain(err)));
+    if err.is_builder() {
+        ModelError::Permanent {
+            status: None,
+            message,
+        }
+    } else {
+        ModelError::Retryable {
+            message,
+            retry_after: None,
+        }
+    }
+}
+
+/// Maps an error the provider reported inside a stream that had started well. The request
+/// was accepted, so unless the provider says it was invalid, trying again may work.
+pub fn stream_error(error: &Value, key: &ApiKey) -> ModelError {
+    const PERMANENT: &[&str] = &[
+        "invalid_request_error",
+        "authentication_error",
+        "permission_error",
+        "not_found_error",
+        "request_too_large",
+    ];
+    let message = clean(
+        key,
+        &format!("error in the model's stream: {}", error_message(error)),
+    );
+    let kind = error.get("type").and_then(Value::as_str).unwrap_or("");
+    match PERMANENT.contains(&kind) {
+        true => ModelError::Permanent {
+            status: None,
+            message,
+        },
+        false => ModelError::Retryable {
+            message,
+            retry_after: None,
+        },
+    }
+}
+
+/// The provider's own words from an error body (OpenAI, Anthropic, vLLM, Ollama shapes),
+/// or the raw body when it is not one of those.
+pub fn provider_message(body: &str) -> String {
+    let parsed = serde_json::from_str::<Value>(body).ok();
+    match parsed.as_ref().and_then(|v| v.get("error").or(Some(v))) {
+        Some(error) if error.is_object() || error.is_string() => error_message(error),
+        _ if body.trim().is_empty() => "no error message".into(),
+        _ => body.trim().to_string(),
+    }
+}
+
+fn error_message(error: &Value) -> String {
+    if let Some(text) = error.as_str() {
+        return text.to_string();
+    }
+    let text = ["message", "detail"]
+        .iter()
+        .find_map(|f| error.get(*f).and_then(Value::as_str));
+    let kind = ["type", "code"]
+        .iter()
+        .find_map(|f| error.get(*f).and_then(Value::as_str));
+    match (text, kind) {
+        (Some(text), Some(kind)) => format!("{text} ({kind})"),
+        (Some(text), None) => text.to_string(),
+        _ => error.to_string(),
+    }
+}
+
+/// Redacts first (so truncation cannot leave a short piece of the key), then bounds.
+fn clean(key: &ApiKey, message: &str) -> String {
+    let redacted = key.redact(message);
+    match redacted.char_indices().nth(MAX_MESSAGE_CHARS) {
+        Some((cut, _)) => format!("{}...", &redacted[..cut]),
+        None => redacted,
+    }
+}
+
+/// reqwest's own message is "error sending request"; the cause is in its sources.
+pub fn error_chain(err: &reqwest::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+async fn read_capped(mut response: Response) -> String {
+    let mut body = Vec::new();
+    while let Ok(Some(chunk)) = response.chunk().await {
+        body.extend_from_slice(&chunk);
+        if body.len() >= MAX_ERROR_BODY {
+            body.truncate(MAX_ERROR_BODY);
+            break;
+        }
+    }
+    String::from_utf8_lossy(&body).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_sort_into_retryable_and_permanent() {
+        let key = ApiKey::default();
+        let headers = HeaderMap::new();
+        let kind = |code: u16| {
+            let status = StatusCode::from_u16(code).unwrap();
+            status_error(status, &headers, "", &key, "http://x").label()
+        };
+        for code in [408, 429, 500, 502, 503, 529] {
+            assert_eq!(kind(code), "retryable", "{code}");
+        }
+        for code in [400, 401, 403, 404, 422] {
+            assert_eq!(kind(code), "permanent", "{code}");
+        }
+    }
+
+    #[test]
+    fn provider_messages_of_each_shape() {
+        let openai = r#"{"error":{"message":"bad","type":"invalid_request_error","code":null}}"#;
+        assert_eq!(provider_message(openai), "bad (invalid_request_error)");
+        let anthropic =
+            r#"{"type":"error","error":{"type":"not_found_error","message":"model: x"}}"#;
+        assert_eq!(provider_message(anthropic), "model: x (not_found_error)");
+        assert_eq!(
+            provider_message(r#"{"error":"model 'x' not found"}"#),
+            "model 'x' not found"
+        );
+        assert_eq!(provider_message(r#"{"object":"error","message":"m"}"#), "m");
+        assert_eq!(provider_message("<html>oops</html>"), "<html>oops</html>");
+        assert_eq!(provider_message(""), "no error message");
+    }
+
+    #[test]
+    fn the_key_is_redacted_whole_and_in_pieces() {
+        let key = ApiKey::new(Some("sk-abcdefghijklmnopqrstuvwxyz0123\n".into()));
+        let text = "bad key sk-abcdefghijklmnopqrstuvwxyz0123, or 'sk-abcdefghijkl...0123' \
+                    or xxmnopqrstuvwxyzxx; fine words stay";
+        let clean = key.redact(text);
+        assert!(!clean.contains("abcdefghijkl"), "{clean}");
+        assert!(!clean.contains("mnopqrstuvwxyz"), "{clean}");
+        assert!(clean.ends_with("fine words stay"), "{clean}");
+        assert_eq!(format!("{key:?}"), "ApiKey([REDACTED])");
+        let header = key.header("Bearer ").unwrap().unwrap();
+        assert!(header.is_sensitive());
+        assert!(!format!("{header:?}").contains("abcdef"));
+    }
+
+    #[test]
+    fn long_messages_are_bounded() {
+        let message = clean(&ApiKey::default(), &"x".repeat(10_000));
+        assert!(message.len() <= MAX_MESSAGE_CHARS + 3);
+    }
+
+    #[test]
+    fn endpoints_are_checked() {
+        assert_eq!(
+            base_url(Some("http://h:1/v1/"), "x").unwrap(),
+            "http://h:1/v1"
+        );
+        assert_eq!(base_url(None, "https://d").unwrap(), "https://d");
+        assert!(base_url(Some("ftp://h"), "x").is_err());
+        assert!(base_url(Some("not a url"), "x").is_err());
+    }
+}
