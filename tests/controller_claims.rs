@@ -33,10 +33,7 @@ async fn start_claims_fence_one_with_lease_pod_and_seal() {
 
 #[tokio::test]
 async fn expiry_takeover_moves_the_fence_by_one_and_fences_out_the_zombie() {
-    let ns = TestNamespace::new("ctl-expiry").await;
-    let _c = start(&ns.client, config(&ns.name));
-    create(&ns, agent_run("r", 10)).await;
-    wait_lease(&ns, "r", "r-w1", 1, T).await;
+    let (ns, _c, _) = started("ctl-expiry", agent_run("r", 10)).await;
     let mut zombie = FakeWorker::new(&ns, "r", 1);
     zombie.resume().await;
     zombie
@@ -91,14 +88,8 @@ async fn expiry_takeover_moves_the_fence_by_one_and_fences_out_the_zombie() {
 
 #[tokio::test]
 async fn a_terminated_pod_is_taken_over_without_waiting_for_the_lease() {
-    let ns = TestNamespace::new("ctl-podterm").await;
-    let _c = start(&ns.client, config(&ns.name));
-    let mut r = agent_run("r", 60);
-    r.spec.lease.duration_seconds = 60;
-    r.spec.lease.renew_seconds = 20;
-    create(&ns, r).await;
+    let (ns, _c, _) = started("ctl-podterm", long_lease_run("r")).await;
     wait_pod(&ns, "r-w1", T).await;
-    wait_lease(&ns, "r", "r-w1", 1, T).await;
     FakeWorker::new(&ns, "r", 1).renew().await.unwrap();
     let t0 = Instant::now();
     terminate_pod(&ns, "r-w1").await;
@@ -114,10 +105,7 @@ async fn a_force_deleted_pod_is_never_recreated_the_run_moves_to_the_next_fence(
     let ns = TestNamespace::new("ctl-forcedel").await;
     let (_w, seen) = watch_pods(&ns);
     let _c = start(&ns.client, config(&ns.name));
-    let mut r = agent_run("r", 60);
-    r.spec.lease.duration_seconds = 60;
-    r.spec.lease.renew_seconds = 20;
-    create(&ns, r).await;
+    create(&ns, long_lease_run("r")).await;
     wait_pod(&ns, "r-w1", T).await;
     wait_lease(&ns, "r", "r-w1", 1, T).await;
     FakeWorker::new(&ns, "r", 1).renew().await.unwrap();
@@ -197,13 +185,7 @@ async fn max_attempts_ends_interrupted_with_salvage_and_unknown_effects() {
 
 #[tokio::test]
 async fn handoff_is_claimed_at_once_and_costs_no_attempt() {
-    let ns = TestNamespace::new("ctl-handoff").await;
-    let _c = start(&ns.client, config(&ns.name));
-    let mut r = agent_run("r", 60);
-    r.spec.lease.duration_seconds = 60;
-    r.spec.lease.renew_seconds = 20;
-    create(&ns, r).await;
-    wait_lease(&ns, "r", "r-w1", 1, T).await;
+    let (ns, _c, _) = started("ctl-handoff", long_lease_run("r")).await;
     let mut w1 = FakeWorker::new(&ns, "r", 1);
     w1.resume().await;
     w1.renew().await.unwrap();
@@ -226,10 +208,7 @@ async fn handoff_is_claimed_at_once_and_costs_no_attempt() {
 
 #[tokio::test]
 async fn finishing_is_completed_even_when_the_worker_died_after_writing_it() {
-    let ns = TestNamespace::new("ctl-finish").await;
-    let _c = start(&ns.client, config(&ns.name));
-    create(&ns, agent_run("r", 10)).await;
-    wait_lease(&ns, "r", "r-w1", 1, T).await;
+    let (ns, _c, _) = started("ctl-finish", agent_run("r", 10)).await;
     let mut w1 = FakeWorker::new(&ns, "r", 1);
     w1.resume().await;
     w1.renew().await.unwrap();
@@ -263,10 +242,7 @@ async fn finishing_is_completed_even_when_the_worker_died_after_writing_it() {
 
 #[tokio::test]
 async fn waiting_input_is_claimed_again_when_an_input_arrives() {
-    let ns = TestNamespace::new("ctl-input").await;
-    let _c = start(&ns.client, config(&ns.name));
-    create(&ns, agent_run("r", 10)).await;
-    wait_lease(&ns, "r", "r-w1", 1, T).await;
+    let (ns, _c, _) = started("ctl-input", agent_run("r", 10)).await;
     let w1 = FakeWorker::new(&ns, "r", 1);
     w1.renew().await.unwrap();
     w1.write_status(|s| s.phase = Phase::WaitingInput)
@@ -275,15 +251,7 @@ async fn waiting_input_is_claimed_again_when_an_input_arrives() {
     w1.lease.release().await.unwrap();
     tokio::time::sleep(Duration::from_secs(4)).await;
     assert_eq!(status(&get(&ns, "r").await).phase, Phase::WaitingInput);
-    let patch = serde_json::json!({"spec": {"inputs": ["yes"]}});
-    ns.api::<baton::crd::v1alpha1::AgentRun>()
-        .patch(
-            "r",
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(&patch),
-        )
-        .await
-        .unwrap();
+    patch_spec(&ns, "r", serde_json::json!({"inputs": ["yes"]})).await;
     let run = wait_fence(&ns, "r", 2, T).await;
     assert_eq!(status(&run).failed_attempts, 0);
     assert_eq!(status(&run).reason.as_deref(), Some("InputReceived"));
@@ -310,21 +278,10 @@ async fn an_invalid_spec_fails_with_a_message_naming_the_field() {
 
 #[tokio::test]
 async fn a_stop_no_worker_carries_out_ends_the_run_stopped() {
-    let ns = TestNamespace::new("ctl-stop").await;
-    let _c = start(&ns.client, config(&ns.name));
-    create(&ns, agent_run("r", 30)).await;
-    wait_lease(&ns, "r", "r-w1", 1, T).await;
+    let (ns, _c, _) = started("ctl-stop", agent_run("r", 30)).await;
     let w1 = FakeWorker::new(&ns, "r", 1);
     w1.renew().await.unwrap();
-    let patch = serde_json::json!({"spec": {"stop": true}});
-    ns.api::<baton::crd::v1alpha1::AgentRun>()
-        .patch(
-            "r",
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(&patch),
-        )
-        .await
-        .unwrap();
+    patch_spec(&ns, "r", serde_json::json!({"stop": true})).await;
     // The worker keeps renewing but ignores the stop.
     let renewing = tokio::spawn(async move { w1.renew_for(20, Duration::from_millis(500)).await });
     let run = wait_run(&ns, "r", T, |s| s.phase.is_terminal()).await;

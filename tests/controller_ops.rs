@@ -141,10 +141,7 @@ async fn a_run_recreated_under_a_deleted_runs_name_starts_clean() {
     use kube::ResourceExt;
     use kube::api::DeleteParams;
 
-    let ns = TestNamespace::new("ctl-recreate").await;
-    let _c = start(&ns.client, config(&ns.name));
-    let old = create(&ns, agent_run("r", 60)).await;
-    wait_lease(&ns, "r", "r-w1", 1, T).await;
+    let (ns, _c, old) = started("ctl-recreate", agent_run("r", 60)).await;
     wait_pod(&ns, "r-w1", T).await;
     let old_uid = old.uid().unwrap();
     ns.api::<AgentRun>()

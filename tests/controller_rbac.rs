@@ -20,11 +20,8 @@ fn owned_by_run<K: Resource>(obj: &K, uid: &str) -> bool {
 
 #[tokio::test]
 async fn the_first_claim_gives_the_run_its_own_account_and_a_takeover_reuses_it() {
-    let ns = TestNamespace::new("ctl-rbac").await;
-    let _c = start(&ns.client, config(&ns.name));
-    let created = create(&ns, agent_run("r", 10)).await;
+    let (ns, _c, created) = started("ctl-rbac", agent_run("r", 10)).await;
     let uid = created.uid().unwrap();
-    wait_lease(&ns, "r", "r-w1", 1, T).await;
     let pod = wait_pod(&ns, "r-w1", T).await;
     let spec = pod.spec.unwrap();
     assert_eq!(spec.service_account_name.as_deref(), Some("baton-run-r"));

@@ -53,6 +53,34 @@ pub fn start(client: &Client, config: Config) -> Running {
     Running { handle }
 }
 
+/// A namespace with a controller running and `run` created and started: its Lease names
+/// `<name>-w1` at fence 1. Returns the created run.
+pub async fn started(test: &str, run: AgentRun) -> (TestNamespace, Running, AgentRun) {
+    let ns = TestNamespace::new(test).await;
+    let controller = start(&ns.client, config(&ns.name));
+    let name = run.name_any();
+    let created = create(&ns, run).await;
+    wait_lease(&ns, &name, &format!("{name}-w1"), 1, T).await;
+    (ns, controller, created)
+}
+
+/// Merge-patches a run's spec, as a user would with `kubectl patch`.
+pub async fn patch_spec(ns: &TestNamespace, name: &str, spec: serde_json::Value) {
+    let patch = serde_json::json!({ "spec": spec });
+    ns.api::<AgentRun>()
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("patching the run's spec");
+}
+
+/// A run whose lease outlasts the test (duration 60 s): only a pod's end or a handoff moves it.
+pub fn long_lease_run(name: &str) -> AgentRun {
+    let mut run = agent_run(name, 60);
+    run.spec.lease.duration_seconds = 60;
+    run.spec.lease.renew_seconds = 20;
+    run
+}
+
 /// A run with short leases: duration 3 s, renew 1 s, startup `startup` s.
 pub fn agent_run(name: &str, startup: i32) -> AgentRun {
     serde_json::from_value(serde_json::json!({
