@@ -10,7 +10,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use baton::crd::v1alpha1::Phase;
 use e2e_support::*;
 
 /// A private control plane, taken down on drop.
@@ -101,9 +100,7 @@ async fn apiserver_unreachable_for_20s_then_back_runs_finish() {
         tool_ms: 1000,
     };
     let names: Vec<String> = (1..=2).map(|i| format!("api-{i}")).collect();
-    for name in &names {
-        env.create(&scripted_run(&env.effects, name, &script)).await;
-    }
+    env.create_scripted(&names, &script).await;
     for name in &names {
         env.wait_worker(name, 1).await;
         env.wait_effect(name, 1).await;
@@ -114,13 +111,7 @@ async fn apiserver_unreachable_for_20s_then_back_runs_finish() {
     cp.signal("resume-apiserver");
 
     for name in &names {
-        let st = env.wait_terminal(name).await;
-        assert_eq!(
-            st.phase,
-            Phase::Succeeded,
-            "{st:#?}\n{}",
-            env.pod_logs(name)
-        );
+        let st = env.wait_succeeded(name).await;
         assert_eq!(
             st.output.as_deref(),
             Some(format!("{name}: all 8 turns done").as_str())

@@ -6,7 +6,7 @@ mod e2e_support;
 
 use std::time::Duration;
 
-use baton::crd::v1alpha1::{LedgerEvent, Phase};
+use baton::crd::v1alpha1::LedgerEvent;
 use e2e_support::*;
 
 fn turn_text(name: &str, turns: usize) -> String {
@@ -19,23 +19,13 @@ fn turn_text(name: &str, turns: usize) -> String {
 async fn kill9_mid_step_resumes_and_does_not_rerun() {
     let env = E2e::start("kill9").await;
     let name = "kill9";
-    let script = Script {
-        turns: 4,
-        think_ms: 200,
-        tool_ms: 4000,
-    };
+    let script = Script::new(4, 4000);
     env.create(&scripted_run(&env.effects, name, &script)).await;
     let (pod, fence, _) = env.wait_worker(name, 1).await;
     env.wait_effect(name, 2).await; // turn 2's tool is now sleeping: its effect landed
     env.runner.kill(&env.ns, &pod).expect("kill -9");
 
-    let st = env.wait_terminal(name).await;
-    assert_eq!(
-        st.phase,
-        Phase::Succeeded,
-        "{st:#?}\n{}",
-        env.pod_logs(name)
-    );
+    let st = env.wait_succeeded(name).await;
     assert_eq!(st.output.as_deref(), Some(turn_text(name, 4).as_str()));
     assert!(st.fence > fence, "a new pod took over: {st:#?}");
     assert_eq!(st.failed_attempts, 1, "the kill consumed one attempt");
@@ -72,27 +62,15 @@ async fn kill9_mid_step_resumes_and_does_not_rerun() {
 async fn drain_hands_off_without_consuming_an_attempt() {
     let env = E2e::start("drain").await;
     let name = "drain";
-    let script = Script {
-        turns: 4,
-        think_ms: 200,
-        tool_ms: 1500,
-    };
-    env.create(&scripted_run(&env.effects, name, &script)).await;
-    let (pod, fence, _) = env.wait_worker(name, 1).await;
-    env.wait_effect(name, 1).await;
+    let script = Script::new(4, 1500);
+    let (pod, fence, _) = env.start_run(name, &script).await;
     let drained = env.runner.drain().await.expect("draining the node");
     assert!(
         drained.iter().any(|k| k.name == pod),
         "the drain deleted {pod}: {drained:?}"
     );
 
-    let st = env.wait_terminal(name).await;
-    assert_eq!(
-        st.phase,
-        Phase::Succeeded,
-        "{st:#?}\n{}",
-        env.pod_logs(name)
-    );
+    let st = env.wait_succeeded(name).await;
     assert_eq!(st.output.as_deref(), Some(turn_text(name, 4).as_str()));
     assert!(st.fence > fence, "a new pod continued: {st:#?}");
     assert_eq!(st.failed_attempts, 0, "a handoff consumes no attempt");
@@ -128,14 +106,8 @@ async fn drain_hands_off_without_consuming_an_attempt() {
 async fn paused_worker_is_taken_over_and_writes_nothing_when_resumed() {
     let env = E2e::start("pause").await;
     let name = "pause";
-    let script = Script {
-        turns: 4,
-        think_ms: 200,
-        tool_ms: 1500,
-    };
-    env.create(&scripted_run(&env.effects, name, &script)).await;
-    let (pod, fence, _) = env.wait_worker(name, 1).await;
-    env.wait_effect(name, 1).await;
+    let script = Script::new(4, 1500);
+    let (pod, fence, _) = env.start_run(name, &script).await;
     env.runner.pause(&env.ns, &pod).expect("SIGSTOP");
 
     // Taken over after the lease expired, and the new worker has started writing.
@@ -158,13 +130,7 @@ async fn paused_worker_is_taken_over_and_writes_nothing_when_resumed() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
-    let st = env.wait_terminal(name).await;
-    assert_eq!(
-        st.phase,
-        Phase::Succeeded,
-        "{st:#?}\n{}",
-        env.pod_logs(name)
-    );
+    let st = env.wait_succeeded(name).await;
     assert_eq!(st.failed_attempts, 1, "the expiry consumed one attempt");
     let effects = env.effects();
     for turn in 1..=4 {

@@ -17,13 +17,7 @@ fn done(name: &str, turns: usize) -> String {
 
 async fn assert_all_succeeded(env: &E2e, names: &[String], turns: usize) {
     for name in names {
-        let st = env.wait_terminal(name).await;
-        assert_eq!(
-            st.phase,
-            Phase::Succeeded,
-            "{st:#?}\n{}",
-            env.pod_logs(name)
-        );
+        let st = env.wait_succeeded(name).await;
         assert_eq!(st.output.as_deref(), Some(done(name, turns).as_str()));
     }
     env.check_invariants(names, true).await;
@@ -42,15 +36,9 @@ async fn worker_rollout_moves_live_runs_by_handoff() {
         },
     )
     .await;
-    let script = Script {
-        turns: 8,
-        think_ms: 200,
-        tool_ms: 1000,
-    };
+    let script = Script::new(8, 1000);
     let names: Vec<String> = (1..=2).map(|i| format!("roll-{i}")).collect();
-    for name in &names {
-        env.create(&scripted_run(&env.effects, name, &script)).await;
-    }
+    env.create_scripted(&names, &script).await;
     for name in &names {
         env.wait_worker(name, 1).await;
         env.wait_effect(name, 1).await;
@@ -95,15 +83,9 @@ async fn worker_rollout_moves_live_runs_by_handoff() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn controller_killed_and_restarted_mid_run() {
     let mut env = E2e::start("ctrl-restart").await;
-    let script = Script {
-        turns: 5,
-        think_ms: 200,
-        tool_ms: 1000,
-    };
+    let script = Script::new(5, 1000);
     let names: Vec<String> = (1..=2).map(|i| format!("cr-{i}")).collect();
-    for name in &names {
-        env.create(&scripted_run(&env.effects, name, &script)).await;
-    }
+    env.create_scripted(&names, &script).await;
     let (pod, _, _) = env.wait_worker(&names[0], 1).await;
     env.wait_worker(&names[1], 1).await;
     env.wait_effect(&names[0], 1).await;
@@ -129,15 +111,9 @@ async fn leader_killed_the_other_replica_takes_over() {
         },
     )
     .await;
-    let script = Script {
-        turns: 5,
-        think_ms: 200,
-        tool_ms: 1000,
-    };
+    let script = Script::new(5, 1000);
     let names: Vec<String> = (1..=2).map(|i| format!("le-{i}")).collect();
-    for name in &names {
-        env.create(&scripted_run(&env.effects, name, &script)).await;
-    }
+    env.create_scripted(&names, &script).await;
     let (pod, _, _) = env.wait_worker(&names[0], 1).await;
     env.wait_effect(&names[0], 1).await;
 
@@ -250,11 +226,7 @@ async fn a_run_that_always_dies_ends_interrupted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_runs_on_one_thread_run_one_after_the_other() {
     let env = E2e::start("thread").await;
-    let script = Script {
-        turns: 3,
-        think_ms: 200,
-        tool_ms: 800,
-    };
+    let script = Script::new(3, 800);
     let names: Vec<String> = vec!["first".into(), "second".into()];
     for name in &names {
         let mut run = scripted_run(&env.effects, name, &script);
@@ -281,14 +253,8 @@ async fn two_runs_on_one_thread_run_one_after_the_other() {
 async fn stop_ends_the_run_stopped() {
     let env = E2e::start("stop").await;
     let name = "stopme";
-    let script = Script {
-        turns: 3,
-        think_ms: 200,
-        tool_ms: 30_000,
-    };
-    env.create(&scripted_run(&env.effects, name, &script)).await;
-    env.wait_worker(name, 1).await;
-    env.wait_effect(name, 1).await;
+    let script = Script::new(3, 30_000);
+    env.start_run(name, &script).await;
     let asked = Instant::now();
     env.stop(name).await;
     let st = env.wait_terminal(name).await;
@@ -351,13 +317,7 @@ async fn ask_user_waits_for_input_then_resumes() {
     assert_eq!(env.effects().count(name, 2), 0);
 
     env.answer(name, "staging").await;
-    let st = env.wait_terminal(name).await;
-    assert_eq!(
-        st.phase,
-        Phase::Succeeded,
-        "{st:#?}\n{}",
-        env.pod_logs(name)
-    );
+    let st = env.wait_succeeded(name).await;
     assert_eq!(st.output.as_deref(), Some("deployed"));
     assert!(st.fence > waiting_fence, "resumed in a new pod");
     assert_eq!(st.failed_attempts, 0, "an input wait consumes no attempt");

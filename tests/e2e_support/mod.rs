@@ -225,6 +225,24 @@ impl E2e {
             .expect("creating the run");
     }
 
+    /// Creates one [`scripted_run`] of `script` per name.
+    pub async fn create_scripted(&self, names: &[String], script: &Script) {
+        for name in names {
+            self.create(&scripted_run(&self.effects, name, script))
+                .await;
+        }
+    }
+
+    /// Creates a [`scripted_run`] and waits until its first worker ran turn 1's effect;
+    /// returns that worker's (pod, fence, pid).
+    pub async fn start_run(&self, name: &str, script: &Script) -> (String, i64, u32) {
+        self.create(&scripted_run(&self.effects, name, script))
+            .await;
+        let worker = self.wait_worker(name, 1).await;
+        self.wait_effect(name, 1).await;
+        worker
+    }
+
     pub async fn get(&self, name: &str) -> AgentRun {
         let runs = self.runs();
         retry(|| runs.get(name)).await
@@ -261,6 +279,18 @@ impl E2e {
     pub async fn wait_terminal(&self, name: &str) -> AgentRunStatus {
         self.wait_run(name, RUN_TIMEOUT, "terminal", |s| s.phase.is_terminal())
             .await
+    }
+
+    /// Waits until the run is terminal and asserts it `Succeeded` (its pods' logs otherwise).
+    pub async fn wait_succeeded(&self, name: &str) -> AgentRunStatus {
+        let st = self.wait_terminal(name).await;
+        assert_eq!(
+            st.phase,
+            Phase::Succeeded,
+            "{st:#?}\n{}",
+            self.pod_logs(name)
+        );
+        st
     }
 
     /// Waits until the run is Running at fence ≥ `min_fence` with its worker's process up;
@@ -574,6 +604,17 @@ pub struct Script {
     pub think_ms: u64,
     /// How long each tool call takes (after its effect landed).
     pub tool_ms: u64,
+}
+
+impl Script {
+    /// `turns` tool turns of `tool_ms` each, after a short think (200 ms).
+    pub fn new(turns: usize, tool_ms: u64) -> Self {
+        Self {
+            turns,
+            think_ms: 200,
+            tool_ms,
+        }
+    }
 }
 
 impl Default for Script {
