@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use baton::crd::v1alpha1::{AgentRun, LedgerEvent, Phase};
 use controller_support::*;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
 
 /// A free loopback port for the admin server.
 fn free_addr() -> std::net::SocketAddr {
@@ -220,5 +221,50 @@ async fn a_run_recreated_under_a_deleted_runs_name_starts_clean() {
         status(&controller_support::get(&ns, "r").await).phase,
         Phase::Running
     );
+    ns.cleanup().await;
+}
+
+/// Who the API server recorded as the writers of an object (`managedFields` managers).
+fn managers(fields: Option<Vec<ManagedFieldsEntry>>) -> Vec<String> {
+    fields
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|m| m.manager)
+        .collect()
+}
+
+/// `baton controller` as users run it (the binary, its flags, its client from KUBECONFIG): it
+/// starts a run, and the API server records `baton-controller` (its User-Agent) as the field
+/// manager of what it wrote, not `unknown`.
+#[tokio::test]
+async fn the_controller_binary_names_itself_as_the_writer() {
+    let ns = TestNamespace::new("ctl-binary").await;
+    let admin = free_addr().to_string();
+    let mut controller = tokio::process::Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args([
+            "controller",
+            "--namespace",
+            &ns.name,
+            "--leader-election=false",
+        ])
+        .args(["--admin-addr", &admin])
+        .kill_on_drop(true)
+        .spawn()
+        .expect("starting baton controller");
+    create(&ns, agent_run("r", 10)).await;
+    wait_lease(&ns, "r", "r-w1", 1, T).await;
+    let pod = wait_pod(&ns, "r-w1", T).await;
+    let run = controller_support::get(&ns, "r").await;
+    let lease = lease(&ns, "r").await.expect("the run's Lease");
+    // The test created the run (its spec's field manager); the controller wrote its status.
+    let of_run = managers(run.metadata.managed_fields);
+    assert!(of_run.iter().any(|m| m == "baton-controller"), "{of_run:?}");
+    // The controller alone wrote the Lease and the pod.
+    assert_eq!(
+        managers(lease.metadata.managed_fields),
+        ["baton-controller"]
+    );
+    assert_eq!(managers(pod.metadata.managed_fields), ["baton-controller"]);
+    controller.kill().await.ok();
     ns.cleanup().await;
 }
