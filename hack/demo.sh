@@ -20,7 +20,7 @@ fi
 ns=baton-demo-$(date +%s)
 run=demo
 work=$(mktemp -d "${TMPDIR:-/tmp}/baton-demo.XXXXXX")
-effects=$work/baton-demo-effects.log   # the tools write here: the runner passes TMPDIR on
+effects=$work/baton-demo-effects.log   # the tools write here: the runner gives every pod BATON_DEMO_EFFECTS
 runner_addr=127.0.0.1:7391
 admin_addr=127.0.0.1:8089
 pids=()
@@ -59,7 +59,8 @@ say "starting the controller and the local pod runner"
 "$baton" controller --leader-election=false --namespace "$ns" --admin-addr "$admin_addr" \
   >"$work/controller.log" 2>&1 &
 pids+=($!)
-TMPDIR=$work "$runner" run --namespace "$ns" --control-addr "$runner_addr" --log-dir "$work/pods" \
+"$runner" run --namespace "$ns" --control-addr "$runner_addr" --log-dir "$work/pods" \
+  --env "BATON_DEMO_EFFECTS=$effects" \
   >"$work/runner.log" 2>&1 &
 pids+=($!)
 
@@ -94,7 +95,11 @@ k -n "$ns" get agentrun "$run" -o 'jsonpath={range .status.unknownEffects[*]}unk
 echo "output: $(k -n "$ns" get agentrun "$run" -o 'jsonpath={.status.output}')"
 
 say "side effects, as the tool recorded them (no step ran twice)"
-cat "$effects"
+cat "$effects" || { echo "no side effects were recorded in $effects"; exit 1; }
+# The demo checks its own claim: no step's effect is recorded twice (the killed step's effect
+# is reported unknown, never re-run).
+twice=$(sed -n 's/.*step \([0-9]*\)).*/\1/p' "$effects" | sort | uniq -d)
+[[ -z $twice ]] || { echo "a side effect ran twice (step $twice)"; exit 1; }
 
 say "the transcript, from the ledger"
 "$baton" transcript "$run" -n "$ns" || true

@@ -62,6 +62,10 @@ struct RunArgs {
     /// Write the control endpoint's bound address to this file.
     #[arg(long)]
     control_addr_file: Option<PathBuf>,
+    /// NAME=VALUE added to every process's environment (repeatable); a pod's own variable of
+    /// the same name wins, as on a node.
+    #[arg(long = "env", value_parser = parse_env)]
+    env: Vec<(String, String)>,
     /// Keep the processes of force-deleted pods running (simulates a lost node).
     #[arg(long)]
     orphan_on_force_delete: bool,
@@ -119,6 +123,7 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     config.label_selector = Some(args.selector).filter(|s| !s.is_empty());
     config.baton_bin = args.baton_bin.unwrap_or(config.baton_bin);
     config.image_bins = args.image_bins.into_iter().collect();
+    config.extra_env = args.env;
     config.log_dir = args.log_dir.unwrap_or(config.log_dir);
     config.orphan_on_force_delete = args.orphan_on_force_delete;
     config.remove_node_on_shutdown = args.remove_node;
@@ -164,9 +169,29 @@ async fn ctl(args: CtlArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
+fn parse_env(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((name, value)) if !name.is_empty() => Ok((name.to_string(), value.to_string())),
+        _ => Err(format!("expected NAME=VALUE, got {s:?}")),
+    }
+}
+
 fn parse_image_bin(s: &str) -> Result<(String, PathBuf), String> {
     let (image, path) = s
         .split_once('=')
         .ok_or_else(|| format!("expected IMAGE=PATH, got {s:?}"))?;
     Ok((image.to_string(), PathBuf::from(path)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_flags_are_name_equals_value() {
+        assert_eq!(parse_env("A=b=c"), Ok(("A".into(), "b=c".into())));
+        assert_eq!(parse_env("EMPTY="), Ok(("EMPTY".into(), String::new())));
+        assert!(parse_env("=x").is_err());
+        assert!(parse_env("novalue").is_err());
+    }
 }
