@@ -203,12 +203,7 @@ async fn read_turn(
         if event.data.trim().is_empty() {
             continue;
         }
-        let event: Value =
-            serde_json::from_str(&event.data).map_err(|e| ModelError::Retryable {
-                message: format!("the model's stream sent a malformed event: {e}"),
-                retry_after: None,
-            })?;
-        turn.apply(&event, key, deltas)?;
+        turn.apply(&sse::json_data(&event.data)?, key, deltas)?;
         if turn.stopped {
             return turn.build();
         }

@@ -272,11 +272,7 @@ async fn read_turn(
         if data.is_empty() {
             continue;
         }
-        let chunk: Value = serde_json::from_str(data).map_err(|e| ModelError::Retryable {
-            message: format!("the model's stream sent a malformed chunk: {e}"),
-            retry_after: None,
-        })?;
-        turn.apply(&chunk, key, deltas)?;
+        turn.apply(&sse::json_data(data)?, key, deltas)?;
     }
     // Some servers close without `[DONE]`; a finish reason says the turn was complete.
     match turn.finished {

@@ -126,6 +126,14 @@ impl SseReader {
     }
 }
 
+/// The JSON payload of an event; a malformed one is retryable (a stream cut mid-event).
+pub fn json_data(data: &str) -> Result<serde_json::Value, ModelError> {
+    serde_json::from_str(data).map_err(|e| ModelError::Retryable {
+        message: format!("the model's stream sent a malformed event: {e}"),
+        retry_after: None,
+    })
+}
+
 /// The stream closed before the provider said the turn was complete.
 pub fn stream_ended_early() -> ModelError {
     ModelError::Retryable {
@@ -180,6 +188,16 @@ mod tests {
         assert_eq!(
             events[1].event, None,
             "an event without data is dropped with its name"
+        );
+    }
+
+    #[test]
+    fn a_malformed_event_is_retryable_and_a_good_one_parses() {
+        assert_eq!(json_data(r#"{"a":1}"#).unwrap()["a"], 1);
+        let err = json_data(r#"{"a":"#).unwrap_err();
+        assert!(
+            matches!(&err, ModelError::Retryable { message, .. } if message.contains("malformed event")),
+            "{err:?}"
         );
     }
 }
