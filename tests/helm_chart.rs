@@ -67,6 +67,9 @@ fn the_controller_runs_two_replicas_with_election_probes_and_a_pdb() {
     ] {
         assert!(args.contains(&want), "missing {want} in {args:?}");
     }
+    // The chart's default is the controller's own.
+    let concurrency = format!("--concurrency={}", baton::controller::DEFAULT_CONCURRENCY);
+    assert!(args.contains(&concurrency.as_str()), "{args:?}");
     assert_eq!(
         c["livenessProbe"]["httpGet"],
         json!({"path": "/livez", "port": "admin"})

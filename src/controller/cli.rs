@@ -38,7 +38,7 @@ pub struct ControllerArgs {
     #[arg(long, env = "BATON_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
     /// Reconciles running at once.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = super::DEFAULT_CONCURRENCY)]
     pub concurrency: u16,
 }
 
