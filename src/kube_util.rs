@@ -7,7 +7,9 @@ use http::header::USER_AGENT;
 /// The cluster config from the environment (in-cluster or KUBECONFIG), its requests naming the
 /// baton component that sends them (`baton-<component>/<version>`). The API server takes the
 /// User-Agent's product as the field manager of every write, so `managedFields` and audit logs
-/// say `baton-controller` or `baton-worker` instead of `unknown`.
+/// say `baton-controller` or `baton-worker` instead of `unknown`. One name per component, not
+/// per pod: every distinct manager adds a `managedFields` entry that stays on the object, so a
+/// per-pod name would grow a run's status with each attempt.
 pub async fn config_for(component: &str) -> Result<kube::Config, kube::Error> {
     let mut config = kube::Config::infer()
         .await
