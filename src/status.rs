@@ -88,6 +88,17 @@ pub struct Fenced {
     pub fence: i64,
 }
 
+impl Fenced {
+    /// The hold of an attempt at `fence` on `run` as read: its name and UID.
+    pub fn of(run: &AgentRun, fence: i64) -> Self {
+        Self {
+            name: run.name_any(),
+            uid: run.uid().unwrap_or_default(),
+            fence,
+        }
+    }
+}
+
 /// A worker's fenced status write: reads the run, refuses if it is another run (UID) or its
 /// fence is not ours, applies `change`, and writes by CAS; on 409 it re-reads and retries
 /// while the run is still ours.

@@ -51,11 +51,11 @@ pub fn memory_for<'a>(
     uid: Option<&str>,
 ) -> &'a mut RunMemory {
     let m = memory.entry(key).or_default();
-    if uid.is_some() && m.uid.is_some() && m.uid.as_deref() != uid {
-        *m = RunMemory::default();
-    }
-    if uid.is_some() {
-        m.uid = uid.map(Into::into);
+    if let Some(uid) = uid {
+        if m.uid.as_deref().is_some_and(|known| known != uid) {
+            *m = RunMemory::default();
+        }
+        m.uid = Some(uid.into());
     }
     m
 }

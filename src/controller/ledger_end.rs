@@ -119,26 +119,42 @@ async fn cached_segment(
     run: &AgentRun,
     seq: i64,
 ) -> Result<Option<LedgerSegment>, Error> {
+    let seg = cached_segment_at(api, run, seq).await?;
+    Ok(seg.filter(|s| s.labels().get(RUN_UID_LABEL) == run.uid().as_ref()))
+}
+
+/// Whatever segment holds position `seq` of the run's name in the API server's watch cache,
+/// whichever run (by UID) wrote it.
+pub async fn cached_segment_at(
+    api: &Api<LedgerSegment>,
+    run: &AgentRun,
+    seq: i64,
+) -> Result<Option<LedgerSegment>, Error> {
     let name = segment_name(&run.name_any(), seq);
     match api.get_with(&name, &GetParams::any()).await {
-        Ok(seg) if seg.labels().get(RUN_UID_LABEL) == run.uid().as_ref() => Ok(Some(seg)),
-        Ok(_) => Ok(None),
+        Ok(seg) => Ok(Some(seg)),
         Err(err) if is_not_found(&err) => Ok(None),
         Err(err) => Err(err.into()),
     }
+}
+
+/// Every segment the run with UID `uid` wrote, as the API server's watch cache lists them
+/// (unordered; possibly a little behind).
+pub async fn cached_segments_of(
+    api: &Api<LedgerSegment>,
+    uid: &str,
+) -> Result<Vec<LedgerSegment>, Error> {
+    let selector = format!("{RUN_UID_LABEL}={uid}");
+    let params = ListParams::default().labels(&selector).match_any();
+    Ok(api.list(&params).await?.items)
 }
 
 /// The ledger folded from the API server's watch cache (resourceVersion 0): no etcd range
 /// read over every segment of the namespace, possibly a little behind. Only for a seal,
 /// whose `create` at tail+1 catches up with whatever this missed (see [`ledger_end`]).
 async fn read_ledger_cached(ctx: &Context, run: &AgentRun) -> Result<Replay, Error> {
-    let ns = run.namespace().unwrap_or_default();
-    let selector = format!("{RUN_UID_LABEL}={}", run.uid().unwrap_or_default());
-    let mut segments = ctx
-        .api::<LedgerSegment>(&ns)
-        .list(&ListParams::default().labels(&selector).match_any())
-        .await?
-        .items;
+    let api = ctx.api::<LedgerSegment>(&run.namespace().unwrap_or_default());
+    let mut segments = cached_segments_of(&api, &run.uid().unwrap_or_default()).await?;
     segments.sort_by_key(|s| s.spec.seq);
     let mut replay = Replay::default();
     replay.extend(&segments)?;

@@ -11,19 +11,20 @@
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{DeleteParams, GetParams, ListParams, Preconditions};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{DeleteParams, Preconditions};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
 use super::Error;
 use super::context::Context;
+use super::ledger_end::{cached_segment_at, cached_segments_of};
 use super::statuses::run_name;
 use crate::crd::v1alpha1::{AgentRun, LedgerSegment};
 use crate::crd::{RUN_UID_LABEL, worker_pod_name};
-use crate::kube_util::is_not_found;
+use crate::kube_util::{is_conflict, is_not_found};
 use crate::lease::run_lease_name;
-use crate::ledger::segment_name;
 
 /// True when nothing of another run stands where the claim of `run` for `fence` will write;
 /// false when leftovers were found (and are being deleted): look again shortly.
@@ -67,7 +68,7 @@ fn foreign_pod(ctx: &Context, run: &AgentRun, uid: &str, fence: i64) -> Option<P
     let name = worker_pod_name(&run.name_any(), fence);
     let ns = run.namespace().unwrap_or_default();
     let pod = ctx.pods.get(&ObjectRef::new(&name).within(&ns))?;
-    let other = controlling_run(&*pod).is_some_and(|owner| owner != uid);
+    let other = controlling_run(&*pod).is_some_and(|owner| owner.uid != uid);
     other.then(|| (*pod).clone())
 }
 
@@ -76,7 +77,7 @@ fn foreign_lease(ctx: &Context, run: &AgentRun, uid: &str) -> Option<Lease> {
     let ns = run.namespace().unwrap_or_default();
     let name = run_lease_name(&run.name_any());
     let lease = ctx.leases.get(&ObjectRef::new(&name).within(&ns))?;
-    let other = controlling_run(&*lease).is_some_and(|owner| owner != uid);
+    let other = controlling_run(&*lease).is_some_and(|owner| owner.uid != uid);
     other.then(|| (*lease).clone())
 }
 
@@ -88,13 +89,12 @@ pub fn owned_by<K: Resource>(obj: &K, run: &AgentRun) -> bool {
         .any(|o| Some(&o.uid) == uid.as_ref())
 }
 
-/// UID of the AgentRun controlling `obj` (None: no run controls it, so it is not a run's
-/// leftover and is left alone).
-pub fn controlling_run<K: Resource>(obj: &K) -> Option<&str> {
+/// The owner reference of the AgentRun controlling `obj` (None: no run controls it, so it is
+/// not a run's leftover and is left alone).
+pub fn controlling_run<K: Resource>(obj: &K) -> Option<&OwnerReference> {
     obj.owner_references()
         .iter()
         .find(|o| o.controller == Some(true) && o.kind == "AgentRun")
-        .map(|o| o.uid.as_str())
 }
 
 /// Every segment of the run that holds the first position, if that run is another one. The
@@ -105,22 +105,13 @@ async fn foreign_segments(
     uid: &str,
 ) -> Result<Vec<LedgerSegment>, Error> {
     let api = ctx.api::<LedgerSegment>(&run.namespace().unwrap_or_default());
-    let first = match api
-        .get_with(&segment_name(&run.name_any(), 1), &GetParams::any())
-        .await
-    {
-        Ok(segment) => segment,
-        Err(err) if is_not_found(&err) => return Ok(Vec::new()),
-        Err(err) => return Err(err.into()),
+    let Some(first) = cached_segment_at(&api, run, 1).await? else {
+        return Ok(Vec::new());
     };
     let Some(other) = first.labels().get(RUN_UID_LABEL).filter(|o| *o != uid) else {
         return Ok(Vec::new());
     };
-    let selector = format!("{RUN_UID_LABEL}={other}");
-    let mut segments = api
-        .list(&ListParams::default().labels(&selector).match_any())
-        .await?
-        .items;
+    let mut segments = cached_segments_of(&api, other).await?;
     if segments.is_empty() {
         // The cache may not list what it just returned by name: delete that one at least.
         segments.push(first);
@@ -143,7 +134,7 @@ where
     ctx.check_leader()?;
     match api.delete(&obj.name_any(), &precondition).await {
         Ok(_) => Ok(()),
-        Err(err) if is_not_found(&err) || crate::kube_util::is_conflict(&err) => Ok(()),
+        Err(err) if is_not_found(&err) || is_conflict(&err) => Ok(()),
         Err(err) => Err(err.into()),
     }
 }

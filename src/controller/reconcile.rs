@@ -20,6 +20,7 @@ use super::apply::{Applied, apply};
 use super::context::{Context, EVENT_QUEUE, memory_for, publish_events};
 use super::decide::{Action, decide};
 use super::election::{self, Leadership};
+use super::leftovers::controlling_run;
 use super::metrics::Metrics;
 use super::observe::observe;
 use super::{CONTROLLER_NAME, Config, Error};
@@ -147,11 +148,7 @@ fn build(client: Client, config: Config) -> Built {
 /// A run Lease change is seen when its watch event arrives, not when the run is next
 /// reconciled: a busy reconcile queue must not push expiry deadlines later.
 fn sight_on_arrival(ctx: &Context, lease: &Lease) {
-    let Some(owner) = lease
-        .owner_references()
-        .iter()
-        .find(|o| o.controller == Some(true) && o.kind == "AgentRun")
-    else {
+    let Some(owner) = controlling_run(lease) else {
         return;
     };
     let key = (lease.namespace().unwrap_or_default(), owner.name.clone());

@@ -11,7 +11,7 @@ use super::metrics::FenceRejection;
 use super::progress::{self, Progress};
 use super::session::Session;
 use crate::crd::v1alpha1::{AgentRunStatus, LedgerEvent, LedgerStats, Phase};
-use crate::status::{StatusError, fenced_update};
+use crate::status::{Fenced, StatusError, fenced_update};
 
 /// Why an attempt ends.
 #[derive(Debug, Clone, PartialEq)]
@@ -212,7 +212,7 @@ async fn write_phase(s: &Session, ending: &Ending) -> Result<(), StatusError> {
             });
         }
         let change = |st: &mut AgentRunStatus| phase_change(st, ending, &salvage, &p, &ledger);
-        match fenced_update(&s.runs, &super::fenced(&s.run, s.fence()), change).await {
+        match fenced_update(&s.runs, &Fenced::of(&s.run, s.fence()), change).await {
             Ok(_) => return Ok(()),
             Err(err) if err.is_lost() => {
                 s.metrics.fence_rejected(FenceRejection::StatusFenceMoved);

@@ -223,15 +223,6 @@ pub async fn run_observed(cfg: WorkerConfig, state: AdminState) -> Exit {
     exit
 }
 
-/// This attempt's hold on `run` (as read at start): its name and UID, and the fence.
-pub fn fenced(run: &AgentRun, fence: i64) -> Fenced {
-    Fenced {
-        name: run.name_any(),
-        uid: run.uid().unwrap_or_default(),
-        fence,
-    }
-}
-
 /// Pure: a worker may start only if the run is `Running` under its fence with it as the worker.
 pub fn may_start(status: Option<&AgentRunStatus>, fence: i64, pod: &str) -> bool {
     status.is_some_and(|s| {
@@ -364,7 +355,7 @@ async fn open_session(
         progress_loop(
             FencedRun {
                 api: runs.clone(),
-                run: fenced(&run, cfg.fence),
+                run: Fenced::of(&run, cfg.fence),
             },
             progress_rx,
             ledger_stats.clone(),

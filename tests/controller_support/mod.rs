@@ -282,7 +282,7 @@ impl FakeWorker {
         let run = self.runs().get(&self.run).await?;
         fenced_update(
             &self.runs(),
-            &baton::worker::fenced(&run, self.fence),
+            &baton::status::Fenced::of(&run, self.fence),
             change,
         )
         .await
