@@ -5,15 +5,15 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use futures::StreamExt;
-use futures::channel::mpsc::{Receiver, Sender, UnboundedSender};
+use futures::channel::mpsc::UnboundedSender;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ObjectReference, Pod};
-use kube::runtime::events::{Event, EventType, Recorder};
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource, ResourceExt};
 
 use super::election::Leadership;
+use super::events::{self, Queued};
 use super::metrics::Metrics;
 use super::{Config, Error};
 use crate::crd::v1alpha1::AgentRun;
@@ -80,7 +80,7 @@ pub struct Context {
     pub leadership: Arc<Leadership>,
     pub metrics: Arc<Metrics>,
     /// Events waiting to be published (None: Events are off).
-    pub events: Option<Sender<(Event, ObjectReference)>>,
+    pub events: Option<tokio::sync::mpsc::Sender<Queued>>,
     /// Set once the run, pod and Lease caches have synced (one waiter: kube's
     /// `Store::wait_until_ready` wakes only the last of several concurrent waiters).
     pub synced: Arc<std::sync::atomic::AtomicBool>,
@@ -139,14 +139,11 @@ impl Context {
             .remove(&run_key(run));
     }
 
-    /// Queues an Event about `run`, published off the reconcile path (best effort: when the
-    /// API server falls behind and the queue is full, the Event is dropped and counted,
-    /// rather than held in memory or competing with claims for the API server).
+    /// Queues an Event about `run` (see [`events`]: best effort, never on the claim's path).
     pub fn event(&self, run: &AgentRun, warning: bool, reason: &str, note: String) {
-        let Some(events) = self.events.clone() else {
+        let Some(queue) = &self.events else {
             return;
         };
-        let reference = run.object_ref(&());
         let event = Event {
             type_: if warning {
                 EventType::Warning
@@ -158,30 +155,8 @@ impl Context {
             action: reason.into(),
             secondary: None,
         };
-        let mut events = events;
-        if events.try_send((event, reference)).is_err() {
-            self.metrics.event_dropped();
-        }
+        events::enqueue(queue, &self.metrics, (event, run.object_ref(&())));
     }
-}
-
-/// How many Events may wait to be published.
-pub const EVENT_QUEUE: usize = 1024;
-/// How many Events are published at once.
-const EVENT_PUBLISHERS: usize = 2;
-
-/// Publishes queued Events until the queue's senders are gone.
-pub async fn publish_events(queue: Receiver<(Event, ObjectReference)>, recorder: Recorder) {
-    queue
-        .for_each_concurrent(EVENT_PUBLISHERS, |(event, reference)| {
-            let recorder = recorder.clone();
-            async move {
-                if let Err(err) = recorder.publish(&event, &reference).await {
-                    tracing::debug!(%err, "publishing an event");
-                }
-            }
-        })
-        .await;
 }
 
 #[cfg(test)]

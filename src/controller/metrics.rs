@@ -1,6 +1,6 @@
 //! Prometheus metrics, prefix `baton`: runs by phase, claims and takeovers by reason,
 //! give-ups, reconcile duration, errors, API writes by kind, takeover lateness and how much
-//! of it the claim's own API round trips took.
+//! of it the claim's own API round trips took, Events queued and dropped.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -35,6 +35,7 @@ pub struct Metrics {
     takeover_lateness: Histogram,
     claim_api: Histogram,
     events_dropped: Counter,
+    events_queued: Gauge,
     writes_total: AtomicU64,
 }
 
@@ -59,6 +60,7 @@ impl Metrics {
             takeover_lateness: Histogram::new(TAKEOVER_BUCKETS.iter().copied()),
             claim_api: Histogram::new(TAKEOVER_BUCKETS.iter().copied()),
             events_dropped: Counter::default(),
+            events_queued: Gauge::default(),
             writes_total: AtomicU64::new(0),
         };
         m.register();
@@ -73,6 +75,11 @@ impl Metrics {
             "events_dropped",
             "Kubernetes Events not published because too many were queued",
             self.events_dropped.clone(),
+        );
+        r.register(
+            "events_queued",
+            "Kubernetes Events waiting to be published",
+            self.events_queued.clone(),
         );
         r.register(
             "takeovers",
@@ -137,6 +144,14 @@ impl Metrics {
 
     pub fn event_dropped(&self) {
         self.events_dropped.inc();
+    }
+
+    pub fn event_queued(&self) {
+        self.events_queued.inc();
+    }
+
+    pub fn event_dequeued(&self) {
+        self.events_queued.dec();
     }
 
     pub fn takeover_lateness(&self, seconds: f64) {

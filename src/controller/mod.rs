@@ -15,6 +15,7 @@ pub mod cli;
 mod context;
 pub mod decide;
 pub mod election;
+mod events;
 mod ledger_end;
 mod leftovers;
 pub mod metrics;

@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Container, ObjectReference, Pod, PodSpec, PodStatus};
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, PodStatus};
 use kube::runtime::controller::{self, Action as Requeue, Controller};
-use kube::runtime::events::{Event, Recorder, Reporter};
+use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -17,9 +17,10 @@ use tokio::sync::watch;
 
 use super::admin::{self, AdminState};
 use super::apply::{Applied, apply};
-use super::context::{Context, EVENT_QUEUE, memory_for, publish_events};
+use super::context::{Context, memory_for};
 use super::decide::{Action, decide};
 use super::election::{self, Leadership};
+use super::events::{self, Queued};
 use super::leftovers::controlling_run;
 use super::metrics::Metrics;
 use super::observe::observe;
@@ -50,7 +51,7 @@ pub async fn run(client: Client, config: Config) -> Result<(), Error> {
         .for_each(|_| futures::future::ready(()));
     let publishing = async {
         if let Some((queue, recorder)) = events {
-            publish_events(queue, recorder).await;
+            events::publish(queue, recorder, &ctx.metrics).await;
         }
         futures::future::pending::<()>().await
     };
@@ -62,10 +63,7 @@ pub async fn run(client: Client, config: Config) -> Result<(), Error> {
     }
 }
 
-type Events = Option<(
-    futures::channel::mpsc::Receiver<(Event, ObjectReference)>,
-    Recorder,
-)>;
+type Events = Option<(tokio::sync::mpsc::Receiver<Queued>, Recorder)>;
 
 type Built = (
     Arc<Context>,
@@ -94,7 +92,7 @@ fn build(client: Client, config: Config) -> Built {
                 instance: Some(config.identity.clone()),
             };
             let recorder = Recorder::new(client.clone(), reporter);
-            let (tx, rx) = futures::channel::mpsc::channel(EVENT_QUEUE);
+            let (tx, rx) = events::queue();
             (Some(tx), Some((rx, recorder)))
         }
         false => (None, None),
