@@ -41,9 +41,38 @@ struct CrdArgs {
     apply: bool,
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
-    let result = match Cli::parse().command {
+fn main() -> ExitCode {
+    limit_malloc_arenas();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build();
+    match runtime {
+        Ok(runtime) => runtime.block_on(run(Cli::parse())),
+        Err(err) => {
+            eprintln!("error: cannot start the async runtime: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Caps glibc's malloc arenas at 2 before any thread starts. By default glibc gives each
+/// thread that meets contention an arena of its own (up to 8 per core), and each arena keeps
+/// its freed pages: at 5,000 runs that was ~11 MiB of the controller's resident memory
+/// (146 vs 134 MiB, with `MALLOC_ARENA_MAX=2`), for nothing, as a few async worker threads
+/// allocate little at a time. A `MALLOC_ARENA_MAX` set in the environment still wins.
+fn limit_malloc_arenas() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
+        // SAFETY: called first thing in main, before any other thread exists; mallopt only
+        // sets an allocator parameter (its result, 0 on an unknown parameter, is ignored).
+        unsafe {
+            libc::mallopt(libc::M_ARENA_MAX, 2);
+        }
+    }
+}
+
+async fn run(cli: Cli) -> ExitCode {
+    let result = match cli.command {
         Command::Crd(args) => crd(args).await,
         Command::Controller(args) => baton::controller::cli::main(args)
             .await
