@@ -4,9 +4,10 @@
 //!
 //! Starts `baton controller` (the release binary, `$BATON_BIN` or target/release/baton) as its
 //! own process on the control plane in KUBECONFIG, creates N runs, lets every run start (fence
-//! 1; its Lease is moved but never renewed, so the startup allowance holds it), then renews
-//! run i's Lease once at t0 + i·window/N and never again: the N leases expire spread evenly
-//! over the window. Reports takeover lateness after expiry (claim seen by a watch minus
+//! 1; its Lease is moved but never renewed, so the startup allowance holds it), waits for the
+//! start's Events to be published and reads every Lease once (as a worker does when it
+//! starts), then renews run i's Lease once at t0 + i·window/N (a worker's steady-state
+//! renewal: one write) and never again: the N leases expire spread evenly over the window. Reports takeover lateness after expiry (claim seen by a watch minus
 //! renewal + durationSeconds), controller RSS, API writes per takeover (Events excluded),
 //! reconciles per second.
 //!
@@ -105,11 +106,13 @@ async fn bench(
     if !wait_started(&progress, args.runs, t, start_timeout).await {
         anyhow::bail!("not every run started within {start_timeout:?}");
     }
+    settle_events(port).await?;
+    let leases = held_leases(client, ns, args.runs).await?;
     let before = scrape(port).await?;
     let apiserver_before = scrape_apiserver(client).await?;
     let started = Instant::now();
     let ticker = tokio::spawn(tick(progress.clone(), args.runs, args.window, started));
-    let expiries = renew_spread(client, ns, args).await;
+    let expiries = renew_spread(leases, args).await;
     wait_claimed(&progress, args.runs, Duration::from_secs(args.window + 120)).await;
     ticker.abort();
     let elapsed = started.elapsed().as_secs_f64();
@@ -237,21 +240,34 @@ async fn wait_started(progress: &Shared, n: usize, since: Instant, timeout: Dura
 }
 
 /// Renews run i once at i·window/N; returns each run's expected expiry.
-async fn renew_spread(client: &Client, ns: &str, args: &Args) -> HashMap<String, Instant> {
+/// Every run's Lease as its worker holds it: read and verified once, as a worker does when
+/// it starts, so that its renewals are the worker's steady-state ones (a single write).
+async fn held_leases(client: &Client, ns: &str, n: usize) -> anyhow::Result<Vec<WorkerLease>> {
+    futures::stream::iter(0..n)
+        .map(|i| {
+            let name = format!("r{i}");
+            let lease = WorkerLease::new(client.clone(), ns, &name, &format!("{name}-w1"), 1);
+            async move { lease.verify().await.map(|_| lease) }
+        })
+        .buffered(64)
+        .try_collect()
+        .await
+        .map_err(Into::into)
+}
+
+/// Renews run i's Lease (`leases[i]`) once, at t0 + i·window/N.
+async fn renew_spread(leases: Vec<WorkerLease>, args: &Args) -> HashMap<String, Instant> {
     let t0 = Instant::now();
     let step = Duration::from_secs_f64(args.window as f64 / args.runs as f64);
     let expiries: Arc<Mutex<HashMap<String, Instant>>> = Default::default();
-    futures::stream::iter(0..args.runs)
-        .map(|i| {
-            let (client, expiries) = (client.clone(), expiries.clone());
-            let ns = ns.to_string();
+    futures::stream::iter(leases.into_iter().enumerate())
+        .map(|(i, lease)| {
+            let expiries = expiries.clone();
             async move {
                 tokio::time::sleep_until((t0 + step * i as u32).into()).await;
-                let name = format!("r{i}");
-                let lease = WorkerLease::new(client, &ns, &name, &format!("{name}-w1"), 1);
                 if lease.renew().await.is_ok() {
                     let expiry = Instant::now() + Duration::from_secs(DURATION as u64);
-                    expiries.lock().unwrap().insert(name, expiry);
+                    expiries.lock().unwrap().insert(format!("r{i}"), expiry);
                 }
             }
         })
@@ -331,6 +347,27 @@ where
         }
     }
     left
+}
+
+/// Waits (at most a minute) until the controller has published the start's Events, so the
+/// window measures live runs' takeovers, not the start's tail; prints what it found.
+async fn settle_events(port: u16) -> anyhow::Result<()> {
+    let t = Instant::now();
+    let metric = |s: &Samples, name: &str| s.get(name).copied().unwrap_or(0.0);
+    loop {
+        let now = scrape(port).await?;
+        let queued = metric(&now, "baton_events_queued");
+        if queued == 0.0 || t.elapsed() > Duration::from_secs(60) {
+            println!(
+                "bench: start's Events published {:.1} s after the last run started \
+                 ({queued} still queued, {} dropped)",
+                t.elapsed().as_secs_f64(),
+                metric(&now, "baton_events_dropped_total")
+            );
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 /// The controller's counters: every sample line of the exposition, by series.

@@ -31,6 +31,40 @@ async fn start_claims_fence_one_with_lease_pod_and_seal() {
     ns.cleanup().await;
 }
 
+/// A worker renews from the Lease as it last wrote it: one request while nobody else writes
+/// the Lease; any other write (here a label) refuses that one, and it reads and verifies again.
+#[tokio::test]
+async fn a_steady_renewal_is_one_write_until_someone_else_writes_the_lease() {
+    use baton::lease::WorkerLease;
+    use baton::worker::api_count::{ApiCounters, counted_client};
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube::ResourceExt;
+    use kube::api::{Patch, PatchParams};
+
+    let (ns, _c, _) = started("ctl-renew", long_lease_run("r")).await;
+    let counters = std::sync::Arc::new(ApiCounters::default());
+    let client = counted_client(counters.clone()).await.unwrap();
+    let lease = WorkerLease::new(client, &ns.name, "r", "r-w1", 1);
+    lease.verify().await.unwrap();
+    for _ in 0..3 {
+        lease.renew().await.unwrap();
+    }
+    let c = counters.snapshot();
+    assert_eq!((c.get, c.update), (1, 3), "{c:?}");
+
+    let label = serde_json::json!({"metadata": {"labels": {"touched": "yes"}}});
+    ns.api::<Lease>()
+        .patch("run.r", &PatchParams::default(), &Patch::Merge(&label))
+        .await
+        .unwrap();
+    let renewed = lease.renew().await.unwrap();
+    assert!(renewed.labels().contains_key("touched"));
+    let c = counters.snapshot();
+    // The refused write, the read, the write that landed.
+    assert_eq!((c.get, c.update), (2, 5), "{c:?}");
+    ns.cleanup().await;
+}
+
 #[tokio::test]
 async fn expiry_takeover_moves_the_fence_by_one_and_fences_out_the_zombie() {
     let (ns, _c, _) = started("ctl-expiry", agent_run("r", 10)).await;

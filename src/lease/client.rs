@@ -1,5 +1,6 @@
-//! The Lease I/O edge. Every write is a compare-and-swap on the resourceVersion just read, and
-//! every worker write also checks holder and fence in that same write.
+//! The Lease I/O edge. Every write is a compare-and-swap on the resourceVersion last read (or,
+//! for a worker, last written by it), and every worker write also checks holder and fence in
+//! that same write.
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec as K8sLeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, OwnerReference};
@@ -7,6 +8,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client, ResourceExt};
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 
 use super::{LeaseError, held_by, lease_fence, owned_by_run, run_lease_name};
 use crate::crd::{FENCE_ANNOTATION, MANAGED_BY_LABEL, RUN_LABEL};
@@ -160,6 +162,9 @@ pub struct WorkerLease {
     fence: i64,
     /// The UID of the run the Lease must belong to, once known.
     run_uid: Option<String>,
+    /// The Lease as this worker last read or wrote it, while it named us under our fence
+    /// (shared by the clones: the heartbeat and the finish write the same Lease).
+    known: Arc<Mutex<Option<Lease>>>,
 }
 
 impl WorkerLease {
@@ -170,6 +175,7 @@ impl WorkerLease {
             holder: holder.into(),
             fence,
             run_uid: None,
+            known: Arc::default(),
         }
     }
 
@@ -194,8 +200,10 @@ impl WorkerLease {
             .as_ref()
             .is_some_and(|uid| !owned_by_run(&lease, uid));
         if other_run || !held_by(&lease, &self.holder, self.fence) {
+            self.remember(None);
             return Err(self.lost(&lease));
         }
+        self.remember(Some(&lease));
         Ok(lease)
     }
 
@@ -214,16 +222,28 @@ impl WorkerLease {
         .await
     }
 
+    /// One write, a compare-and-swap from the Lease as we last knew it: in the steady state
+    /// nobody else writes it, so a renewal is one request (no read before it). A 409 means
+    /// someone did (a claim moves it): then it is read and verified again, so a moved Lease
+    /// ends in `Lost`, and a write that lands proves the Lease still named us.
     async fn update(&self, change: impl Fn(&mut K8sLeaseSpec)) -> Result<Lease, LeaseError> {
+        let mut known = self.known.lock().expect("lease lock").take();
         for _ in 0..CONFLICT_RETRIES {
-            let mut lease = self.verify().await?;
+            let mut lease = match known.take() {
+                Some(lease) => lease,
+                None => self.verify().await?,
+            };
             change(lease.spec.get_or_insert_with(K8sLeaseSpec::default));
             match self
                 .api
                 .replace(&self.name, &PostParams::default(), &lease)
                 .await
             {
-                Ok(lease) => return Ok(lease),
+                Ok(lease) => {
+                    let ours = held_by(&lease, &self.holder, self.fence);
+                    self.remember(ours.then_some(&lease));
+                    return Ok(lease);
+                }
                 Err(err) if is_conflict(&err) => continue,
                 Err(err) if is_not_found(&err) => {
                     return Err(LeaseError::Missing {
@@ -236,6 +256,10 @@ impl WorkerLease {
         Err(LeaseError::Kube(kube::Error::Api(Box::new(
             conflict_status(&self.name),
         ))))
+    }
+
+    fn remember(&self, lease: Option<&Lease>) {
+        *self.known.lock().expect("lease lock") = lease.cloned();
     }
 
     fn lost(&self, lease: &Lease) -> LeaseError {
