@@ -11,8 +11,10 @@ use super::metrics::Metrics;
 /// An Event and the run it is about.
 pub type Queued = (Event, ObjectReference);
 
-/// How many Events may wait to be published.
-pub const EVENT_QUEUE: usize = 1024;
+/// How many Events may wait to be published: a burst of 5,000 runs created at once queues
+/// ~2,000 of their start Events while the API server is busy starting them (each a few hundred
+/// bytes held here), and they are published late rather than dropped.
+const EVENT_QUEUE: usize = 8192;
 /// How many Events are published at once: enough to keep up with a burst of claims (a start
 /// of thousands of runs makes one Event each) so that none is still queued minutes later.
 const EVENT_PUBLISHERS: usize = 8;
