@@ -6,17 +6,12 @@ mod controller_support;
 
 use std::time::Duration;
 
+use baton::crd::controlled_by_run;
 use baton::rbac::{RunRbac, worker_rules};
 use controller_support::*;
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
-use kube::{Resource, ResourceExt};
-
-fn owned_by_run<K: Resource>(obj: &K, uid: &str) -> bool {
-    obj.owner_references()
-        .iter()
-        .any(|o| o.uid == uid && o.kind == "AgentRun" && o.controller == Some(true))
-}
+use kube::ResourceExt;
 
 #[tokio::test]
 async fn the_first_claim_gives_the_run_its_own_account_and_a_takeover_reuses_it() {
@@ -33,9 +28,9 @@ async fn the_first_claim_gives_the_run_its_own_account_and_a_takeover_reuses_it(
     let sa = ns.api::<ServiceAccount>().get("baton-run-r").await.unwrap();
     let role = ns.api::<Role>().get("baton-run-r").await.unwrap();
     let binding = ns.api::<RoleBinding>().get("baton-run-r").await.unwrap();
-    assert!(owned_by_run(&sa, &uid), "{:?}", sa.metadata);
-    assert!(owned_by_run(&role, &uid), "{:?}", role.metadata);
-    assert!(owned_by_run(&binding, &uid), "{:?}", binding.metadata);
+    assert!(controlled_by_run(&sa, &uid), "{:?}", sa.metadata);
+    assert!(controlled_by_run(&role, &uid), "{:?}", role.metadata);
+    assert!(controlled_by_run(&binding, &uid), "{:?}", binding.metadata);
     assert_eq!(role.rules.clone().unwrap(), worker_rules("r"));
     let expected = RunRbac::for_run(&get(&ns, "r").await).unwrap();
     assert_eq!(binding.role_ref, expected.role_binding.role_ref);
@@ -108,6 +103,6 @@ async fn existing_objects_of_the_run_count_as_created() {
         Some("baton-run-r")
     );
     let binding = ns.api::<RoleBinding>().get("baton-run-r").await.unwrap();
-    assert!(owned_by_run(&binding, &created.uid().unwrap()));
+    assert!(controlled_by_run(&binding, &created.uid().unwrap()));
     ns.cleanup().await;
 }

@@ -92,7 +92,7 @@ where
             if owned_by(&existing, run) {
                 return Ok(false);
             }
-            let leftover = leftovers::controlling_run(&existing).is_some();
+            let leftover = crate::crd::controlling_run(&existing).is_some();
             if leftover {
                 leftovers::delete_leftover(ctx, api, &existing).await?;
             }

@@ -11,7 +11,6 @@
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{DeleteParams, Preconditions};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
@@ -22,7 +21,7 @@ use super::context::Context;
 use super::ledger_end::{cached_segment_at, cached_segments_of};
 use super::statuses::run_name;
 use crate::crd::v1alpha1::{AgentRun, LedgerSegment};
-use crate::crd::{RUN_UID_LABEL, worker_pod_name};
+use crate::crd::{RUN_UID_LABEL, controlling_run, worker_pod_name};
 use crate::kube_util::{is_conflict, is_not_found};
 use crate::lease::run_lease_name;
 
@@ -87,14 +86,6 @@ pub fn owned_by<K: Resource>(obj: &K, run: &AgentRun) -> bool {
     obj.owner_references()
         .iter()
         .any(|o| Some(&o.uid) == uid.as_ref())
-}
-
-/// The owner reference of the AgentRun controlling `obj` (None: no run controls it, so it is
-/// not a run's leftover and is left alone).
-pub fn controlling_run<K: Resource>(obj: &K) -> Option<&OwnerReference> {
-    obj.owner_references()
-        .iter()
-        .find(|o| o.controller == Some(true) && o.kind == "AgentRun")
 }
 
 /// Every segment of the run that holds the first position, if that run is another one. The

@@ -21,12 +21,11 @@ use super::context::{Context, memory_for};
 use super::decide::{Action, decide};
 use super::election::{self, Leadership};
 use super::events::{self, Queued};
-use super::leftovers::controlling_run;
 use super::metrics::Metrics;
 use super::observe::observe;
 use super::{CONTROLLER_NAME, Config, Error};
-use crate::crd::MANAGED_BY_LABEL;
 use crate::crd::v1alpha1::AgentRun;
+use crate::crd::{MANAGED_BY_LABEL, controlling_run};
 use crate::lease::LeaseSighting;
 
 /// How many times one reconcile re-reads and re-decides after a conflict.

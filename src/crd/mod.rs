@@ -4,6 +4,7 @@
 
 pub mod v1alpha1;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::CustomResourceExt;
 
 /// API group of every baton resource.
@@ -127,6 +128,22 @@ pub fn worker_pod_name(run: &str, fence: i64) -> String {
     format!("{run}-w{fence}")
 }
 
+/// The owner reference of the AgentRun controlling `obj` (a run's Lease, pods, segments and
+/// worker RBAC are all controlled by it). None: no run controls it.
+pub fn controlling_run<K: kube::Resource>(obj: &K) -> Option<&OwnerReference> {
+    obj.meta()
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true) && o.kind == "AgentRun")
+}
+
+/// True if the run with this UID controls `obj` (not an earlier run of the same name whose
+/// objects the garbage collector has not removed yet).
+pub fn controlled_by_run<K: kube::Resource>(obj: &K, uid: &str) -> bool {
+    controlling_run(obj).is_some_and(|owner| owner.uid == uid)
+}
+
 /// Writes the generated CRD files into `dir`.
 pub fn write_crd_dir(dir: &std::path::Path) -> Result<(), crate::Error> {
     std::fs::create_dir_all(dir)?;
@@ -146,4 +163,39 @@ pub fn stale_crd_files(dir: &std::path::Path) -> Result<Vec<String>, crate::Erro
         }
     }
     Ok(stale)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::coordination::v1::Lease;
+
+    fn owner(kind: &str, uid: &str, controller: bool) -> OwnerReference {
+        OwnerReference {
+            kind: kind.into(),
+            uid: uid.into(),
+            controller: Some(controller),
+            ..OwnerReference::default()
+        }
+    }
+
+    #[test]
+    fn an_object_belongs_to_the_run_that_controls_it_by_uid() {
+        let mut lease = Lease::default();
+        assert!(!controlled_by_run(&lease, "u-new"), "no owner: nobody's");
+        lease.metadata.owner_references = Some(vec![
+            owner("AgentRun", "u-new", false),
+            owner("AgentRun", "u-old", true),
+        ]);
+        assert!(controlled_by_run(&lease, "u-old"));
+        assert!(
+            !controlled_by_run(&lease, "u-new"),
+            "only the controlling owner counts"
+        );
+        lease.metadata.owner_references = Some(vec![owner("Job", "u-old", true)]);
+        assert!(
+            controlling_run(&lease).is_none(),
+            "a controller of another kind is no run"
+        );
+    }
 }

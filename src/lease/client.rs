@@ -10,8 +10,8 @@ use kube::{Api, Client, ResourceExt};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use super::{LeaseError, held_by, lease_fence, owned_by_run, run_lease_name};
-use crate::crd::{FENCE_ANNOTATION, MANAGED_BY_LABEL, RUN_LABEL};
+use super::{LeaseError, held_by, lease_fence, run_lease_name};
+use crate::crd::{FENCE_ANNOTATION, MANAGED_BY_LABEL, RUN_LABEL, controlled_by_run};
 use crate::kube_util::{is_conflict, is_not_found};
 use crate::ledger::store::label_value;
 
@@ -198,7 +198,7 @@ impl WorkerLease {
         let other_run = self
             .run_uid
             .as_ref()
-            .is_some_and(|uid| !owned_by_run(&lease, uid));
+            .is_some_and(|uid| !controlled_by_run(&lease, uid));
         if other_run || !held_by(&lease, &self.holder, self.fence) {
             self.remember(None);
             return Err(self.lost(&lease));

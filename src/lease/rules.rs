@@ -41,17 +41,6 @@ pub fn held_by(lease: &Lease, holder: &str, fence: i64) -> bool {
     lease_holder(lease) == Some(holder) && lease_fence(lease) == Some(fence)
 }
 
-/// True if the Lease's controlling owner is the run with this UID (not an earlier run of the
-/// same name whose Lease the garbage collector has not removed yet).
-pub fn owned_by_run(lease: &Lease, uid: &str) -> bool {
-    lease
-        .metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .any(|o| o.controller == Some(true) && o.uid == uid)
-}
-
 /// True once the holder has renewed at least once since the Lease was moved to it (the
 /// controller moves a Lease with no `renewTime`).
 pub fn has_renewed(lease: &Lease) -> bool {
@@ -131,24 +120,6 @@ mod tests {
             renew_seconds: 10,
             startup_seconds: 300,
         }
-    }
-
-    #[test]
-    fn a_lease_belongs_to_the_run_that_controls_it_by_uid() {
-        use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-        let mut l = lease("1", Some("p"), true);
-        assert!(!owned_by_run(&l, "u-new"), "no owner: nobody's");
-        let owner = |uid: &str, controller| OwnerReference {
-            uid: uid.into(),
-            controller: Some(controller),
-            ..OwnerReference::default()
-        };
-        l.metadata.owner_references = Some(vec![owner("u-new", false), owner("u-old", true)]);
-        assert!(owned_by_run(&l, "u-old"));
-        assert!(
-            !owned_by_run(&l, "u-new"),
-            "only the controlling owner counts"
-        );
     }
 
     #[test]
