@@ -113,6 +113,23 @@ async fn expiry_takeover_moves_the_fence_by_one_and_fences_out_the_zombie() {
     next.renew_for(4, Duration::from_millis(700)).await;
     assert_eq!(status(&get(&ns, "r").await).fence, 2);
     assert_eq!(seals(&ledger(&ns, "r").await), vec![(1, false), (2, false)]);
+    // Every claim has its Event, naming its fence; a takeover's is a Warning.
+    let start = wait_event(&ns, "r", "ClaimedStart", T).await;
+    assert_eq!(
+        start.note.as_deref(),
+        Some("attempt 1 claimed for pod r-w1 (Start)")
+    );
+    assert_eq!(start.type_.as_deref(), Some("Normal"));
+    let takeover = wait_event(&ns, "r", "ClaimedLeaseExpired", T).await;
+    assert_eq!(
+        takeover.note.as_deref(),
+        Some("attempt 2 claimed for pod r-w2 (LeaseExpired)")
+    );
+    assert_eq!(takeover.type_.as_deref(), Some("Warning"));
+    assert_eq!(
+        takeover.reporting_controller.as_deref(),
+        Some("baton-controller")
+    );
     assert!(
         ns.api::<Pod>().get_opt("r-w1").await.unwrap().is_none(),
         "old pod deleted"

@@ -1,5 +1,5 @@
 //! What every reconcile shares: the client, the watch caches, the controller's own memory of
-//! lease sightings, leadership, metrics and the Event recorder.
+//! lease sightings, leadership, metrics and the Event queue.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};

@@ -9,7 +9,7 @@ use futures::{Stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, PodStatus};
 use kube::runtime::controller::{self, Action as Requeue, Controller};
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -49,8 +49,8 @@ pub async fn run(client: Client, config: Config) -> Result<(), Error> {
         .run(reconcile, error_policy, ctx.clone())
         .for_each(|_| futures::future::ready(()));
     let publishing = async {
-        if let Some((queue, recorder)) = events {
-            events::publish(queue, recorder, &ctx.metrics).await;
+        if let Some((queue, publisher)) = events {
+            events::publish(queue, publisher, &ctx.metrics).await;
         }
         futures::future::pending::<()>().await
     };
@@ -62,7 +62,7 @@ pub async fn run(client: Client, config: Config) -> Result<(), Error> {
     }
 }
 
-type Events = Option<(tokio::sync::mpsc::Receiver<Queued>, Recorder)>;
+type Events = Option<(tokio::sync::mpsc::Receiver<Queued>, events::Publisher)>;
 
 type Built = (
     Arc<Context>,
@@ -90,9 +90,9 @@ fn build(client: Client, config: Config) -> Built {
                 controller: CONTROLLER_NAME.into(),
                 instance: Some(config.identity.clone()),
             };
-            let recorder = Recorder::new(client.clone(), reporter);
+            let publisher = events::Publisher::new(client.clone(), reporter);
             let (tx, rx) = events::queue();
-            (Some(tx), Some((rx, recorder)))
+            (Some(tx), Some((rx, publisher)))
         }
         false => (None, None),
     };
