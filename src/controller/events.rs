@@ -36,11 +36,13 @@ pub fn queue() -> (Sender<Queued>, Receiver<Queued>) {
     channel(EVENT_QUEUE)
 }
 
-/// Queues `event`, or drops and counts it when the queue is full.
+/// Queues `event`, or drops and counts it when the queue is full. The gauge goes up before
+/// the send, so a publisher taking the Event at once never drives it below zero.
 pub fn enqueue(queue: &Sender<Queued>, metrics: &Metrics, event: Queued) {
-    match queue.try_send(event) {
-        Ok(()) => metrics.event_queued(),
-        Err(_) => metrics.event_dropped(),
+    metrics.event_queued();
+    if queue.try_send(event).is_err() {
+        metrics.event_dequeued();
+        metrics.event_dropped();
     }
 }
 
