@@ -4,6 +4,7 @@
 pub mod cli;
 pub mod controller;
 pub mod crd;
+pub mod events;
 pub mod kube_util;
 pub mod lease;
 pub mod ledger;

@@ -62,7 +62,10 @@ pub async fn run(client: Client, config: Config) -> Result<(), Error> {
     }
 }
 
-type Events = Option<(tokio::sync::mpsc::Receiver<Queued>, events::Publisher)>;
+type Events = Option<(
+    tokio::sync::mpsc::Receiver<Queued>,
+    crate::events::Publisher,
+)>;
 
 type Built = (
     Arc<Context>,
@@ -90,7 +93,7 @@ fn build(client: Client, config: Config) -> Built {
                 controller: CONTROLLER_NAME.into(),
                 instance: Some(config.identity.clone()),
             };
-            let publisher = events::Publisher::new(client.clone(), reporter);
+            let publisher = crate::events::Publisher::new(client.clone(), reporter);
             let (tx, rx) = events::queue();
             (Some(tx), Some((rx, publisher)))
         }

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event, EventType, Reporter};
 use kube::{Api, Client, Resource, ResourceExt};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -129,7 +129,7 @@ impl Session {
             controller: "baton-worker".into(),
             instance: Some(self.cfg.pod.clone()),
         };
-        let recorder = Recorder::new(self.client.clone(), reporter);
+        let publisher = crate::events::Publisher::new(self.client.clone(), reporter);
         let event = Event {
             type_: EventType::Warning,
             reason: reason.into(),
@@ -137,7 +137,7 @@ impl Session {
             action: "Resume".into(),
             secondary: None,
         };
-        if let Err(err) = recorder.publish(&event, &self.run.object_ref(&())).await {
+        if let Err(err) = publisher.publish(&event, &self.run.object_ref(&())).await {
             warn!(error = %err, "publishing a Warning Event");
         }
     }
