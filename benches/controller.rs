@@ -1,19 +1,25 @@
 //! Controller benchmark (prints figures; asserts nothing).
 //!
-//! `cargo bench --bench controller -- --runs 1000 --window 100`
+//! `cargo bench --bench controller -- --runs 1000 --window 100 [--passes 2]`
 //!
 //! Starts `baton controller` (the release binary, `$BATON_BIN` or target/release/baton) as its
 //! own process on the control plane in KUBECONFIG, creates N runs, lets every run start (fence
 //! 1; its Lease is moved but never renewed, so the startup allowance holds it), waits for the
 //! start's Events to be published and reads every Lease once (as a worker does when it
 //! starts), then renews run i's Lease once at t0 + i·window/N (a worker's steady-state
-//! renewal: one write) and never again: the N leases expire spread evenly over the window. Reports takeover lateness after expiry (claim seen by a watch minus
-//! renewal + durationSeconds), controller RSS, API writes per takeover (Events excluded),
-//! reconciles per second.
+//! renewal: one write) and never again: the N leases expire spread evenly over the window.
+//! Reports takeover lateness after expiry (claim seen by a watch minus renewal +
+//! durationSeconds), controller RSS, API writes per takeover (Events excluded), reconciles
+//! per second.
+//!
+//! `--passes K` runs the whole benchmark K times in a row, each with its own namespace and
+//! controller process, and prints each pass's figures. The first pass on a freshly started
+//! API server also measures that server growing into its load (heap, watch caches); later
+//! passes measure it as a long-running server is.
 //!
 //! `BATON_CONTROLLER_ARGS` adds flags to `baton controller` (e.g. `--concurrency 128`).
 //!
-//! The bench works in a fresh namespace and, whatever happens, deletes every run, segment,
+//! Each pass works in a fresh namespace and, whatever happens, deletes every run, segment,
 //! Lease, pod, worker ServiceAccount/Role/RoleBinding and Event in it at the end (the local
 //! control plane has no garbage collector and no namespace controller).
 
@@ -38,18 +44,22 @@ const BENCH_LABEL: &str = "baton.dev/bench";
 struct Args {
     runs: usize,
     window: u64,
+    /// Whole benchmarks in a row, each with its own namespace and controller process.
+    passes: usize,
 }
 
 fn args() -> Args {
     let mut a = Args {
         runs: 1000,
         window: 100,
+        passes: 1,
     };
     let argv: Vec<String> = std::env::args().collect();
     for pair in argv.windows(2) {
         match pair[0].as_str() {
             "--runs" => a.runs = pair[1].parse().expect("--runs N"),
             "--window" => a.window = pair[1].parse().expect("--window SECONDS"),
+            "--passes" => a.passes = pair[1].parse().expect("--passes K"),
             _ => {}
         }
     }
@@ -61,6 +71,17 @@ async fn main() -> anyhow::Result<()> {
     let args = args();
     let client = Client::try_default().await?;
     baton::crd::install(client.clone(), Duration::from_secs(60)).await?;
+    for pass in 1..=args.passes {
+        if args.passes > 1 {
+            println!("bench: pass {pass} of {}", args.passes);
+        }
+        one_pass(&client, &args).await?;
+    }
+    Ok(())
+}
+
+/// One whole benchmark in a fresh namespace, with a controller process of its own.
+async fn one_pass(client: &Client, args: &Args) -> anyhow::Result<()> {
     let ns = format!("bench-{}", rand::random::<u32>() % 1_000_000);
     let meta = ObjectMeta {
         name: Some(ns.clone()),
@@ -77,9 +98,9 @@ async fn main() -> anyhow::Result<()> {
         .await?;
     let port = 18000 + rand::random::<u16>() % 2000;
     let mut controller = spawn_controller(&ns, port)?;
-    let result = bench(&client, &ns, port, &args, &mut controller).await;
+    let result = bench(client, &ns, port, args, &mut controller).await;
     controller.kill().await.ok();
-    cleanup(&client, &ns).await;
+    cleanup(client, &ns).await;
     result
 }
 

@@ -2,8 +2,9 @@
 //! own ServiceAccount, Role and RoleBinding ([`RunRbac`]) exist, owned by the run.
 //!
 //! These objects are not part of the claim protocol (they carry no fence); each is a plain
-//! `create` where AlreadyExists counts as success when the run owns the object. They cost three
-//! writes once per run, not per claim: the controller remembers (per run UID) that they exist.
+//! `create` where AlreadyExists counts as success when the run is the object's controlling
+//! owner. They cost three writes once per run, not per claim: the controller remembers (per
+//! run UID) that they exist.
 //! Without that memory (a restarted controller taking over), a first claim checks with one
 //! read (the RoleBinding, created last) before creating anything.
 
@@ -16,8 +17,9 @@ use serde::de::DeserializeOwned;
 
 use super::Error;
 use super::context::Context;
-use super::leftovers::{self, owned_by};
+use super::leftovers;
 use super::statuses::run_name;
+use crate::crd::controlled_by_run;
 use crate::crd::v1alpha1::AgentRun;
 use crate::kube_util::is_already_exists;
 use crate::rbac::{RbacError, RunRbac};
@@ -44,7 +46,7 @@ pub async fn ensure_run_rbac(
             .api::<RoleBinding>(&ns)
             .get_opt(&rbac.name())
             .await?
-            .is_some_and(|b| owned_by(&b, run));
+            .is_some_and(|b| controlled_by_run(&b, &run.uid().unwrap_or_default()));
     if !present {
         ctx.check_leader()?;
         // The Role must exist before a binding to it can be created by a controller without
@@ -89,7 +91,7 @@ where
         Ok(_) => Ok(true),
         Err(err) if is_already_exists(&err) => {
             let existing = api.get(&obj.name_any()).await?;
-            if owned_by(&existing, run) {
+            if controlled_by_run(&existing, &run.uid().unwrap_or_default()) {
                 return Ok(false);
             }
             let leftover = crate::crd::controlling_run(&existing).is_some();

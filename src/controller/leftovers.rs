@@ -80,14 +80,6 @@ fn foreign_lease(ctx: &Context, run: &AgentRun, uid: &str) -> Option<Lease> {
     other.then(|| (*lease).clone())
 }
 
-/// True if `run` (by UID) is among `obj`'s owners.
-pub fn owned_by<K: Resource>(obj: &K, run: &AgentRun) -> bool {
-    let uid = run.uid();
-    obj.owner_references()
-        .iter()
-        .any(|o| Some(&o.uid) == uid.as_ref())
-}
-
 /// Every segment of the run that holds the first position, if that run is another one. The
 /// first position tells: every ledger starts there. Read from the API server's watch cache.
 async fn foreign_segments(

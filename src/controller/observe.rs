@@ -11,10 +11,9 @@ use kube::runtime::reflector::ObjectRef;
 
 use super::context::{Context, run_key};
 use super::decide::{Admission, LeaseObs, Observation, PodState};
-use super::leftovers::owned_by;
 use super::pod::{desired_image, pod_image};
 use crate::crd::v1alpha1::AgentRun;
-use crate::crd::worker_pod_name;
+use crate::crd::{controlled_by_run, worker_pod_name};
 use crate::lease::{LeaseSighting, lease_fence, lease_holder, run_lease_name, thread_lease_name};
 
 /// Everything decide needs about `run`, as of `now`.
@@ -73,7 +72,7 @@ pub fn pod_state(ctx: &Context, run: &AgentRun) -> PodState {
     let name = worker_pod_name(&run.name_any(), fence);
     let ns = run.namespace().unwrap_or_default();
     match ctx.pods.get(&ObjectRef::new(&name).within(&ns)) {
-        Some(pod) if owned_by(&*pod, run) => classify_pod(&pod),
+        Some(pod) if controlled_by_run(&*pod, &run.uid().unwrap_or_default()) => classify_pod(&pod),
         _ => PodState::Missing,
     }
 }
