@@ -51,8 +51,8 @@ bench-worker: ## Figures: a 1,000-step run's API round trips per step, ledger by
 .PHONY: bench-controller
 bench-controller: ## Figures: takeover lateness, controller memory and writes with 1,000 and 5,000 runs
 	$(CARGO) build --release --bin baton
-	bash hack/with-control-plane.sh $(CARGO) bench --bench controller -- --runs 1000 --window 100
-	bash hack/with-control-plane.sh $(CARGO) bench --bench controller -- --runs 5000 --window 100
+	bash hack/with-control-plane.sh $(CARGO) bench --bench controller -- --runs 1000 --window 100 --passes 2
+	bash hack/with-control-plane.sh $(CARGO) bench --bench controller -- --runs 5000 --window 100 --passes 2
 
 .PHONY: bench-e2e
 bench-e2e: ## Figures: SIGTERM/kill/pause to resumed work, work lost per crash, vs a Job-style restart
