@@ -19,8 +19,8 @@ use super::Error;
 use super::context::Context;
 use super::leftovers;
 use super::statuses::run_name;
-use crate::crd::controlled_by_run;
 use crate::crd::v1alpha1::AgentRun;
+use crate::crd::{controlled_by_run, controlling_run};
 use crate::kube_util::is_already_exists;
 use crate::rbac::{RbacError, RunRbac};
 
@@ -94,7 +94,7 @@ where
             if controlled_by_run(&existing, &run.uid().unwrap_or_default()) {
                 return Ok(false);
             }
-            let leftover = crate::crd::controlling_run(&existing).is_some();
+            let leftover = controlling_run(&existing).is_some();
             if leftover {
                 leftovers::delete_leftover(ctx, api, &existing).await?;
             }
