@@ -1,9 +1,12 @@
 # syntax=docker/dockerfile:1
 # baton: one image for the controller (`baton controller`) and the worker pods (`baton worker`).
 #
-# Not built in this project's CI (its machines have no container engine); see the README.
+#   docker build -t baton:dev .                     # the default: compiles baton in the build stage
 #
-#   docker build -t baton:dev .
+# The project's tests build the same runtime from binaries compiled on the host (no rust image
+# can be had without a registry): hack/images.sh runs
+#   podman build --pull=never --target prebuilt .   # copies target/image/{baton,kubectl-baton}
+# Both stages below `runtime-base` are identical but for where the two binaries come from.
 
 # --- build ---------------------------------------------------------------------------------
 FROM rust:1.89-bookworm AS build
@@ -20,16 +23,23 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
  && install -D -m 0755 target/release/baton /out/baton \
  && install -D -m 0755 target/release/kubectl-baton /out/kubectl-baton
 
-# --- runtime -------------------------------------------------------------------------------
+# --- runtime base --------------------------------------------------------------------------
 # Debian slim rather than distroless: the worker's `shell` tool runs `sh -c`, and probes too.
-FROM debian:bookworm-slim
+FROM debian:bookworm-slim AS runtime-base
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates \
- && rm -rf /var/lib/apt/lists/* \
+ && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin \
  && groupadd --gid 65532 nonroot \
  && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin nonroot
-COPY --from=build /out/baton /out/kubectl-baton /usr/local/bin/
 # Numeric, so Kubernetes' runAsNonRoot can verify it without reading /etc/passwd.
 USER 65532:65532
 ENTRYPOINT ["baton"]
 CMD ["--help"]
+
+# --- prebuilt: the runtime with binaries built on the host (what the project's CI builds) --
+FROM runtime-base AS prebuilt
+COPY target/image/baton target/image/kubectl-baton /usr/local/bin/
+
+# --- runtime (the default target) ----------------------------------------------------------
+FROM runtime-base AS runtime
+COPY --from=build /out/baton /out/kubectl-baton /usr/local/bin/

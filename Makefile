@@ -69,3 +69,19 @@ control-plane-down: ## Stop the local control plane
 .PHONY: control-plane-env
 control-plane-env: ## Print `export KUBECONFIG=...` for the local control plane
 	@bash $(CP) env
+
+.PHONY: node-up
+node-up: ## Start the real single-node Kubernetes (builds its binaries once, cached)
+	bash hack/node.sh up
+
+.PHONY: node-down
+node-down: ## Stop the node and remove everything it left
+	bash hack/node.sh down
+
+.PHONY: node-env
+node-env: ## Print `export KUBECONFIG=...` for the node
+	@bash hack/node.sh env
+
+.PHONY: images
+images: ## The node's images: pause, a Debian base, baton from the Dockerfile
+	bash hack/images.sh all

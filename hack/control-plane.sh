@@ -41,12 +41,17 @@ READY_TIMEOUT=${BATON_CP_TIMEOUT:-120}
 readonly CONTEXT=baton-local
 readonly MARKER=.baton-control-plane
 readonly SERVICE_CIDR=10.0.0.0/24
+# Built together, once, from Debian's kubernetes source: the API server alone serves the
+# integration tests; all five make the real node (hack/node.sh).
+readonly SERVER_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy)
 
 KUBECONFIG_PATH=$CP_DIR/kubeconfig
 PKI=$CP_DIR/pki
 
-log() { printf '[control-plane] %s\n' "$*" >&2; }
-die() { printf '[control-plane] ERROR: %s\n' "$*" >&2; exit 1; }
+LOG_TAG=control-plane
+STATE_DIR=$CP_DIR
+# shellcheck source=hack/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 usage() {
   cat <<EOF
@@ -72,98 +77,8 @@ EOF
 # ---------------------------------------------------------------------------
 # small helpers
 
-# Run a command as root (directly, or through non-interactive sudo).
-as_root() {
-  if [[ $EUID -eq 0 ]]; then
-    "$@"
-  elif command -v sudo >/dev/null 2>&1; then
-    sudo -n "$@" || die "needs root for: $* (sudo -n failed; run once as root, or provide the binaries via KUBEBUILDER_ASSETS)"
-  else
-    die "needs root for: $* (no sudo; provide the binaries via KUBEBUILDER_ASSETS instead)"
-  fi
-}
-
-is_debian() { [[ -r /etc/debian_version ]] && command -v apt-get >/dev/null 2>&1; }
-
-APT_UPDATED=0
-APT_LOG=$CACHE_DIR/apt.log
-
-apt_update() {
-  [[ $APT_UPDATED -eq 1 ]] && return 0
-  log "apt-get update"
-  mkdir -p "$CACHE_DIR"
-  if ! as_root env DEBIAN_FRONTEND=noninteractive apt-get update >>"$APT_LOG" 2>&1; then
-    tail -n 20 "$APT_LOG" >&2 || true
-    die "apt-get update failed (log: $APT_LOG)"
-  fi
-  APT_UPDATED=1
-}
-
-# apt_install PKG... — install; on failure refresh the package lists once and retry.
-apt_install() {
-  is_debian || die "cannot install $* automatically: not a Debian system (set KUBEBUILDER_ASSETS to a folder with kube-apiserver and etcd, e.g. from setup-envtest)"
-  mkdir -p "$CACHE_DIR"
-  local pkg missing_candidate=0
-  for pkg in "$@"; do
-    if ! apt-cache policy "$pkg" 2>/dev/null | grep 'Candidate: [^(]' >/dev/null; then missing_candidate=1; fi
-  done
-  [[ $missing_candidate -eq 1 ]] && apt_update
-  log "apt-get install $*"
-  local -a cmd=(env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$@")
-  if ! as_root "${cmd[@]}" >>"$APT_LOG" 2>&1; then
-    if [[ $APT_UPDATED -eq 0 ]]; then
-      apt_update
-      as_root "${cmd[@]}" >>"$APT_LOG" 2>&1 && return 0
-    fi
-    tail -n 20 "$APT_LOG" >&2 || true
-    die "apt-get install $* failed (log: $APT_LOG)"
-  fi
-}
-
-ensure_tool() { # ensure_tool COMMAND DEBIAN-PACKAGE
-  command -v "$1" >/dev/null 2>&1 && return 0
-  apt_install "$2"
-  command -v "$1" >/dev/null 2>&1 || die "$1 still missing after installing $2"
-}
-
-# Create the lock file's directory and take an exclusive lock on file descriptor $2.
-# The descriptor is closed in every process this script starts, so servers never hold it.
-take_lock() { # take_lock FILE FD WHAT
-  mkdir -p "$(dirname "$1")"
-  eval "exec $2>>\"\$1\""
-  if ! flock -n "$2"; then
-    log "waiting for another '$3' holding $1 ..."
-    flock -w 1800 "$2" || die "timed out waiting for lock $1"
-  fi
-}
-
 newest() { # newest DIR GLOB — the file with the highest version-sorted name, or nothing
   find "$1" -maxdepth 1 -name "$2" -print 2>/dev/null | sort -V | tail -n1
-}
-
-port_in_use() { # something accepts connections on 127.0.0.1:PORT
-  (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
-}
-
-# choose_port VALUE-FROM-ENV DEFAULT NAME TAKEN... — prints the port to use.
-choose_port() {
-  local explicit=$1 default=$2 name=$3 p
-  shift 3
-  if [[ -n $explicit ]]; then
-    [[ $explicit =~ ^[0-9]+$ ]] || die "$name port '$explicit' is not a number"
-    if port_in_use "$explicit"; then
-      die "$name port $explicit (set explicitly) is already in use on 127.0.0.1; free it or choose another"
-    fi
-    echo "$explicit"; return
-  fi
-  for ((p = default; p < default + 200; p++)); do
-    [[ " $* " == *" $p "* ]] && continue
-    if ! port_in_use "$p"; then
-      [[ $p -ne $default ]] && log "default $name port $default is busy or already chosen; using $p"
-      echo "$p"; return
-    fi
-  done
-  die "no free $name port in $default..$((default + 199))"
 }
 
 # ---------------------------------------------------------------------------
@@ -230,8 +145,8 @@ install_etcd() {
 build_apiserver() {
   is_debian || die "no kube-apiserver found and this is not Debian: set KUBEBUILDER_ASSETS (e.g. \$(setup-envtest use -p path 1.20.x)) or TEST_ASSET_KUBE_APISERVER"
   take_lock "$CACHE_DIR/.build.lock" 8 "kube-apiserver build"
-  if [[ -x $BIN_CACHE/kube-apiserver ]]; then
-    log "kube-apiserver was built meanwhile: $BIN_CACHE/kube-apiserver"
+  if [[ -x $BIN_CACHE/kube-apiserver && ( ${BATON_BUILD_ALL:-0} != 1 || -x $BIN_CACHE/kube-proxy ) ]]; then
+    log "built meanwhile: $BIN_CACHE"
     return 0
   fi
   local t0=$SECONDS
@@ -366,15 +281,19 @@ EOF
   cp "$r2src"/*.go "$r2src"/*.s "$r2dst"/
   log "      reflect2 $r2ver"
 
-  step 6 "go build ./cmd/kube-apiserver (the long part, ~5 min)"
+  step 6 "go build the server binaries: ${SERVER_BINARIES[*]} (the long part, ~4-7 min)"
   local pfx=k8s.io/kubernetes/vendor/k8s.io ldflags="-s -w" kv key val
   for kv in "gitVersion=v$upver" "gitMajor=${upver%%.*}" "gitMinor=$(cut -d. -f2 <<<"$upver")" \
             "gitTreeState=archive" "buildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ)"; do
     key=${kv%%=*}; val=${kv#*=}
     ldflags+=" -X $pfx/component-base/version.$key=$val -X $pfx/client-go/pkg/version.$key=$val"
   done
-  local out=$BUILD_DIR/go-build.out
-  "$GO" build -v -o "$BUILD_DIR/bin/kube-apiserver" -ldflags "$ldflags" ./cmd/kube-apiserver >"$out" 2>&1 8>&- 9>&- &
+  local out=$BUILD_DIR/go-build.out name
+  local -a cmds=()
+  for name in "${SERVER_BINARIES[@]}"; do cmds+=("./cmd/$name"); done
+  # One `go build` of all five shares their common packages (one compile, not five).
+  # providerless drops the in-tree cloud providers, dockerless the dockershim: neither is used.
+  "$GO" build -v -tags providerless,dockerless -o "$BUILD_DIR/bin/" -ldflags "$ldflags" "${cmds[@]}" >"$out" 2>&1 8>&- 9>&- &
   local gopid=$! rc=0 t1=$SECONDS next=$((SECONDS + 30))
   GO_BUILD_PID=$gopid
   while kill -0 "$gopid" 2>/dev/null; do
@@ -387,26 +306,32 @@ EOF
   wait "$gopid" || rc=$?
   GO_BUILD_PID=
   cat "$out" >>"$BUILD_LOG"
-  [[ $rc -eq 0 ]] || build_fail "go build ./cmd/kube-apiserver (exit $rc)"
+  [[ $rc -eq 0 ]] || build_fail "go build ${cmds[*]} (exit $rc)"
   log "      compiled in $((SECONDS - t1))s"
 
-  step 7 "check the binary"
-  "$BUILD_DIR/bin/kube-apiserver" --version >>"$BUILD_LOG" 2>&1 || build_fail "the built kube-apiserver does not run"
+  step 7 "check the binaries"
+  for name in "${SERVER_BINARIES[@]}"; do
+    "$BUILD_DIR/bin/$name" --version >>"$BUILD_LOG" 2>&1 || build_fail "the built $name does not run"
+  done
   log "      $("$BUILD_DIR/bin/kube-apiserver" --version)"
 
   step 8 "install into $BIN_CACHE"
-  cp "$BUILD_DIR/bin/kube-apiserver" "$BIN_CACHE/.kube-apiserver.tmp.$$"
-  mv -f "$BIN_CACHE/.kube-apiserver.tmp.$$" "$BIN_CACHE/kube-apiserver"
+  for name in "${SERVER_BINARIES[@]}"; do
+    cp "$BUILD_DIR/bin/$name" "$BIN_CACHE/.$name.tmp.$$"
+    mv -f "$BIN_CACHE/.$name.tmp.$$" "$BIN_CACHE/$name"
+  done
+  # The node's pause image is compiled from the same source tree's pause.c.
+  cp build/pause/linux/pause.c "$BIN_CACHE/pause.c"
   cat >"$BIN_CACHE/BUILD-INFO" <<EOF
-kube-apiserver v$upver built $(date -u +%FT%TZ) by baton hack/control-plane.sh
-source: Debian kubernetes $debver (GOPATH mode, generated openapi, reflect2 $r2ver)
+${SERVER_BINARIES[*]} v$upver built $(date -u +%FT%TZ) by baton hack/control-plane.sh
+source: Debian kubernetes $debver (GOPATH mode, generated openapi, reflect2 $r2ver, tags providerless,dockerless)
 go: $("$GO" version)
 EOF
   cd /
   if [[ ${BATON_KEEP_BUILD:-0} != 1 ]]; then
     rm -rf "$BUILD_DIR" "$GO_BUILD_CACHE"
   fi
-  log "kube-apiserver ready: $BIN_CACHE/kube-apiserver (build took $((SECONDS - t0))s)"
+  log "server binaries ready in $BIN_CACHE (build took $((SECONDS - t0))s)"
 }
 
 GO_BUILD_PID=
@@ -434,6 +359,15 @@ ensure_binaries() {
   ensure_tool curl curl
 }
 
+# All five server binaries (hack/node.sh): built unless every one is already in the cache.
+cmd_build() {
+  local name
+  for name in "${SERVER_BINARIES[@]}"; do
+    [[ -x $BIN_CACHE/$name && -f $BIN_CACHE/pause.c ]] || { build_apiserver; return; }
+  done
+  log "server binaries already built: $BIN_CACHE"
+}
+
 cmd_install() {
   ensure_binaries
   log "kube-apiserver: $APISERVER_BIN"
@@ -442,108 +376,6 @@ cmd_install() {
 
 # ---------------------------------------------------------------------------
 # processes
-
-# Start time of PID in clock ticks since boot (field 22 of /proc/PID/stat), to detect PID reuse.
-proc_starttime() {
-  local stat
-  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
-  stat=${stat##*) }                 # drop "pid (comm) " — comm may contain spaces
-  awk '{print $20}' <<<"$stat"      # field 22 overall = field 20 after pid and comm
-}
-
-proc_state() {
-  local stat
-  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
-  stat=${stat##*) }
-  echo "${stat%% *}"
-}
-
-# True if the process recorded for NAME is alive and is still the binary we started.
-proc_is_ours() { # NAME
-  local name=$1 pid exe want start want_start
-  [[ -f $CP_DIR/$name.pid && -f $CP_DIR/$name.exe && -f $CP_DIR/$name.start ]] || return 1
-  pid=$(<"$CP_DIR/$name.pid")
-  [[ $pid =~ ^[0-9]+$ ]] || return 1
-  [[ -d /proc/$pid ]] || return 1
-  [[ $(proc_state "$pid" || echo X) != Z ]] || return 1
-  exe=$(readlink "/proc/$pid/exe" 2>/dev/null) || return 1
-  exe=${exe% (deleted)}
-  want=$(<"$CP_DIR/$name.exe")
-  [[ $exe == "$want" ]] || return 1
-  start=$(proc_starttime "$pid") || return 1
-  want_start=$(<"$CP_DIR/$name.start")
-  [[ $start == "$want_start" ]]
-}
-
-# start_proc NAME BINARY ARGS... — detached in its own session, output to NAME.log, PID to NAME.pid.
-start_proc() {
-  local name=$1 bin=$2
-  shift 2
-  local pidfile=$CP_DIR/$name.pid logf=$CP_DIR/$name.log
-  rm -f "$pidfile"
-  printf '%s\n' "$bin" >"$CP_DIR/$name.exe"
-  { printf '== %s: %q' "$(date -u +%FT%TZ)" "$bin"; printf ' %q' "$@"; printf '\n'; } >>"$logf"
-  # The inner shell writes its own PID and then execs the server, so the PID file holds exactly
-  # the server's PID whether or not setsid had to fork. SIGHUP stays ignored (like nohup).
-  # Every inherited descriptor above 2 is closed (our lock files, a caller's pipes), so the
-  # servers never hold our locks or keep a caller waiting for EOF.
-  # shellcheck disable=SC2016
-  setsid bash -c '
-    for fd in /proc/$$/fd/*; do
-      fd=${fd##*/}
-      if [ "$fd" -gt 2 ] 2>/dev/null; then eval "exec $fd>&-" 2>/dev/null || true; fi
-    done
-    echo $$ >"$0.tmp" && mv -f "$0.tmp" "$0"
-    trap "" HUP
-    exec "$@"' "$pidfile" "$bin" "$@" </dev/null >>"$logf" 2>&1 &
-  local i pid
-  for ((i = 0; i < 100; i++)); do
-    [[ -s $pidfile ]] && break
-    sleep 0.05
-  done
-  [[ -s $pidfile ]] || die "$name did not start (log: $logf)"
-  pid=$(<"$pidfile")
-  # Wait until the exec has happened, then record the start time.
-  for ((i = 0; i < 100; i++)); do
-    [[ $(readlink "/proc/$pid/exe" 2>/dev/null || true) == "$bin" ]] && break
-    [[ -d /proc/$pid ]] || break
-    sleep 0.05
-  done
-  if [[ $(readlink "/proc/$pid/exe" 2>/dev/null || true) != "$bin" ]]; then
-    log "---- last 30 lines of $logf ----"; tail -n 30 "$logf" >&2 || true
-    die "$name (pid $pid) exited immediately or is not $bin"
-  fi
-  proc_starttime "$pid" >"$CP_DIR/$name.start"
-  log "started $name (pid $pid, log $logf)"
-}
-
-# stop_proc NAME — TERM, then KILL after a grace period; only if the PID is still our binary.
-stop_proc() {
-  local name=$1 pid i
-  [[ -f $CP_DIR/$name.pid ]] || return 0
-  pid=$(<"$CP_DIR/$name.pid")
-  if ! proc_is_ours "$name"; then
-    log "$name: pid ${pid:-?} is not running (or is no longer $name); nothing to stop"
-    rm -f "$CP_DIR/$name.pid"
-    return 0
-  fi
-  kill -TERM "$pid" 2>/dev/null || true
-  for ((i = 0; i < 150; i++)); do
-    proc_is_ours "$name" || break
-    sleep 0.1
-  done
-  if proc_is_ours "$name"; then
-    log "$name (pid $pid) ignored SIGTERM for 15s; sending SIGKILL"
-    kill -KILL "$pid" 2>/dev/null || true
-    for ((i = 0; i < 50; i++)); do
-      proc_is_ours "$name" || break
-      sleep 0.1
-    done
-  fi
-  proc_is_ours "$name" && die "$name (pid $pid) is still running"
-  rm -f "$CP_DIR/$name.pid"
-  log "stopped $name (pid $pid)"
-}
 
 stop_all() {
   stop_proc kube-apiserver
@@ -813,6 +645,7 @@ main() {
   [[ $# -eq 0 ]] || die "unexpected arguments: $* (see: $0 help)"
   case $sub in
     install) cmd_install ;;
+    build) cmd_build ;;
     up) cmd_up ;;
     down) cmd_down ;;
     status) cmd_status ;;

@@ -4,7 +4,8 @@ helm-python-sdk (Helm's own Go SDK). Used by tests/helm_chart.rs; also handy by 
 
   python3 hack/helm.py lint     CHART [--values JSON]
   python3 hack/helm.py render   CHART --name N --namespace NS [--values JSON] [--api-versions GV/KIND,...]
-  python3 hack/helm.py install  CHART --name N --namespace NS [--values JSON] [--skip-crds]
+  python3 hack/helm.py install  CHART --name N --namespace NS [--values JSON] [--skip-crds] [--create-namespace]
+  python3 hack/helm.py upgrade  CHART --name N --namespace NS [--values JSON]
   python3 hack/helm.py uninstall --name N --namespace NS
 
 Output is one JSON document on stdout: the lint report, the rendered manifests
@@ -48,10 +49,11 @@ def render(args, values):
 def install(args, values):
     opts = {"namespace": args.namespace, "timeout_seconds": 120}
     if args.skip_crds:
-        # As `helm install --skip-crds` (the C layer's option; the wrapper lacks it). Helm 4
-        # server-side-applies crds/ even when they exist, which a pre-1.25 server refuses for a
-        # CRD carrying x-kubernetes-validations; the tests install the CRDs themselves.
+        # As `helm install --skip-crds` (the C layer's option; the wrapper lacks it): the
+        # control-plane tests install the CRDs themselves.
         opts["skip_crds"] = True
+    if args.create_namespace:
+        opts["create_namespace"] = True
     with helm.Config(namespace=args.namespace) as cfg:
         chart, ref = cfg._chart_args(args.chart)
         payload = _native.call_string(
@@ -59,6 +61,13 @@ def install(args, values):
             json.dumps(values), json.dumps(opts),
         )
         release = json.loads(payload)
+    print(json.dumps(release, default=str))
+    return 0
+
+
+def upgrade(args, values):
+    with helm.Config(namespace=args.namespace) as cfg:
+        release = cfg.upgrade(args.chart, args.name, values, namespace=args.namespace, timeout=120)
     print(json.dumps(release, default=str))
     return 0
 
@@ -72,16 +81,19 @@ def uninstall(args, _values):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("action", choices=["lint", "render", "install", "uninstall"])
+    parser.add_argument("action", choices=["lint", "render", "install", "upgrade", "uninstall"])
     parser.add_argument("chart", nargs="?", default="charts/baton")
     parser.add_argument("--name", default="baton")
     parser.add_argument("--namespace", default="default")
     parser.add_argument("--values", default="{}", help="values as JSON")
     parser.add_argument("--api-versions", default="", help="render: extra capabilities, comma-separated")
     parser.add_argument("--skip-crds", action="store_true", help="install: leave crds/ alone")
+    parser.add_argument("--create-namespace", action="store_true", help="install: create the namespace")
     args = parser.parse_args()
     values = json.loads(args.values)
-    action = {"lint": lint, "render": render, "install": install, "uninstall": uninstall}[args.action]
+    action = {"lint": lint, "render": render, "install": install, "upgrade": upgrade, "uninstall": uninstall}[
+        args.action
+    ]
     try:
         return action(args, values)
     except helm.HelmError as err:

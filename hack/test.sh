@@ -1,15 +1,24 @@
 #!/usr/bin/env bash
-# The project's test command (`make test`): checks generated files, then runs the unit,
-# integration and end-to-end tests against a real local kube-apiserver + etcd
-# (hack/with-control-plane.sh starts it, and stops it afterwards if it was not already up).
+# The project's test command (`make test`), from a fresh machine: installs what it needs
+# (hack/setup.sh), checks generated files, runs the unit and integration tests against a local
+# kube-apiserver + etcd, then the end-to-end tests on the real node (hack/node.sh: kubelet,
+# containerd, the chart installed for real). Whatever it started, it stops; a node or control
+# plane that was already up is left as found.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+bash hack/setup.sh
 
 echo "==> checking generated files"
 cargo run -q -- crd --dir crds --check
 cargo run -q -- crd --dir charts/baton/crds --check
 
-echo "==> running all tests against the local control plane"
-# Benchmarks are not tests: they print figures (make bench-*) and are not run here. Every test
-# binary runs even after one fails (--no-fail-fast): one CI run shows every failure.
-bash hack/with-control-plane.sh cargo test --no-fail-fast --lib --bins --tests -- "$@"
+rc=0
+echo "==> unit and integration tests against the local control plane"
+# Benchmarks are not tests: they print figures (make bench-*). Every test binary runs even
+# after one fails (--no-fail-fast). The node's scenarios run next, on the node.
+bash hack/with-control-plane.sh cargo test --no-fail-fast --lib --bins --tests -- --skip node_ "$@" || rc=$?
+
+echo "==> end-to-end tests on the real node"
+bash hack/with-node.sh cargo test --no-fail-fast --test node_e2e -- "$@" || rc=$?
+exit "$rc"

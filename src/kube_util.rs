@@ -58,6 +58,16 @@ pub fn is_forbidden(err: &kube::Error) -> bool {
     status(err).is_some_and(|s| s.is_forbidden())
 }
 
+/// A refusal that the server means to be retried soon: 429, 500 "... retry after" (the
+/// ServiceAccount admission plugin's answer while a new account has no token yet), 503.
+pub fn is_retry_soon(err: &kube::Error) -> bool {
+    status(err).is_some_and(|s| match s.code {
+        429 | 503 => true,
+        500 => s.message.contains("retry after") || s.message.contains("No API token found"),
+        _ => false,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -173,5 +173,10 @@ pub mod condition {
     pub const ADMITTED: &str = "Admitted";
     pub const LEASE_HELD: &str = "LeaseHeld";
     pub const RESUMED: &str = "Resumed";
+    /// True once the run is in a terminal phase, whatever it is (as a Job's `Complete`, but
+    /// also for runs that failed): `kubectl wait --for=condition=Complete` waits for the end.
     pub const COMPLETE: &str = "Complete";
+    /// Set at the end: True when the run Succeeded, False otherwise (the reason says why):
+    /// `kubectl wait --for=condition=Succeeded` waits for a success with any kubectl.
+    pub const SUCCEEDED: &str = "Succeeded";
 }

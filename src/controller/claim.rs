@@ -7,7 +7,7 @@
 //! and claims fence+1 once the worker renewed or `POD_CREATE_GRACE` passed. So no fence ever
 //! gets two pods, even across controller restarts or a force-deleted pod.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
@@ -27,7 +27,7 @@ use super::pod::{desired_image, worker_pod};
 use super::statuses::{self, run_name};
 use crate::crd::v1alpha1::{AgentRun, LedgerEvent, LedgerSegment};
 use crate::crd::worker_pod_name;
-use crate::kube_util::{is_already_exists, is_not_found};
+use crate::kube_util::{is_already_exists, is_not_found, is_retry_soon};
 use crate::lease::{LeaseClient, lease_fence, run_lease_name};
 use crate::ledger::{Replay, SegmentStore};
 
@@ -229,21 +229,40 @@ pub async fn move_lease_and_create_pod(
     }
     ctx.wrote("lease");
     let image = desired_image(run, &ctx.config.worker_image);
-    ctx.check_leader()?;
-    match ctx
-        .api::<Pod>(&ns)
-        .create(&PostParams::default(), &worker_pod(run, fence, &image))
-        .await
-    {
-        Ok(_) => ctx.wrote("pod"),
-        Err(err) if is_already_exists(&err) => {}
-        Err(err) => {
-            // Perhaps the ServiceAccount was removed behind our back: check again next time.
-            ctx.remember(run, |m| m.rbac_for = None);
-            return Err(err.into());
-        }
+    if let Err(err) = create_pod(ctx, &ns, &worker_pod(run, fence, &image)).await {
+        // Perhaps the ServiceAccount was removed behind our back: check again next time.
+        ctx.remember(run, |m| m.rbac_for = None);
+        return Err(err);
     }
     Ok(Applied::Done)
+}
+
+/// How long a pod refused with "retry soon" is tried again within its attempt.
+const POD_CREATE_PATIENCE: Duration = Duration::from_secs(20);
+
+/// Creates the attempt's pod. Its Lease has moved already and a pod is created once per attempt,
+/// so giving up here would cost the run an attempt: a refusal the server means to be retried
+/// (a new ServiceAccount without its token yet: HTTP 500 "No API token found ..., retry after")
+/// is retried with backoff for [`POD_CREATE_PATIENCE`]. AlreadyExists is our own earlier create.
+async fn create_pod(ctx: &Context, ns: &str, pod: &Pod) -> Result<(), Error> {
+    let deadline = tokio::time::Instant::now() + POD_CREATE_PATIENCE;
+    let mut delay = Duration::from_millis(200);
+    loop {
+        ctx.check_leader()?;
+        match ctx.api::<Pod>(ns).create(&PostParams::default(), pod).await {
+            Ok(_) => {
+                ctx.wrote("pod");
+                return Ok(());
+            }
+            Err(err) if is_already_exists(&err) => return Ok(()),
+            Err(err) if is_retry_soon(&err) && tokio::time::Instant::now() + delay < deadline => {
+                tracing::info!(pod = %pod.name_any(), %err, ?delay, "pod refused for now; creating it again");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(2));
+            }
+            Err(err) => return Err(err.into()),
+        }
+    }
 }
 
 /// The run Lease as the watch cache has it.

@@ -72,5 +72,21 @@ impl ControllerArgs {
 pub async fn main(args: ControllerArgs) -> Result<(), Error> {
     crate::telemetry::init_logging(args.log_format);
     let client = crate::kube_util::client_for("controller").await?;
-    super::run(client, args.config()).await
+    super::run_until(client, args.config(), terminated()).await
+}
+
+/// SIGTERM (a pod being deleted, drained or rolled) or SIGINT. The controller runs as PID 1 in
+/// its image, where a signal without a handler is ignored: without this, every controller pod
+/// lived out its whole grace period and the cluster had no leader meanwhile.
+async fn terminated() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
+    else {
+        tracing::warn!("cannot listen for SIGTERM; the controller stops only when killed");
+        return futures::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+        _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+    }
 }

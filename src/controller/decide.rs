@@ -48,6 +48,11 @@ pub enum PodState {
     },
     /// Phase Succeeded or Failed: its process is gone.
     Terminated,
+    /// Created, and the kubelet cannot start the worker container: its configuration names
+    /// something that does not exist (a Secret, a key). The kubelet's message says what.
+    Unstartable {
+        message: String,
+    },
     /// Deletion requested (graceful): the worker may be handing off.
     Deleting,
 }
@@ -293,6 +298,7 @@ fn decide_running(obs: &Observation<'_>) -> Decision {
     };
     let decision = match &obs.pod {
         PodState::Terminated => claim(obs, ClaimReason::PodTerminated),
+        PodState::Unstartable { message } => decide_unstartable(obs, lease, message),
         PodState::Missing => decide_missing_pod(obs, lease),
         PodState::Running { image } if rollout_wanted(obs, image, lease) => {
             decide_rollout(obs, lease)
@@ -317,6 +323,37 @@ fn with_stop_deadline(obs: &Observation<'_>, decision: Decision) -> Decision {
         requeue: min_requeue(decision.requeue, Some(until_stop)),
         ..decision
     }
+}
+
+/// How long the worker container may stay unstartable before the run fails: a Secret applied
+/// together with the run may reach the kubelet a moment after the pod.
+pub const UNSTARTABLE_GRACE: Duration = Duration::from_secs(15);
+
+/// The worker cannot start (a Secret that does not exist): once that has lasted
+/// [`UNSTARTABLE_GRACE`] since the Lease moved to this pod, the run fails, saying what is
+/// missing, instead of staying `Running` until its startup allowance runs out, attempt after
+/// attempt.
+fn decide_unstartable(obs: &Observation<'_>, lease: &LeaseObs, message: &str) -> Decision {
+    let deadline = lease.sighting.seen_at + UNSTARTABLE_GRACE;
+    if obs.now < deadline {
+        let expiry = decide_expiry(obs, lease);
+        let until_failed = deadline.saturating_duration_since(obs.now);
+        return Decision {
+            requeue: min_requeue(expiry.requeue, Some(until_failed)),
+            ..expiry
+        };
+    }
+    let reason = if message.starts_with("secret ") && message.ends_with(" not found") {
+        "SecretNotFound"
+    } else {
+        "WorkerConfigError"
+    };
+    Decision::act(Action::Close(Close {
+        phase: Phase::Failed,
+        reason: reason.into(),
+        message: format!("the worker pod cannot start: {message}"),
+        failed: false,
+    }))
 }
 
 fn decide_rollout(obs: &Observation<'_>, lease: &LeaseObs) -> Decision {

@@ -443,3 +443,36 @@ fn rollout_moves_a_live_run_off_an_old_image_at_a_bounded_pace_or_keeps_it() {
     o.lease = Some(lease(L::Startup, 1, now));
     assert_eq!(decide(&o).action, Action::Nothing);
 }
+
+#[test]
+fn a_worker_that_cannot_start_fails_the_run_after_a_grace_naming_what_is_missing() {
+    let now = Instant::now();
+    let r = run(Phase::Running, 1, 0, 3);
+    let unstartable = PodState::Unstartable {
+        message: "secret \"model-key\" not found".into(),
+    };
+    let mut l = lease(L::Startup, 1, now);
+    l.sighting.seen_at = now - Duration::from_secs(5);
+    let early = decide(&obs(&r, Some(l.clone()), unstartable.clone(), now));
+    assert_eq!(early.action, Action::Nothing, "a Secret applied with the run may still come");
+    assert_eq!(early.requeue, Some(UNSTARTABLE_GRACE - Duration::from_secs(5)));
+
+    l.sighting.seen_at = now - UNSTARTABLE_GRACE;
+    let late = decide(&obs(&r, Some(l.clone()), unstartable, now));
+    let Action::Close(close) = late.action else {
+        panic!("expected the run to end: {late:?}");
+    };
+    assert_eq!(close.phase, Phase::Failed);
+    assert_eq!(close.reason, "SecretNotFound");
+    assert!(close.message.contains("\"model-key\""), "{}", close.message);
+    assert!(!close.failed, "no attempt died: the pod never ran");
+
+    let other = PodState::Unstartable {
+        message: "couldn't find key api-key in Secret ns/model-key".into(),
+    };
+    let Action::Close(close) = decide(&obs(&r, Some(l), other, now)).action else {
+        panic!("expected the run to end");
+    };
+    assert_eq!(close.reason, "WorkerConfigError");
+    assert!(close.message.contains("api-key"), "{}", close.message);
+}

@@ -14,6 +14,8 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ObjectMeta, PostParams};
+use futures::StreamExt;
+use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::watch;
 
@@ -55,6 +57,13 @@ impl Leadership {
         self.changes.subscribe()
     }
 
+    /// Stop leading now (on shutdown, before the Lease is released).
+    pub fn resign(&self) {
+        if !self.always {
+            self.set(None);
+        }
+    }
+
     fn set(&self, until: Option<Instant>) {
         *self.until.lock().expect("lock") = until;
         let leading = until.is_some();
@@ -65,6 +74,10 @@ impl Leadership {
 
 /// The election loop: runs until an unrecoverable error. Transient API errors only make this
 /// replica stop leading until the next successful renewal.
+///
+/// A standby also watches the Lease and tries again at once when it changes, so a leader that
+/// releases it on shutdown ([`release`]) is followed within a round trip, not a third of the
+/// lease duration later.
 pub async fn run(
     client: Client,
     namespace: &str,
@@ -73,6 +86,11 @@ pub async fn run(
     leadership: &Leadership,
 ) -> Result<(), kube::Error> {
     let api: Api<Lease> = Api::namespaced(client, namespace);
+    let changes = watcher::watcher(
+        api.clone(),
+        watcher::Config::default().fields(&format!("metadata.name={LEADER_LEASE_NAME}")),
+    );
+    let mut changes = std::pin::pin!(changes);
     let mut seen: Option<(String, Instant)> = None;
     loop {
         let started = Instant::now();
@@ -86,7 +104,38 @@ pub async fn run(
                 }
             }
         }
-        tokio::time::sleep(duration / 3).await;
+        let pause = tokio::time::sleep(duration / 3);
+        if leadership.is_leader(Instant::now()) {
+            pause.await;
+        } else {
+            tokio::select! {
+                _ = pause => {}
+                _ = changes.next() => {}
+            }
+        }
+    }
+}
+
+/// On shutdown: give the Lease up (no holder, CAS on what was read), so a standby takes over at
+/// once instead of waiting for it to expire. Ok(false) when this replica did not hold it.
+pub async fn release(client: Client, namespace: &str, identity: &str) -> Result<bool, kube::Error> {
+    let api: Api<Lease> = Api::namespaced(client, namespace);
+    let Some(mut lease) = api.get_opt(LEADER_LEASE_NAME).await? else {
+        return Ok(false);
+    };
+    let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+    if spec.holder_identity.as_deref() != Some(identity) {
+        return Ok(false);
+    }
+    spec.holder_identity = None;
+    spec.renew_time = Some(MicroTime(Timestamp::now()));
+    match api
+        .replace(LEADER_LEASE_NAME, &PostParams::default(), &lease)
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(err) if is_conflict(&err) => Ok(false),
+        Err(err) => Err(err),
     }
 }
 

@@ -30,7 +30,7 @@ use std::time::Duration;
 
 pub use context::Context;
 pub use decide::RolloutPolicy;
-pub use reconcile::run;
+pub use reconcile::{run, run_until};
 
 /// Name of the Lease the controller replicas elect a leader with.
 pub const LEADER_LEASE_NAME: &str = "baton-controller-leader";

@@ -4,14 +4,14 @@
 use std::time::Instant;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 
 use super::context::{Context, run_key};
 use super::decide::{Admission, LeaseObs, Observation, PodState};
-use super::pod::{desired_image, pod_image};
+use super::pod::{CONTAINER_NAME, desired_image, pod_image};
 use crate::crd::v1alpha1::AgentRun;
 use crate::crd::{controlled_by_run, worker_pod_name};
 use crate::lease::{LeaseSighting, lease_fence, lease_holder, run_lease_name, thread_lease_name};
@@ -85,8 +85,27 @@ pub fn classify_pod(pod: &Pod) -> PodState {
         Some("Succeeded") | Some("Failed") => PodState::Terminated,
         _ if pod.metadata.deletion_timestamp.is_some() => PodState::Deleting,
         Some("Running") => PodState::Running { image },
-        _ => PodState::Pending { image },
+        _ => match worker_unstartable(pod) {
+            Some(message) => PodState::Unstartable { message },
+            None => PodState::Pending { image },
+        },
     }
+}
+
+/// The kubelet's reason for not starting a container whose configuration cannot be met (a
+/// Secret or key that does not exist): it keeps retrying, and the pod stays Pending for good.
+const CONFIG_ERROR: &str = "CreateContainerConfigError";
+
+/// The kubelet's message when this container cannot be configured, e.g. `secret "key" not found`.
+pub fn unstartable(status: &ContainerStatus) -> Option<&str> {
+    let waiting = status.state.as_ref()?.waiting.as_ref()?;
+    (status.name == CONTAINER_NAME && waiting.reason.as_deref() == Some(CONFIG_ERROR))
+        .then(|| waiting.message.as_deref().unwrap_or(CONFIG_ERROR))
+}
+
+fn worker_unstartable(pod: &Pod) -> Option<String> {
+    let statuses = pod.status.as_ref()?.container_statuses.as_ref()?;
+    statuses.iter().find_map(unstartable).map(str::to_string)
 }
 
 /// The run's thread admission as the caches have it.

@@ -37,6 +37,17 @@ const AFTER_WRITE: Duration = Duration::from_secs(2);
 
 /// Runs the controller until it fails. Spawn it as a task and abort it to stop it.
 pub async fn run(client: Client, config: Config) -> Result<(), Error> {
+    run_until(client, config, futures::future::pending()).await
+}
+
+/// [`run`] until `shutdown` resolves (SIGTERM in a pod): then it takes no new work, lets the
+/// reconciles in flight finish their writes, gives up leadership so that another replica leads
+/// at once, and returns Ok.
+pub async fn run_until(
+    client: Client,
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) -> Result<(), Error> {
     let (ctx, controller, pod_events, lease_events, wake_rx, events) = build(client, config);
     let ready = ctx.synced.clone();
     tokio::spawn(mark_ready(ctx.clone(), ready.clone()));
@@ -46,6 +57,7 @@ pub async fn run(client: Client, config: Config) -> Result<(), Error> {
         .owns_stream(lease_events)
         .reconcile_on(wake_rx)
         .reconcile_all_on(gained)
+        .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx.clone())
         .for_each(|_| futures::future::ready(()));
     let publishing = async {
@@ -54,11 +66,30 @@ pub async fn run(client: Client, config: Config) -> Result<(), Error> {
         }
         futures::future::pending::<()>().await
     };
-    tokio::select! {
+    let outcome = tokio::select! {
         _ = reconciling => Ok(()),
         _ = publishing => Ok(()),
         err = run_election(ctx.clone()) => Err(err),
         res = serve_admin(ctx.clone(), ready) => res,
+    };
+    if outcome.is_ok() {
+        step_down(&ctx).await;
+    }
+    outcome
+}
+
+/// Leadership given up on shutdown: this replica stops counting itself leader first (nothing it
+/// still runs may write), then frees the Lease for the others.
+async fn step_down(ctx: &Context) {
+    if !ctx.config.leader_election {
+        return;
+    }
+    ctx.leadership.resign();
+    let c = &ctx.config;
+    match election::release(ctx.client.clone(), &c.leader_namespace, &c.identity).await {
+        Ok(true) => tracing::info!("shutting down: leadership released"),
+        Ok(false) => tracing::info!("shutting down: was not leading"),
+        Err(err) => tracing::warn!(%err, "shutting down: releasing leadership failed; it expires by itself"),
     }
 }
 
@@ -187,8 +218,14 @@ fn slim_pod(pod: &mut Pod) {
         });
     }
     if let Some(status) = pod.status.take() {
+        let container_statuses = status.container_statuses.map(|all| {
+            all.into_iter()
+                .filter(|c| super::observe::unstartable(c).is_some())
+                .collect()
+        });
         pod.status = Some(PodStatus {
             phase: status.phase,
+            container_statuses,
             ..PodStatus::default()
         });
     }

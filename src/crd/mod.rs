@@ -63,8 +63,8 @@ const GENERATED_HEADER: &str =
 /// Creates or replaces every CRD and waits until the API server serves them. Used by
 /// `baton crd --apply`, the demo and the test harness; production installs use Helm.
 ///
-/// Not server-side apply: servers older than 1.25 refuse an applied CRD that carries
-/// `x-kubernetes-validations`, while create and replace accept it (and drop the rule).
+/// Create or replace (not server-side apply), so that it also works where a CRD of another
+/// field manager is in place.
 pub async fn install(
     client: kube::Client,
     timeout: std::time::Duration,

@@ -587,13 +587,38 @@ pub fn lease() -> LeaseSpec {
     }
 }
 
+/// Where the shell tools of a test record their effects: a file they append to (workers on this
+/// machine), or `host:port` of `hack/effects.py`, which appends what it receives to a file (workers
+/// in the node's pods, through bash's /dev/tcp).
+#[derive(Clone, Copy, Debug)]
+pub enum Sink<'a> {
+    File(&'a Path),
+    Tcp(&'a str),
+}
+
+impl<'a> From<&'a Path> for Sink<'a> {
+    fn from(path: &'a Path) -> Self {
+        Sink::File(path)
+    }
+}
+
+impl<'a> From<&'a PathBuf> for Sink<'a> {
+    fn from(path: &'a PathBuf) -> Self {
+        Sink::File(path)
+    }
+}
+
 /// A shell command that records the effect of `turn` of `run`, then sleeps `sleep_ms`.
-pub fn effect_command(effects: &Path, run: &str, turn: usize, sleep_ms: u64) -> String {
-    format!(
-        "echo \"{run} {turn} $BATON_STEP $BATON_FENCE\" >> '{}'; sleep {}; echo ok {turn}",
-        effects.display(),
-        sleep_ms as f64 / 1000.0
-    )
+pub fn effect_command<'a>(sink: impl Into<Sink<'a>>, run: &str, turn: usize, sleep_ms: u64) -> String {
+    let line = format!("{run} {turn} $BATON_STEP $BATON_FENCE");
+    let record = match sink.into() {
+        Sink::File(path) => format!("echo \"{line}\" >> '{}'", path.display()),
+        Sink::Tcp(addr) => {
+            let (host, port) = addr.rsplit_once(':').expect("host:port");
+            format!("bash -c 'echo \"{line}\" > /dev/tcp/{host}/{port}'")
+        }
+    };
+    format!("{record}; sleep {}; echo ok {turn}", sleep_ms as f64 / 1000.0)
 }
 
 /// The shape of a scripted run.
@@ -628,13 +653,19 @@ impl Default for Script {
 }
 
 /// A run of `script.turns` tool turns (tool `sh`, non-idempotent) and a final answer.
-pub fn scripted_run(effects: &Path, name: &str, script: &Script) -> AgentRun {
+pub fn scripted_run<'a>(effects: impl Into<Sink<'a>>, name: &str, script: &Script) -> AgentRun {
     scripted_run_tagged(effects, name, name, script)
 }
 
 /// [`scripted_run`] whose effects are recorded under `tag` instead of the run's name (a
 /// from-scratch restart of another run counts its effects as that run's).
-pub fn scripted_run_tagged(effects: &Path, name: &str, tag: &str, script: &Script) -> AgentRun {
+pub fn scripted_run_tagged<'a>(
+    effects: impl Into<Sink<'a>>,
+    name: &str,
+    tag: &str,
+    script: &Script,
+) -> AgentRun {
+    let effects = effects.into();
     let mut turns: Vec<ScriptTurn> = (1..=script.turns)
         .map(|t| ScriptTurn {
             text: Some(format!("turn {t}: working")),

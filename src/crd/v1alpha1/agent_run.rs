@@ -237,14 +237,11 @@ fn default_probe_timeout() -> i64 {
 
 /// Run lease timing.
 ///
-/// `renewSeconds < durationSeconds` is checked by a CEL rule on servers that support them
-/// (Kubernetes >= 1.25) and by the controller on every server (the run fails `InvalidSpec`).
+/// `renewSeconds < durationSeconds` is checked by the controller (the run fails `InvalidSpec`).
+/// Not by a CEL rule in the schema: servers before 1.25 refuse a server-side applied CRD (and
+/// Helm's install) that carries `x-kubernetes-validations`, and the chart supports 1.20.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
-#[schemars(extend("x-kubernetes-validations" = [{
-    "rule": "self.renewSeconds < self.durationSeconds",
-    "message": "spec.lease.renewSeconds must be less than spec.lease.durationSeconds"
-}]))]
 pub struct LeaseSpec {
     /// How long a worker's claim lasts without renewal. Must exceed `renewSeconds`.
     #[serde(default = "default_lease_duration")]

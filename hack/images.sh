@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# hack/images.sh — the node's container images, made without any registry, as OCI archives in
+# $BATON_CACHE_DIR/images/ (hack/node.sh imports every archive there into the node's containerd).
+#
+#   hack/images.sh pause     registry.k8s.io/pause:3.2, compiled from the Kubernetes source's pause.c
+#   hack/images.sh debian    docker.io/library/debian:bookworm-slim, made by mmdebstrap (minbase)
+#   hack/images.sh baton     docker.io/library/baton:dev from the project's Dockerfile, stage
+#                            `prebuilt`: the runtime stage with binaries built on this host
+#                            (target/release); the `build` stage needs a rust image, which
+#                            no registry here serves. Also tagged baton:next (a "new version"
+#                            for the rollout tests: the same bits under another name).
+#   hack/images.sh all       all three
+#
+# podman builds with --pull=never: a FROM that is not already local fails instead of pulling.
+set -euo pipefail
+
+HACK=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(dirname "$HACK")
+CACHE_DIR=${BATON_CACHE_DIR:-${HOME:?HOME is not set}/.cache/baton}
+IMAGES=$CACHE_DIR/images
+STATE_DIR=$IMAGES
+LOG_TAG=images
+# shellcheck source=hack/lib.sh
+source "$HACK/lib.sh"
+
+readonly PAUSE=registry.k8s.io/pause:3.2
+readonly DEBIAN=docker.io/library/debian:bookworm-slim
+readonly BATON=docker.io/library/baton:dev
+readonly BATON_NEXT=docker.io/library/baton:next
+
+mkdir -p "$IMAGES"
+
+save() { # IMAGE ARCHIVE — podman's OCI archive keeps the name, which containerd's import uses
+  rm -f "$2.tmp"
+  podman save -q --format oci-archive -o "$2.tmp" "$1" >/dev/null
+  mv -f "$2.tmp" "$2"
+}
+
+image_pause() {
+  local out=$IMAGES/pause.oci.tar
+  [[ -f $out ]] && return 0
+  local src=$CACHE_DIR/k8s-1.20/pause.c work
+  [[ -f $src ]] || die "no $src: run hack/node.sh install first (it builds the server binaries)"
+  work=$(mktemp -d)
+  gcc -static -O2 -DVERSION=v3.2-baton -o "$work/pause" "$src"
+  strip "$work/pause"
+  printf 'FROM scratch\nCOPY pause /pause\nUSER 65535:65535\nENTRYPOINT ["/pause"]\n' >"$work/Containerfile"
+  podman build -q --pull=never -t "$PAUSE" -f "$work/Containerfile" "$work" >/dev/null
+  save "$PAUSE" "$out"
+  rm -rf "$work"
+  log "pause image: $out"
+}
+
+debian_mirror() {
+  local uri
+  uri=$(grep -hsE '^URIs:' /etc/apt/sources.list.d/debian.sources | grep -v security | head -n1 | awk '{print $2}' || true)
+  [[ -n $uri ]] || uri=$(awk '$1 == "deb" && $2 !~ /security/ {print $2; exit}' /etc/apt/sources.list 2>/dev/null || true)
+  echo "${uri:-http://deb.debian.org/debian}"
+}
+
+image_debian() {
+  local out=$IMAGES/debian.oci.tar
+  [[ -f $out ]] && { podman image exists "$DEBIAN" || podman load -q -i "$out" >/dev/null; return 0; }
+  local work t0=$SECONDS
+  work=$(mktemp -d)
+  log "debian base: mmdebstrap --variant=minbase bookworm (about 80 s)"
+  # As Debian's own slim images: no documentation, man pages or translations, no apt caches.
+  mmdebstrap --quiet --variant=minbase --include=ca-certificates \
+    --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
+    --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/info/*' \
+    --customize-hook='rm -rf "$1"/var/cache/apt/*.bin "$1"/var/lib/apt/lists/* "$1"/var/log/*.log' \
+    bookworm "$work/rootfs.tar" "$(debian_mirror)" \
+    >"$work/mmdebstrap.log" 2>&1 || { tail -n 20 "$work/mmdebstrap.log" >&2; die "mmdebstrap failed"; }
+  podman import -q "$work/rootfs.tar" "$DEBIAN" >/dev/null
+  save "$DEBIAN" "$out"
+  rm -rf "$work"
+  log "debian base: $out ($((SECONDS - t0))s)"
+}
+
+image_baton() {
+  image_debian
+  local t0=$SECONDS
+  log "baton: cargo build --release (the binaries the image's prebuilt stage copies)"
+  (cd "$ROOT" && cargo build --release --locked --bin baton --bin kubectl-baton)
+  mkdir -p "$ROOT/target/image"
+  install -m 0755 "$ROOT/target/release/baton" "$ROOT/target/release/kubectl-baton" "$ROOT/target/image/"
+  log "baton: podman build --target prebuilt (Dockerfile)"
+  podman build -q --pull=never --network=host --target prebuilt -t "$BATON" -f "$ROOT/Dockerfile" "$ROOT" >/dev/null
+  podman tag "$BATON" "$BATON_NEXT"
+  save "$BATON" "$IMAGES/baton.oci.tar"
+  save "$BATON_NEXT" "$IMAGES/baton-next.oci.tar"
+  log "baton: $(podman image inspect --format '{{.Size}}' "$BATON" | awk '{printf "%.1f MB", $1/1e6}') ($((SECONDS - t0))s)"
+}
+
+case ${1:-help} in
+  pause) image_pause ;;
+  debian) image_debian ;;
+  baton) image_baton ;;
+  all) image_pause; image_debian; image_baton ;;
+  *) sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; [[ ${1:-help} == help ]] ;;
+esac

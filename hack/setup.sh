@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# hack/setup.sh — everything `make test` and `make demo` need on a fresh Debian machine, each
+# step skipped when already there: system packages, kubectl, the Helm SDK from PyPI, the
+# node's packages and server binaries (built once from Debian's kubernetes source and cached),
+# and the images (pause, a Debian base, baton's own from the Dockerfile). Progress is shown.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n==> setup: %s\n' "$*"; }
+export DEBIAN_FRONTEND=noninteractive
+
+step "system packages"
+need=()
+for pkg in make openssl curl python3-pip; do dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg"); done
+# kubectl: the tests drive `kubectl drain`, `rollout`, `wait`, `auth can-i` and the kubectl
+# plugin. Debian's kubernetes-client (1.20) matches the node when the machine has none.
+command -v kubectl >/dev/null 2>&1 || need+=(kubernetes-client)
+if ((${#need[@]})); then apt-get update -qq && apt-get install -y -qq "${need[@]}"; fi
+kubectl version --client 2>/dev/null | head -1 || true
+
+step "Helm SDK (PyPI's helm-python-sdk: Helm's Go SDK, no helm binary)"
+if ! python3 -c 'import helm_python' 2>/dev/null; then
+  pip_install() { python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore "$@"; }
+  # A Debian-managed python3 refuses plain installs (PEP 668).
+  pip_install helm-python-sdk==0.2.2 || pip_install --break-system-packages helm-python-sdk==0.2.2
+fi
+python3 -c 'import helm_python; print("helm SDK", helm_python.helm_sdk_version())'
+
+step "the API server for the integration tests (built once, cached)"
+bash hack/control-plane.sh install
+
+step "the node: containerd, runc, CNI, podman, mmdebstrap; kubelet and the rest (built once, cached)"
+bash hack/node.sh install
+
+step "images: pause, Debian base (mmdebstrap), baton (the Dockerfile's prebuilt stage)"
+bash hack/images.sh all

@@ -1,0 +1,492 @@
+//! End-to-end harness on the real node (`hack/node.sh`): kubelet, containerd, the chart's own
+//! controller pods, baton's image built from the Dockerfile. Faults are the real ones: a
+//! container's process killed from the host, a pod deleted, the node drained, the kubelet
+//! stopped, the controller Deployment rolled.
+//!
+//! `make test` brings the node up and exports `BATON_NODE_KUBECONFIG` (and `BATON_NODE_DIR`).
+//! Without them these tests fail and say how to start the node: they are never skipped.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use baton::crd::v1alpha1::{AgentRun, AgentRunStatus, LedgerSegment, Phase};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::api::{DeleteParams, ListParams, LogParams, ObjectMeta, PostParams};
+use kube::{Api, Client, ResourceExt};
+use tokio::sync::OnceCell;
+
+use crate::e2e_support::{Effects, Recorder, Script, Sink, check_ledger, retry, scripted_run};
+
+/// The chart's release and namespace on the node.
+pub const RELEASE: &str = "baton";
+pub const SYSTEM_NS: &str = "baton-system";
+/// The image `hack/images.sh baton` builds, and the same bits under a second name (a "new
+/// version" for the worker rollout).
+pub const IMAGE: &str = "baton:dev";
+pub const NEXT_IMAGE: &str = "baton:next";
+/// The node's own address inside its network namespace (hack/node.sh): pods reach it.
+pub const NODE_IP: &str = "10.77.0.1";
+/// A run on a loaded 2-core node: pod starts and the kubelet's 10 s deletion resync add up.
+pub const RUN_TIMEOUT: Duration = Duration::from_secs(240);
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn node_dir() -> PathBuf {
+    std::env::var_os("BATON_NODE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/tmp/baton-node"))
+}
+
+/// The node's tests share one node and one controller Deployment: they run one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+pub fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// `hack/node.sh ARGS` (stop-kubelet, start-kubelet, restart-apiserver, nsenter ...).
+pub fn node_sh(args: &[&str]) {
+    let out = Command::new("bash")
+        .arg(root().join("hack/node.sh"))
+        .args(args)
+        .output()
+        .expect("running hack/node.sh");
+    assert!(
+        out.status.success(),
+        "hack/node.sh {args:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `kubectl ARGS` against the node; Ok(stdout) or Err(stdout + stderr).
+pub fn kubectl(args: &[&str]) -> Result<String, String> {
+    let out = Command::new("kubectl")
+        .env("KUBECONFIG", kubeconfig())
+        .args(args)
+        .output()
+        .expect("running kubectl");
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    if out.status.success() {
+        Ok(stdout)
+    } else {
+        Err(format!("{stdout}{}", String::from_utf8_lossy(&out.stderr)))
+    }
+}
+
+fn kubeconfig() -> PathBuf {
+    std::env::var_os("BATON_NODE_KUBECONFIG").map(PathBuf::from).unwrap_or_else(|| {
+        panic!(
+            "BATON_NODE_KUBECONFIG is not set: these tests need the real node. Start it with \
+             `hack/node.sh up` and `hack/images.sh all`, then export \
+             BATON_NODE_KUBECONFIG=$(hack/node.sh env | cut -d= -f2), or run `make test`."
+        )
+    })
+}
+
+/// A client for the node's API server (through the relay on 127.0.0.1).
+pub async fn client() -> Client {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig()).expect("reading the node's kubeconfig");
+    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .expect("loading the node's kubeconfig");
+    Client::try_from(config).expect("building a client")
+}
+
+static INSTALLED: OnceCell<()> = OnceCell::const_new();
+
+/// baton installed by its chart (once per test binary; an existing release is kept), with
+/// both controller replicas Ready.
+pub async fn installed(client: &Client) {
+    INSTALLED
+        .get_or_init(|| async {
+            let exists = kubectl(&["-n", SYSTEM_NS, "get", "deployment", &deployment_name()]).is_ok();
+            if !exists {
+                helm_install(&serde_json::json!({}));
+            }
+            wait_controllers_ready(client, Duration::from_secs(180)).await;
+        })
+        .await;
+}
+
+pub fn deployment_name() -> String {
+    format!("{RELEASE}-controller")
+}
+
+/// The values every install on the node uses: the image imported into containerd, never pulled.
+pub fn values(extra: &serde_json::Value) -> serde_json::Value {
+    let mut values = serde_json::json!({
+        "image": {"repository": "baton", "tag": "dev", "pullPolicy": "Never"},
+        "controller": {"leaderLeaseSeconds": 6},
+    });
+    merge(&mut values, extra);
+    values
+}
+
+fn merge(into: &mut serde_json::Value, from: &serde_json::Value) {
+    match (into, from) {
+        (serde_json::Value::Object(a), serde_json::Value::Object(b)) => {
+            for (k, v) in b {
+                merge(a.entry(k.clone()).or_insert(serde_json::Value::Null), v);
+            }
+        }
+        (a, b) => *a = b.clone(),
+    }
+}
+
+fn helm_install(extra: &serde_json::Value) {
+    let values = values(extra).to_string();
+    let out = Command::new("python3")
+        .env("KUBECONFIG", kubeconfig())
+        .arg(root().join("hack/helm.py"))
+        .args(["install", "charts/baton", "--name", RELEASE, "--namespace", SYSTEM_NS])
+        .args(["--create-namespace", "--values", &values])
+        .current_dir(root())
+        .output()
+        .expect("running hack/helm.py");
+    assert!(
+        out.status.success(),
+        "helm install failed: {}{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+/// `helm upgrade` of the release with these values (on top of [`values`]).
+pub fn helm_upgrade(extra: &serde_json::Value) {
+    let values = values(extra).to_string();
+    let out = Command::new("python3")
+        .env("KUBECONFIG", kubeconfig())
+        .arg(root().join("hack/helm.py"))
+        .args(["upgrade", "charts/baton", "--name", RELEASE, "--namespace", SYSTEM_NS])
+        .args(["--values", &values])
+        .current_dir(root())
+        .output()
+        .expect("running hack/helm.py");
+    assert!(
+        out.status.success(),
+        "helm upgrade failed: {}{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+/// Waits until the Deployment has all its replicas updated and Ready.
+pub async fn wait_controllers_ready(client: &Client, timeout: Duration) {
+    let api: Api<Deployment> = Api::namespaced(client.clone(), SYSTEM_NS);
+    let deadline = Instant::now() + timeout;
+    loop {
+        let d = retry(|| api.get(&deployment_name())).await;
+        let want = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+        let st = d.status.clone().unwrap_or_default();
+        let generation_seen = st.observed_generation >= d.metadata.generation;
+        if generation_seen
+            && st.updated_replicas == Some(want)
+            && st.ready_replicas == Some(want)
+            && st.replicas == Some(want)
+        {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "controller Deployment not ready after {timeout:?}: {st:?}\n{}",
+            kubectl(&["-n", SYSTEM_NS, "describe", "pods"]).unwrap_or_else(|e| e)
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// The controller pods of the Deployment, and which one holds the leader Lease.
+pub async fn controller_pods(client: &Client) -> (Vec<Pod>, Option<String>) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), SYSTEM_NS);
+    let list = retry(|| {
+        pods.list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={RELEASE}")))
+    })
+    .await;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), SYSTEM_NS);
+    let holder = leases
+        .get_opt(baton::controller::LEADER_LEASE_NAME)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|l| l.spec?.holder_identity)
+        .filter(|h| !h.is_empty());
+    (list.items, holder)
+}
+
+/// The pod whose name the leader identity (`<pod>-<suffix>`) starts with.
+pub fn leader_pod(pods: &[Pod], holder: &str) -> Option<String> {
+    pods.iter()
+        .map(|p| p.name_any())
+        .find(|name| holder.starts_with(&format!("{name}-")))
+}
+
+/// `hack/effects.py` inside the node's namespace: the shell tools' effects, counted outside baton.
+pub struct EffectsServer {
+    child: Child,
+    pub addr: String,
+    pub file: PathBuf,
+}
+
+impl EffectsServer {
+    pub fn start(dir: &Path) -> Self {
+        let port = 20_000 + rand::random::<u16>() % 20_000;
+        let addr = format!("{NODE_IP}:{port}");
+        let file = dir.join("effects.log");
+        std::fs::write(&file, "").unwrap();
+        let child = Command::new("nsenter")
+            .arg(format!("--net=/run/netns/baton-node"))
+            .arg("python3")
+            .arg(root().join("hack/effects.py"))
+            .arg(&addr)
+            .arg(&file)
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("starting hack/effects.py in the node's namespace");
+        // Listening once it accepts a connection made from inside the namespace.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !Command::new("nsenter")
+            .arg("--net=/run/netns/baton-node")
+            .args(["bash", "-c", &format!("exec 3<>/dev/tcp/{NODE_IP}/{port}")])
+            .status()
+            .is_ok_and(|s| s.success())
+        {
+            assert!(Instant::now() < deadline, "hack/effects.py did not listen on {addr}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Self { child, addr, file }
+    }
+}
+
+impl Drop for EffectsServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One scenario's environment: a namespace of its own, the effects server, the segment recorder.
+pub struct NodeEnv {
+    pub client: Client,
+    pub ns: String,
+    pub dir: PathBuf,
+    pub effects: EffectsServer,
+    pub recorder: Recorder,
+    _serial: MutexGuard<'static, ()>,
+}
+
+impl NodeEnv {
+    pub async fn start(test: &str) -> Self {
+        let serial = serial();
+        let client = client().await;
+        installed(&client).await;
+        let suffix: u32 = rand::random::<u32>() % 1_000_000;
+        let ns = format!("node-{}-{suffix}", test.replace('_', "-").chars().take(40).collect::<String>());
+        Api::<Namespace>::all(client.clone())
+            .create(
+                &PostParams::default(),
+                &Namespace {
+                    metadata: ObjectMeta {
+                        name: Some(ns.clone()),
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                },
+            )
+            .await
+            .expect("creating the test namespace");
+        let dir = std::env::temp_dir().join(&ns);
+        std::fs::create_dir_all(&dir).unwrap();
+        let effects = EffectsServer::start(&dir);
+        let recorder = Recorder::start(client.clone(), &ns);
+        Self {
+            client,
+            ns,
+            dir,
+            effects,
+            recorder,
+            _serial: serial,
+        }
+    }
+
+    pub fn runs(&self) -> Api<AgentRun> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    pub fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    /// A scripted run whose tools record their effects with the effects server.
+    pub fn scripted(&self, name: &str, script: &Script) -> AgentRun {
+        scripted_run(Sink::Tcp(&self.effects.addr), name, script)
+    }
+
+    pub async fn create(&self, run: &AgentRun) {
+        self.runs()
+            .create(&PostParams::default(), run)
+            .await
+            .expect("creating the AgentRun");
+    }
+
+    pub async fn create_scripted(&self, names: &[String], script: &Script) {
+        for name in names {
+            self.create(&self.scripted(name, script)).await;
+        }
+    }
+
+    pub async fn status(&self, name: &str) -> AgentRunStatus {
+        let runs = self.runs();
+        retry(|| runs.get(name)).await.status.unwrap_or_default()
+    }
+
+    pub async fn wait_run(
+        &self,
+        name: &str,
+        timeout: Duration,
+        what: &str,
+        ok: impl Fn(&AgentRunStatus) -> bool,
+    ) -> AgentRunStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let st = self.status(name).await;
+            if ok(&st) {
+                return st;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "timed out ({timeout:?}) waiting for run {name} to be {what}; status: {st:#?}\n{}",
+                    self.pod_logs(name).await
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    pub async fn wait_succeeded(&self, name: &str) -> AgentRunStatus {
+        let st = self.wait_run(name, RUN_TIMEOUT, "terminal", |s| s.phase.is_terminal()).await;
+        assert_eq!(st.phase, Phase::Succeeded, "{st:#?}\n{}", self.pod_logs(name).await);
+        st
+    }
+
+    /// Waits until the run is Running at fence ≥ `min_fence` and its worker container runs;
+    /// returns (pod, fence).
+    pub async fn wait_worker(&self, name: &str, min_fence: i64) -> (String, i64) {
+        let deadline = Instant::now() + RUN_TIMEOUT;
+        loop {
+            let st = self.status(name).await;
+            if st.phase == Phase::Running
+                && st.fence >= min_fence
+                && let Some(pod) = st.worker.clone()
+                && self.container_pid(&pod).await.is_some()
+            {
+                return (pod, st.fence);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "run {name} has no running worker at fence >= {min_fence}: {st:#?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Waits until the effect of `turn` of run `name` was recorded by the effects server.
+    pub async fn wait_effect(&self, name: &str, turn: usize) {
+        let deadline = Instant::now() + RUN_TIMEOUT;
+        while Effects::read(&self.effects.file).count(name, turn) == 0 {
+            assert!(Instant::now() < deadline, "no effect of {name} turn {turn}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The host PID of a pod's worker container, as containerd's shim recorded it.
+    pub async fn container_pid(&self, pod: &str) -> Option<u32> {
+        let pod = self.pods().get_opt(pod).await.ok().flatten()?;
+        let status = pod.status?.container_statuses?.into_iter().find(|c| c.name == "worker")?;
+        status.state.as_ref()?.running.as_ref()?;
+        let id = status.container_id?.strip_prefix("containerd://")?.to_string();
+        let pidfile = node_dir()
+            .join("containerd/state/io.containerd.runtime.v2.task/k8s.io")
+            .join(id)
+            .join("init.pid");
+        std::fs::read_to_string(pidfile).ok()?.trim().parse().ok()
+    }
+
+    /// A signal to the worker container's process, from the host (as the OOM killer or an
+    /// operator's `kill` would send it: no API involved).
+    pub async fn signal_worker(&self, pod: &str, signal: libc::c_int) {
+        let pid = self.container_pid(pod).await.expect("the worker container's host PID");
+        assert_eq!(unsafe { libc::kill(pid as i32, signal) }, 0, "kill({pid}, {signal})");
+    }
+
+    pub async fn delete_pod(&self, pod: &str) {
+        self.pods()
+            .delete(pod, &DeleteParams::default())
+            .await
+            .expect("deleting the pod");
+    }
+
+    pub async fn ledger(&self, name: &str) -> Vec<LedgerSegment> {
+        let runs = self.runs();
+        let run = retry(|| runs.get(name)).await;
+        baton::ledger::SegmentStore::for_run(self.client.clone(), &run)
+            .list()
+            .await
+            .expect("listing the ledger (contiguous)")
+    }
+
+    /// The last lines of every worker pod's log of run `name` (for failure messages).
+    pub async fn pod_logs(&self, name: &str) -> String {
+        let mut out = String::new();
+        let Ok(list) = self.pods().list(&ListParams::default()).await else {
+            return out;
+        };
+        for pod in list.items.iter().filter(|p| p.name_any().starts_with(&format!("{name}-w"))) {
+            let params = LogParams {
+                container: Some("worker".into()),
+                tail_lines: Some(25),
+                ..LogParams::default()
+            };
+            let text = self.pods().logs(&pod.name_any(), &params).await.unwrap_or_else(|e| e.to_string());
+            out.push_str(&format!("---- {} (last lines) ----\n{text}\n", pod.name_any()));
+        }
+        out
+    }
+
+    /// The chaos invariants for `names`, which must all be terminal: ledgers contiguous, no
+    /// stale-fence write after a seal, no segment changed, no non-idempotent effect twice.
+    pub async fn check_invariants(&self, names: &[String]) {
+        let effects = Effects::read(&self.effects.file);
+        let recorded = self.recorder.snapshot();
+        for name in names {
+            let st = self.status(name).await;
+            assert!(st.phase.is_terminal(), "{name} is not terminal: {st:#?}");
+            check_ledger(name, &st, &self.ledger(name).await, &recorded);
+            for (turn, n) in effects.per_turn(name) {
+                assert!(
+                    n <= 1,
+                    "{name}: the non-idempotent effect of turn {turn} ran {n} times\n{}",
+                    self.pod_logs(name).await
+                );
+            }
+        }
+        assert!(recorded.updated.is_empty(), "segments changed: {:?}", recorded.updated);
+    }
+
+    /// Deletes the namespace (the garbage collector takes the rest).
+    pub async fn finish(self) {
+        self.recorder.stop();
+        let _ = Api::<Namespace>::all(self.client.clone())
+            .delete(&self.ns, &DeleteParams::default())
+            .await;
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
