@@ -50,7 +50,10 @@ async fn node_chart_runs_two_ready_controllers_one_leading_behind_a_pdb() {
         assert!(ready, "{} is Ready (its probes pass)", pod.name_any());
     }
     let holder = holder.expect("a controller holds the leader Lease");
-    assert!(leader_pod(&pods, &holder).is_some(), "the leader {holder} is one of the pods");
+    assert!(
+        leader_pod(&pods, &holder).is_some(),
+        "the leader {holder} is one of the pods"
+    );
     let min_available = kubectl(&[
         "-n",
         SYSTEM_NS,
@@ -67,8 +70,15 @@ async fn node_chart_runs_two_ready_controllers_one_leading_behind_a_pdb() {
     env.create_scripted(&run, &Script::new(2, 200)).await;
     all_succeed(&env, &run, 2).await;
     // `kubectl wait --for=condition=...` works with any kubectl (jsonpath needs >= 1.23).
-    kubectl(&["-n", &env.ns, "wait", "--for=condition=Succeeded", "agentrun/chart-1", "--timeout=10s"])
-        .expect("kubectl wait --for=condition=Succeeded");
+    kubectl(&[
+        "-n",
+        &env.ns,
+        "wait",
+        "--for=condition=Succeeded",
+        "agentrun/chart-1",
+        "--timeout=10s",
+    ])
+    .expect("kubectl wait --for=condition=Succeeded");
     env.finish().await;
 }
 
@@ -128,8 +138,15 @@ async fn node_controller_rollout_restart_keeps_live_runs_going() {
         env.wait_worker(run, 1).await;
     }
     let started = Instant::now();
-    kubectl(&["-n", SYSTEM_NS, "rollout", "restart", "deployment", &deployment_name()])
-        .expect("kubectl rollout restart");
+    kubectl(&[
+        "-n",
+        SYSTEM_NS,
+        "rollout",
+        "restart",
+        "deployment",
+        &deployment_name(),
+    ])
+    .expect("kubectl rollout restart");
     let leaderless = watch_leaderless(&env, Duration::from_secs(120)).await;
     eprintln!(
         "controller rollout: {:.1} s until both new replicas were Ready; {:.2} s with no leader",
@@ -150,11 +167,13 @@ async fn watch_leaderless(env: &NodeEnv, timeout: Duration) -> Duration {
     tokio::time::sleep(Duration::from_millis(500)).await;
     loop {
         let (pods, holder) = controller_pods(&env.client).await;
-        let led = holder.as_deref().and_then(|h| leader_pod(&pods, h)).is_some_and(|name| {
-            pods.iter().any(|p| {
-                p.name_any() == name && p.metadata.deletion_timestamp.is_none()
-            })
-        });
+        let led = holder
+            .as_deref()
+            .and_then(|h| leader_pod(&pods, h))
+            .is_some_and(|name| {
+                pods.iter()
+                    .any(|p| p.name_any() == name && p.metadata.deletion_timestamp.is_none())
+            });
         match (led, gap_since) {
             (false, None) => gap_since = Some(Instant::now()),
             (true, Some(since)) => {
@@ -164,11 +183,16 @@ async fn watch_leaderless(env: &NodeEnv, timeout: Duration) -> Duration {
             _ => {}
         }
         let rolled = pods.len() == 2
-            && pods.iter().all(|p| p.metadata.deletion_timestamp.is_none() && is_ready(p));
+            && pods
+                .iter()
+                .all(|p| p.metadata.deletion_timestamp.is_none() && is_ready(p));
         if rolled && led {
             return longest;
         }
-        assert!(Instant::now() < deadline, "controller rollout not done after {timeout:?}");
+        assert!(
+            Instant::now() < deadline,
+            "controller rollout not done after {timeout:?}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -231,20 +255,37 @@ async fn node_deleted_run_is_garbage_collected() {
     let ns = &env.ns;
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        let leases = Api::<Lease>::namespaced(c.clone(), ns).list(&ListParams::default()).await.unwrap();
+        let leases = Api::<Lease>::namespaced(c.clone(), ns)
+            .list(&ListParams::default())
+            .await
+            .unwrap();
         let segments = Api::<baton::crd::v1alpha1::LedgerSegment>::namespaced(c.clone(), ns)
             .list(&ListParams::default())
             .await
             .unwrap();
         let pods = env.pods().list(&ListParams::default()).await.unwrap();
-        let accounts = Api::<ServiceAccount>::namespaced(c.clone(), ns).list(&ListParams::default()).await.unwrap();
-        let roles = Api::<Role>::namespaced(c.clone(), ns).list(&ListParams::default()).await.unwrap();
-        let bindings = Api::<RoleBinding>::namespaced(c.clone(), ns).list(&ListParams::default()).await.unwrap();
+        let accounts = Api::<ServiceAccount>::namespaced(c.clone(), ns)
+            .list(&ListParams::default())
+            .await
+            .unwrap();
+        let roles = Api::<Role>::namespaced(c.clone(), ns)
+            .list(&ListParams::default())
+            .await
+            .unwrap();
+        let bindings = Api::<RoleBinding>::namespaced(c.clone(), ns)
+            .list(&ListParams::default())
+            .await
+            .unwrap();
         let left: Vec<String> = leases
             .items
             .iter()
             .map(|o| format!("Lease/{}", o.name_any()))
-            .chain(segments.items.iter().map(|o| format!("LedgerSegment/{}", o.name_any())))
+            .chain(
+                segments
+                    .items
+                    .iter()
+                    .map(|o| format!("LedgerSegment/{}", o.name_any())),
+            )
             .chain(pods.items.iter().map(|o| format!("Pod/{}", o.name_any())))
             .chain(
                 accounts
@@ -254,12 +295,20 @@ async fn node_deleted_run_is_garbage_collected() {
                     .map(|o| format!("ServiceAccount/{}", o.name_any())),
             )
             .chain(roles.items.iter().map(|o| format!("Role/{}", o.name_any())))
-            .chain(bindings.items.iter().map(|o| format!("RoleBinding/{}", o.name_any())))
+            .chain(
+                bindings
+                    .items
+                    .iter()
+                    .map(|o| format!("RoleBinding/{}", o.name_any())),
+            )
             .collect();
         if left.is_empty() {
             break;
         }
-        assert!(Instant::now() < deadline, "left behind after the run was deleted: {left:?}");
+        assert!(
+            Instant::now() < deadline,
+            "left behind after the run was deleted: {left:?}"
+        );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     env.finish().await;
@@ -283,13 +332,29 @@ async fn node_missing_secret_fails_the_run_naming_the_secret() {
     assert_eq!(st.phase, Phase::Failed, "{st:#?}");
     assert_eq!(st.reason.as_deref(), Some("SecretNotFound"), "{st:#?}");
     let message = st.message.clone().unwrap_or_default();
-    assert!(message.contains("no-such-key"), "the message names the Secret: {message}");
-    let complete = st.conditions.iter().find(|c| c.type_ == "Complete").expect("Complete");
-    assert_eq!(complete.reason, "SecretNotFound");
-    let events = kubectl(&["-n", &env.ns, "get", "events", "-o", "jsonpath={range .items[*]}{.reason} {.note}{.message}{\"\\n\"}{end}"])
-        .expect("listing Events");
     assert!(
-        events.lines().any(|l| l.starts_with("SecretNotFound") && l.contains("no-such-key")),
+        message.contains("no-such-key"),
+        "the message names the Secret: {message}"
+    );
+    let complete = st
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Complete")
+        .expect("Complete");
+    assert_eq!(complete.reason, "SecretNotFound");
+    let events = kubectl(&[
+        "-n",
+        &env.ns,
+        "get",
+        "events",
+        "-o",
+        "jsonpath={range .items[*]}{.reason} {.note}{.message}{\"\\n\"}{end}",
+    ])
+    .expect("listing Events");
+    assert!(
+        events
+            .lines()
+            .any(|l| l.starts_with("SecretNotFound") && l.contains("no-such-key")),
         "an Event says so: {events}"
     );
     env.finish().await;
@@ -303,7 +368,13 @@ async fn node_missing_secret_fails_the_run_naming_the_secret() {
 async fn node_drain_hands_off_and_respects_the_pdb() {
     let env = NodeEnv::start("drain").await;
     let runs = names("dr", 2);
-    env.create_scripted(&runs, &Script::new(5, 1500)).await;
+    for name in &runs {
+        let mut run = env.scripted(name, &Script::new(5, 1500));
+        // The next pods wait, unschedulable, while the node is cordoned: longer than the
+        // test's usual startup allowance, after which an attempt counts as dead.
+        run.spec.lease.startup_seconds = 180;
+        env.create(&run).await;
+    }
     for run in &runs {
         env.wait_worker(run, 1).await;
         env.wait_effect(run, 1).await;
@@ -327,9 +398,134 @@ async fn node_drain_hands_off_and_respects_the_pdb() {
     all_succeed(&env, &runs, 5).await;
     for run in &runs {
         let st = env.status(run).await;
-        assert_eq!(st.failed_attempts, 0, "{run}: a drain is a handoff: {st:#?}");
+        assert_eq!(
+            st.failed_attempts, 0,
+            "{run}: a drain is a handoff: {st:#?}"
+        );
         assert!(st.fence >= 2, "{run} moved to a new pod");
     }
     wait_controllers_ready(&env.client, Duration::from_secs(120)).await;
+    env.finish().await;
+}
+
+/// A worker-image rollout (`helm upgrade` with a new `workerImage`): live runs move to pods of
+/// the new image by handoff, consuming no attempt, and finish there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_worker_image_rollout_moves_live_runs_by_handoff() {
+    let env = NodeEnv::start("worker-rollout").await;
+    let runs = names("wro", 2);
+    // Long enough to outlast the controller's own rollout (its args carry the worker image).
+    env.create_scripted(&runs, &Script::new(16, 2500)).await;
+    for run in &runs {
+        env.wait_worker(run, 1).await;
+        env.wait_effect(run, 1).await;
+    }
+    helm_upgrade(&serde_json::json!({"workerImage": NEXT_IMAGE}));
+    let finished = async {
+        for run in &runs {
+            env.wait_succeeded(run).await;
+        }
+    };
+    finished.await;
+    // Back to the chart's default for the scenarios after this one.
+    helm_upgrade(&serde_json::json!({}));
+    wait_controllers_ready(&env.client, Duration::from_secs(180)).await;
+
+    env.check_invariants(&runs).await;
+    for run in &runs {
+        let st = env.status(run).await;
+        assert_eq!(
+            st.failed_attempts, 0,
+            "{run}: a rollout consumes no attempt: {st:#?}"
+        );
+        let last = env
+            .pods()
+            .get_opt(&baton::crd::worker_pod_name(run, st.fence))
+            .await
+            .unwrap();
+        let first_handoff = env
+            .ledger(run)
+            .await
+            .iter()
+            .any(|s| s.spec.events.contains(&LedgerEvent::Handoff));
+        assert!(first_handoff, "{run} moved by handoff");
+        if let Some(pod) = last {
+            assert_eq!(
+                baton::controller::pod::pod_image(&pod),
+                NEXT_IMAGE,
+                "{run} finished on the new image"
+            );
+        }
+    }
+    env.finish().await;
+}
+
+/// The node's kube-apiserver is stopped and started again with live runs: workers and
+/// controllers ride it out and the runs finish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_apiserver_restart_with_live_runs() {
+    let env = NodeEnv::start("apiserver").await;
+    let runs = names("api", 2);
+    env.create_scripted(&runs, &Script::new(6, 1000)).await;
+    for run in &runs {
+        env.wait_worker(run, 1).await;
+    }
+    env.wait_effect(&runs[0], 1).await;
+    tokio::task::spawn_blocking(|| node_sh(&["restart-apiserver"]))
+        .await
+        .unwrap();
+    all_succeed(&env, &runs, 6).await;
+    wait_controllers_ready(&env.client, Duration::from_secs(180)).await;
+    env.finish().await;
+}
+
+/// The node is lost: its kubelet stops and the worker's process freezes (SIGSTOP). The run's
+/// Lease expires on the controller's clock and the run is claimed for a new pod without
+/// waiting for the old one, which sticks in Terminating while the kubelet is away. When the
+/// node comes back the frozen worker wakes up as a zombie: every write it tries is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_lost_the_run_resumes_once_the_lease_expires_and_the_zombie_writes_nothing() {
+    let env = NodeEnv::start("node-lost").await;
+    let run = names("lost", 1);
+    env.create_scripted(&run, &Script::new(5, 1500)).await;
+    let (pod, _) = env.wait_worker(&run[0], 1).await;
+    env.wait_effect(&run[0], 1).await;
+    let pid = env
+        .container_pid(&pod)
+        .await
+        .expect("the worker's host PID");
+    let lost_at = Instant::now();
+    tokio::task::spawn_blocking(|| node_sh(&["stop-kubelet"]))
+        .await
+        .unwrap();
+    signal_pid(pid, libc::SIGSTOP);
+
+    let st = env
+        .wait_run(&run[0], Duration::from_secs(120), "claimed again", |s| {
+            s.fence >= 2
+        })
+        .await;
+    let claimed_after = lost_at.elapsed();
+    let old = env.pods().get_opt(&pod).await.unwrap();
+    let terminating = old
+        .as_ref()
+        .is_some_and(|p| p.metadata.deletion_timestamp.is_some());
+    eprintln!(
+        "node lost: claimed again at fence {} after {:.1} s (lease {} s); old pod terminating: {terminating}",
+        st.fence,
+        claimed_after.as_secs_f64(),
+        e2e_support::lease().duration_seconds
+    );
+    assert!(
+        terminating,
+        "the old pod is being deleted, stuck while its kubelet is away: {old:?}"
+    );
+
+    tokio::task::spawn_blocking(|| node_sh(&["start-kubelet"]))
+        .await
+        .unwrap();
+    signal_pid(pid, libc::SIGCONT);
+    all_succeed(&env, &run, 5).await;
+    assert!(env.status(&run[0]).await.failed_attempts >= 1);
     env.finish().await;
 }

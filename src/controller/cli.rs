@@ -80,8 +80,10 @@ pub async fn main(args: ControllerArgs) -> Result<(), Error> {
 /// lived out its whole grace period and the cluster had no leader meanwhile.
 async fn terminated() {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
-    else {
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
         tracing::warn!("cannot listen for SIGTERM; the controller stops only when killed");
         return futures::future::pending().await;
     };

@@ -454,8 +454,15 @@ fn a_worker_that_cannot_start_fails_the_run_after_a_grace_naming_what_is_missing
     let mut l = lease(L::Startup, 1, now);
     l.sighting.seen_at = now - Duration::from_secs(5);
     let early = decide(&obs(&r, Some(l.clone()), unstartable.clone(), now));
-    assert_eq!(early.action, Action::Nothing, "a Secret applied with the run may still come");
-    assert_eq!(early.requeue, Some(UNSTARTABLE_GRACE - Duration::from_secs(5)));
+    assert_eq!(
+        early.action,
+        Action::Nothing,
+        "a Secret applied with the run may still come"
+    );
+    assert_eq!(
+        early.requeue,
+        Some(UNSTARTABLE_GRACE - Duration::from_secs(5))
+    );
 
     l.sighting.seen_at = now - UNSTARTABLE_GRACE;
     let late = decide(&obs(&r, Some(l.clone()), unstartable, now));

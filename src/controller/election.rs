@@ -10,11 +10,11 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ObjectMeta, PostParams};
-use futures::StreamExt;
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::watch;

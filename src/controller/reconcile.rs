@@ -89,7 +89,9 @@ async fn step_down(ctx: &Context) {
     match election::release(ctx.client.clone(), &c.leader_namespace, &c.identity).await {
         Ok(true) => tracing::info!("shutting down: leadership released"),
         Ok(false) => tracing::info!("shutting down: was not leading"),
-        Err(err) => tracing::warn!(%err, "shutting down: releasing leadership failed; it expires by itself"),
+        Err(err) => {
+            tracing::warn!(%err, "shutting down: releasing leadership failed; it expires by itself")
+        }
     }
 }
 

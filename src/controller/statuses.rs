@@ -170,7 +170,14 @@ fn terminal(
     let c = &mut s.conditions;
     set_condition(c, condition::COMPLETE, true, reason, message, generation);
     let succeeded = phase == Phase::Succeeded;
-    set_condition(c, condition::SUCCEEDED, succeeded, reason, message, generation);
+    set_condition(
+        c,
+        condition::SUCCEEDED,
+        succeeded,
+        reason,
+        message,
+        generation,
+    );
     set_condition(
         c,
         condition::LEASE_HELD,

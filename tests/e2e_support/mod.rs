@@ -609,7 +609,12 @@ impl<'a> From<&'a PathBuf> for Sink<'a> {
 }
 
 /// A shell command that records the effect of `turn` of `run`, then sleeps `sleep_ms`.
-pub fn effect_command<'a>(sink: impl Into<Sink<'a>>, run: &str, turn: usize, sleep_ms: u64) -> String {
+pub fn effect_command<'a>(
+    sink: impl Into<Sink<'a>>,
+    run: &str,
+    turn: usize,
+    sleep_ms: u64,
+) -> String {
     let line = format!("{run} {turn} $BATON_STEP $BATON_FENCE");
     let record = match sink.into() {
         Sink::File(path) => format!("echo \"{line}\" >> '{}'", path.display()),
@@ -618,7 +623,10 @@ pub fn effect_command<'a>(sink: impl Into<Sink<'a>>, run: &str, turn: usize, sle
             format!("bash -c 'echo \"{line}\" > /dev/tcp/{host}/{port}'")
         }
     };
-    format!("{record}; sleep {}; echo ok {turn}", sleep_ms as f64 / 1000.0)
+    format!(
+        "{record}; sleep {}; echo ok {turn}",
+        sleep_ms as f64 / 1000.0
+    )
 }
 
 /// The shape of a scripted run.

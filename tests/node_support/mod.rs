@@ -49,7 +49,9 @@ pub fn node_dir() -> PathBuf {
 static SERIAL: Mutex<()> = Mutex::new(());
 
 pub fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// `hack/node.sh ARGS` (stop-kubelet, start-kubelet, restart-apiserver, nsenter ...).
@@ -83,18 +85,21 @@ pub fn kubectl(args: &[&str]) -> Result<String, String> {
 }
 
 fn kubeconfig() -> PathBuf {
-    std::env::var_os("BATON_NODE_KUBECONFIG").map(PathBuf::from).unwrap_or_else(|| {
-        panic!(
-            "BATON_NODE_KUBECONFIG is not set: these tests need the real node. Start it with \
+    std::env::var_os("BATON_NODE_KUBECONFIG")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            panic!(
+                "BATON_NODE_KUBECONFIG is not set: these tests need the real node. Start it with \
              `hack/node.sh up` and `hack/images.sh all`, then export \
              BATON_NODE_KUBECONFIG=$(hack/node.sh env | cut -d= -f2), or run `make test`."
-        )
-    })
+            )
+        })
 }
 
 /// A client for the node's API server (through the relay on 127.0.0.1).
 pub async fn client() -> Client {
-    let kc = kube::config::Kubeconfig::read_from(kubeconfig()).expect("reading the node's kubeconfig");
+    let kc =
+        kube::config::Kubeconfig::read_from(kubeconfig()).expect("reading the node's kubeconfig");
     let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
         .await
         .expect("loading the node's kubeconfig");
@@ -108,7 +113,8 @@ static INSTALLED: OnceCell<()> = OnceCell::const_new();
 pub async fn installed(client: &Client) {
     INSTALLED
         .get_or_init(|| async {
-            let exists = kubectl(&["-n", SYSTEM_NS, "get", "deployment", &deployment_name()]).is_ok();
+            let exists =
+                kubectl(&["-n", SYSTEM_NS, "get", "deployment", &deployment_name()]).is_ok();
             if !exists {
                 helm_install(&serde_json::json!({}));
             }
@@ -147,7 +153,14 @@ fn helm_install(extra: &serde_json::Value) {
     let out = Command::new("python3")
         .env("KUBECONFIG", kubeconfig())
         .arg(root().join("hack/helm.py"))
-        .args(["install", "charts/baton", "--name", RELEASE, "--namespace", SYSTEM_NS])
+        .args([
+            "install",
+            "charts/baton",
+            "--name",
+            RELEASE,
+            "--namespace",
+            SYSTEM_NS,
+        ])
         .args(["--create-namespace", "--values", &values])
         .current_dir(root())
         .output()
@@ -166,7 +179,14 @@ pub fn helm_upgrade(extra: &serde_json::Value) {
     let out = Command::new("python3")
         .env("KUBECONFIG", kubeconfig())
         .arg(root().join("hack/helm.py"))
-        .args(["upgrade", "charts/baton", "--name", RELEASE, "--namespace", SYSTEM_NS])
+        .args([
+            "upgrade",
+            "charts/baton",
+            "--name",
+            RELEASE,
+            "--namespace",
+            SYSTEM_NS,
+        ])
         .args(["--values", &values])
         .current_dir(root())
         .output()
@@ -183,8 +203,9 @@ pub fn helm_upgrade(extra: &serde_json::Value) {
 pub async fn wait_controllers_ready(client: &Client, timeout: Duration) {
     let api: Api<Deployment> = Api::namespaced(client.clone(), SYSTEM_NS);
     let deadline = Instant::now() + timeout;
+    let name = deployment_name();
     loop {
-        let d = retry(|| api.get(&deployment_name())).await;
+        let d = retry(|| api.get(&name)).await;
         let want = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
         let st = d.status.clone().unwrap_or_default();
         let generation_seen = st.observed_generation >= d.metadata.generation;
@@ -207,10 +228,8 @@ pub async fn wait_controllers_ready(client: &Client, timeout: Duration) {
 /// The controller pods of the Deployment, and which one holds the leader Lease.
 pub async fn controller_pods(client: &Client) -> (Vec<Pod>, Option<String>) {
     let pods: Api<Pod> = Api::namespaced(client.clone(), SYSTEM_NS);
-    let list = retry(|| {
-        pods.list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={RELEASE}")))
-    })
-    .await;
+    let params = ListParams::default().labels(&format!("app.kubernetes.io/instance={RELEASE}"));
+    let list = retry(|| pods.list(&params)).await;
     let leases: Api<Lease> = Api::namespaced(client.clone(), SYSTEM_NS);
     let holder = leases
         .get_opt(baton::controller::LEADER_LEASE_NAME)
@@ -227,6 +246,16 @@ pub fn leader_pod(pods: &[Pod], holder: &str) -> Option<String> {
     pods.iter()
         .map(|p| p.name_any())
         .find(|name| holder.starts_with(&format!("{name}-")))
+}
+
+/// A signal to a host process (the node's containers share the host's PID namespace).
+pub fn signal_pid(pid: u32, signal: libc::c_int) {
+    // SAFETY: kill(2) with a PID we read from containerd's state for a container of this test.
+    assert_eq!(
+        unsafe { libc::kill(pid as i32, signal) },
+        0,
+        "kill({pid}, {signal})"
+    );
 }
 
 /// `hack/effects.py` inside the node's namespace: the shell tools' effects, counted outside baton.
@@ -256,10 +285,14 @@ impl EffectsServer {
         while !Command::new("nsenter")
             .arg("--net=/run/netns/baton-node")
             .args(["bash", "-c", &format!("exec 3<>/dev/tcp/{NODE_IP}/{port}")])
+            .stderr(Stdio::null())
             .status()
             .is_ok_and(|s| s.success())
         {
-            assert!(Instant::now() < deadline, "hack/effects.py did not listen on {addr}");
+            assert!(
+                Instant::now() < deadline,
+                "hack/effects.py did not listen on {addr}"
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
         Self { child, addr, file }
@@ -289,7 +322,10 @@ impl NodeEnv {
         let client = client().await;
         installed(&client).await;
         let suffix: u32 = rand::random::<u32>() % 1_000_000;
-        let ns = format!("node-{}-{suffix}", test.replace('_', "-").chars().take(40).collect::<String>());
+        let ns = format!(
+            "node-{}-{suffix}",
+            test.replace('_', "-").chars().take(40).collect::<String>()
+        );
         Api::<Namespace>::all(client.clone())
             .create(
                 &PostParams::default(),
@@ -372,8 +408,15 @@ impl NodeEnv {
     }
 
     pub async fn wait_succeeded(&self, name: &str) -> AgentRunStatus {
-        let st = self.wait_run(name, RUN_TIMEOUT, "terminal", |s| s.phase.is_terminal()).await;
-        assert_eq!(st.phase, Phase::Succeeded, "{st:#?}\n{}", self.pod_logs(name).await);
+        let st = self
+            .wait_run(name, RUN_TIMEOUT, "terminal", |s| s.phase.is_terminal())
+            .await;
+        assert_eq!(
+            st.phase,
+            Phase::Succeeded,
+            "{st:#?}\n{}",
+            self.pod_logs(name).await
+        );
         st
     }
 
@@ -410,9 +453,16 @@ impl NodeEnv {
     /// The host PID of a pod's worker container, as containerd's shim recorded it.
     pub async fn container_pid(&self, pod: &str) -> Option<u32> {
         let pod = self.pods().get_opt(pod).await.ok().flatten()?;
-        let status = pod.status?.container_statuses?.into_iter().find(|c| c.name == "worker")?;
+        let status = pod
+            .status?
+            .container_statuses?
+            .into_iter()
+            .find(|c| c.name == "worker")?;
         status.state.as_ref()?.running.as_ref()?;
-        let id = status.container_id?.strip_prefix("containerd://")?.to_string();
+        let id = status
+            .container_id?
+            .strip_prefix("containerd://")?
+            .to_string();
         let pidfile = node_dir()
             .join("containerd/state/io.containerd.runtime.v2.task/k8s.io")
             .join(id)
@@ -423,8 +473,11 @@ impl NodeEnv {
     /// A signal to the worker container's process, from the host (as the OOM killer or an
     /// operator's `kill` would send it: no API involved).
     pub async fn signal_worker(&self, pod: &str, signal: libc::c_int) {
-        let pid = self.container_pid(pod).await.expect("the worker container's host PID");
-        assert_eq!(unsafe { libc::kill(pid as i32, signal) }, 0, "kill({pid}, {signal})");
+        let pid = self
+            .container_pid(pod)
+            .await
+            .expect("the worker container's host PID");
+        signal_pid(pid, signal);
     }
 
     pub async fn delete_pod(&self, pod: &str) {
@@ -449,14 +502,25 @@ impl NodeEnv {
         let Ok(list) = self.pods().list(&ListParams::default()).await else {
             return out;
         };
-        for pod in list.items.iter().filter(|p| p.name_any().starts_with(&format!("{name}-w"))) {
+        for pod in list
+            .items
+            .iter()
+            .filter(|p| p.name_any().starts_with(&format!("{name}-w")))
+        {
             let params = LogParams {
                 container: Some("worker".into()),
                 tail_lines: Some(25),
                 ..LogParams::default()
             };
-            let text = self.pods().logs(&pod.name_any(), &params).await.unwrap_or_else(|e| e.to_string());
-            out.push_str(&format!("---- {} (last lines) ----\n{text}\n", pod.name_any()));
+            let text = self
+                .pods()
+                .logs(&pod.name_any(), &params)
+                .await
+                .unwrap_or_else(|e| e.to_string());
+            out.push_str(&format!(
+                "---- {} (last lines) ----\n{text}\n",
+                pod.name_any()
+            ));
         }
         out
     }
@@ -478,7 +542,11 @@ impl NodeEnv {
                 );
             }
         }
-        assert!(recorded.updated.is_empty(), "segments changed: {:?}", recorded.updated);
+        assert!(
+            recorded.updated.is_empty(),
+            "segments changed: {:?}",
+            recorded.updated
+        );
     }
 
     /// Deletes the namespace (the garbage collector takes the rest).
