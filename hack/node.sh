@@ -177,6 +177,32 @@ restore_sysctls() {
   done <"$STATE_DIR/sysctls"
 }
 
+# What the root namespace looks like where the node could leave traces: recorded at `up`
+# (beside the state dir, which `down` removes) and compared at `down`.
+ROOT_SNAPSHOT=$STATE_DIR.root-before
+root_snapshot() {
+  echo "## links"; ip -o link show | awk -F': ' '{print $2}' | sort
+  echo "## addresses"; ip -o addr show | awk '{print $2, $4}' | sort
+  echo "## routes"; ip route show | sort
+  echo "## iptables"; { iptables-save 2>/dev/null || true; } | sed -e '/^#/d' -e 's/\[[0-9:]*\]//' | sort
+  echo "## sysctls"; local k; for k in "${HOST_SYSCTLS[@]}" net.ipv4.ip_forward; do echo "$k=$(sysctl -n "$k")"; done
+}
+
+# Anything of the node still here after teardown: processes, mounts, namespaces, cgroups, and
+# differences from the root namespace as it was before `up`.
+leftovers() {
+  local pids
+  pids=$(leftover_pids | sort -u)
+  [[ -z $pids ]] || echo "processes: $pids"
+  mounts_under "$STATE_DIR" | sed 's/^/mount: /'
+  [[ ! -e $NETNS_PATH ]] || echo "network namespace: $NETNS_PATH"
+  ls -d /sys/fs/cgroup/*/kubepods 2>/dev/null | sed 's/^/cgroup: /'
+  if [[ -f $ROOT_SNAPSHOT ]]; then
+    diff <(cat "$ROOT_SNAPSHOT") <(root_snapshot) | grep '^[<>]' | sed 's/^/root namespace changed: /'
+  fi
+  true
+}
+
 teardown() {
   local d
   for d in "${DAEMONS[@]}"; do stop_proc "$d"; done
@@ -463,6 +489,7 @@ cmd_up() {
   UP_IN_PROGRESS=1
   printf 'RELAY_PORT=%s\n' "$(choose_port "${BATON_NODE_PORT:-}" 16443 relay)" >"$STATE_DIR/state"
   record_sysctls
+  [[ -f $ROOT_SNAPSHOT ]] || { root_snapshot >"$ROOT_SNAPSHOT.tmp" && mv "$ROOT_SNAPSHOT.tmp" "$ROOT_SNAPSHOT"; }
   gen_pki
   gen_tokens
   write_kubeconfig "$KUBECONFIG_OUT" "https://127.0.0.1:$(read_state RELAY_PORT)" "$(<"$STATE_DIR/admin.token")"
@@ -502,9 +529,12 @@ cmd_down() {
   if [[ -e $STATE_DIR && ! -f $STATE_DIR/$MARKER ]]; then
     die "$STATE_DIR was not created by this script; not touching it"
   fi
-  local t0=$SECONDS
+  local t0=$SECONDS left
   teardown
-  log "node down in $((SECONDS - t0))s; nothing of it is left"
+  left=$(leftovers)
+  [[ -z $left ]] || die "the node left something behind:"$'\n'"$left"
+  rm -f "$ROOT_SNAPSHOT"
+  log "node down in $((SECONDS - t0))s; nothing of it is left (processes, mounts, namespace, cgroups, root iptables, links, routes, sysctls checked)"
 }
 
 cmd_status() {
@@ -536,6 +566,7 @@ on_exit() {
 
 main() {
   trap on_exit EXIT
+  trap 'log "failed: line $LINENO: $BASH_COMMAND"' ERR
   trap 'exit 130' INT
   trap 'exit 143' TERM
   local sub=${1:-help}
