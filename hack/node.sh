@@ -14,6 +14,7 @@
 #   hack/node.sh import ARCHIVE...   import OCI image archives into the node's containerd
 #   hack/node.sh stop-kubelet / start-kubelet     the node lost and back (the pods keep running)
 #   hack/node.sh restart-apiserver                kube-apiserver stopped and started again
+#   hack/node.sh pause-apiserver / resume-apiserver  SIGSTOP / SIGCONT it (an unreachable server)
 #   hack/node.sh nsenter CMD...                   run CMD inside the node's network namespace
 #
 # Network rule: every address is loopback or inside the namespace this script creates. Nothing
@@ -58,7 +59,7 @@ KUBECONFIG_OUT=$STATE_DIR/kubeconfig          # root namespace, through the rela
 CTR_SOCK=$STATE_DIR/containerd/containerd.sock
 START_PREFIX=(nsenter "--net=$NETNS_PATH")
 
-usage() { sed -n '2,27p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,28p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 # ---------------------------------------------------------------------------
 # install
@@ -551,6 +552,12 @@ cmd_import() {
   for a in "$@"; do ctr_node images import "$a" >/dev/null || die "importing $a failed"; done
 }
 
+signal_proc() { # NAME SIGNAL — only if the PID is still the process this node started
+  proc_is_ours "$1" || die "$1 is not running (state in $STATE_DIR)"
+  kill -"$2" "$(<"$STATE_DIR/$1.pid")"
+  log "sent SIG$2 to $1"
+}
+
 on_exit() {
   if [[ ${UP_IN_PROGRESS:-0} -eq 1 ]]; then
     UP_IN_PROGRESS=0
@@ -581,6 +588,8 @@ main() {
     stop-kubelet) stop_proc kubelet ;;
     start-kubelet) start_kubelet ;;
     restart-apiserver) stop_proc kube-apiserver; start_apiserver; T_UP=$SECONDS; wait_for kube-apiserver 90 apiserver_ready ;;
+    pause-apiserver) signal_proc kube-apiserver STOP ;;
+    resume-apiserver) signal_proc kube-apiserver CONT ;;
     nsenter) in_netns "$@" ;;
     help | -h | --help) usage ;;
     *) usage >&2; exit 2 ;;

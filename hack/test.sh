@@ -20,5 +20,6 @@ echo "==> unit and integration tests against the local control plane"
 bash hack/with-control-plane.sh cargo test --no-fail-fast --lib --bins --tests -- --skip node_ "$@" || rc=$?
 
 echo "==> end-to-end tests on the real node"
-bash hack/with-node.sh cargo test --no-fail-fast --test node_e2e -- "$@" || rc=$?
+# Every test named node_* (tests/node_e2e.rs, tests/node_chaos.rs) runs here and only here.
+bash hack/with-node.sh cargo test --no-fail-fast --tests -- node_ "$@" || rc=$?
 exit "$rc"

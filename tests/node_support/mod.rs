@@ -17,7 +17,7 @@ use baton::crd::v1alpha1::{AgentRun, AgentRunStatus, LedgerSegment, Phase};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
-use kube::api::{DeleteParams, ListParams, LogParams, ObjectMeta, PostParams};
+use kube::api::{DeleteParams, ListParams, LogParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::OnceCell;
 
@@ -223,6 +223,19 @@ pub async fn wait_controllers_ready(client: &Client, timeout: Duration) {
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+}
+
+/// Scales the controller Deployment (0: no controller runs at all).
+pub fn scale_controllers(replicas: u32) {
+    kubectl(&[
+        "-n",
+        SYSTEM_NS,
+        "scale",
+        "deployment",
+        &deployment_name(),
+        &format!("--replicas={replicas}"),
+    ])
+    .expect("kubectl scale");
 }
 
 /// The controller pods of the Deployment, and which one holds the leader Lease.
@@ -478,6 +491,36 @@ impl NodeEnv {
             .await
             .expect("the worker container's host PID");
         signal_pid(pid, signal);
+    }
+
+    /// Sets `spec.stop`.
+    pub async fn stop(&self, name: &str) {
+        let patch = serde_json::json!({"spec": {"stop": true}});
+        self.runs()
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("setting spec.stop");
+    }
+
+    /// Appends an entry to `spec.inputs`.
+    pub async fn answer(&self, name: &str, text: &str) {
+        let runs = self.runs();
+        let run = retry(|| runs.get(name)).await;
+        let mut inputs = run.spec.inputs.clone();
+        inputs.push(text.into());
+        let patch = serde_json::json!({"spec": {"inputs": inputs}});
+        runs.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("adding an input");
+    }
+
+    /// Waits until the pod's worker container no longer runs (exited, or the pod is gone).
+    pub async fn wait_container_gone(&self, pod: &str, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while self.container_pid(pod).await.is_some() {
+            assert!(Instant::now() < deadline, "the worker container of {pod} still runs");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     pub async fn delete_pod(&self, pod: &str) {

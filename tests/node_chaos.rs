@@ -1,6 +1,8 @@
-//! The randomized chaos test: N scripted runs (default 20; `BATON_CHAOS_RUNS`), random faults
-//! (kill -9, pause past the lease then resume, graceful delete = drain, controller restart)
-//! from a seed it prints (`BATON_CHAOS_SEED` replays one), then the invariants:
+//! The randomized chaos test on the real node: N scripted runs (default 20; `BATON_CHAOS_RUNS`),
+//! random real faults (the worker container's process killed with SIGKILL from the host, frozen
+//! with SIGSTOP past its lease then thawed, its pod deleted — SIGTERM from the kubelet, as in a
+//! drain — and the leading controller pod deleted) from a seed it prints (`BATON_CHAOS_SEED`
+//! replays one), then the invariants:
 //! - every run reaches a terminal phase (Succeeded, or Interrupted after maxAttempts deaths);
 //! - no non-idempotent tool effect ran twice, and a Succeeded run lost no effect except an
 //!   in-flight step it reports as unknown;
@@ -9,12 +11,17 @@
 //! - every transcript is contiguous, and no segment changed after it was first seen.
 
 mod e2e_support;
+mod node_support;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use baton::crd::v1alpha1::Phase;
-use e2e_support::*;
+use e2e_support::{Effects, Script, lease, retry};
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::DeleteParams;
+use node_support::*;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
@@ -23,11 +30,11 @@ enum Fault {
     Kill,
     Pause,
     Drain,
-    ControllerRestart,
+    LeaderDeleted,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn chaos() {
+async fn node_chaos() {
     let seed: u64 = std::env::var("BATON_CHAOS_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -39,15 +46,15 @@ async fn chaos() {
     eprintln!("chaos: seed {seed} (replay with BATON_CHAOS_SEED={seed}), {n} runs");
     let mut rng = StdRng::seed_from_u64(seed);
 
-    let mut env = E2e::start("chaos").await;
+    let env = NodeEnv::start("chaos").await;
     let names: Vec<String> = (0..n).map(|i| format!("chaos-{i:03}")).collect();
     for name in &names {
         let script = Script {
-            turns: rng.random_range(4..=6),
+            turns: rng.random_range(5..=8),
             think_ms: rng.random_range(100..=400),
-            tool_ms: rng.random_range(800..=2000),
+            tool_ms: rng.random_range(1500..=3000),
         };
-        env.create(&scripted_run(&env.effects, name, &script)).await;
+        env.create(&env.scripted(name, &script)).await;
     }
 
     // Faults, for a window, at most 3 per run.
@@ -69,16 +76,17 @@ async fn chaos() {
         let fault = match rng.random_range(0..10) {
             0..=2 => Fault::Kill,
             3..=4 => Fault::Pause,
-            5..=7 => Fault::Drain,
-            _ => Fault::ControllerRestart,
+            5..=8 => Fault::Drain,
+            _ => Fault::LeaderDeleted,
         };
         let t = started.elapsed().as_secs_f64();
-        if let Fault::ControllerRestart = fault {
-            env.kill_controller(0);
-            let down = Duration::from_millis(rng.random_range(0..=2000));
-            tokio::time::sleep(down).await;
-            env.start_controller(0);
-            log.push(format!("{t:6.1}s controller restart (down {down:?})"));
+        if let Fault::LeaderDeleted = fault {
+            let (pods, holder) = controller_pods(&env.client).await;
+            if let Some(leader) = holder.as_deref().and_then(|h| leader_pod(&pods, h)) {
+                let api: Api<Pod> = Api::namespaced(env.client.clone(), SYSTEM_NS);
+                let _ = api.delete(&leader, &DeleteParams::default()).await;
+                log.push(format!("{t:6.1}s leader controller pod {leader} deleted"));
+            }
             continue;
         }
         // A run with a live, unpaused worker and fault budget left.
@@ -104,8 +112,8 @@ async fn chaos() {
             if paused.contains(&pod) || (matches!(fault, Fault::Drain) && drained.contains(&pod)) {
                 continue;
             }
-            if env.runner.pid(&env.ns, &pod).is_some() {
-                live.push((name, pod));
+            if let Some(pid) = env.container_pid(&pod).await {
+                live.push((name, pod, pid));
             }
         }
         if live.is_empty() {
@@ -117,18 +125,18 @@ async fn chaos() {
             }
             continue;
         }
-        let (name, pod) = live[rng.random_range(0..live.len())].clone();
+        let (name, pod, pid) = live[rng.random_range(0..live.len())].clone();
+        // SAFETY: kill(2) on the host PID of this test's own worker container.
+        let signal = |sig| unsafe { libc::kill(pid as i32, sig) } == 0;
         let ok = match fault {
-            Fault::Kill => env.runner.kill(&env.ns, &pod).is_ok(),
+            Fault::Kill => signal(libc::SIGKILL),
             Fault::Pause => {
-                let ok = env.runner.pause(&env.ns, &pod).is_ok();
+                let ok = signal(libc::SIGSTOP);
                 paused.insert(pod.clone());
-                let runner = env.runner.clone();
-                let ns = env.ns.clone();
-                let pod = pod.clone();
                 resumers.push(tokio::spawn(async move {
                     tokio::time::sleep(pause_for).await;
-                    let _ = runner.resume(&ns, &pod);
+                    // SAFETY: as above; the process may be gone meanwhile (ESRCH is fine).
+                    unsafe { libc::kill(pid as i32, libc::SIGCONT) };
                 }));
                 ok
             }
@@ -137,7 +145,7 @@ async fn chaos() {
                 drained.insert(pod.clone());
                 true
             }
-            Fault::ControllerRestart => unreachable!(),
+            Fault::LeaderDeleted => unreachable!(),
         };
         if ok {
             *faults.entry(name.clone()).or_default() += 1;
@@ -151,15 +159,16 @@ async fn chaos() {
 
     // Every run ends.
     for name in &names {
-        env.wait_terminal(name).await;
+        env.wait_run(name, RUN_TIMEOUT, "terminal", |s| s.phase.is_terminal()).await;
     }
     eprintln!("chaos: all runs terminal after {:?}", started.elapsed());
 
-    env.check_invariants(&names, true).await;
-    let effects = env.effects();
+    env.check_invariants(&names).await;
+    let effects = Effects::read(&env.effects.file);
     let mut tally: BTreeMap<&str, usize> = BTreeMap::new();
     for name in &names {
-        let run = env.get(name).await;
+        let runs = env.runs();
+        let run = retry(|| runs.get(name)).await;
         let st = run.status.clone().unwrap_or_default();
         *tally.entry(st.phase.as_str()).or_default() += 1;
         let turns = run.spec.agent.model.script.len() - 1;
@@ -193,5 +202,6 @@ async fn chaos() {
         }
     }
     eprintln!("chaos: seed {seed}: outcomes {tally:?}");
+    wait_controllers_ready(&env.client, Duration::from_secs(180)).await;
     env.finish().await;
 }

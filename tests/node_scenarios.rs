@@ -1,0 +1,257 @@
+//! End to end on the real node, the run's own life: a run that keeps dying, thread admission,
+//! stop, askUser, a worker frozen past its lease, the controller gone for a while, the API
+//! server unreachable. The controller runs as the chart's pods; faults are real signals from
+//! the host, real deletions and real scaling.
+
+mod e2e_support;
+mod node_support;
+
+use std::time::{Duration, Instant};
+
+use baton::crd::v1alpha1::{LedgerEvent, Phase, Role, ScriptToolCall, ScriptTurn, ToolKind};
+use e2e_support::{Effects, Script, Sink, effect_command, run_with, shell_tool};
+use node_support::*;
+
+fn call(tool: &str, arg: &str, value: &str) -> ScriptToolCall {
+    ScriptToolCall {
+        tool: tool.into(),
+        arguments: [(arg.to_string(), value.to_string())].into(),
+    }
+}
+
+fn effects(env: &NodeEnv) -> Effects {
+    Effects::read(&env.effects.file)
+}
+
+/// Every attempt dies (its worker is killed from the host each time it starts a step): after
+/// maxAttempts the run ends Interrupted (MaxAttemptsExceeded) with its partial output and
+/// transcript salvaged, ending in the controller's `closed` seal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_a_run_that_always_dies_ends_interrupted() {
+    let env = NodeEnv::start("always-dies").await;
+    let name = "doomed";
+    let sink = Sink::Tcp(&env.effects.addr);
+    let turns: Vec<ScriptTurn> = (1..=6)
+        .map(|t| ScriptTurn {
+            text: Some(format!("attempting step {t}")),
+            tool_calls: vec![call("sh", "command", &effect_command(sink, name, t, 20_000))],
+            delay_milliseconds: Some(200),
+        })
+        .chain([ScriptTurn {
+            text: Some("never reached".into()),
+            ..ScriptTurn::default()
+        }])
+        .collect();
+    let mut run = run_with(name, turns, vec![shell_tool("sh")]);
+    run.spec.max_attempts = 2;
+    env.create(&run).await;
+    for attempt in 1..=2 {
+        let (pod, _) = env.wait_worker(name, attempt).await;
+        // Its step has started (the effect landed): the step is in flight when it dies.
+        let deadline = Instant::now() + RUN_TIMEOUT;
+        while effects(&env).lines.iter().filter(|l| l.0 == name).count() < attempt as usize {
+            assert!(Instant::now() < deadline, "attempt {attempt} never started a step");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        env.signal_worker(&pod, libc::SIGKILL).await;
+    }
+
+    let st = env
+        .wait_run(name, RUN_TIMEOUT, "terminal", |s| s.phase.is_terminal())
+        .await;
+    assert_eq!(st.phase, Phase::Interrupted, "{st:#?}");
+    assert_eq!(st.reason.as_deref(), Some("MaxAttemptsExceeded"), "{st:#?}");
+    assert_eq!(st.failed_attempts, 2, "{st:#?}");
+    assert!(st.output_partial, "the output is a salvage: {st:#?}");
+    assert!(!st.output.clone().unwrap_or_default().is_empty(), "{st:#?}");
+    assert!(st.unknown_effects.len() >= 2, "{:#?}", st.unknown_effects);
+    let ledger = env.ledger(name).await;
+    let events: Vec<&LedgerEvent> = ledger.iter().flat_map(|s| &s.spec.events).collect();
+    let assistant = events
+        .iter()
+        .filter(|e| matches!(e, LedgerEvent::Message { role: Role::Assistant, .. }))
+        .count();
+    assert!(assistant >= 2, "the transcript survives: {events:?}");
+    assert!(matches!(events.last(), Some(LedgerEvent::Closed { .. })));
+    env.check_invariants(&[name.to_string()]).await;
+    env.finish().await;
+}
+
+/// Two runs on one thread key run strictly one after the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_two_runs_on_one_thread_run_one_after_the_other() {
+    let env = NodeEnv::start("thread").await;
+    let names: Vec<String> = vec!["first".into(), "second".into()];
+    for name in &names {
+        let mut run = env.scripted(name, &Script::new(3, 800));
+        run.spec.thread_key = Some("thread-a".into());
+        env.create(&run).await;
+    }
+    env.wait_worker("first", 1).await;
+    assert_eq!(
+        env.status("second").await.phase,
+        Phase::Pending,
+        "the second run waits while the first is live"
+    );
+    for name in &names {
+        env.wait_succeeded(name).await;
+    }
+    env.check_invariants(&names).await;
+    let lines = effects(&env).lines;
+    let last_first = lines.iter().rposition(|(r, ..)| r == "first").unwrap();
+    let first_second = lines.iter().position(|(r, ..)| r == "second").unwrap();
+    assert!(last_first < first_second, "interleaved: {lines:?}");
+    env.finish().await;
+}
+
+/// spec.stop: the worker cancels the step in flight and the run ends Stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_stop_cancels_the_step_and_ends_the_run_stopped() {
+    let env = NodeEnv::start("stop").await;
+    let name = "stopme";
+    env.create(&env.scripted(name, &Script::new(3, 30_000))).await;
+    env.wait_worker(name, 1).await;
+    env.wait_effect(name, 1).await;
+    let asked = Instant::now();
+    env.stop(name).await;
+    let st = env
+        .wait_run(name, RUN_TIMEOUT, "terminal", |s| s.phase.is_terminal())
+        .await;
+    assert_eq!(st.phase, Phase::Stopped, "{st:#?}");
+    assert!(
+        asked.elapsed() < Duration::from_secs(25),
+        "stopped before the 30 s tool ended (the step was cancelled)"
+    );
+    assert_eq!(effects(&env).count(name, 2), 0, "nothing ran after the stop");
+    env.check_invariants(&[name.to_string()]).await;
+    env.finish().await;
+}
+
+/// askUser: WaitingInput (the worker exits and frees its pod), an input, resumed in a new pod,
+/// Succeeded; no attempt consumed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_ask_user_waits_for_input_then_resumes_in_a_new_pod() {
+    let env = NodeEnv::start("ask").await;
+    let name = "ask";
+    let sink = Sink::Tcp(&env.effects.addr);
+    let turns = vec![
+        ScriptTurn {
+            text: Some("Which environment?".into()),
+            tool_calls: vec![call("ask", "question", "staging or production?")],
+            delay_milliseconds: Some(200),
+        },
+        ScriptTurn {
+            text: Some("deploying".into()),
+            tool_calls: vec![call("sh", "command", &effect_command(sink, name, 2, 0))],
+            delay_milliseconds: Some(200),
+        },
+        ScriptTurn {
+            text: Some("deployed".into()),
+            ..ScriptTurn::default()
+        },
+    ];
+    let mut ask = shell_tool("ask");
+    ask.kind = ToolKind::AskUser;
+    env.create(&run_with(name, turns, vec![ask, shell_tool("sh")])).await;
+    let st = env
+        .wait_run(name, RUN_TIMEOUT, "WaitingInput", |s| s.phase == Phase::WaitingInput)
+        .await;
+    let waiting_fence = st.fence;
+    let pod = baton::crd::worker_pod_name(name, waiting_fence);
+    env.wait_container_gone(&pod, RUN_TIMEOUT).await;
+    assert_eq!(effects(&env).count(name, 2), 0);
+
+    env.answer(name, "staging").await;
+    let st = env.wait_succeeded(name).await;
+    assert_eq!(st.output.as_deref(), Some("deployed"));
+    assert!(st.fence > waiting_fence, "resumed in a new pod");
+    assert_eq!(st.failed_attempts, 0, "an input wait consumes no attempt");
+    assert_eq!(effects(&env).count(name, 2), 1);
+    let answered = env
+        .ledger(name)
+        .await
+        .iter()
+        .flat_map(|s| s.spec.events.clone())
+        .any(|e| matches!(e, LedgerEvent::Input { content, .. } if content == "staging"));
+    assert!(answered, "the answer is in the ledger");
+    env.check_invariants(&[name.to_string()]).await;
+    env.finish().await;
+}
+
+/// The worker's process is frozen (SIGSTOP from the host) past its lease: the run is taken
+/// over; thawed, the old worker writes nothing (no segment of its fence after the seal).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_frozen_worker_is_taken_over_and_writes_nothing_when_thawed() {
+    let env = NodeEnv::start("pause").await;
+    let name = "pause";
+    env.create(&env.scripted(name, &Script::new(4, 1500))).await;
+    let (pod, fence) = env.wait_worker(name, 1).await;
+    env.wait_effect(name, 1).await;
+    let pid = env.container_pid(&pod).await.expect("the worker's host PID");
+    signal_pid(pid, libc::SIGSTOP);
+
+    env.wait_run(name, RUN_TIMEOUT, "taken over", |s| s.fence > fence).await;
+    env.recorder.wait_attempt_started(name, fence, RUN_TIMEOUT).await;
+    let thawed_at = Instant::now();
+    signal_pid(pid, libc::SIGCONT);
+
+    let st = env.wait_succeeded(name).await;
+    assert_eq!(st.failed_attempts, 1, "the expiry consumed one attempt");
+    let recorded = env.recorder.snapshot();
+    let late: Vec<_> = recorded
+        .segments
+        .iter()
+        .filter(|(_, s)| s.run == name && s.fence == fence && s.at > thawed_at)
+        .map(|(n, _)| n.clone())
+        .collect();
+    assert!(late.is_empty(), "the zombie wrote {late:?}");
+    env.check_invariants(&[name.to_string()]).await;
+    env.finish().await;
+}
+
+/// No controller at all for a while (the Deployment scaled to 0), and meanwhile a worker dies:
+/// scaled back, the controllers pick up where they stopped and both runs finish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_controllers_gone_for_a_while_pick_up_where_they_stopped() {
+    let env = NodeEnv::start("ctl-gone").await;
+    let names: Vec<String> = vec!["cg-1".into(), "cg-2".into()];
+    env.create_scripted(&names, &Script::new(5, 1000)).await;
+    let (pod, _) = env.wait_worker(&names[0], 1).await;
+    env.wait_worker(&names[1], 1).await;
+    env.wait_effect(&names[0], 1).await;
+    tokio::task::spawn_blocking(|| scale_controllers(0)).await.unwrap();
+    env.signal_worker(&pod, libc::SIGKILL).await;
+    tokio::time::sleep(Duration::from_secs(3)).await; // no controller for a while
+    tokio::task::spawn_blocking(|| scale_controllers(2)).await.unwrap();
+
+    for name in &names {
+        env.wait_succeeded(name).await;
+    }
+    assert_eq!(env.status(&names[0]).await.failed_attempts, 1);
+    env.check_invariants(&names).await;
+    wait_controllers_ready(&env.client, Duration::from_secs(180)).await;
+    env.finish().await;
+}
+
+/// The API server stops answering for 20 s (SIGSTOP): workers and controllers wait it out,
+/// and the runs finish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_apiserver_unreachable_for_20s_then_back_runs_finish() {
+    let env = NodeEnv::start("api-pause").await;
+    let names: Vec<String> = vec!["ap-1".into(), "ap-2".into()];
+    env.create_scripted(&names, &Script::new(8, 1000)).await;
+    for name in &names {
+        env.wait_worker(name, 1).await;
+        env.wait_effect(name, 1).await;
+    }
+    tokio::task::spawn_blocking(|| node_sh(&["pause-apiserver"])).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(20)).await; // the outage itself, not a wait
+    tokio::task::spawn_blocking(|| node_sh(&["resume-apiserver"])).await.unwrap();
+    for name in &names {
+        let st = env.wait_succeeded(name).await;
+        assert_eq!(st.output.as_deref(), Some(format!("{name}: all 8 turns done").as_str()));
+    }
+    env.check_invariants(&names).await;
+    wait_controllers_ready(&env.client, Duration::from_secs(180)).await;
+    env.finish().await;
+}
