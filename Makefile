@@ -54,9 +54,9 @@ bench-controller: ## Figures: takeover lateness, controller memory and writes wi
 	bash hack/with-control-plane.sh $(CARGO) bench --bench controller -- --runs 1000 --window 100 --passes 2
 	bash hack/with-control-plane.sh $(CARGO) bench --bench controller -- --runs 5000 --window 100 --passes 2
 
-.PHONY: bench-e2e
-bench-e2e: ## Figures: SIGTERM/kill/pause to resumed work, work lost per crash, vs a Job-style restart
-	bash hack/with-control-plane.sh $(CARGO) bench --bench e2e_figures
+.PHONY: bench-node
+bench-node: ## Figures on the real node: faults to resumed work, work lost, vs a Job-style restart; pod start, controller rollout, image size, warm node start
+	bash hack/bench-node.sh
 
 .PHONY: control-plane-up
 control-plane-up: ## Start the local kube-apiserver + etcd (builds kube-apiserver once, cached)

@@ -9,7 +9,6 @@ pub mod kube_util;
 pub mod lease;
 pub mod ledger;
 pub mod rbac;
-pub mod runner;
 pub mod status;
 pub mod telemetry;
 pub mod worker;

@@ -159,7 +159,8 @@ async fn node_chaos() {
 
     // Every run ends.
     for name in &names {
-        env.wait_run(name, RUN_TIMEOUT, "terminal", |s| s.phase.is_terminal()).await;
+        env.wait_run(name, RUN_TIMEOUT, "terminal", |s| s.phase.is_terminal())
+            .await;
     }
     eprintln!("chaos: all runs terminal after {:?}", started.elapsed());
 

@@ -9,7 +9,7 @@ mod node_support;
 use std::time::{Duration, Instant};
 
 use baton::crd::v1alpha1::{LedgerEvent, Phase, Role, ScriptToolCall, ScriptTurn, ToolKind};
-use e2e_support::{Effects, Script, Sink, effect_command, run_with, shell_tool};
+use e2e_support::{Effects, Script, effect_command, run_with, shell_tool};
 use node_support::*;
 
 fn call(tool: &str, arg: &str, value: &str) -> ScriptToolCall {
@@ -30,11 +30,15 @@ fn effects(env: &NodeEnv) -> Effects {
 async fn node_a_run_that_always_dies_ends_interrupted() {
     let env = NodeEnv::start("always-dies").await;
     let name = "doomed";
-    let sink = Sink::Tcp(&env.effects.addr);
+    let sink = env.effects.addr.as_str();
     let turns: Vec<ScriptTurn> = (1..=6)
         .map(|t| ScriptTurn {
             text: Some(format!("attempting step {t}")),
-            tool_calls: vec![call("sh", "command", &effect_command(sink, name, t, 20_000))],
+            tool_calls: vec![call(
+                "sh",
+                "command",
+                &effect_command(sink, name, t, 20_000),
+            )],
             delay_milliseconds: Some(200),
         })
         .chain([ScriptTurn {
@@ -50,7 +54,10 @@ async fn node_a_run_that_always_dies_ends_interrupted() {
         // Its step has started (the effect landed): the step is in flight when it dies.
         let deadline = Instant::now() + RUN_TIMEOUT;
         while effects(&env).lines.iter().filter(|l| l.0 == name).count() < attempt as usize {
-            assert!(Instant::now() < deadline, "attempt {attempt} never started a step");
+            assert!(
+                Instant::now() < deadline,
+                "attempt {attempt} never started a step"
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         env.signal_worker(&pod, libc::SIGKILL).await;
@@ -69,7 +76,15 @@ async fn node_a_run_that_always_dies_ends_interrupted() {
     let events: Vec<&LedgerEvent> = ledger.iter().flat_map(|s| &s.spec.events).collect();
     let assistant = events
         .iter()
-        .filter(|e| matches!(e, LedgerEvent::Message { role: Role::Assistant, .. }))
+        .filter(|e| {
+            matches!(
+                e,
+                LedgerEvent::Message {
+                    role: Role::Assistant,
+                    ..
+                }
+            )
+        })
         .count();
     assert!(assistant >= 2, "the transcript survives: {events:?}");
     assert!(matches!(events.last(), Some(LedgerEvent::Closed { .. })));
@@ -109,7 +124,8 @@ async fn node_two_runs_on_one_thread_run_one_after_the_other() {
 async fn node_stop_cancels_the_step_and_ends_the_run_stopped() {
     let env = NodeEnv::start("stop").await;
     let name = "stopme";
-    env.create(&env.scripted(name, &Script::new(3, 30_000))).await;
+    env.create(&env.scripted(name, &Script::new(3, 30_000)))
+        .await;
     env.wait_worker(name, 1).await;
     env.wait_effect(name, 1).await;
     let asked = Instant::now();
@@ -122,7 +138,11 @@ async fn node_stop_cancels_the_step_and_ends_the_run_stopped() {
         asked.elapsed() < Duration::from_secs(25),
         "stopped before the 30 s tool ended (the step was cancelled)"
     );
-    assert_eq!(effects(&env).count(name, 2), 0, "nothing ran after the stop");
+    assert_eq!(
+        effects(&env).count(name, 2),
+        0,
+        "nothing ran after the stop"
+    );
     env.check_invariants(&[name.to_string()]).await;
     env.finish().await;
 }
@@ -133,7 +153,7 @@ async fn node_stop_cancels_the_step_and_ends_the_run_stopped() {
 async fn node_ask_user_waits_for_input_then_resumes_in_a_new_pod() {
     let env = NodeEnv::start("ask").await;
     let name = "ask";
-    let sink = Sink::Tcp(&env.effects.addr);
+    let sink = env.effects.addr.as_str();
     let turns = vec![
         ScriptTurn {
             text: Some("Which environment?".into()),
@@ -152,9 +172,12 @@ async fn node_ask_user_waits_for_input_then_resumes_in_a_new_pod() {
     ];
     let mut ask = shell_tool("ask");
     ask.kind = ToolKind::AskUser;
-    env.create(&run_with(name, turns, vec![ask, shell_tool("sh")])).await;
+    env.create(&run_with(name, turns, vec![ask, shell_tool("sh")]))
+        .await;
     let st = env
-        .wait_run(name, RUN_TIMEOUT, "WaitingInput", |s| s.phase == Phase::WaitingInput)
+        .wait_run(name, RUN_TIMEOUT, "WaitingInput", |s| {
+            s.phase == Phase::WaitingInput
+        })
         .await;
     let waiting_fence = st.fence;
     let pod = baton::crd::worker_pod_name(name, waiting_fence);
@@ -187,11 +210,17 @@ async fn node_frozen_worker_is_taken_over_and_writes_nothing_when_thawed() {
     env.create(&env.scripted(name, &Script::new(4, 1500))).await;
     let (pod, fence) = env.wait_worker(name, 1).await;
     env.wait_effect(name, 1).await;
-    let pid = env.container_pid(&pod).await.expect("the worker's host PID");
+    let pid = env
+        .container_pid(&pod)
+        .await
+        .expect("the worker's host PID");
     signal_pid(pid, libc::SIGSTOP);
 
-    env.wait_run(name, RUN_TIMEOUT, "taken over", |s| s.fence > fence).await;
-    env.recorder.wait_attempt_started(name, fence, RUN_TIMEOUT).await;
+    env.wait_run(name, RUN_TIMEOUT, "taken over", |s| s.fence > fence)
+        .await;
+    env.recorder
+        .wait_attempt_started(name, fence, RUN_TIMEOUT)
+        .await;
     let thawed_at = Instant::now();
     signal_pid(pid, libc::SIGCONT);
 
@@ -219,10 +248,14 @@ async fn node_controllers_gone_for_a_while_pick_up_where_they_stopped() {
     let (pod, _) = env.wait_worker(&names[0], 1).await;
     env.wait_worker(&names[1], 1).await;
     env.wait_effect(&names[0], 1).await;
-    tokio::task::spawn_blocking(|| scale_controllers(0)).await.unwrap();
+    tokio::task::spawn_blocking(|| scale_controllers(0))
+        .await
+        .unwrap();
     env.signal_worker(&pod, libc::SIGKILL).await;
     tokio::time::sleep(Duration::from_secs(3)).await; // no controller for a while
-    tokio::task::spawn_blocking(|| scale_controllers(2)).await.unwrap();
+    tokio::task::spawn_blocking(|| scale_controllers(2))
+        .await
+        .unwrap();
 
     for name in &names {
         env.wait_succeeded(name).await;
@@ -244,12 +277,19 @@ async fn node_apiserver_unreachable_for_20s_then_back_runs_finish() {
         env.wait_worker(name, 1).await;
         env.wait_effect(name, 1).await;
     }
-    tokio::task::spawn_blocking(|| node_sh(&["pause-apiserver"])).await.unwrap();
+    tokio::task::spawn_blocking(|| node_sh(&["pause-apiserver"]))
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_secs(20)).await; // the outage itself, not a wait
-    tokio::task::spawn_blocking(|| node_sh(&["resume-apiserver"])).await.unwrap();
+    tokio::task::spawn_blocking(|| node_sh(&["resume-apiserver"]))
+        .await
+        .unwrap();
     for name in &names {
         let st = env.wait_succeeded(name).await;
-        assert_eq!(st.output.as_deref(), Some(format!("{name}: all 8 turns done").as_str()));
+        assert_eq!(
+            st.output.as_deref(),
+            Some(format!("{name}: all 8 turns done").as_str())
+        );
     }
     env.check_invariants(&names).await;
     wait_controllers_ready(&env.client, Duration::from_secs(180)).await;

@@ -10,7 +10,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use baton::crd::v1alpha1::{AgentRun, AgentRunStatus, LedgerSegment, Phase};
@@ -19,9 +18,11 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{DeleteParams, ListParams, LogParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
-use tokio::sync::OnceCell;
+use tokio::sync::{Mutex, MutexGuard, OnceCell};
 
-use crate::e2e_support::{Effects, Recorder, Script, Sink, check_ledger, retry, scripted_run};
+use crate::e2e_support::{
+    Effects, Recorder, Script, check_ledger, check_worker_field_manager, retry, scripted_run,
+};
 
 /// The chart's release and namespace on the node.
 pub const RELEASE: &str = "baton";
@@ -45,13 +46,12 @@ pub fn node_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/tmp/baton-node"))
 }
 
-/// The node's tests share one node and one controller Deployment: they run one at a time.
-static SERIAL: Mutex<()> = Mutex::new(());
+/// The node's tests share one node and one controller Deployment: they run one at a time
+/// (an async lock: each test's runtime waits on it without blocking a thread).
+static SERIAL: Mutex<()> = Mutex::const_new(());
 
-pub fn serial() -> MutexGuard<'static, ()> {
-    SERIAL
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+pub async fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().await
 }
 
 /// `hack/node.sh ARGS` (stop-kubelet, start-kubelet, restart-apiserver, nsenter ...).
@@ -285,7 +285,7 @@ impl EffectsServer {
         let file = dir.join("effects.log");
         std::fs::write(&file, "").unwrap();
         let child = Command::new("nsenter")
-            .arg(format!("--net=/run/netns/baton-node"))
+            .arg("--net=/run/netns/baton-node")
             .arg("python3")
             .arg(root().join("hack/effects.py"))
             .arg(&addr)
@@ -331,7 +331,7 @@ pub struct NodeEnv {
 
 impl NodeEnv {
     pub async fn start(test: &str) -> Self {
-        let serial = serial();
+        let serial = serial().await;
         let client = client().await;
         installed(&client).await;
         let suffix: u32 = rand::random::<u32>() % 1_000_000;
@@ -376,7 +376,7 @@ impl NodeEnv {
 
     /// A scripted run whose tools record their effects with the effects server.
     pub fn scripted(&self, name: &str, script: &Script) -> AgentRun {
-        scripted_run(Sink::Tcp(&self.effects.addr), name, script)
+        scripted_run(&self.effects.addr, name, script)
     }
 
     pub async fn create(&self, run: &AgentRun) {
@@ -518,7 +518,10 @@ impl NodeEnv {
     pub async fn wait_container_gone(&self, pod: &str, timeout: Duration) {
         let deadline = Instant::now() + timeout;
         while self.container_pid(pod).await.is_some() {
-            assert!(Instant::now() < deadline, "the worker container of {pod} still runs");
+            assert!(
+                Instant::now() < deadline,
+                "the worker container of {pod} still runs"
+            );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
@@ -576,7 +579,9 @@ impl NodeEnv {
         for name in names {
             let st = self.status(name).await;
             assert!(st.phase.is_terminal(), "{name} is not terminal: {st:#?}");
-            check_ledger(name, &st, &self.ledger(name).await, &recorded);
+            let segments = self.ledger(name).await;
+            check_ledger(name, &st, &segments, &recorded);
+            check_worker_field_manager(name, &segments);
             for (turn, n) in effects.per_turn(name) {
                 assert!(
                     n <= 1,
