@@ -42,6 +42,8 @@ const FAULT_AFTER_TURN: usize = 3;
 
 #[derive(Default)]
 struct Sample {
+    /// The sample's first worker pod: created → container running.
+    pod_start: Option<f64>,
     resume: Duration,
     claimed: Duration,
     total: Duration,
@@ -94,7 +96,10 @@ async fn main() {
     for i in 0..samples {
         jobs.push(job_style(&env, i).await);
     }
-    let pod_starts = pod_start_times(&env).await;
+    let pod_starts: Vec<f64> = results
+        .iter()
+        .flat_map(|(_, v)| v.iter().filter_map(|s| s.pod_start))
+        .collect();
     let (leaderless, delayed) = controller_rollout(&env).await;
 
     println!();
@@ -378,16 +383,7 @@ async fn job_style(env: &NodeEnv, i: usize) -> Sample {
     }
 }
 
-/// Created → worker container running, for every worker pod the samples made.
-async fn pod_start_times(env: &NodeEnv) -> Vec<f64> {
-    let pods = env
-        .pods()
-        .list(&Default::default())
-        .await
-        .expect("listing pods");
-    pods.items.iter().filter_map(started_after).collect()
-}
-
+/// Created → worker container running.
 fn started_after(pod: &Pod) -> Option<f64> {
     let created = pod.metadata.creation_timestamp.as_ref()?.0;
     let status = pod

@@ -53,7 +53,7 @@ python3 - "$effects_addr" examples/demo.yaml >"$work/demo.yaml" <<'PY'
 import sys
 host, port = sys.argv[1].split(":")
 text = open(sys.argv[2]).read()
-print(text.replace('>> \\"${BATON_DEMO_EFFECTS:-/tmp/baton-demo-effects.log}\\"',
+print(text.replace(">> /tmp/baton-demo-effects.log",
                    f"| bash -c 'cat > /dev/tcp/{host}/{port}'"), end="")
 PY
 grep -q "/dev/tcp/" "$work/demo.yaml" || { echo "could not point examples/demo.yaml at the effects server"; exit 1; }

@@ -11,7 +11,7 @@ export DEBIAN_FRONTEND=noninteractive
 
 step "system packages"
 need=()
-for pkg in make openssl curl python3-pip; do dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg"); done
+for pkg in make openssl curl; do dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg"); done
 # kubectl: the tests drive `kubectl drain`, `rollout`, `wait`, `auth can-i` and the kubectl
 # plugin. Debian's kubernetes-client (1.20) matches the node when the machine has none.
 command -v kubectl >/dev/null 2>&1 || need+=(kubernetes-client)
@@ -19,6 +19,7 @@ if ((${#need[@]})); then apt-get update -qq && apt-get install -y -qq "${need[@]
 kubectl version --client 2>/dev/null | head -1 || true
 
 step "Helm SDK (PyPI's helm-python-sdk: Helm's Go SDK, no helm binary)"
+python3 -m pip --version >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq python3-pip; }
 if ! python3 -c 'import helm_python' 2>/dev/null; then
   pip_install() { python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore "$@"; }
   # A Debian-managed python3 refuses plain installs (PEP 668).

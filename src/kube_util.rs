@@ -72,6 +72,31 @@ pub fn is_retry_soon(err: &kube::Error) -> bool {
 mod tests {
     use super::*;
 
+    fn api_error(code: u16, message: &str) -> kube::Error {
+        kube::Error::Api(Box::new(
+            kube::core::Status::failure(message, "").with_code(code),
+        ))
+    }
+
+    #[test]
+    fn a_new_accounts_missing_token_is_a_refusal_to_retry_soon() {
+        let no_token = "pods \"r-w1\" is forbidden: error looking up service account ns/baton-run-r: \
+                        No API token found for service account \"baton-run-r\", retry after the token is \
+                        automatically created and added to the service account";
+        assert!(is_retry_soon(&api_error(500, no_token)));
+        assert!(is_retry_soon(&api_error(
+            503,
+            "the server is currently unable to handle the request"
+        )));
+        assert!(is_retry_soon(&api_error(429, "too many requests")));
+        assert!(!is_retry_soon(&api_error(
+            500,
+            "Internal error occurred: something else"
+        )));
+        assert!(!is_retry_soon(&api_error(403, "forbidden")));
+        assert!(!is_retry_soon(&api_error(422, "Pod \"x\" is invalid")));
+    }
+
     #[test]
     fn the_user_agent_names_the_component_and_version() {
         let agent = user_agent("controller");

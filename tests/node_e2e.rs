@@ -66,6 +66,11 @@ async fn node_chart_runs_two_ready_controllers_one_leading_behind_a_pdb() {
     .expect("the chart's PodDisruptionBudget");
     assert_eq!(min_available, "1");
 
+    // The README's CRD upgrade command works on the oldest server the chart claims (1.20).
+    let crds = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/baton/crds/");
+    kubectl(&["apply", "--server-side", "--force-conflicts", "-f", crds])
+        .expect("kubectl apply --server-side -f charts/baton/crds/");
+
     let run = names("chart", 1);
     env.create_scripted(&run, &Script::new(2, 200)).await;
     all_succeed(&env, &run, 2).await;

@@ -104,7 +104,7 @@ pub enum InstallError {
     NotEstablished { name: String },
 }
 
-/// Environment variables the controller gives a worker pod (and the runner passes through).
+/// Environment variables the controller gives a worker pod.
 pub mod env {
     /// The run's name.
     pub const RUN: &str = "BATON_RUN";

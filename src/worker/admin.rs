@@ -1,7 +1,7 @@
 //! The worker's admin HTTP server: `/metrics` (Prometheus text), `/livez`, `/readyz`.
 //!
-//! Many workers may share one host (tests, the local runner), so a busy port is not an
-//! error: the worker logs a warning and runs without the endpoint.
+//! Many workers may share one host (the worker tests run them as processes), so a busy port is
+//! not an error: the worker logs a warning and runs without the endpoint.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
