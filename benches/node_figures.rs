@@ -336,6 +336,7 @@ async fn sample(env: &NodeEnv, fault: Fault, i: usize) -> Sample {
         total.as_secs_f64()
     );
     Sample {
+        pod_start,
         resume,
         claimed,
         total,
