@@ -277,6 +277,13 @@ async fn sample(env: &NodeEnv, fault: Fault, i: usize) -> Sample {
     let name = format!("{}-{i}", format!("{fault:?}").to_lowercase());
     env.create(&env.scripted(&name, &script())).await;
     let (pod, fence) = env.wait_worker(&name, 1).await;
+    let pod_start = env
+        .pods()
+        .get(&pod)
+        .await
+        .ok()
+        .as_ref()
+        .and_then(started_after);
     env.wait_effect(&name, FAULT_AFTER_TURN).await;
     // Let the tool's result land: the fault hits during the model's "thinking".
     tokio::time::sleep(Duration::from_millis(300)).await;
