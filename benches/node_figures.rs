@@ -26,7 +26,6 @@ use std::time::{Duration, Instant};
 use baton::crd::v1alpha1::Phase;
 use e2e_support::*;
 use k8s_openapi::api::core::v1::Pod;
-use kube::ResourceExt;
 use kube::api::EvictParams;
 use node_support::*;
 
@@ -436,50 +435,12 @@ async fn controller_rollout(env: &NodeEnv) -> (Duration, Duration) {
             .await;
         created.elapsed()
     };
-    let (leaderless, delayed) = tokio::join!(leaderless_until_rolled(env), claim);
+    let (leaderless, delayed) = tokio::join!(
+        leaderless_until_rolled(&env.client, Duration::from_secs(180)),
+        claim
+    );
     env.wait_succeeded("during-rollout").await;
     (leaderless, delayed)
-}
-
-async fn leaderless_until_rolled(env: &NodeEnv) -> Duration {
-    let deadline = Instant::now() + Duration::from_secs(180);
-    let (mut longest, mut gap_since) = (Duration::ZERO, None::<Instant>);
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    loop {
-        let (pods, holder) = controller_pods(&env.client).await;
-        let leader = holder.as_deref().and_then(|h| leader_pod(&pods, h));
-        let led = leader.is_some_and(|name| {
-            pods.iter()
-                .any(|p| p.name_any() == name && p.metadata.deletion_timestamp.is_none())
-        });
-        match (led, gap_since) {
-            (false, None) => gap_since = Some(Instant::now()),
-            (true, Some(since)) => {
-                longest = longest.max(since.elapsed());
-                gap_since = None;
-            }
-            _ => {}
-        }
-        let ready = |p: &Pod| {
-            p.status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-        };
-        if led
-            && pods.len() == 2
-            && pods
-                .iter()
-                .all(|p| p.metadata.deletion_timestamp.is_none() && ready(p))
-        {
-            return longest;
-        }
-        if Instant::now() > deadline {
-            eprintln!("warning: the controller rollout did not finish in 180 s");
-            return longest;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 fn image_size() -> String {

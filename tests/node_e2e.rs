@@ -42,12 +42,11 @@ async fn node_chart_runs_two_ready_controllers_one_leading_behind_a_pdb() {
     let (pods, holder) = controller_pods(&env.client).await;
     assert_eq!(pods.len(), 2, "two controller replicas");
     for pod in &pods {
-        let ready = pod
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-        assert!(ready, "{} is Ready (its probes pass)", pod.name_any());
+        assert!(
+            is_ready(pod),
+            "{} is Ready (its probes pass)",
+            pod.name_any()
+        );
     }
     let holder = holder.expect("a controller holds the leader Lease");
     assert!(
@@ -152,7 +151,7 @@ async fn node_controller_rollout_restart_keeps_live_runs_going() {
         &deployment_name(),
     ])
     .expect("kubectl rollout restart");
-    let leaderless = watch_leaderless(&env, Duration::from_secs(120)).await;
+    let leaderless = leaderless_until_rolled(&env.client, Duration::from_secs(120)).await;
     eprintln!(
         "controller rollout: {:.1} s until both new replicas were Ready; {:.2} s with no leader",
         started.elapsed().as_secs_f64(),
@@ -160,53 +159,6 @@ async fn node_controller_rollout_restart_keeps_live_runs_going() {
     );
     all_succeed(&env, &runs, 6).await;
     env.finish().await;
-}
-
-/// Samples the leader Lease until the Deployment is rolled out and Ready: the longest time no
-/// Ready controller pod held it.
-async fn watch_leaderless(env: &NodeEnv, timeout: Duration) -> Duration {
-    let deadline = Instant::now() + timeout;
-    let mut longest = Duration::ZERO;
-    let mut gap_since: Option<Instant> = None;
-    // The rollout has begun once the Deployment's generation moved; it ends with all Ready.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    loop {
-        let (pods, holder) = controller_pods(&env.client).await;
-        let led = holder
-            .as_deref()
-            .and_then(|h| leader_pod(&pods, h))
-            .is_some_and(|name| {
-                pods.iter()
-                    .any(|p| p.name_any() == name && p.metadata.deletion_timestamp.is_none())
-            });
-        match (led, gap_since) {
-            (false, None) => gap_since = Some(Instant::now()),
-            (true, Some(since)) => {
-                longest = longest.max(since.elapsed());
-                gap_since = None;
-            }
-            _ => {}
-        }
-        let rolled = pods.len() == 2
-            && pods
-                .iter()
-                .all(|p| p.metadata.deletion_timestamp.is_none() && is_ready(p));
-        if rolled && led {
-            return longest;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "controller rollout not done after {timeout:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-fn is_ready(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 /// The leader controller pod is deleted while runs are live and one worker is killed: the

@@ -129,14 +129,7 @@ pub async fn release(client: Client, namespace: &str, identity: &str) -> Result<
     }
     spec.holder_identity = None;
     spec.renew_time = Some(MicroTime(Timestamp::now()));
-    match api
-        .replace(LEADER_LEASE_NAME, &PostParams::default(), &lease)
-        .await
-    {
-        Ok(_) => Ok(true),
-        Err(err) if is_conflict(&err) => Ok(false),
-        Err(err) => Err(err),
-    }
+    replace(&api, &lease).await
 }
 
 /// One round: acquire or renew; Ok(true) when this replica holds the Lease now.
@@ -167,8 +160,14 @@ async fn try_lead(
         spec.acquire_time = Some(MicroTime(Timestamp::now()));
     }
     fill(spec, identity, duration);
+    replace(api, &lease).await
+}
+
+/// The Lease written back as read (CAS on its resourceVersion): Ok(false) when someone else
+/// wrote it meanwhile.
+async fn replace(api: &Api<Lease>, lease: &Lease) -> Result<bool, kube::Error> {
     match api
-        .replace(LEADER_LEASE_NAME, &PostParams::default(), &lease)
+        .replace(LEADER_LEASE_NAME, &PostParams::default(), lease)
         .await
     {
         Ok(_) => Ok(true),

@@ -149,51 +149,36 @@ fn merge(into: &mut serde_json::Value, from: &serde_json::Value) {
 }
 
 fn helm_install(extra: &serde_json::Value) {
-    let values = values(extra).to_string();
-    let out = Command::new("python3")
-        .env("KUBECONFIG", kubeconfig())
-        .arg(root().join("hack/helm.py"))
-        .args([
-            "install",
-            "charts/baton",
-            "--name",
-            RELEASE,
-            "--namespace",
-            SYSTEM_NS,
-        ])
-        .args(["--create-namespace", "--values", &values])
-        .current_dir(root())
-        .output()
-        .expect("running hack/helm.py");
-    assert!(
-        out.status.success(),
-        "helm install failed: {}{}",
-        String::from_utf8_lossy(&out.stderr),
-        String::from_utf8_lossy(&out.stdout)
-    );
+    helm("install", &["--create-namespace"], extra);
 }
 
 /// `helm upgrade` of the release with these values (on top of [`values`]).
 pub fn helm_upgrade(extra: &serde_json::Value) {
+    helm("upgrade", &[], extra);
+}
+
+/// `hack/helm.py ACTION` (Helm's SDK) of the chart as the release, with [`values`] and `extra`.
+fn helm(action: &str, flags: &[&str], extra: &serde_json::Value) {
     let values = values(extra).to_string();
     let out = Command::new("python3")
         .env("KUBECONFIG", kubeconfig())
         .arg(root().join("hack/helm.py"))
         .args([
-            "upgrade",
+            action,
             "charts/baton",
             "--name",
             RELEASE,
             "--namespace",
             SYSTEM_NS,
         ])
+        .args(flags)
         .args(["--values", &values])
         .current_dir(root())
         .output()
         .expect("running hack/helm.py");
     assert!(
         out.status.success(),
-        "helm upgrade failed: {}{}",
+        "helm {action} failed: {}{}",
         String::from_utf8_lossy(&out.stderr),
         String::from_utf8_lossy(&out.stdout)
     );
@@ -252,6 +237,53 @@ pub async fn controller_pods(client: &Client) -> (Vec<Pod>, Option<String>) {
         .and_then(|l| l.spec?.holder_identity)
         .filter(|h| !h.is_empty());
     (list.items, holder)
+}
+
+/// Samples the leader Lease during a controller rollout until both replicas are new and Ready:
+/// the longest time no controller pod that was not being deleted held it.
+pub async fn leaderless_until_rolled(client: &Client, timeout: Duration) -> Duration {
+    let deadline = Instant::now() + timeout;
+    let mut longest = Duration::ZERO;
+    let mut gap_since: Option<Instant> = None;
+    // The rollout has begun once the Deployment's generation moved; it ends with all Ready.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    loop {
+        let (pods, holder) = controller_pods(client).await;
+        let led = holder
+            .as_deref()
+            .and_then(|h| leader_pod(&pods, h))
+            .is_some_and(|name| {
+                pods.iter()
+                    .any(|p| p.name_any() == name && p.metadata.deletion_timestamp.is_none())
+            });
+        match (led, gap_since) {
+            (false, None) => gap_since = Some(Instant::now()),
+            (true, Some(since)) => {
+                longest = longest.max(since.elapsed());
+                gap_since = None;
+            }
+            _ => {}
+        }
+        let rolled = pods.len() == 2
+            && pods
+                .iter()
+                .all(|p| p.metadata.deletion_timestamp.is_none() && is_ready(p));
+        if rolled && led {
+            return longest;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "controller rollout not done after {timeout:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+pub fn is_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 /// The pod whose name the leader identity (`<pod>-<suffix>`) starts with.
