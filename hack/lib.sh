@@ -58,6 +58,10 @@ apt_install() {
   fi
 }
 
+# Installed, not merely known to dpkg (a removed package keeps its config files, and `dpkg -s`
+# still succeeds for it).
+pkg_installed() { [[ $(dpkg-query -W -f='${Status}' "$1" 2>/dev/null) == "install ok installed" ]]; }
+
 ensure_tool() { # ensure_tool COMMAND DEBIAN-PACKAGE
   command -v "$1" >/dev/null 2>&1 && return 0
   apt_install "$2"

@@ -68,7 +68,7 @@ install_packages() {
   local -a need=() pkg
   for pkg in containerd runc containernetworking-plugins iptables conntrack etcd-server openssl curl \
     podman buildah skopeo mmdebstrap busybox-static gcc libc6-dev util-linux iproute2; do
-    dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
+    pkg_installed "$pkg" || need+=("$pkg")
   done
   ((${#need[@]} == 0)) && return 0
   # policy-rc.d exit 101: the packages' services (containerd, etcd) are never started by apt.

@@ -11,7 +11,8 @@ export DEBIAN_FRONTEND=noninteractive
 
 step "system packages"
 need=()
-for pkg in make openssl curl; do dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg"); done
+installed() { [[ $(dpkg-query -W -f='${Status}' "$1" 2>/dev/null) == "install ok installed" ]]; }
+for pkg in make openssl curl; do installed "$pkg" || need+=("$pkg"); done
 # kubectl: the tests drive `kubectl drain`, `rollout`, `wait`, `auth can-i` and the kubectl
 # plugin. Debian's kubernetes-client (1.20) matches the node when the machine has none.
 command -v kubectl >/dev/null 2>&1 || need+=(kubernetes-client)

@@ -22,4 +22,7 @@ bash hack/with-control-plane.sh cargo test --no-fail-fast --lib --bins --tests -
 echo "==> end-to-end tests on the real node"
 # Every test named node_* (tests/node_e2e.rs, tests/node_chaos.rs) runs here and only here.
 bash hack/with-node.sh cargo test --no-fail-fast --tests -- node_ "$@" || rc=$?
+
+echo "==> the node recovers from a run that was killed midway, and leaves nothing when stopped"
+bash hack/node-recovery-test.sh || rc=$?
 exit "$rc"
