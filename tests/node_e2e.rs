@@ -40,7 +40,14 @@ async fn all_succeed(env: &NodeEnv, names: &[String], turns: usize) {
 async fn node_chart_runs_two_ready_controllers_one_leading_behind_a_pdb() {
     let env = NodeEnv::start("chart").await;
     let (pods, holder) = controller_pods(&env.client).await;
-    assert_eq!(pods.len(), 2, "two controller replicas");
+    // Pods of an earlier scenario's deleted leader may still be terminating (kubelet 1.20 takes
+    // 10 s or the grace period): the replicas are the pods not being deleted.
+    let pods: Vec<Pod> = pods
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .collect();
+    let replicas: Vec<String> = pods.iter().map(|p| p.name_any()).collect();
+    assert_eq!(pods.len(), 2, "two controller replicas: {replicas:?}");
     for pod in &pods {
         assert!(
             is_ready(pod),
