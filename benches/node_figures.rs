@@ -418,15 +418,7 @@ fn started_after(pod: &Pod) -> Option<f64> {
 /// `kubectl rollout restart` of the controllers: the longest time no Ready controller pod led,
 /// and how long a run created right after the restart waited for its claim.
 async fn controller_rollout(env: &NodeEnv) -> (Duration, Duration) {
-    kubectl(&[
-        "-n",
-        SYSTEM_NS,
-        "rollout",
-        "restart",
-        "deployment",
-        &deployment_name(),
-    ])
-    .expect("kubectl rollout restart");
+    restart_controllers();
     let created = Instant::now();
     env.create(&env.scripted("during-rollout", &Script::new(1, 100)))
         .await;

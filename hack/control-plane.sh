@@ -15,7 +15,7 @@
 #   1. envtest convention: $TEST_ASSET_KUBE_APISERVER / $TEST_ASSET_ETCD, or $KUBEBUILDER_ASSETS/{kube-apiserver,etcd}
 #   2. `kube-apiserver` / `etcd` on PATH, or in the cache ($BATON_CACHE_DIR/k8s-1.20/)
 #   3. Debian: etcd from the `etcd-server` package (its service is never started or used);
-#      kube-apiserver built once (~5-6 min) from Debian's `kubernetes` source package into the cache.
+#      the server binaries (kube-apiserver and, for hack/node.sh, the other four) built once (~4-7 min) from Debian's `kubernetes` source package into the cache.
 #
 # Environment:
 #   BATON_CP_DIR            state dir (pids, certs, logs, etcd data, kubeconfig)
@@ -152,7 +152,7 @@ build_apiserver() {
   local t0=$SECONDS
   mkdir -p "$CACHE_DIR" "$DOWNLOAD_DIR" "$BIN_CACHE"
   : >"$BUILD_LOG"
-  log "building kube-apiserver $K8S_SERIES from Debian's kubernetes source package (one-time, ~5-6 min on 2 cores)"
+  log "building the Kubernetes $K8S_SERIES server binaries (${SERVER_BINARIES[*]}) from Debian's kubernetes source package (one-time, ~4-7 min on 2 cores)"
   log "build log: $BUILD_LOG"
 
   build_fail() {

@@ -18,6 +18,5 @@ if ! bash "$cp" status >/dev/null 2>&1; then
   bash "$cp" up
 fi
 eval "$(bash "$cp" env)"
-export BATON_LOCAL_CONTROL_PLANE=1
 echo "==> KUBECONFIG=$KUBECONFIG"
 "$@"

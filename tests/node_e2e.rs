@@ -149,15 +149,7 @@ async fn node_controller_rollout_restart_keeps_live_runs_going() {
         env.wait_worker(run, 1).await;
     }
     let started = Instant::now();
-    kubectl(&[
-        "-n",
-        SYSTEM_NS,
-        "rollout",
-        "restart",
-        "deployment",
-        &deployment_name(),
-    ])
-    .expect("kubectl rollout restart");
+    restart_controllers();
     let leaderless = leaderless_until_rolled(&env.client, Duration::from_secs(120)).await;
     eprintln!(
         "controller rollout: {:.1} s until both new replicas were Ready; {:.2} s with no leader",

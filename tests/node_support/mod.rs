@@ -61,11 +61,16 @@ pub fn node_sh(args: &[&str]) {
         .args(args)
         .output()
         .expect("running hack/node.sh");
+    assert_succeeded(&format!("hack/node.sh {args:?}"), &out);
+}
+
+/// Fails the test with the command's output unless it succeeded.
+fn assert_succeeded(what: &str, out: &std::process::Output) {
     assert!(
         out.status.success(),
-        "hack/node.sh {args:?} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+        "{what} failed: {}{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
     );
 }
 
@@ -176,12 +181,7 @@ fn helm(action: &str, flags: &[&str], extra: &serde_json::Value) {
         .current_dir(root())
         .output()
         .expect("running hack/helm.py");
-    assert!(
-        out.status.success(),
-        "helm {action} failed: {}{}",
-        String::from_utf8_lossy(&out.stderr),
-        String::from_utf8_lossy(&out.stdout)
-    );
+    assert_succeeded(&format!("helm {action}"), &out);
 }
 
 /// Waits until the Deployment has all its replicas updated and Ready.
@@ -208,6 +208,19 @@ pub async fn wait_controllers_ready(client: &Client, timeout: Duration) {
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+}
+
+/// `kubectl rollout restart` of the controller Deployment.
+pub fn restart_controllers() {
+    kubectl(&[
+        "-n",
+        SYSTEM_NS,
+        "rollout",
+        "restart",
+        "deployment",
+        &deployment_name(),
+    ])
+    .expect("kubectl rollout restart");
 }
 
 /// Scales the controller Deployment (0: no controller runs at all).
