@@ -5,6 +5,7 @@ pub mod cli;
 pub mod controller;
 pub mod crd;
 pub mod events;
+pub mod fence;
 pub mod kube_util;
 pub mod lease;
 pub mod ledger;

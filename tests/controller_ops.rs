@@ -53,7 +53,7 @@ async fn wait_http_ok(addr: std::net::SocketAddr, path: &str) -> String {
 
 /// Plays a worker that finishes run `name` at fence 1.
 async fn finish_as_worker(ns: &TestNamespace, name: &str) {
-    wait_lease(ns, name, &baton::crd::worker_pod_name(name, 1), 1, T).await;
+    wait_lease(ns, name, &baton::fence::worker_pod_name(name, 1), 1, T).await;
     let mut w = FakeWorker::new(ns, name, 1);
     w.resume().await;
     w.renew().await.unwrap();

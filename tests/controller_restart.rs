@@ -6,7 +6,7 @@ mod controller_support;
 use std::time::Duration;
 
 use baton::crd::v1alpha1::{AgentRun, LedgerEvent, Phase};
-use baton::lease::LeaseClient;
+use baton::lease::{LeaseClient, lease_holder};
 use baton::ledger::SegmentStore;
 use baton::status::cas_status;
 use controller_support::*;
@@ -15,7 +15,7 @@ use kube::{Resource, ResourceExt};
 /// Does the first steps of a claim for fence 1 by hand, as a controller that then died.
 async fn partial_claim(ns: &TestNamespace, name: &str, move_lease: bool) -> AgentRun {
     let run = create(ns, agent_run(name, 4)).await;
-    let pod = baton::crd::worker_pod_name(name, 1);
+    let pod = baton::fence::worker_pod_name(name, 1);
     let store = SegmentStore::for_run(ns.client.clone(), &run);
     store
         .append(
@@ -112,5 +112,63 @@ async fn restarting_the_controller_repeatedly_never_makes_two_pods_per_fence() {
         sorted.dedup();
         assert_eq!(fences, sorted, "one seal per fence in {}", run.name_any());
     }
+    ns.cleanup().await;
+}
+
+/// A terminal claim whose `closed` seal landed but whose status write did not (the controller
+/// stopped between the two) is completed as the seal records, even once the trigger that
+/// decided it no longer holds: here `spec.stop` was never set (as if set and then cleared), and
+/// the pod of fence 1 is gone, so every pass decides a claim, not a close.
+#[tokio::test]
+async fn a_closed_seal_without_its_status_ends_the_run_as_the_seal_records() {
+    let ns = TestNamespace::new("ctl-rs-closed").await;
+    let (_w, seen) = watch_pods(&ns);
+    let run = partial_claim(&ns, "r", true).await;
+    // The controller's terminal claim for fence 2, as written by `claim::close`, up to its
+    // seal: then it stopped.
+    let sealed = SegmentStore::for_run(ns.client.clone(), &run)
+        .append(
+            1,
+            2,
+            vec![LedgerEvent::Closed {
+                fence: 2,
+                reason: "StopRequested".into(),
+            }],
+        )
+        .await
+        .unwrap();
+    assert_eq!(sealed.tail, 2);
+    assert!(!run.spec.stop, "no trigger for a close remains");
+    let _c = start(&ns.client, config(&ns.name));
+    let run = wait_run(&ns, "r", Duration::from_secs(30), |s| s.phase.is_terminal()).await;
+    let s = status(&run);
+    assert_eq!(s.phase, Phase::Stopped);
+    assert_eq!(s.reason.as_deref(), Some("StopRequested"));
+    assert_eq!(s.fence, 2, "the end is at the seal's fence");
+    let complete = s.conditions.iter().find(|c| c.type_ == "Complete");
+    assert_eq!(complete.map(|c| c.status.as_str()), Some("True"));
+    let released = async {
+        while lease(&ns, "r")
+            .await
+            .as_ref()
+            .and_then(lease_holder)
+            .is_some()
+        {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    tokio::time::timeout(T, released)
+        .await
+        .expect("the run's Lease is released");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        !seen.lock().unwrap().contains_key("r-w2"),
+        "a closed run gets no pod for the seal's fence"
+    );
+    assert_eq!(
+        ledger(&ns, "r").await.len(),
+        2,
+        "nothing appended after the seal"
+    );
     ns.cleanup().await;
 }

@@ -396,7 +396,7 @@ async fn node_worker_image_rollout_moves_live_runs_by_handoff() {
         );
         let last = env
             .pods()
-            .get_opt(&baton::crd::worker_pod_name(run, st.fence))
+            .get_opt(&baton::fence::worker_pod_name(run, st.fence))
             .await
             .unwrap();
         let first_handoff = env

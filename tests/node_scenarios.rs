@@ -180,7 +180,7 @@ async fn node_ask_user_waits_for_input_then_resumes_in_a_new_pod() {
         })
         .await;
     let waiting_fence = st.fence;
-    let pod = baton::crd::worker_pod_name(name, waiting_fence);
+    let pod = baton::fence::worker_pod_name(name, waiting_fence);
     env.wait_container_gone(&pod, RUN_TIMEOUT).await;
     assert_eq!(effects(&env).count(name, 2), 0);
 

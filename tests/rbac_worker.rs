@@ -46,7 +46,7 @@ async fn run_with_rbac(ns: &TestNamespace, name: &str) -> AgentRun {
         .unwrap();
     let lease = Lease {
         metadata: ObjectMeta {
-            name: Some(baton::lease::run_lease_name(name)),
+            name: Some(baton::fence::run_lease_name(name)),
             ..Default::default()
         },
         spec: None,
@@ -57,7 +57,7 @@ async fn run_with_rbac(ns: &TestNamespace, name: &str) -> AgentRun {
 
 fn segment(run: &AgentRun, seq: i64) -> LedgerSegment {
     let mut seg = LedgerSegment::new(
-        &baton::ledger::segment_name(&run.name_any(), seq),
+        &baton::fence::segment_name(&run.name_any(), seq),
         LedgerSegmentSpec {
             run: run.name_any(),
             seq,

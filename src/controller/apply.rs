@@ -14,8 +14,9 @@ use super::observe::start_rollout;
 use super::statuses::{self, run_name};
 use crate::crd::FENCE_ANNOTATION;
 use crate::crd::v1alpha1::{AgentRun, AgentRunStatus};
+use crate::fence::run_lease_name;
 use crate::kube_util::{is_conflict, is_not_found};
-use crate::lease::{lease_fence, lease_holder, run_lease_name};
+use crate::lease::{lease_fence, lease_holder};
 use crate::status::{self, StatusError};
 
 /// What applying an action came to.

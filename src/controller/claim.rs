@@ -19,16 +19,16 @@ use super::Error;
 use super::access::ensure_run_rbac;
 use super::apply::{Applied, cas_status, release_admission, release_run_lease};
 use super::context::{Context, SealMemory};
-use super::decide::{Claim, ClaimReason, Close};
+use super::decide::{Claim, ClaimReason, Close, CloseReason};
 use super::ledger_end::{LedgerEnd, ledger_end};
 use super::leftovers;
 use super::observe::sight;
 use super::pod::{desired_image, worker_pod};
 use super::statuses::{self, run_name};
 use crate::crd::v1alpha1::{AgentRun, LedgerEvent, LedgerSegment};
-use crate::crd::worker_pod_name;
+use crate::fence::{Fence, Verdict, ledger_verdict, run_lease_name, worker_pod_name};
 use crate::kube_util::{is_already_exists, is_not_found, is_retry_soon};
-use crate::lease::{LeaseClient, lease_fence, run_lease_name};
+use crate::lease::{LeaseClient, lease_fence};
 use crate::ledger::{Replay, SegmentStore};
 
 /// A claim of `run` for fence+1.
@@ -45,6 +45,10 @@ pub async fn claim(ctx: &Context, run: &AgentRun, claim: Claim) -> Result<Applie
         confirm_trigger(ctx, run, claim.reason),
         ledger_end(ctx, run, fence)
     )?;
+    if let LedgerEnd::Closed { .. } = end {
+        // Whatever the trigger says now, the run has ended: its end is completed instead.
+        return close_recorded(ctx, run).await;
+    }
     let Some(lease) = confirmed else {
         return Ok(Applied::Requeue);
     };
@@ -87,7 +91,7 @@ async fn seal(
             remember_seal(ctx, run, fence, seq);
             return Ok(true);
         }
-        LedgerEnd::Lost => return Ok(false),
+        LedgerEnd::Lost | LedgerEnd::Closed { .. } => return Ok(false),
     };
     let seal = vec![LedgerEvent::Claimed {
         fence,
@@ -181,13 +185,11 @@ fn record_claim(ctx: &Context, run: &AgentRun, claim: Claim, fence: i64, pod: &s
     );
 }
 
-/// The ledger folded, read from the API server. `extend` (not `from_segments`): a chunked
-/// event still being written by an older owner must not stop a claim; it only ever needs
-/// positions, fences and seals.
-async fn read_ledger(store: &SegmentStore) -> Result<Replay, Error> {
-    let segments = store.list().await?;
+/// The ledger folded. `extend` (not `from_segments`): a chunked event still being written by
+/// an older owner must not stop a terminal claim; it only needs positions, steps and seals.
+fn fold(segments: &[LedgerSegment]) -> Result<Replay, Error> {
     let mut replay = Replay::default();
-    replay.extend(&segments)?;
+    replay.extend(segments)?;
     Ok(replay)
 }
 
@@ -305,31 +307,52 @@ pub async fn delete_pod(ctx: &Context, run: &AgentRun, fence: i64) -> Result<(),
 }
 
 /// A terminal claim: `stepUnknown` for open intents and `closed{fence+1}` appended first,
-/// then the terminal status at fence+1 with the salvage up to the seal.
+/// then the terminal status at fence+1 with the salvage up to the seal. A ledger already
+/// closed (by an earlier pass whose status write did not land) ends as its seal records.
 pub async fn close(ctx: &Context, run: &AgentRun, close: &Close) -> Result<Applied, Error> {
+    end_run(ctx, run, Some(close)).await
+}
+
+/// A claim met a `closed` seal: the run ends as the seal records (its reason and fence),
+/// whatever decided the claim. Without this, a seal whose terminal status never landed would
+/// be met by every later claim, each one lost, and the run would be re-decided forever.
+async fn close_recorded(ctx: &Context, run: &AgentRun) -> Result<Applied, Error> {
+    end_run(ctx, run, None).await
+}
+
+/// The terminal claim's two writes, from the ledger as read: the seal unless it is there,
+/// then the status. `decided` is the end decided now (None: only a seal already there ends
+/// the run).
+async fn end_run(ctx: &Context, run: &AgentRun, decided: Option<&Close>) -> Result<Applied, Error> {
     let status = run.status.clone().unwrap_or_default();
-    let fence = status.fence + 1;
+    let next = Fence::of_run(run).next();
     // A run closed before it ever started seals position 1: nothing of a namesake may hold it.
-    if fence == 1 && !leftovers::cleared(ctx, run, fence).await? {
+    if next.get() == 1 && !leftovers::cleared(ctx, run, next.get()).await? {
         return Ok(Applied::Requeue);
     }
     let store = SegmentStore::for_run(ctx.client.clone(), run);
-    let mut replay = read_ledger(&store).await?;
-    if replay.max_fence > fence {
-        return Ok(Applied::Conflict);
-    }
-    if replay.closed.is_none() {
-        match seal_closed(ctx, &store, &replay, fence, &close.reason).await {
-            Err(Error::Ledger(err)) if err.is_lost() => return Ok(Applied::Conflict),
-            Err(err) => return Err(err),
-            Ok(new) => replay.extend(&new)?,
+    let segments = store.list().await?;
+    let mut replay = fold(&segments)?;
+    let (close, fence) = match (ledger_verdict(next, &segments), decided) {
+        (Verdict::Newer, _) => return Ok(Applied::Conflict),
+        (Verdict::Closed { fence, reason }, _) => (Close::recorded(&reason, fence), fence),
+        // The cache showed a seal the API server does not have yet: look again.
+        (_, None) => return Ok(Applied::Requeue),
+        (Verdict::Older | Verdict::OwnRetry, Some(close)) => {
+            let reason = close.reason.as_str();
+            match seal_closed(ctx, &store, &replay, next.get(), reason).await {
+                Err(Error::Ledger(err)) if err.is_lost() => return Ok(Applied::Conflict),
+                Err(err) => return Err(err),
+                Ok(new) => replay.extend(&new)?,
+            }
+            (close.clone(), next.get())
         }
-    }
-    let desired = statuses::closed(run, close, fence, &replay);
+    };
+    let desired = statuses::closed(run, &close, fence, &replay);
     let Some(updated) = cas_status(ctx, run, desired).await? else {
         return Ok(Applied::Conflict);
     };
-    record_close(ctx, run, close, fence);
+    record_close(ctx, run, &close, fence);
     release_run_lease(ctx, &updated).await?;
     release_admission(ctx, &updated).await?;
     delete_pod(ctx, run, status.fence).await?;
@@ -369,10 +392,11 @@ async fn seal_closed(
 }
 
 fn record_close(ctx: &Context, run: &AgentRun, close: &Close, fence: i64) {
-    if close.reason == "MaxAttemptsExceeded" {
+    if close.reason == CloseReason::MaxAttemptsExceeded {
         ctx.metrics.give_up();
     }
-    tracing::info!(run = %run_name(run), fence, phase = %close.phase, reason = %close.reason, "ended");
-    let note = format!("{} at fence {fence}: {}", close.phase, close.message);
-    ctx.event(run, true, &close.reason, note);
+    let phase = close.phase();
+    tracing::info!(run = %run_name(run), fence, %phase, reason = %close.reason, "ended");
+    let note = format!("{phase} at fence {fence}: {}", close.message);
+    ctx.event(run, true, close.reason.as_str(), note);
 }

@@ -142,11 +142,88 @@ pub struct Claim {
 /// A terminal claim: the controller ends the run itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Close {
-    pub phase: Phase,
-    pub reason: String,
+    pub reason: CloseReason,
     pub message: String,
     /// The previous attempt died: failedAttempts + 1.
     pub failed: bool,
+}
+
+impl Close {
+    /// The phase the run ends in.
+    pub fn phase(&self) -> Phase {
+        self.reason.phase()
+    }
+
+    /// The end a `closed` seal at `fence` records, for a claim that meets it after the
+    /// controller that wrote it stopped before the terminal status (the seal holds the reason
+    /// only: the message says where it came from).
+    pub fn recorded(reason: &str, fence: i64) -> Self {
+        let reason = CloseReason::from_seal(reason);
+        Self {
+            message: format!(
+                "the ledger was closed at fence {fence} ({}); the run ends as its seal records",
+                reason.as_str()
+            ),
+            failed: reason == CloseReason::MaxAttemptsExceeded,
+            reason,
+        }
+    }
+}
+
+/// Why the controller ends a run itself. On the wire (the `closed` seal's reason, the status
+/// reason, the Event reason) it is the name as written here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CloseReason {
+    /// `spec.stop` was set and no worker carried it out.
+    StopRequested,
+    /// The run's attempts ended by dying `maxAttempts` times.
+    MaxAttemptsExceeded,
+    /// The worker pod cannot start: a Secret it needs does not exist.
+    SecretNotFound,
+    /// The worker pod cannot start for another reason in its configuration.
+    WorkerConfigError,
+    /// A seal whose reason this version does not know (written by another version).
+    Unrecognized,
+}
+
+impl CloseReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CloseReason::StopRequested => "StopRequested",
+            CloseReason::MaxAttemptsExceeded => "MaxAttemptsExceeded",
+            CloseReason::SecretNotFound => "SecretNotFound",
+            CloseReason::WorkerConfigError => "WorkerConfigError",
+            CloseReason::Unrecognized => "LedgerClosed",
+        }
+    }
+
+    /// The reason a `closed` seal records.
+    pub fn from_seal(reason: &str) -> Self {
+        [
+            CloseReason::StopRequested,
+            CloseReason::MaxAttemptsExceeded,
+            CloseReason::SecretNotFound,
+            CloseReason::WorkerConfigError,
+        ]
+        .into_iter()
+        .find(|r| r.as_str() == reason)
+        .unwrap_or(CloseReason::Unrecognized)
+    }
+
+    /// The phase a run closed for this reason ends in.
+    pub fn phase(self) -> Phase {
+        match self {
+            CloseReason::StopRequested => Phase::Stopped,
+            CloseReason::MaxAttemptsExceeded | CloseReason::Unrecognized => Phase::Interrupted,
+            CloseReason::SecretNotFound | CloseReason::WorkerConfigError => Phase::Failed,
+        }
+    }
+}
+
+impl std::fmt::Display for CloseReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// What to do now.
@@ -344,13 +421,12 @@ fn decide_unstartable(obs: &Observation<'_>, lease: &LeaseObs, message: &str) ->
         };
     }
     let reason = if message.starts_with("secret ") && message.ends_with(" not found") {
-        "SecretNotFound"
+        CloseReason::SecretNotFound
     } else {
-        "WorkerConfigError"
+        CloseReason::WorkerConfigError
     };
     Decision::act(Action::Close(Close {
-        phase: Phase::Failed,
-        reason: reason.into(),
+        reason,
         message: format!("the worker pod cannot start: {message}"),
         failed: false,
     }))
@@ -406,8 +482,7 @@ fn min_requeue(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
 
 fn stop_now() -> Action {
     Action::Close(Close {
-        phase: Phase::Stopped,
-        reason: "StopRequested".into(),
+        reason: CloseReason::StopRequested,
         message: "spec.stop was set and no worker carried it out".into(),
         failed: false,
     })
@@ -427,8 +502,7 @@ fn claim_with(obs: &Observation<'_>, reason: ClaimReason, failed: bool) -> Decis
     let failed_after = status.failed_attempts + i32::from(failed);
     if failed && failed_after >= obs.run.spec.max_attempts {
         return Decision::act(Action::Close(Close {
-            phase: Phase::Interrupted,
-            reason: "MaxAttemptsExceeded".into(),
+            reason: CloseReason::MaxAttemptsExceeded,
             message: format!(
                 "{failed_after} attempts ended by dying (last: {}); maxAttempts is {}",
                 reason.as_str(),

@@ -109,7 +109,7 @@ fn claim(reason: ClaimReason, failed: bool) -> Action {
 }
 
 fn is_give_up(action: &Action) -> bool {
-    matches!(action, Action::Close(c) if c.phase == Phase::Interrupted && c.reason == "MaxAttemptsExceeded")
+    matches!(action, Action::Close(c) if c.phase() == Phase::Interrupted && c.reason == CloseReason::MaxAttemptsExceeded)
 }
 
 /// What a Running run must do, for every lease × pod state, with attempts left.
@@ -355,7 +355,7 @@ fn stop_ends_idle_runs_at_once_and_running_ones_after_the_lease_duration() {
             now,
         ));
         assert!(
-            matches!(d.action, Action::Close(ref c) if c.phase == Phase::Stopped),
+            matches!(d.action, Action::Close(ref c) if c.phase() == Phase::Stopped),
             "{phase:?}"
         );
     }
@@ -375,11 +375,11 @@ fn stop_ends_idle_runs_at_once_and_running_ones_after_the_lease_duration() {
         }
     );
     o.stop_seen_at = Some(now - Duration::from_secs(30));
-    assert!(matches!(decide(&o).action, Action::Close(ref c) if c.phase == Phase::Stopped));
+    assert!(matches!(decide(&o).action, Action::Close(ref c) if c.phase() == Phase::Stopped));
     // A stopped run whose worker died is ended, not taken over.
     o.stop_seen_at = Some(now);
     o.pod = PodState::Terminated;
-    assert!(matches!(decide(&o).action, Action::Close(ref c) if c.phase == Phase::Stopped));
+    assert!(matches!(decide(&o).action, Action::Close(ref c) if c.phase() == Phase::Stopped));
 }
 
 #[test]
@@ -469,8 +469,8 @@ fn a_worker_that_cannot_start_fails_the_run_after_a_grace_naming_what_is_missing
     let Action::Close(close) = late.action else {
         panic!("expected the run to end: {late:?}");
     };
-    assert_eq!(close.phase, Phase::Failed);
-    assert_eq!(close.reason, "SecretNotFound");
+    assert_eq!(close.phase(), Phase::Failed);
+    assert_eq!(close.reason, CloseReason::SecretNotFound);
     assert!(close.message.contains("\"model-key\""), "{}", close.message);
     assert!(!close.failed, "no attempt died: the pod never ran");
 
@@ -480,6 +480,26 @@ fn a_worker_that_cannot_start_fails_the_run_after_a_grace_naming_what_is_missing
     let Action::Close(close) = decide(&obs(&r, Some(l), other, now)).action else {
         panic!("expected the run to end");
     };
-    assert_eq!(close.reason, "WorkerConfigError");
+    assert_eq!(close.reason, CloseReason::WorkerConfigError);
     assert!(close.message.contains("api-key"), "{}", close.message);
+}
+
+#[test]
+fn a_close_reason_is_read_back_from_its_seal_with_the_phase_it_ends_in() {
+    use CloseReason::*;
+    for (reason, phase) in [
+        (StopRequested, Phase::Stopped),
+        (MaxAttemptsExceeded, Phase::Interrupted),
+        (SecretNotFound, Phase::Failed),
+        (WorkerConfigError, Phase::Failed),
+    ] {
+        assert_eq!(CloseReason::from_seal(reason.as_str()), reason);
+        let recorded = Close::recorded(reason.as_str(), 3);
+        assert_eq!((recorded.reason, recorded.phase()), (reason, phase));
+        assert!(recorded.message.contains("fence 3"));
+    }
+    // A reason another version wrote still ends the run, as an interrupted one.
+    let unknown = Close::recorded("SomethingNew", 2);
+    assert_eq!(unknown.reason, Unrecognized);
+    assert_eq!(unknown.phase(), Phase::Interrupted);
 }

@@ -8,34 +8,32 @@ use kube::{Api, ResourceExt};
 use super::Error;
 use super::context::Context;
 use crate::crd::RUN_UID_LABEL;
-use crate::crd::v1alpha1::{AgentRun, LedgerEvent, LedgerSegment};
+use crate::crd::v1alpha1::{AgentRun, LedgerSegment};
+use crate::fence::{Fence, Verdict, ledger_verdict, segment_name, verdict};
 use crate::kube_util::is_not_found;
-use crate::ledger::{Replay, segment_name};
 
 /// Where a claim for `fence` finds the ledger.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LedgerEnd {
     /// Append the seal after this position.
     Tail(i64),
-    /// A segment of this very fence (its seal) is already at this position.
+    /// A segment of this very fence (its seal) is already at this position (0: not known).
     Sealed(i64),
-    /// A newer fence or a `closed` seal: the claim is lost.
+    /// A newer fence: the claim is lost.
     Lost,
+    /// A `closed` seal: the run ended at `fence` for `reason`, perhaps without its terminal
+    /// status (the controller that sealed it stopped first): the claim completes that end.
+    Closed { fence: i64, reason: String },
 }
 
-/// How a claim for `fence` reads one segment met on its way to the end of the ledger.
+/// How a claim for `fence` reads one segment met on its way to the end of the ledger
+/// (None: older history, walk on), by the one ownership rule, [`verdict`].
 pub fn classify_seen(segment: &LedgerSegment, fence: i64) -> Option<LedgerEnd> {
-    let closed = segment
-        .spec
-        .events
-        .iter()
-        .any(|e| matches!(e, LedgerEvent::Closed { .. }));
-    if closed || segment.spec.fence > fence {
-        Some(LedgerEnd::Lost)
-    } else if segment.spec.fence == fence {
-        Some(LedgerEnd::Sealed(segment.spec.seq))
-    } else {
-        None
+    match verdict(Fence::new(fence), segment, None) {
+        Verdict::Older => None,
+        Verdict::OwnRetry => Some(LedgerEnd::Sealed(segment.spec.seq)),
+        Verdict::Newer => Some(LedgerEnd::Lost),
+        Verdict::Closed { fence, reason } => Some(LedgerEnd::Closed { fence, reason }),
     }
 }
 
@@ -90,25 +88,27 @@ pub async fn ledger_end(ctx: &Context, run: &AgentRun, fence: i64) -> Result<Led
         None => None,
     };
     if let Some(start) = start {
+        // A segment of our own fence is walked past: a `closed` of that fence may follow it.
+        let mut sealed = None;
         for seq in start + 1..=start + MAX_PROBES {
             match cached_segment(&api, run, seq).await? {
-                None => return Ok(LedgerEnd::Tail(seq - 1)),
-                Some(seg) => {
-                    if let Some(end) = classify_seen(&seg, fence) {
-                        return Ok(end);
-                    }
-                }
+                None => return Ok(sealed.unwrap_or(LedgerEnd::Tail(seq - 1))),
+                Some(seg) => match classify_seen(&seg, fence) {
+                    None => {}
+                    Some(own @ LedgerEnd::Sealed(_)) => sealed = sealed.or(Some(own)),
+                    Some(end) => return Ok(end),
+                },
             }
         }
     }
-    let replay = read_ledger_cached(ctx, run).await?;
-    Ok(if replay.closed.is_some() || replay.max_fence > fence {
-        LedgerEnd::Lost
-    } else if replay.max_fence == fence {
+    let mut segments = cached_segments_of(&api, &uid).await?;
+    segments.sort_by_key(|s| s.spec.seq);
+    Ok(match ledger_verdict(Fence::new(fence), &segments) {
+        Verdict::Older => LedgerEnd::Tail(segments.last().map_or(0, |s| s.spec.seq)),
         // Its position is not needed: nothing is appended.
-        LedgerEnd::Sealed(0)
-    } else {
-        LedgerEnd::Tail(replay.tail)
+        Verdict::OwnRetry => LedgerEnd::Sealed(0),
+        Verdict::Newer => LedgerEnd::Lost,
+        Verdict::Closed { fence, reason } => LedgerEnd::Closed { fence, reason },
     })
 }
 
@@ -149,22 +149,11 @@ pub async fn cached_segments_of(
     Ok(api.list(&params).await?.items)
 }
 
-/// The ledger folded from the API server's watch cache (resourceVersion 0): no etcd range
-/// read over every segment of the namespace, possibly a little behind. Only for a seal,
-/// whose `create` at tail+1 catches up with whatever this missed (see [`ledger_end`]).
-async fn read_ledger_cached(ctx: &Context, run: &AgentRun) -> Result<Replay, Error> {
-    let api = ctx.api::<LedgerSegment>(&run.namespace().unwrap_or_default());
-    let mut segments = cached_segments_of(&api, &run.uid().unwrap_or_default()).await?;
-    segments.sort_by_key(|s| s.spec.seq);
-    let mut replay = Replay::default();
-    replay.extend(&segments)?;
-    Ok(replay)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    use crate::crd::v1alpha1::LedgerEvent;
     use crate::ledger::test_segment as seg;
 
     #[test]
@@ -187,14 +176,18 @@ mod tests {
             fence: 3,
             reason: "StopRequested".into(),
         };
-        assert_eq!(
-            classify_seen(&seg(5, 3, vec![closed.clone()]), 3),
-            Some(LedgerEnd::Lost)
-        );
+        let ended = |fence| {
+            Some(LedgerEnd::Closed {
+                fence,
+                reason: "StopRequested".into(),
+            })
+        };
+        let closed_at = |fence| LedgerEvent::Closed {
+            fence,
+            reason: "StopRequested".into(),
+        };
+        assert_eq!(classify_seen(&seg(5, 3, vec![closed]), 3), ended(3));
         // Even a `closed` of an older fence ends the walk: nothing is appended after it.
-        assert_eq!(
-            classify_seen(&seg(5, 2, vec![closed]), 3),
-            Some(LedgerEnd::Lost)
-        );
+        assert_eq!(classify_seen(&seg(5, 2, vec![closed_at(2)]), 3), ended(2));
     }
 }

@@ -21,9 +21,9 @@ use super::context::Context;
 use super::ledger_end::{cached_segment_at, cached_segments_of};
 use super::statuses::run_name;
 use crate::crd::v1alpha1::{AgentRun, LedgerSegment};
-use crate::crd::{RUN_UID_LABEL, controlling_run, worker_pod_name};
+use crate::crd::{RUN_UID_LABEL, controlling_run};
+use crate::fence::{run_lease_name, worker_pod_name};
 use crate::kube_util::{is_conflict, is_not_found};
-use crate::lease::run_lease_name;
 
 /// True when nothing of another run stands where the claim of `run` for `fence` will write;
 /// false when leftovers were found (and are being deleted): look again shortly.

@@ -12,9 +12,10 @@ use kube::runtime::reflector::ObjectRef;
 use super::context::{Context, run_key};
 use super::decide::{Admission, LeaseObs, Observation, PodState};
 use super::pod::{CONTAINER_NAME, desired_image, pod_image};
+use crate::crd::controlled_by_run;
 use crate::crd::v1alpha1::AgentRun;
-use crate::crd::{controlled_by_run, worker_pod_name};
-use crate::lease::{LeaseSighting, lease_fence, lease_holder, run_lease_name, thread_lease_name};
+use crate::fence::{run_lease_name, worker_pod_name};
+use crate::lease::{LeaseSighting, lease_fence, lease_holder, thread_lease_name};
 
 /// Everything decide needs about `run`, as of `now`.
 pub fn observe<'a>(ctx: &Context, run: &'a AgentRun, now: Instant) -> Observation<'a> {

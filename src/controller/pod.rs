@@ -15,8 +15,8 @@ use kube::api::ObjectMeta;
 use kube::{Resource, ResourceExt};
 
 use crate::crd::v1alpha1::AgentRun;
-use crate::crd::{FENCE_LABEL, MANAGED_BY_LABEL, RUN_LABEL, env, worker_pod_name};
-use crate::ledger::store::label_value;
+use crate::crd::{FENCE_LABEL, MANAGED_BY_LABEL, RUN_LABEL, env};
+use crate::fence::{label_value, worker_pod_name};
 use crate::rbac::pod_service_account;
 
 /// Grace period a worker gets to hand off on SIGTERM.

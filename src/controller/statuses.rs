@@ -76,8 +76,8 @@ pub fn closed(run: &AgentRun, close: &Close, fence: i64, replay: &Replay) -> Age
     });
     terminal(
         &mut s,
-        close.phase,
-        &close.reason,
+        close.phase(),
+        close.reason.as_str(),
         &close.message,
         generation,
     );

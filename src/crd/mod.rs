@@ -122,12 +122,6 @@ pub mod env {
     pub const IDEMPOTENCY_KEY: &str = "BATON_IDEMPOTENCY_KEY";
 }
 
-/// The deterministic name of a run's worker pod for one attempt. Deterministic so that a
-/// controller repeating a step creates nothing twice.
-pub fn worker_pod_name(run: &str, fence: i64) -> String {
-    format!("{run}-w{fence}")
-}
-
 /// The owner reference of the AgentRun controlling `obj` (a run's Lease, pods, segments and
 /// worker RBAC are all controlled by it). None: no run controls it.
 pub fn controlling_run<K: kube::Resource>(obj: &K) -> Option<&OwnerReference> {

@@ -10,10 +10,10 @@ use kube::{Api, Client, ResourceExt};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use super::{LeaseError, held_by, lease_fence, run_lease_name};
+use super::{LeaseError, held_by, lease_fence};
 use crate::crd::{FENCE_ANNOTATION, MANAGED_BY_LABEL, RUN_LABEL, controlled_by_run};
+use crate::fence::{label_value, run_lease_name};
 use crate::kube_util::{is_conflict, is_not_found};
-use crate::ledger::store::label_value;
 
 /// How many times a write is retried on 409 while the Lease still shows our claim.
 const CONFLICT_RETRIES: usize = 5;

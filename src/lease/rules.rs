@@ -8,11 +8,6 @@ use kube::ResourceExt;
 use crate::crd::FENCE_ANNOTATION;
 use crate::crd::v1alpha1::LeaseSpec;
 
-/// Name of a run's Lease. The prefix keeps run and thread Leases apart in one namespace.
-pub fn run_lease_name(run: &str) -> String {
-    format!("run.{run}")
-}
-
 /// Name of a thread's admission Lease.
 pub fn thread_lease_name(thread_key: &str) -> String {
     format!("thread.{thread_key}")

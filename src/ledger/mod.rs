@@ -14,7 +14,8 @@ pub use replay::{
 };
 pub use store::{Appended, SegmentStore};
 
-use crate::crd::v1alpha1::{LedgerEvent, LedgerSegment};
+use crate::crd::v1alpha1::LedgerSegment;
+use crate::fence::{Fence, Verdict, verdict};
 
 /// Errors of the ledger.
 #[derive(Debug, thiserror::Error)]
@@ -66,11 +67,6 @@ impl LedgerError {
     }
 }
 
-/// The name of a run's segment at `seq`. Zero-padded so `kubectl get` lists them in order.
-pub fn segment_name(run: &str, seq: i64) -> String {
-    format!("{run}-{seq:06}")
-}
-
 /// Checks that the segments (sorted by seq) are positions 1..=n, without gaps.
 pub fn check_contiguous(segments: &[LedgerSegment]) -> Result<(), LedgerError> {
     for (i, seg) in segments.iter().enumerate() {
@@ -85,64 +81,42 @@ pub fn check_contiguous(segments: &[LedgerSegment]) -> Result<(), LedgerError> {
     Ok(())
 }
 
-/// After any re-read: refuses to go on if a segment carries a newer fence, or closes the ledger.
+/// After any re-read: refuses to go on if the segments end this writer's ownership (the
+/// verdict of [`crate::fence`]: a newer fence or a `closed` seal).
 pub fn check_still_owner(segments: &[LedgerSegment], fence: i64) -> Result<(), LedgerError> {
     for seg in segments {
-        if seg.spec.fence > fence {
-            return Err(LedgerError::Superseded {
-                seq: seg.spec.seq,
-                ours: fence,
-                theirs: seg.spec.fence,
-            });
-        }
-        if let Some(LedgerEvent::Closed { fence: closed, .. }) = seg
-            .spec
-            .events
-            .iter()
-            .find(|e| matches!(e, LedgerEvent::Closed { .. }))
-        {
-            return Err(LedgerError::Closed {
-                seq: seg.spec.seq,
-                fence: *closed,
-            });
+        let verdict = verdict(Fence::new(fence), seg, None);
+        if verdict.ends_ownership() {
+            return Err(lost_to(seg, verdict, fence));
         }
     }
     Ok(())
 }
 
-/// What happened at a position we tried to create but found taken (DESIGN.md §3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Collision {
-    /// Our own earlier attempt at this write landed (a retried request): success.
-    OwnRetry,
-    /// An older owner's last write slipped in before ours: replay it and append after it.
-    OlderOwner,
-    /// A newer owner holds the run: stop for good.
-    NewerOwner,
-}
-
-/// Classifies the segment found at the position we wanted.
-pub fn classify_collision(
-    fence: i64,
-    events: &[LedgerEvent],
-    existing: &LedgerSegment,
-) -> Collision {
-    use std::cmp::Ordering::*;
-    match existing.spec.fence.cmp(&fence) {
-        Greater => Collision::NewerOwner,
-        Less => Collision::OlderOwner,
-        // Same fence, other content: only another writer with our fence could do that, and
-        // there is none (one pod per fence); treating it as lost is the safe reading.
-        Equal if existing.spec.events == events => Collision::OwnRetry,
-        Equal => Collision::NewerOwner,
+/// The error for a verdict that ended ownership at `seg`: a `closed` seal, else a newer owner.
+pub(crate) fn lost_to(seg: &LedgerSegment, verdict: Verdict, ours: i64) -> LedgerError {
+    match verdict {
+        Verdict::Closed { fence, .. } => LedgerError::Closed {
+            seq: seg.spec.seq,
+            fence,
+        },
+        _ => LedgerError::Superseded {
+            seq: seg.spec.seq,
+            ours,
+            theirs: seg.spec.fence,
+        },
     }
 }
 
 /// Test fixture: segment `seq` of run `r`, written under `fence`.
 #[cfg(test)]
-pub fn test_segment(seq: i64, fence: i64, events: Vec<LedgerEvent>) -> LedgerSegment {
+pub fn test_segment(
+    seq: i64,
+    fence: i64,
+    events: Vec<crate::crd::v1alpha1::LedgerEvent>,
+) -> LedgerSegment {
     LedgerSegment::new(
-        &segment_name("r", seq),
+        &crate::fence::segment_name("r", seq),
         crate::crd::v1alpha1::LedgerSegmentSpec {
             run: "r".into(),
             seq,
@@ -157,33 +131,7 @@ pub fn test_segment(seq: i64, fence: i64, events: Vec<LedgerEvent>) -> LedgerSeg
 mod tests {
     use super::test_segment as seg;
     use super::*;
-
-    #[test]
-    fn segment_names_sort_in_ledger_order() {
-        assert_eq!(segment_name("run", 7), "run-000007");
-        assert!(segment_name("run", 10) > segment_name("run", 9));
-    }
-
-    #[test]
-    fn a_collision_is_classified_by_fence_and_content() {
-        let ours = vec![LedgerEvent::Handoff];
-        assert_eq!(
-            classify_collision(2, &ours, &seg(5, 2, ours.clone())),
-            Collision::OwnRetry
-        );
-        assert_eq!(
-            classify_collision(2, &ours, &seg(5, 1, vec![])),
-            Collision::OlderOwner
-        );
-        assert_eq!(
-            classify_collision(2, &ours, &seg(5, 3, ours.clone())),
-            Collision::NewerOwner
-        );
-        assert_eq!(
-            classify_collision(2, &ours, &seg(5, 2, vec![LedgerEvent::Stopped])),
-            Collision::NewerOwner
-        );
-    }
+    use crate::crd::v1alpha1::LedgerEvent;
 
     #[test]
     fn a_newer_fence_or_a_closed_ledger_ends_ownership() {

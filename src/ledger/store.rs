@@ -5,14 +5,12 @@ use kube::api::{ListParams, ObjectMeta, PostParams};
 use kube::{Api, Client, Resource, ResourceExt};
 use std::collections::BTreeMap;
 
-use super::{
-    Collision, LedgerError, SEGMENT_BUDGET_BYTES, check_contiguous, check_still_owner,
-    classify_collision, encode_events, segment_name,
-};
+use super::{LedgerError, SEGMENT_BUDGET_BYTES, check_contiguous, encode_events, lost_to};
 use crate::crd::v1alpha1::{
     AgentRun, LEDGER_FORMAT_VERSION, LedgerEvent, LedgerSegment, LedgerSegmentSpec,
 };
 use crate::crd::{MANAGED_BY_LABEL, RUN_LABEL, RUN_UID_LABEL};
+use crate::fence::{Fence, Verdict, label_value, segment_name, verdict};
 use crate::kube_util::is_already_exists;
 
 /// Where an append landed.
@@ -112,24 +110,17 @@ impl SegmentStore {
                 Err(err) if is_already_exists(&err) => {
                     let existing = self.api.get(&segment_name(&self.run, seq)).await?;
                     self.check_ours(&existing)?;
-                    match classify_collision(fence, &events, &existing) {
-                        Collision::OwnRetry => {
+                    match verdict(Fence::new(fence), &existing, Some(&events)) {
+                        Verdict::OwnRetry => {
                             appended.tail = seq;
                             appended.written.push(existing);
                             return Ok(());
                         }
-                        Collision::OlderOwner => {
-                            check_still_owner(std::slice::from_ref(&existing), fence)?;
+                        Verdict::Older => {
                             appended.tail = seq;
                             appended.slipped.push(existing);
                         }
-                        Collision::NewerOwner => {
-                            return Err(LedgerError::Superseded {
-                                seq,
-                                ours: fence,
-                                theirs: existing.spec.fence,
-                            });
-                        }
+                        lost => return Err(lost_to(&existing, lost, fence)),
                     }
                 }
                 Err(err) => return Err(err.into()),
@@ -169,10 +160,4 @@ impl SegmentStore {
             },
         }
     }
-}
-
-/// A label value is at most 63 characters; longer run names are cut (the UID label is exact).
-pub fn label_value(name: &str) -> String {
-    let cut: String = name.chars().take(63).collect();
-    cut.trim_end_matches(['-', '.', '_']).to_string()
 }

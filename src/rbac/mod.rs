@@ -36,8 +36,7 @@ use kube::{Resource, ResourceExt};
 
 use crate::crd::v1alpha1::AgentRun;
 use crate::crd::{GROUP, MANAGED_BY_LABEL, RUN_LABEL};
-use crate::lease::run_lease_name;
-use crate::ledger::store::label_value;
+use crate::fence::{label_value, run_lease_name};
 
 /// Prefix of every per-run worker ServiceAccount, Role and RoleBinding name.
 pub const WORKER_SA_PREFIX: &str = "baton-run-";

@@ -6,7 +6,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::{Api, Client, Resource};
 
 use baton::crd::v1alpha1::{AgentRun, LedgerEvent, LedgerSegment, Phase};
-use baton::crd::worker_pod_name;
+use baton::fence::worker_pod_name;
 use baton::lease::LeaseClient;
 use baton::ledger::SegmentStore;
 use baton::status::{StatusError, cas_status};

@@ -254,7 +254,7 @@ pub struct FakeWorker {
 
 impl FakeWorker {
     pub fn new(ns: &TestNamespace, run: &str, fence: i64) -> Self {
-        let pod = baton::crd::worker_pod_name(run, fence);
+        let pod = baton::fence::worker_pod_name(run, fence);
         Self {
             run: run.into(),
             lease: WorkerLease::new(ns.client.clone(), &ns.name, run, &pod, fence),

@@ -1,0 +1,268 @@
+//! The fence (docs/protocol.md): who holds a run, and the one rule that says whether a writer
+//! still does. Pure: no I/O.
+//!
+//! Every claim hands out the run's next fence; a worker writes only under the fence its pod
+//! was created for. Ownership ends when a writer meets a segment of a newer fence or the
+//! controller's `closed` seal. That rule is decided here and nowhere else: the worker's
+//! append and re-reads, the segment store's collisions, and the controller's walk to the end
+//! of the ledger all ask [`verdict`] (or [`ledger_verdict`] over a whole ledger).
+
+use std::fmt;
+
+use kube::ResourceExt;
+
+use crate::crd::v1alpha1::{AgentRun, LedgerEvent, LedgerSegment};
+
+/// A fence: the attempt number a claim hands out, strictly increasing per run. 0 means the
+/// run was never claimed. (On the wire it is a plain integer: the Lease's annotation, the
+/// run's `status.fence`, a segment's `spec.fence`.)
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Fence(i64);
+
+impl Fence {
+    pub const fn new(value: i64) -> Self {
+        Self(value)
+    }
+
+    pub const fn get(self) -> i64 {
+        self.0
+    }
+
+    /// The fence the next claim hands out.
+    pub const fn next(self) -> Self {
+        Self(self.0 + 1)
+    }
+
+    /// The fence a run's status is at.
+    pub fn of_run(run: &AgentRun) -> Self {
+        Self(run.status.as_ref().map_or(0, |s| s.fence))
+    }
+}
+
+impl fmt::Display for Fence {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// Who holds a run: the run (by namespace, name and UID: a run re-created under the same
+/// name is another run), the pod of the attempt and its fence. The worker's every fenced
+/// write carries it; the controller derives the objects of an attempt from it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunHolder {
+    pub namespace: String,
+    pub run: String,
+    pub uid: String,
+    pub pod: String,
+    pub fence: Fence,
+}
+
+impl RunHolder {
+    /// The holder of `run` (as read from the API server: it needs its UID) at `fence`.
+    pub fn of(run: &AgentRun, fence: Fence) -> Self {
+        let name = run.name_any();
+        Self {
+            namespace: run.namespace().unwrap_or_default(),
+            pod: worker_pod_name(&name, fence.get()),
+            uid: run.uid().unwrap_or_default(),
+            run: name,
+            fence,
+        }
+    }
+
+    /// The run's Lease.
+    pub fn lease_name(&self) -> String {
+        run_lease_name(&self.run)
+    }
+}
+
+/// What a writer holding fence `ours` makes of a ledger segment it met.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Written by an older holder: legitimate history; go on after it.
+    Older,
+    /// Written under our own fence: our own earlier write landed (a retried request, or the
+    /// seal an earlier pass of the claim left).
+    OwnRetry,
+    /// Written by a newer holder: the run is lost; never write again.
+    Newer,
+    /// The controller closed the ledger: the run ended at `fence` for `reason`, and nothing
+    /// may be appended. A worker has lost the run; a claim completes the end the seal records.
+    Closed { fence: i64, reason: String },
+}
+
+impl Verdict {
+    /// True when the writer that met the segment must not write after it.
+    pub fn ends_ownership(&self) -> bool {
+        matches!(self, Verdict::Newer | Verdict::Closed { .. })
+    }
+}
+
+/// THE ownership rule, over one segment `seen` by a writer holding `ours`.
+///
+/// `wrote` is what the writer tried to put at that position, when it met the segment by
+/// colliding with it: then a segment of our fence is our own retry only if it holds exactly
+/// what we wrote. Another content under our fence can only come from another writer holding
+/// it, and there is none (one pod per fence): reading it as lost is the safe side.
+pub fn verdict(ours: Fence, seen: &LedgerSegment, wrote: Option<&[LedgerEvent]>) -> Verdict {
+    if let Some((fence, reason)) = closed_seal(seen) {
+        return Verdict::Closed { fence, reason };
+    }
+    let theirs = Fence::new(seen.spec.fence);
+    match theirs.cmp(&ours) {
+        std::cmp::Ordering::Greater => Verdict::Newer,
+        std::cmp::Ordering::Less => Verdict::Older,
+        std::cmp::Ordering::Equal => match wrote {
+            Some(events) if seen.spec.events.as_slice() != events => Verdict::Newer,
+            _ => Verdict::OwnRetry,
+        },
+    }
+}
+
+/// The verdict over a whole ledger (or the part of it read): a `closed` seal anywhere
+/// decides, then any newer fence, then any segment of our own; otherwise it is all history.
+/// (Every writer appends at its tail+1 and stops at a newer fence or `closed`, so those lie
+/// after every older segment: the order of the checks only matters for a torn read.)
+pub fn ledger_verdict<'a>(
+    ours: Fence,
+    segments: impl IntoIterator<Item = &'a LedgerSegment>,
+) -> Verdict {
+    let mut found = Verdict::Older;
+    for seg in segments {
+        match verdict(ours, seg, None) {
+            closed @ Verdict::Closed { .. } => return closed,
+            Verdict::Newer => found = Verdict::Newer,
+            Verdict::OwnRetry if found == Verdict::Older => found = Verdict::OwnRetry,
+            _ => {}
+        }
+    }
+    found
+}
+
+/// The `closed` seal a segment holds: its fence and reason.
+fn closed_seal(seg: &LedgerSegment) -> Option<(i64, String)> {
+    seg.spec.events.iter().find_map(|e| match e {
+        LedgerEvent::Closed { fence, reason } => Some((*fence, reason.clone())),
+        _ => None,
+    })
+}
+
+/// The name of a run's segment at `seq`. Zero-padded so `kubectl get` lists them in order.
+pub fn segment_name(run: &str, seq: i64) -> String {
+    format!("{run}-{seq:06}")
+}
+
+/// Name of a run's Lease. The prefix keeps run and thread Leases apart in one namespace.
+pub fn run_lease_name(run: &str) -> String {
+    format!("run.{run}")
+}
+
+/// The worker pod of attempt `fence`: one name per fence, so a fence never has two pods.
+pub fn worker_pod_name(run: &str, fence: i64) -> String {
+    format!("{run}-w{fence}")
+}
+
+/// A label value is at most 63 characters; longer run names are cut (the UID label is exact).
+pub fn label_value(name: &str) -> String {
+    let cut: String = name.chars().take(63).collect();
+    cut.trim_end_matches(['-', '.', '_']).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::test_segment as seg;
+
+    fn closed(fence: i64) -> LedgerEvent {
+        LedgerEvent::Closed {
+            fence,
+            reason: "StopRequested".into(),
+        }
+    }
+
+    #[test]
+    fn segment_names_sort_in_ledger_order() {
+        assert_eq!(segment_name("run", 7), "run-000007");
+        assert!(segment_name("run", 10) > segment_name("run", 9));
+    }
+
+    #[test]
+    fn a_segment_is_older_own_newer_or_closed() {
+        let two = Fence::new(2);
+        let step = vec![LedgerEvent::Handoff];
+        assert_eq!(verdict(two, &seg(5, 1, step.clone()), None), Verdict::Older);
+        assert_eq!(
+            verdict(two, &seg(5, 2, step.clone()), None),
+            Verdict::OwnRetry
+        );
+        assert_eq!(verdict(two, &seg(5, 3, step.clone()), None), Verdict::Newer);
+        // A `closed` of any fence ends ownership: nothing is appended after it.
+        let sealed = Verdict::Closed {
+            fence: 1,
+            reason: "StopRequested".into(),
+        };
+        assert_eq!(verdict(two, &seg(5, 1, vec![closed(1)]), None), sealed);
+        assert!(sealed.ends_ownership() && Verdict::Newer.ends_ownership());
+        assert!(!Verdict::Older.ends_ownership() && !Verdict::OwnRetry.ends_ownership());
+    }
+
+    #[test]
+    fn a_collision_under_our_fence_is_ours_only_with_our_content() {
+        let two = Fence::new(2);
+        let ours = vec![LedgerEvent::Handoff];
+        let same = seg(5, 2, ours.clone());
+        assert_eq!(verdict(two, &same, Some(&ours)), Verdict::OwnRetry);
+        let other = seg(5, 2, vec![LedgerEvent::Stopped]);
+        assert_eq!(verdict(two, &other, Some(&ours)), Verdict::Newer);
+        assert_eq!(
+            verdict(two, &seg(5, 1, vec![]), Some(&ours)),
+            Verdict::Older
+        );
+    }
+
+    #[test]
+    fn over_a_ledger_a_close_decides_then_a_newer_fence_then_our_own() {
+        let two = Fence::new(2);
+        let history = [seg(1, 1, vec![]), seg(2, 1, vec![])];
+        assert_eq!(ledger_verdict(two, &history), Verdict::Older);
+        assert_eq!(ledger_verdict(two, &[]), Verdict::Older);
+        let resealed = [seg(1, 1, vec![]), seg(2, 2, vec![])];
+        assert_eq!(ledger_verdict(two, &resealed), Verdict::OwnRetry);
+        let taken = [seg(1, 1, vec![]), seg(2, 2, vec![]), seg(3, 3, vec![])];
+        assert_eq!(ledger_verdict(two, &taken), Verdict::Newer);
+        // A seal of our fence followed by our own `closed`: the close decides.
+        let ended = [
+            seg(1, 1, vec![]),
+            seg(2, 2, vec![]),
+            seg(3, 2, vec![closed(2)]),
+        ];
+        assert!(matches!(
+            ledger_verdict(two, &ended),
+            Verdict::Closed { fence: 2, .. }
+        ));
+    }
+
+    #[test]
+    fn a_holder_names_its_pod_and_lease() {
+        let run: AgentRun = serde_json::from_value(serde_json::json!({
+            "apiVersion": "baton.dev/v1alpha1", "kind": "AgentRun",
+            "metadata": {"name": "r", "namespace": "ns", "uid": "u"},
+            "spec": {"input": "hi", "agent": {"model": {}}}
+        }))
+        .unwrap();
+        let holder = RunHolder::of(&run, Fence::of_run(&run).next());
+        assert_eq!(holder.fence, Fence::new(1));
+        assert_eq!(holder.pod, "r-w1");
+        assert_eq!(holder.lease_name(), "run.r");
+        assert_eq!(
+            (holder.namespace.as_str(), holder.uid.as_str()),
+            ("ns", "u")
+        );
+    }
+
+    #[test]
+    fn long_names_make_valid_label_values() {
+        let long = format!("{}-x", "a".repeat(62));
+        assert_eq!(label_value(&long), "a".repeat(62));
+    }
+}
