@@ -28,9 +28,14 @@ fmt: ## Format the code
 	$(CARGO) fmt
 
 .PHONY: lint
-lint: ## rustfmt check and clippy with warnings as errors
+lint: ## rustfmt check, clippy with warnings as errors, and no import circle in src/
 	$(CARGO) fmt --check
 	$(CARGO) clippy --all-targets -- -D warnings
+	python3 hack/code-figures.py --check
+
+.PHONY: code-figures
+code-figures: ## The shape of src/: import circles, functions over 50 lines, the protocol's reading set
+	python3 hack/code-figures.py
 
 .PHONY: unit
 unit: ## Pure unit tests only (no API server)

@@ -168,10 +168,29 @@ pub fn label_value(name: &str) -> String {
     cut.trim_end_matches(['-', '.', '_']).to_string()
 }
 
+/// Test fixture: segment `seq` of run `r`, written under `fence`.
+#[cfg(test)]
+pub fn test_segment(
+    seq: i64,
+    fence: i64,
+    events: Vec<crate::crd::v1alpha1::LedgerEvent>,
+) -> LedgerSegment {
+    LedgerSegment::new(
+        &segment_name("r", seq),
+        crate::crd::v1alpha1::LedgerSegmentSpec {
+            run: "r".into(),
+            seq,
+            fence,
+            format: 1,
+            events,
+        },
+    )
+}
+
 #[cfg(test)]
 mod tests {
+    use super::test_segment as seg;
     use super::*;
-    use crate::ledger::test_segment as seg;
 
     fn closed(fence: i64) -> LedgerEvent {
         LedgerEvent::Closed {

@@ -7,7 +7,7 @@ use super::render::*;
 use crate::crd::v1alpha1::{
     AgentRun, AgentRunStatus, LedgerEvent, LedgerSegment, Phase, ProbeOutcome, Role, UnknownEffect,
 };
-use crate::ledger::test_segment as seg;
+use crate::fence::test_segment as seg;
 
 fn now() -> Timestamp {
     "2025-01-01T12:00:00Z".parse().unwrap()

@@ -19,9 +19,9 @@ use super::Error;
 use super::context::Context;
 use super::leftovers;
 use super::statuses::run_name;
+use super::writer::Wrote;
 use crate::crd::v1alpha1::AgentRun;
 use crate::crd::{controlled_by_run, controlling_run};
-use crate::kube_util::is_already_exists;
 use crate::rbac::{RbacError, RunRbac};
 
 /// Makes sure the run's worker ServiceAccount, Role and RoleBinding exist. Nothing to do when
@@ -48,51 +48,42 @@ pub async fn ensure_run_rbac(
             .await?
             .is_some_and(|b| controlled_by_run(&b, &run.uid().unwrap_or_default()));
     if !present {
-        ctx.check_leader()?;
         // The Role must exist before a binding to it can be created by a controller without
         // `bind` (the API server resolves the Role to check for escalation); the
         // ServiceAccount is independent of both.
         let (accounts, roles) = (ctx.api::<ServiceAccount>(&ns), ctx.api::<Role>(&ns));
-        let (sa, role) = futures::try_join!(
+        futures::try_join!(
             create_owned(ctx, run, &accounts, &rbac.service_account),
             create_owned(ctx, run, &roles, &rbac.role),
         )?;
         let bindings = ctx.api::<RoleBinding>(&ns);
-        let binding = create_owned(ctx, run, &bindings, &rbac.role_binding).await?;
-        for (kind, created) in [
-            ("service_account", sa),
-            ("role", role),
-            ("role_binding", binding),
-        ] {
-            if created {
-                ctx.wrote(kind);
-            }
-        }
+        create_owned(ctx, run, &bindings, &rbac.role_binding).await?;
         tracing::debug!(run = %run_name(run), name = %rbac.name(), "worker RBAC in place");
     }
     ctx.remember(run, |m| m.rbac_for = uid);
     Ok(())
 }
 
-/// Creates `obj`; true if this call created it. An existing object owned by the run is
-/// success; one owned by an earlier run of the same name (that the garbage collector has not
+/// Creates `obj` (counted by kind). An existing object owned by the run is success; one owned by an earlier run of the same name (that the garbage collector has not
 /// removed yet) is deleted and the error retried later; one no run owns is left alone.
-async fn create_owned<K>(
-    ctx: &Context,
-    run: &AgentRun,
-    api: &Api<K>,
-    obj: &K,
-) -> Result<bool, Error>
+async fn create_owned<K>(ctx: &Context, run: &AgentRun, api: &Api<K>, obj: &K) -> Result<(), Error>
 where
     K: Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
     <K as Resource>::DynamicType: Default,
 {
-    match api.create(&PostParams::default(), obj).await {
-        Ok(_) => Ok(true),
-        Err(err) if is_already_exists(&err) => {
+    let kind = match K::kind(&Default::default()).as_ref() {
+        "ServiceAccount" => "service_account",
+        "Role" => "role",
+        _ => "role_binding",
+    };
+    match ctx
+        .write(kind, api.create(&PostParams::default(), obj))
+        .await?
+    {
+        Wrote::Exists => {
             let existing = api.get(&obj.name_any()).await?;
             if controlled_by_run(&existing, &run.uid().unwrap_or_default()) {
-                return Ok(false);
+                return Ok(());
             }
             let leftover = controlling_run(&existing).is_some();
             if leftover {
@@ -110,7 +101,8 @@ where
                 }
             )))
         }
-        Err(err) => Err(err.into()),
+        // Gone: the namespace is going away, and the run with it.
+        Wrote::Written(_) | Wrote::Gone | Wrote::Conflict => Ok(()),
     }
 }
 

@@ -13,13 +13,12 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 
 use super::Error;
-use super::apply::Applied;
 use super::context::Context;
 use super::observe::oldest_pending;
 use super::statuses::run_name;
+use super::writer::{Applied, Wrote};
 use crate::crd::v1alpha1::AgentRun;
 use crate::crd::{MANAGED_BY_LABEL, THREAD_KEY_ANNOTATION};
-use crate::kube_util::{is_already_exists, is_conflict, is_not_found};
 use crate::lease::{lease_holder, thread_lease_name};
 
 /// Creates the thread's admission Lease naming `run`.
@@ -28,21 +27,16 @@ pub async fn admit(ctx: &Context, run: &AgentRun) -> Result<Applied, Error> {
         return Ok(Applied::Done);
     };
     let ns = run.namespace().unwrap_or_default();
-    ctx.check_leader()?;
-    match ctx
-        .api::<Lease>(&ns)
-        .create(&PostParams::default(), &thread_lease(run, key))
-        .await
-    {
-        Ok(_) => {
-            ctx.wrote("admission");
-            tracing::info!(run = %run_name(run), thread = key, "admitted");
-            ctx.event(run, false, "Admitted", format!("admitted on thread {key}"));
-            Ok(Applied::Requeue)
-        }
-        Err(err) if is_already_exists(&err) => Ok(Applied::Requeue),
-        Err(err) => Err(err.into()),
+    let api = ctx.api::<Lease>(&ns);
+    let lease = thread_lease(run, key);
+    let params = PostParams::default();
+    let created = ctx.write("admission", api.create(&params, &lease));
+    // Exists: another run holds the thread (or an earlier pass admitted this one): look again.
+    if let Wrote::Written(_) = created.await? {
+        tracing::info!(run = %run_name(run), thread = key, "admitted");
+        ctx.event(run, false, "Admitted", format!("admitted on thread {key}"));
     }
+    Ok(Applied::Requeue)
 }
 
 fn thread_lease(run: &AgentRun, key: &str) -> Lease {
@@ -112,12 +106,8 @@ async fn delete_thread_lease(
         }),
         ..DeleteParams::default()
     };
-    ctx.check_leader()?;
-    match api.delete(&name, &params).await {
-        Ok(_) => ctx.wrote("admission"),
-        Err(err) if is_conflict(&err) || is_not_found(&err) => {}
-        Err(err) => return Err(err.into()),
-    }
+    // Conflict: the Lease changed since it was read (it is someone else's now); Gone: released.
+    ctx.write("admission", api.delete(&name, &params)).await?;
     Ok(())
 }
 

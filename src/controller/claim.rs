@@ -17,7 +17,7 @@ use kube::{Resource, ResourceExt};
 
 use super::Error;
 use super::access::ensure_run_rbac;
-use super::apply::{Applied, cas_status, release_admission, release_run_lease};
+use super::admission;
 use super::context::{Context, SealMemory};
 use super::decide::{Claim, ClaimReason, Close, CloseReason};
 use super::ledger_end::{LedgerEnd, ledger_end};
@@ -25,10 +25,12 @@ use super::leftovers;
 use super::observe::sight;
 use super::pod::{desired_image, worker_pod};
 use super::statuses::{self, run_name};
+use super::writer::Applied;
+use crate::crd::FENCE_ANNOTATION;
 use crate::crd::v1alpha1::{AgentRun, LedgerEvent, LedgerSegment};
 use crate::fence::{Fence, Verdict, ledger_verdict, run_lease_name, worker_pod_name};
-use crate::kube_util::{is_already_exists, is_not_found, is_retry_soon};
-use crate::lease::{LeaseClient, lease_fence};
+use crate::kube_util::is_retry_soon;
+use crate::lease::{LeaseClient, lease_fence, lease_holder};
 use crate::ledger::{Replay, SegmentStore};
 
 /// A claim of `run` for fence+1.
@@ -56,7 +58,7 @@ pub async fn claim(ctx: &Context, run: &AgentRun, claim: Claim) -> Result<Applie
         return Ok(Applied::Conflict);
     }
     let desired = statuses::claimed(run, claim, fence, &pod);
-    let Some(updated) = cas_status(ctx, run, desired).await? else {
+    let Some(updated) = ctx.write_status(run, desired).await? else {
         return Ok(Applied::Conflict);
     };
     ctx.metrics.claim_api(started.elapsed().as_secs_f64());
@@ -97,15 +99,14 @@ async fn seal(
         fence,
         pod: pod.to_string(),
     }];
-    ctx.check_leader()?;
-    let appended = match SegmentStore::for_run(ctx.client.clone(), run)
-        .append(tail, fence, seal)
-        .await
+    let store = SegmentStore::for_run(ctx.client.clone(), run);
+    let appended = match ctx
+        .write_fenced("seal", store.append(tail, fence, seal))
+        .await?
     {
         Err(err) if err.is_lost() => return Ok(false),
         other => other?,
     };
-    ctx.wrote("seal");
     remember_seal(ctx, run, fence, appended.tail);
     Ok(true)
 }
@@ -221,15 +222,12 @@ pub async fn move_lease_and_create_pod(
     ensure_run_rbac(ctx, run, fence == 1).await?;
     let owner = run.controller_owner_ref(&()).unwrap_or_default();
     let duration = run.spec.lease.duration_seconds;
-    ctx.check_leader()?;
-    let moved = leases
-        .move_from(&run.name_any(), current, owner, &pod_name, fence, duration)
-        .await?;
-    if moved.is_none() {
+    let name = run.name_any();
+    let request = leases.move_from(&name, current, owner, &pod_name, fence, duration);
+    if ctx.write_fenced("lease", request).await??.is_none() {
         // Someone else moved it meanwhile: the pod is theirs to create.
         return Ok(Applied::Requeue);
     }
-    ctx.wrote("lease");
     let image = desired_image(run, &ctx.config.worker_image);
     if let Err(err) = create_pod(ctx, &ns, &worker_pod(run, fence, &image)).await {
         // Perhaps the ServiceAccount was removed behind our back: check again next time.
@@ -249,20 +247,22 @@ const POD_CREATE_PATIENCE: Duration = Duration::from_secs(20);
 async fn create_pod(ctx: &Context, ns: &str, pod: &Pod) -> Result<(), Error> {
     let deadline = tokio::time::Instant::now() + POD_CREATE_PATIENCE;
     let mut delay = Duration::from_millis(200);
+    let api = ctx.api::<Pod>(ns);
     loop {
-        ctx.check_leader()?;
-        match ctx.api::<Pod>(ns).create(&PostParams::default(), pod).await {
-            Ok(_) => {
-                ctx.wrote("pod");
-                return Ok(());
-            }
-            Err(err) if is_already_exists(&err) => return Ok(()),
-            Err(err) if is_retry_soon(&err) && tokio::time::Instant::now() + delay < deadline => {
+        match ctx
+            .write("pod", api.create(&PostParams::default(), pod))
+            .await
+        {
+            // Exists: our own earlier create; Gone: the namespace is being deleted (so is the run).
+            Ok(_) => return Ok(()),
+            Err(Error::Kube(err))
+                if is_retry_soon(&err) && tokio::time::Instant::now() + delay < deadline =>
+            {
                 tracing::info!(pod = %pod.name_any(), %err, ?delay, "pod refused for now; creating it again");
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(2));
             }
-            Err(err) => return Err(err.into()),
+            Err(err) => return Err(err),
         }
     }
 }
@@ -293,16 +293,37 @@ pub async fn delete_pod(ctx: &Context, run: &AgentRun, fence: i64) -> Result<(),
     {
         return Ok(());
     }
-    ctx.check_leader()?;
-    match ctx
-        .api::<Pod>(&ns)
-        .delete(&name, &DeleteParams::default())
-        .await
-    {
-        Ok(_) => ctx.wrote("pod_delete"),
-        Err(err) if is_not_found(&err) => {}
-        Err(err) => return Err(err.into()),
+    let api = ctx.api::<Pod>(&ns);
+    // Gone is fine: the pod was deleted already.
+    ctx.write("pod_delete", api.delete(&name, &DeleteParams::default()))
+        .await?;
+    Ok(())
+}
+
+/// Clears the run Lease's holder (CAS), keeping the higher of its fence and the run's. A
+/// Lease moved meanwhile (Conflict) is someone else's now; a Lease gone needs no release.
+pub async fn release_run_lease(ctx: &Context, run: &AgentRun) -> Result<(), Error> {
+    let ns = run.namespace().unwrap_or_default();
+    let api = ctx.api::<Lease>(&ns);
+    let name = run_lease_name(&run.name_any());
+    let Some(mut lease) = api.get_opt(&name).await? else {
+        return Ok(());
+    };
+    if lease_holder(&lease).is_none() {
+        return Ok(());
     }
+    let fence = lease_fence(&lease)
+        .unwrap_or(0)
+        .max(Fence::of_run(run).get());
+    lease
+        .annotations_mut()
+        .insert(FENCE_ANNOTATION.into(), fence.to_string());
+    if let Some(spec) = lease.spec.as_mut() {
+        spec.holder_identity = None;
+    }
+    let params = PostParams::default();
+    ctx.write("lease", api.replace(&name, &params, &lease))
+        .await?;
     Ok(())
 }
 
@@ -349,12 +370,12 @@ async fn end_run(ctx: &Context, run: &AgentRun, decided: Option<&Close>) -> Resu
         }
     };
     let desired = statuses::closed(run, &close, fence, &replay);
-    let Some(updated) = cas_status(ctx, run, desired).await? else {
+    let Some(updated) = ctx.write_status(run, desired).await? else {
         return Ok(Applied::Conflict);
     };
     record_close(ctx, run, &close, fence);
     release_run_lease(ctx, &updated).await?;
-    release_admission(ctx, &updated).await?;
+    admission::release(ctx, &updated).await?;
     delete_pod(ctx, run, status.fence).await?;
     Ok(Applied::Done)
 }
@@ -379,9 +400,9 @@ async fn seal_closed(
         fence,
         reason: reason.into(),
     });
-    ctx.check_leader()?;
-    let appended = store.append(replay.tail, fence, events).await?;
-    ctx.wrote("seal");
+    let appended = ctx
+        .write_fenced("seal", store.append(replay.tail, fence, events))
+        .await??;
     let mut new: Vec<LedgerSegment> = appended
         .slipped
         .into_iter()

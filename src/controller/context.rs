@@ -12,10 +12,10 @@ use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource, ResourceExt};
 
+use super::Config;
 use super::election::Leadership;
 use super::events::{self, Queued};
 use super::metrics::Metrics;
-use super::{Config, Error};
 use crate::crd::v1alpha1::AgentRun;
 use crate::lease::LeaseSighting;
 
@@ -89,20 +89,6 @@ pub struct Context {
 }
 
 impl Context {
-    /// Refuses when this replica does not lead: called right before every write.
-    pub fn check_leader(&self) -> Result<(), Error> {
-        if self.leadership.is_leader(Instant::now()) {
-            Ok(())
-        } else {
-            Err(Error::NotLeader)
-        }
-    }
-
-    /// Counts one API write of `kind` (seal, status, lease, pod, ...).
-    pub fn wrote(&self, kind: &str) {
-        self.metrics.api_write(kind);
-    }
-
     pub fn runs_api(&self, run: &AgentRun) -> Api<AgentRun> {
         Api::namespaced(self.client.clone(), &run.namespace().unwrap_or_default())
     }

@@ -154,7 +154,7 @@ mod tests {
     use super::*;
 
     use crate::crd::v1alpha1::LedgerEvent;
-    use crate::ledger::test_segment as seg;
+    use crate::fence::test_segment as seg;
 
     #[test]
     fn a_claim_walks_past_older_fences_and_stops_at_its_own_a_newer_or_a_close() {

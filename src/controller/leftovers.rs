@@ -23,7 +23,6 @@ use super::statuses::run_name;
 use crate::crd::v1alpha1::{AgentRun, LedgerSegment};
 use crate::crd::{RUN_UID_LABEL, controlling_run};
 use crate::fence::{run_lease_name, worker_pod_name};
-use crate::kube_util::{is_conflict, is_not_found};
 
 /// True when nothing of another run stands where the claim of `run` for `fence` will write;
 /// false when leftovers were found (and are being deleted): look again shortly.
@@ -114,10 +113,11 @@ where
         }),
         ..DeleteParams::default()
     };
-    ctx.check_leader()?;
-    match api.delete(&obj.name_any(), &precondition).await {
-        Ok(_) => Ok(()),
-        Err(err) if is_not_found(&err) || is_conflict(&err) => Ok(()),
-        Err(err) => Err(err.into()),
-    }
+    // Gone already, or Conflict: not that object any more (its UID): either is fine.
+    ctx.write(
+        "leftover_delete",
+        api.delete(&obj.name_any(), &precondition),
+    )
+    .await?;
+    Ok(())
 }

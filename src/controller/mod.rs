@@ -24,6 +24,7 @@ pub mod pod;
 mod reconcile;
 mod statuses;
 pub mod validate;
+mod writer;
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -16,13 +16,14 @@ use kube::{Api, Client, Resource, ResourceExt};
 use tokio::sync::watch;
 
 use super::admin::{self, AdminState};
-use super::apply::{Applied, apply};
+use super::apply::apply;
 use super::context::{Context, memory_for};
 use super::decide::{Action, decide};
 use super::election::{self, Leadership};
 use super::events::{self, Queued};
 use super::metrics::Metrics;
 use super::observe::observe;
+use super::writer::Applied;
 use super::{CONTROLLER_NAME, Config, Error};
 use crate::crd::v1alpha1::AgentRun;
 use crate::crd::{MANAGED_BY_LABEL, controlling_run};

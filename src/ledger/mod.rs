@@ -108,30 +108,11 @@ pub(crate) fn lost_to(seg: &LedgerSegment, verdict: Verdict, ours: i64) -> Ledge
     }
 }
 
-/// Test fixture: segment `seq` of run `r`, written under `fence`.
-#[cfg(test)]
-pub fn test_segment(
-    seq: i64,
-    fence: i64,
-    events: Vec<crate::crd::v1alpha1::LedgerEvent>,
-) -> LedgerSegment {
-    LedgerSegment::new(
-        &crate::fence::segment_name("r", seq),
-        crate::crd::v1alpha1::LedgerSegmentSpec {
-            run: "r".into(),
-            seq,
-            fence,
-            format: 1,
-            events,
-        },
-    )
-}
-
 #[cfg(test)]
 mod tests {
-    use super::test_segment as seg;
     use super::*;
     use crate::crd::v1alpha1::LedgerEvent;
+    use crate::fence::test_segment as seg;
 
     #[test]
     fn a_newer_fence_or_a_closed_ledger_ends_ownership() {

@@ -2,7 +2,7 @@
 
 use super::*;
 
-use crate::ledger::test_segment as seg;
+use crate::fence::test_segment as seg;
 
 fn intent(step: i64) -> LedgerEvent {
     LedgerEvent::StepIntent {

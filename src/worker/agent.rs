@@ -7,7 +7,6 @@ use std::time::Instant;
 
 use tokio_util::sync::CancellationToken;
 
-use super::appender::AppendError;
 use super::finish::Ending;
 use super::model::{ModelError, ModelRequest, ModelToolCall, ModelTurn};
 use super::provider::Model;
@@ -52,14 +51,6 @@ pub fn interrupted(s: &Session) -> Option<Ending> {
         Some(Ending::Handoff)
     } else {
         None
-    }
-}
-
-/// The ending for an append that was refused.
-pub fn refused(err: AppendError) -> Ending {
-    match err {
-        AppendError::TooLarge { .. } => Ending::TooLarge,
-        AppendError::Lost(_) | AppendError::Gone => Ending::Lost,
     }
 }
 
@@ -134,7 +125,7 @@ async fn run_call(s: &mut Session, call: ModelToolCall) -> Option<Ending> {
     };
     let sent_at = Instant::now();
     if let Err(err) = s.append(vec![intent]).await {
-        return Some(refused(err));
+        return Some(Ending::refused(err));
     }
     s.metrics.step_appended(sent_at.elapsed());
     s.publish_steps();

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tracing::{info, warn};
 
-use super::agent::refused;
+use super::appender::AppendError;
 use super::metrics::FenceRejection;
 use super::progress::{self, Progress};
 use super::session::Session;
@@ -40,6 +40,16 @@ pub enum Ending {
     },
     /// The run is no longer ours: write nothing.
     Lost,
+}
+
+impl Ending {
+    /// The ending for an append that was refused.
+    pub fn refused(err: AppendError) -> Self {
+        match err {
+            AppendError::TooLarge { .. } => Ending::TooLarge,
+            AppendError::Lost(_) | AppendError::Gone => Ending::Lost,
+        }
+    }
 }
 
 /// How the process exits.
@@ -157,7 +167,7 @@ pub async fn conclude(s: &mut Session, ending: Ending, record: bool) -> Exit {
     if let Some(event) = event_for(&ending).filter(|_| record)
         && let Err(err) = s.append(vec![event]).await
     {
-        ending = refused(err);
+        ending = Ending::refused(err);
     }
     match &ending {
         Ending::Lost => return Exit::Lost,

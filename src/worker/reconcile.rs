@@ -4,7 +4,7 @@
 
 use tokio_util::sync::CancellationToken;
 
-use super::agent::{ToolRun, refused, result, run_tool, summary};
+use super::agent::{ToolRun, result, run_tool, summary};
 use super::finish::Ending;
 use super::resume::{Reconcile, ResumePlan, Standing, Then};
 use super::session::Session;
@@ -34,7 +34,7 @@ pub async fn resume(s: &mut Session, plan: ResumePlan) -> Resumed {
         }
     }));
     if let Err(err) = s.append(first).await {
-        return end(refused(err), false);
+        return end(Ending::refused(err), false);
     }
     for r in &plan.reconcile {
         let resolution = match follow_up(s, r).await {
@@ -91,7 +91,7 @@ async fn standing(s: &mut Session, standing: Standing) -> Resumed {
                 },
             ));
             if let Err(err) = s.append(events).await {
-                return end(refused(err), false);
+                return end(Ending::refused(err), false);
             }
             s.progress.send_modify(|p| p.inputs_consumed = index + 1);
             Resumed::Continue
@@ -126,7 +126,7 @@ async fn follow_up(s: &mut Session, r: &Reconcile) -> Result<&'static str, Endin
                     step: r.step,
                     outcome: ProbeOutcome::NotApplied,
                 };
-                s.append(vec![probed]).await.map_err(refused)?;
+                s.append(vec![probed]).await.map_err(Ending::refused)?;
                 rerun(s, r).await.map(|_| "notApplied")
             }
             ProbeOutcome::Unknown => {
