@@ -268,3 +268,60 @@ async fn the_controller_binary_names_itself_as_the_writer() {
     controller.kill().await.ok();
     ns.cleanup().await;
 }
+
+/// `baton_remembered_runs` as the admin server reports it now.
+async fn remembered_runs(addr: std::net::SocketAddr) -> i64 {
+    let metrics = wait_http_ok(addr, "/metrics").await;
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("baton_remembered_runs "))
+        .unwrap_or_else(|| panic!("/metrics lacks baton_remembered_runs:\n{metrics}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// The controller's memory of a run (Lease sightings, seals) goes with the run, whoever
+/// deletes it: runs deleted by a user leave no entries behind, and their Leases (which the
+/// local control plane, with no garbage collector, keeps) renewed after the deletion bring
+/// none back.
+#[tokio::test]
+async fn the_memory_of_runs_deleted_by_a_user_is_dropped() {
+    let ns = TestNamespace::new("ctl-memory").await;
+    let addr = free_addr();
+    let mut cfg = config(&ns.name);
+    cfg.admin_addr = Some(addr);
+    let _c = start(&ns.client, cfg);
+    let names: Vec<String> = (0..5).map(|i| format!("r{i}")).collect();
+    for name in &names {
+        create(&ns, long_lease_run(name)).await;
+    }
+    for name in &names {
+        wait_lease(&ns, name, &baton::fence::worker_pod_name(name, 1), 1, T).await;
+    }
+    let before = remembered_runs(addr).await;
+    assert_eq!(before, 5, "one entry per live run");
+    for name in &names {
+        ns.api::<AgentRun>()
+            .delete(name, &Default::default())
+            .await
+            .unwrap();
+    }
+    for name in &names {
+        FakeWorker::new(&ns, name, 1).renew().await.unwrap();
+    }
+    let deadline = Instant::now() + T;
+    let mut left = remembered_runs(addr).await;
+    while left != 0 {
+        assert!(
+            Instant::now() < deadline,
+            "{left} entries left for deleted runs"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        left = remembered_runs(addr).await;
+    }
+    // The renewals' watch events have long arrived by now: they brought nothing back.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(remembered_runs(addr).await, 0);
+    ns.cleanup().await;
+}

@@ -35,6 +35,7 @@ async fn metrics(
     State(state): State<AdminState>,
 ) -> (StatusCode, [(&'static str, &'static str); 1], String) {
     let runs = state.ctx.runs.state();
+    state.ctx.metrics.remembered_runs(state.ctx.remembered());
     let body = state.ctx.metrics.render(runs.iter().map(|r| r.as_ref()));
     (
         StatusCode::OK,

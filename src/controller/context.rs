@@ -125,6 +125,31 @@ impl Context {
             .remove(&run_key(run));
     }
 
+    /// Drops the memory of a run the watch saw deleted (whoever deleted it), unless it is
+    /// about a newer run of the same name by now.
+    pub fn forget_deleted(&self, run: &AgentRun) {
+        let mut memory = self.memory.lock().expect("memory lock");
+        let key = run_key(run);
+        if memory
+            .get(&key)
+            .is_some_and(|m| m.uid.is_none() || m.uid == run.uid())
+        {
+            memory.remove(&key);
+        }
+    }
+
+    /// After the run watch re-listed (deletions during a disconnect come as no event), keeps
+    /// the memory of the runs that still exist only.
+    pub fn forget_all_but(&self, present: impl Fn(&RunKey, Option<&str>) -> bool) {
+        let mut memory = self.memory.lock().expect("memory lock");
+        memory.retain(|key, m| present(key, m.uid.as_deref()));
+    }
+
+    /// How many runs the controller keeps memory of (a gauge: it must fall as runs go).
+    pub fn remembered(&self) -> usize {
+        self.memory.lock().expect("memory lock").len()
+    }
+
     /// Queues an Event about `run` (see [`events`]: best effort, never on the claim's path).
     pub fn event(&self, run: &AgentRun, warning: bool, reason: &str, note: String) {
         let Some(queue) = &self.events else {

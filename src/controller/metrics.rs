@@ -36,6 +36,7 @@ pub struct Metrics {
     claim_api: Histogram,
     events_dropped: Counter,
     events_queued: Gauge,
+    remembered_runs: Gauge,
     writes_total: AtomicU64,
 }
 
@@ -61,6 +62,7 @@ impl Metrics {
             claim_api: Histogram::new(TAKEOVER_BUCKETS.iter().copied()),
             events_dropped: Counter::default(),
             events_queued: Gauge::default(),
+            remembered_runs: Gauge::default(),
             writes_total: AtomicU64::new(0),
         };
         m.register();
@@ -98,6 +100,11 @@ impl Metrics {
             self.reconcile_duration.clone(),
         );
         r.register("errors", "Reconcile errors by kind", self.errors.clone());
+        r.register(
+            "remembered_runs",
+            "Runs the controller keeps memory of (lease sightings, seals)",
+            self.remembered_runs.clone(),
+        );
         r.register("api_writes", "API writes by kind", self.api_writes.clone());
         r.register(
             "takeover_lateness_seconds",
@@ -140,6 +147,11 @@ impl Metrics {
             .get_or_create(&vec![("kind", kind.to_string())])
             .inc();
         self.writes_total.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// How many runs the controller's memory holds (set at each scrape).
+    pub fn remembered_runs(&self, n: usize) {
+        self.remembered_runs.set(n as i64);
     }
 
     pub fn event_dropped(&self) {

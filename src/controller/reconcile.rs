@@ -149,6 +149,7 @@ fn build(client: Client, config: Config) -> Built {
     });
     // The caches keep only what the controller reads: no managedFields anywhere (a large
     // share of every object), and of a pod only its phase, owner, labels and worker image.
+    let pruning = ctx.clone();
     let run_events = reflector(
         run_writer,
         watcher(
@@ -157,6 +158,7 @@ fn build(client: Client, config: Config) -> Built {
         )
         .modify(strip_metadata),
     )
+    .inspect_ok(move |event| prune_memory(&pruning, event))
     .applied_objects();
     let controller = Controller::for_stream(run_events, runs)
         .with_config(controller::Config::default().concurrency(ctx.config.concurrency));
@@ -173,19 +175,48 @@ fn build(client: Client, config: Config) -> Built {
         watcher(scoped::<Lease>(&client, &ctx.config), wc).modify(strip_metadata),
     )
     .default_backoff()
+    .inspect_ok(move |event| match event {
+        watcher::Event::Apply(lease) | watcher::Event::InitApply(lease) => {
+            sight_on_arrival(&sighted, lease)
+        }
+        _ => {}
+    })
     .touched_objects()
-    .inspect_ok(move |lease| sight_on_arrival(&sighted, lease))
     .boxed();
     (ctx, controller, pod_events, lease_events, wake_rx, queue)
 }
 
+/// The controller's memory of a run goes with the run: dropped when the watch sees it deleted
+/// (by anyone: a user, the garbage collector, a TTL), and, after a re-list, for every run the
+/// list no longer has.
+fn prune_memory(ctx: &Context, event: &watcher::Event<AgentRun>) {
+    match event {
+        watcher::Event::Delete(run) => ctx.forget_deleted(run),
+        watcher::Event::InitDone => ctx.forget_all_but(|(ns, name), uid| {
+            let cached = ctx.runs.get(&reflector::ObjectRef::new(name).within(ns));
+            cached.is_some_and(|run| uid.is_none() || run.uid().as_deref() == uid)
+        }),
+        _ => {}
+    }
+}
+
 /// A run Lease change is seen when its watch event arrives, not when the run is next
-/// reconciled: a busy reconcile queue must not push expiry deadlines later.
+/// reconciled: a busy reconcile queue must not push expiry deadlines later. Only a Lease of a
+/// run the controller knows is sighted: a deleted run's Lease (until the garbage collector
+/// takes it) must not bring its memory back.
 fn sight_on_arrival(ctx: &Context, lease: &Lease) {
     let Some(owner) = controlling_run(lease) else {
         return;
     };
-    let key = (lease.namespace().unwrap_or_default(), owner.name.clone());
+    let ns = lease.namespace().unwrap_or_default();
+    let known = ctx
+        .runs
+        .get(&reflector::ObjectRef::new(&owner.name).within(&ns))
+        .is_some_and(|run| run.uid().as_deref() == Some(owner.uid.as_str()));
+    if !known {
+        return;
+    }
+    let key = (ns, owner.name.clone());
     let now = Instant::now();
     let mut memory = ctx.memory.lock().expect("memory lock");
     let m = memory_for(&mut memory, key, Some(owner.uid.as_str()));
