@@ -33,6 +33,8 @@ pub struct RunMemory {
     pub replaced_version: Option<String>,
     /// The last seal this controller appended (or found) for the run.
     pub seal: Option<SealMemory>,
+    /// Reconciles of the run that failed in a row (their backoff doubles).
+    pub failures: u32,
 }
 
 /// Where this controller's seal for one fence of a run is in its ledger.
@@ -143,6 +145,24 @@ impl Context {
     pub fn forget_all_but(&self, present: impl Fn(&RunKey, Option<&str>) -> bool) {
         let mut memory = self.memory.lock().expect("memory lock");
         memory.retain(|key, m| present(key, m.uid.as_deref()));
+    }
+
+    /// Counts a failed reconcile of `run`: how many failed in a row now.
+    pub fn reconcile_failed(&self, run: &AgentRun) -> u32 {
+        let mut failures = 0;
+        self.remember(run, |m| {
+            m.failures = m.failures.saturating_add(1);
+            failures = m.failures;
+        });
+        failures
+    }
+
+    /// A reconcile of `run` passed: the next failure starts a new series.
+    pub fn reconcile_passed(&self, run: &AgentRun) {
+        let mut memory = self.memory.lock().expect("memory lock");
+        if let Some(m) = memory.get_mut(&run_key(run)) {
+            m.failures = 0;
+        }
     }
 
     /// How many runs the controller keeps memory of (a gauge: it must fall as runs go).

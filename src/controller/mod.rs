@@ -10,6 +10,7 @@ mod access;
 pub mod admin;
 mod admission;
 mod apply;
+mod backoff;
 mod claim;
 pub mod cli;
 mod context;

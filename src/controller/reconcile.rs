@@ -17,6 +17,7 @@ use tokio::sync::watch;
 
 use super::admin::{self, AdminState};
 use super::apply::apply;
+use super::backoff::ErrorClass;
 use super::context::{Context, memory_for};
 use super::decide::{Action, decide};
 use super::election::{self, Leadership};
@@ -334,6 +335,9 @@ async fn reconcile(run: Arc<AgentRun>, ctx: Arc<Context>) -> Result<Requeue, Err
     let started = Instant::now();
     let result = reconcile_run(&run, &ctx).await;
     ctx.metrics.reconciled(started.elapsed().as_secs_f64());
+    if result.is_ok() {
+        ctx.reconcile_passed(&run);
+    }
     result
 }
 
@@ -375,11 +379,15 @@ async fn reconcile_run(run: &AgentRun, ctx: &Context) -> Result<Requeue, Error> 
     Ok(Requeue::requeue(SOON))
 }
 
+/// A failed reconcile is tried again after a backoff by the class of its error, doubling with
+/// each failure of the run in a row ([`ErrorClass::backoff`]).
 fn error_policy(run: Arc<AgentRun>, err: &Error, ctx: Arc<Context>) -> Requeue {
     ctx.metrics.error(err.label());
     if matches!(err, Error::NotLeader) {
         return Requeue::await_change();
     }
-    tracing::warn!(run = %run.name_any(), %err, "reconcile failed");
-    Requeue::requeue(Duration::from_secs(2))
+    let class = ErrorClass::of(err);
+    let wait = class.backoff(ctx.reconcile_failed(&run));
+    tracing::warn!(run = %run.name_any(), %err, ?class, ?wait, "reconcile failed");
+    Requeue::requeue(wait)
 }
