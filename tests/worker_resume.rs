@@ -127,7 +127,7 @@ async fn worker_probe_confirms_an_unknown_effect_and_does_not_rerun() {
     };
     let st = kill_during_tool_then_resume(&ns, tool, &counter).await;
     assert_eq!(count(&counter), 1);
-    assert_eq!(st.unknown_effects[0].resolution, "applied");
+    assert_eq!(st.unknown_effects[0].resolution.as_str(), "applied");
     let evs = events(&segments(&ns.client, &ns.name, "r").await);
     assert!(
         evs.iter()
@@ -172,7 +172,7 @@ async fn worker_reruns_an_idempotent_step_found_open() {
         (Phase::Finishing, Some(Phase::Succeeded))
     );
     assert_eq!(count(&counter), 2, "idempotent: re-run");
-    assert_eq!(st.unknown_effects[0].resolution, "rerun");
+    assert_eq!(st.unknown_effects[0].resolution.as_str(), "rerun");
     ns.cleanup().await;
 }
 

@@ -4,6 +4,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
 use super::render::*;
+use crate::crd::v1alpha1::Resolution;
 use crate::crd::v1alpha1::{
     AgentRun, AgentRunStatus, LedgerEvent, LedgerSegment, Phase, ProbeOutcome, Role, UnknownEffect,
 };
@@ -29,7 +30,7 @@ fn unknown(step: i64, tool: &str) -> UnknownEffect {
         step,
         tool: tool.into(),
         attempt: 1,
-        resolution: "unknown".into(),
+        resolution: Resolution::Unknown,
         summary: "rm -rf /tmp/x".into(),
     }
 }

@@ -6,6 +6,7 @@ use kube::ResourceExt;
 
 use super::decide::{Claim, ClaimReason, Close};
 use super::validate::INVALID_SPEC;
+use crate::crd::v1alpha1::Resolution;
 use crate::crd::v1alpha1::{AgentRun, AgentRunStatus, LedgerStats, Phase, UnknownEffect};
 use crate::ledger::Replay;
 use crate::status::{condition, set_condition};
@@ -97,7 +98,7 @@ fn record_unknown(s: &mut AgentRunStatus, replay: &Replay) {
             step: step.step,
             tool: step.tool.clone(),
             attempt: step.attempt,
-            resolution: "unknown".into(),
+            resolution: Resolution::Unknown,
             summary,
         });
     }

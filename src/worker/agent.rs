@@ -13,6 +13,7 @@ use super::provider::Model;
 use super::resume::question_of;
 use super::session::Session;
 use super::tools::{self, ToolOutput};
+use crate::crd::v1alpha1::Resolution;
 use crate::crd::v1alpha1::{LedgerEvent, Role, ToolKind, ToolSpec, UnknownEffect};
 
 /// Runs turns until the run reaches an ending.
@@ -210,7 +211,7 @@ async fn mark_killed(s: &mut Session, step: i64, tool: &ToolSpec, arguments: &st
         step,
         tool: tool.name.clone(),
         attempt,
-        resolution: "unknown".into(),
+        resolution: Resolution::Unknown,
         summary: summary(arguments),
     })
     .await;

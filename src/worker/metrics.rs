@@ -3,6 +3,7 @@
 //!
 //! Everything here is a counter or a histogram bump: cheap enough for the hot path.
 
+use crate::crd::v1alpha1::Resolution;
 use std::time::Duration;
 
 use prometheus_client::encoding::text::encode;
@@ -153,8 +154,8 @@ impl WorkerMetrics {
         ] {
             zero(&self.fence_rejections, "kind", kind.label());
         }
-        for resolution in RESOLUTIONS {
-            zero(&self.unknown_effects, "resolution", resolution);
+        for resolution in Resolution::ALL {
+            zero(&self.unknown_effects, "resolution", resolution.as_str());
         }
         for reason in [
             RenewalFailure::Error,
@@ -231,10 +232,10 @@ impl WorkerMetrics {
             .inc();
     }
 
-    /// `resolution` is what `status.unknownEffects` reports (unknown, applied, rerun, ...).
-    pub fn unknown_effect(&self, resolution: &str) {
+    /// `resolution` is what `status.unknownEffects` reports.
+    pub fn unknown_effect(&self, resolution: Resolution) {
         self.unknown_effects
-            .get_or_create(&vec![("resolution", resolution_label(resolution))])
+            .get_or_create(&vec![("resolution", resolution.as_str())])
             .inc();
     }
 
@@ -285,19 +286,8 @@ impl WorkerMetrics {
     }
 }
 
-/// The resolutions `status.unknownEffects` reports, as labels.
-const RESOLUTIONS: [&str; 5] = ["unknown", "applied", "notApplied", "rerun", "other"];
-
 /// Outcomes of one model request.
 const MODEL_OUTCOMES: [&str; 3] = ["ok", "retryable", "permanent"];
-
-/// Resolutions as labels: the known ones, anything else as `other` (bounded cardinality).
-fn resolution_label(resolution: &str) -> &'static str {
-    RESOLUTIONS
-        .into_iter()
-        .find(|known| *known == resolution)
-        .unwrap_or("other")
-}
 
 #[cfg(test)]
 mod tests {
@@ -307,8 +297,8 @@ mod tests {
         let m = WorkerMetrics::new();
         m.fence_rejected(FenceRejection::LedgerSuperseded);
         m.fence_rejected(FenceRejection::StatusFenceMoved);
-        m.unknown_effect("applied");
-        m.unknown_effect("something new");
+        m.unknown_effect(Resolution::Applied);
+        m.unknown_effect(Resolution::Rerun);
         m.step_appended(Duration::from_millis(3));
         m.lease_renewed(Duration::from_millis(2));
         m.lease_renewal_failed(RenewalFailure::Timeout);
@@ -330,7 +320,7 @@ mod tests {
             "baton_worker_fence_rejections_total{kind=\"ledger_superseded\"} 1",
             "baton_worker_fence_rejections_total{kind=\"status_fence_moved\"} 1",
             "baton_worker_unknown_effects_total{resolution=\"applied\"} 1",
-            "baton_worker_unknown_effects_total{resolution=\"other\"} 1",
+            "baton_worker_unknown_effects_total{resolution=\"rerun\"} 1",
             "baton_worker_step_append_duration_seconds_count 1",
             "baton_worker_lease_renewal_duration_seconds_count 1",
             "baton_worker_lease_renewal_failures_total{reason=\"timeout\"} 1",

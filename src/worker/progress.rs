@@ -97,13 +97,14 @@ pub async fn progress_loop(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::crd::v1alpha1::Resolution;
 
-    fn effect(step: i64, resolution: &str) -> UnknownEffect {
+    fn effect(step: i64, resolution: Resolution) -> UnknownEffect {
         UnknownEffect {
             step,
             tool: "sh".into(),
             attempt: 1,
-            resolution: resolution.into(),
+            resolution,
             summary: String::new(),
         }
     }
@@ -111,12 +112,15 @@ mod tests {
     #[test]
     fn unknown_effects_are_upserted_by_step_and_counted() {
         let mut status = AgentRunStatus {
-            unknown_effects: vec![effect(2, "unknown")],
+            unknown_effects: vec![effect(2, Resolution::Unknown)],
             ..Default::default()
         };
         let p = Progress {
             steps: 5,
-            unknown_effects: vec![effect(2, "applied"), effect(4, "unknown")],
+            unknown_effects: vec![
+                effect(2, Resolution::Applied),
+                effect(4, Resolution::Unknown),
+            ],
             resumed: Some("resumed at 3".into()),
             ..Default::default()
         };
@@ -127,7 +131,7 @@ mod tests {
         };
         apply(&mut status, &p, &ledger);
         assert_eq!(status.unknown_effect_count, 2);
-        assert_eq!(status.unknown_effects[0].resolution, "applied");
+        assert_eq!(status.unknown_effects[0].resolution, Resolution::Applied);
         assert_eq!(status.steps, 5);
         assert_eq!(status.ledger, Some(ledger));
         assert_eq!(status.conditions[0].type_, "Resumed");

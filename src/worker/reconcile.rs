@@ -9,7 +9,7 @@ use super::finish::Ending;
 use super::resume::{Reconcile, ResumePlan, Standing, Then};
 use super::session::Session;
 use super::tools::{ToolOutput, probe};
-use crate::crd::v1alpha1::{LedgerEvent, ProbeOutcome, UnknownEffect};
+use crate::crd::v1alpha1::{LedgerEvent, ProbeOutcome, Resolution, UnknownEffect};
 
 /// What a probe that confirmed the effect puts in the step's result.
 pub const APPLIED_BY_PROBE: &str = "effect confirmed applied by probe; not re-run";
@@ -45,7 +45,7 @@ pub async fn resume(s: &mut Session, plan: ResumePlan) -> Resumed {
             step: r.step,
             tool: r.tool.clone(),
             attempt: r.attempt,
-            resolution: resolution.into(),
+            resolution,
             summary: summary(&r.input),
         };
         s.report_unknown(effect).await;
@@ -101,10 +101,10 @@ async fn standing(s: &mut Session, standing: Standing) -> Resumed {
 }
 
 /// Probes or re-runs a step; returns the resolution reported in status.
-async fn follow_up(s: &mut Session, r: &Reconcile) -> Result<&'static str, Ending> {
+async fn follow_up(s: &mut Session, r: &Reconcile) -> Result<Resolution, Ending> {
     match r.then {
-        Then::Nothing => Ok("unknown"),
-        Then::Rerun => rerun(s, r).await.map(|_| "rerun"),
+        Then::Nothing => Ok(Resolution::Unknown),
+        Then::Rerun => rerun(s, r).await.map(|_| Resolution::Rerun),
         Then::Probe => match run_probe(s, r).await {
             ProbeOutcome::Applied => {
                 s.buffer(LedgerEvent::StepProbed {
@@ -118,7 +118,7 @@ async fn follow_up(s: &mut Session, r: &Reconcile) -> Result<&'static str, Endin
                         is_error: false,
                     },
                 ));
-                Ok("applied")
+                Ok(Resolution::Applied)
             }
             ProbeOutcome::NotApplied => {
                 // Durable before the re-run: a death during it makes the next owner probe again.
@@ -127,14 +127,14 @@ async fn follow_up(s: &mut Session, r: &Reconcile) -> Result<&'static str, Endin
                     outcome: ProbeOutcome::NotApplied,
                 };
                 s.append(vec![probed]).await.map_err(Ending::refused)?;
-                rerun(s, r).await.map(|_| "notApplied")
+                rerun(s, r).await.map(|_| Resolution::NotApplied)
             }
             ProbeOutcome::Unknown => {
                 s.buffer(LedgerEvent::StepProbed {
                     step: r.step,
                     outcome: ProbeOutcome::Unknown,
                 });
-                Ok("unknown")
+                Ok(Resolution::Unknown)
             }
         },
     }

@@ -112,7 +112,7 @@ impl Session {
 
     /// Records an unknown effect in status (via progress) and as a Warning Event.
     pub async fn report_unknown(&self, effect: UnknownEffect) {
-        self.metrics.unknown_effect(&effect.resolution);
+        self.metrics.unknown_effect(effect.resolution);
         let note = format!(
             "step {} ({}) of attempt {}: its worker died before the result was recorded; resolution: {}",
             effect.step, effect.tool, effect.attempt, effect.resolution

@@ -426,10 +426,52 @@ pub struct UnknownEffect {
     pub tool: String,
     /// The attempt that started the step.
     pub attempt: i64,
-    /// What was done about it: `unknown`, `applied` (probe), `notApplied` (probe), `rerun` (idempotent).
-    pub resolution: String,
+    /// What was done about it: `unknown`, `applied` (probe), `notApplied` (probe, then re-run),
+    /// `rerun` (idempotent).
+    pub resolution: Resolution,
     /// A short summary of the call.
     pub summary: String,
+}
+
+/// What a resumed attempt did about a step whose effect was unknown. On the wire: the
+/// camelCase name.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum Resolution {
+    /// Nothing could be done: reported, never re-run.
+    #[default]
+    Unknown,
+    /// A probe found the effect had landed: recorded as done, not re-run.
+    Applied,
+    /// A probe found the effect had not landed: run again.
+    NotApplied,
+    /// The tool is idempotent: run again.
+    Rerun,
+}
+
+impl Resolution {
+    pub const ALL: [Resolution; 4] = [
+        Resolution::Unknown,
+        Resolution::Applied,
+        Resolution::NotApplied,
+        Resolution::Rerun,
+    ];
+
+    /// The wire name (also the metrics label).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Resolution::Unknown => "unknown",
+            Resolution::Applied => "applied",
+            Resolution::NotApplied => "notApplied",
+            Resolution::Rerun => "rerun",
+        }
+    }
+}
+
+impl std::fmt::Display for Resolution {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// Size of a run's ledger.
