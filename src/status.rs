@@ -11,6 +11,7 @@ use kube::api::PostParams;
 use kube::{Api, ResourceExt};
 
 use crate::crd::v1alpha1::{AgentRun, AgentRunStatus};
+use crate::fence::RunHolder;
 use crate::kube_util::is_conflict;
 
 /// How many times a fenced write re-reads and retries after a 409 while the fence is still ours.
@@ -80,34 +81,15 @@ pub async fn cas_status(
     }
 }
 
-/// The run a worker writes for: its name and UID, and the attempt's fence.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Fenced {
-    pub name: String,
-    pub uid: String,
-    pub fence: i64,
-}
-
-impl Fenced {
-    /// The hold of an attempt at `fence` on `run` as read: its name and UID.
-    pub fn of(run: &AgentRun, fence: i64) -> Self {
-        Self {
-            name: run.name_any(),
-            uid: run.uid().unwrap_or_default(),
-            fence,
-        }
-    }
-}
-
 /// A worker's fenced status write: reads the run, refuses if it is another run (UID) or its
 /// fence is not ours, applies `change`, and writes by CAS; on 409 it re-reads and retries
 /// while the run is still ours.
 pub async fn fenced_update(
     api: &Api<AgentRun>,
-    ours: &Fenced,
+    ours: &RunHolder,
     change: impl Fn(&mut AgentRunStatus),
 ) -> Result<AgentRun, StatusError> {
-    let (name, fence) = (ours.name.as_str(), ours.fence);
+    let (name, fence) = (ours.run.as_str(), ours.fence.get());
     for _ in 0..CONFLICT_RETRIES {
         let run = api.get(name).await?;
         let uid = run.uid().unwrap_or_default();

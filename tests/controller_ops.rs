@@ -136,8 +136,9 @@ async fn a_finished_run_is_deleted_after_its_ttl() {
 /// the old run's worker can no longer renew that Lease or write that status.
 #[tokio::test]
 async fn a_run_recreated_under_a_deleted_runs_name_starts_clean() {
+    use baton::fence::{Fence, RunHolder};
     use baton::lease::WorkerLease;
-    use baton::status::{Fenced, StatusError, fenced_update};
+    use baton::status::{StatusError, fenced_update};
     use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
     use kube::ResourceExt;
     use kube::api::DeleteParams;
@@ -201,10 +202,12 @@ async fn a_run_recreated_under_a_deleted_runs_name_starts_clean() {
     assert!(owned_by_new(account.owner_references()), "{account:?}");
 
     // The old run's worker (pod r-w1 at fence 1, like the new one's) is refused everywhere.
-    let zombie = Fenced {
-        name: "r".into(),
+    let zombie = RunHolder {
+        namespace: ns.name.clone(),
+        run: "r".into(),
         uid: old_uid.clone(),
-        fence: 1,
+        pod: "r-w1".into(),
+        fence: Fence::new(1),
     };
     let refused = fenced_update(&ns.api::<AgentRun>(), &zombie, |s| {
         s.phase = Phase::Finishing

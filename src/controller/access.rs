@@ -85,20 +85,20 @@ where
             if controlled_by_run(&existing, &run.uid().unwrap_or_default()) {
                 return Ok(());
             }
-            let leftover = controlling_run(&existing).is_some();
-            if leftover {
-                leftovers::delete_leftover(ctx, api, &existing).await?;
-            }
-            Err(Error::Rbac(format!(
-                "{} {} exists but is not owned by run {} ({})",
+            let what = format!(
+                "{} {} exists but is not owned by run {}",
                 K::kind(&Default::default()),
                 obj.name_any(),
                 run_name(run),
-                if leftover {
-                    "an earlier run's of the same name: removing it"
-                } else {
-                    "not a run's: remove it or name a ServiceAccount in spec.worker"
-                }
+            );
+            if controlling_run(&existing).is_some() {
+                leftovers::delete_leftover(ctx, api, &existing).await?;
+                return Err(Error::LeftoverRemoved(format!(
+                    "{what} (an earlier run's of the same name: removed it)"
+                )));
+            }
+            Err(Error::Rbac(format!(
+                "{what} (not a run's: remove it or name a ServiceAccount in spec.worker)"
             )))
         }
         // Gone: the namespace is going away, and the run with it.

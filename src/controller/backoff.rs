@@ -93,6 +93,9 @@ mod tests {
         };
         assert_eq!(ErrorClass::of(&Error::Ledger(gap)), ErrorClass::Stuck);
         assert_eq!(ErrorClass::of(&Error::Rbac("x".into())), ErrorClass::Stuck);
+        // An earlier run's object in the way was just removed: the next try goes through.
+        let removed = Error::LeftoverRemoved("x".into());
+        assert_eq!(ErrorClass::of(&removed), ErrorClass::Transient);
         let unavailable = kube::Error::Api(Box::new(
             kube::core::Status::failure("unavailable", "ServiceUnavailable").with_code(503),
         ));

@@ -122,6 +122,10 @@ pub enum Error {
     /// The run's worker ServiceAccount, Role or RoleBinding could not be put in place.
     #[error("worker RBAC: {0}")]
     Rbac(String),
+    /// An object of an earlier run of the same name stood in the way and was just removed:
+    /// the next try goes through.
+    #[error("{0}")]
+    LeftoverRemoved(String),
 }
 
 impl Error {
@@ -136,6 +140,7 @@ impl Error {
             Error::Election(_) => "election",
             Error::Admin(_) => "admin",
             Error::Rbac(_) => "rbac",
+            Error::LeftoverRemoved(_) => "leftover_removed",
         }
     }
 }

@@ -9,9 +9,10 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{debug, warn};
 
 use super::guard::LostGuard;
+use super::holder::Holder;
 use super::metrics::{AppendKind, FenceRejection, WorkerMetrics};
 use crate::crd::v1alpha1::{LedgerEvent, LedgerSegment, LedgerStats};
-use crate::ledger::{LedgerError, SegmentStore, event_bytes};
+use crate::ledger::{LedgerError, event_bytes};
 
 /// When buffered events are flushed.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -75,10 +76,9 @@ enum Command {
     },
 }
 
-/// Where the appender starts: this attempt's fence, the ledger's tail and its size.
+/// Where the appender starts: the ledger's tail and its size.
 #[derive(Debug, Clone)]
 pub struct Start {
-    pub fence: i64,
     pub tail: i64,
     pub stats: LedgerStats,
 }
@@ -92,7 +92,7 @@ pub struct Appender {
 impl Appender {
     /// Starts the appender at `start`.
     pub fn spawn(
-        store: SegmentStore,
+        holder: Holder,
         start: Start,
         max_bytes: u64,
         policy: FlushPolicy,
@@ -102,8 +102,7 @@ impl Appender {
         let (tx, rx) = mpsc::unbounded_channel();
         let (stats_tx, stats_rx) = watch::channel(start.stats.clone());
         let task = Task {
-            store,
-            fence: start.fence,
+            holder,
             tail: start.tail,
             stats: start.stats,
             stats_tx,
@@ -145,8 +144,7 @@ impl Appender {
 }
 
 struct Task {
-    store: SegmentStore,
-    fence: i64,
+    holder: Holder,
     tail: i64,
     stats: LedgerStats,
     stats_tx: watch::Sender<LedgerStats>,
@@ -250,7 +248,7 @@ impl Task {
                 return Err(self.refuse(AppendError::Lost(self.guard.reason())));
             }
             let attempt = tokio::select! {
-                r = self.store.append(self.tail, self.fence, events.clone()) => Some(r),
+                r = self.holder.append(self.tail, events.clone()) => Some(r),
                 _ = self.guard.token().cancelled() => None,
             };
             let Some(attempt) = attempt else {

@@ -11,7 +11,7 @@ use super::metrics::FenceRejection;
 use super::progress::{self, Progress};
 use super::session::Session;
 use crate::crd::v1alpha1::{AgentRunStatus, LedgerEvent, LedgerStats, Phase};
-use crate::status::{Fenced, StatusError, fenced_update};
+use crate::status::StatusError;
 
 /// Why an attempt ends.
 #[derive(Debug, Clone, PartialEq)]
@@ -222,7 +222,7 @@ async fn write_phase(s: &Session, ending: &Ending) -> Result<(), StatusError> {
             });
         }
         let change = |st: &mut AgentRunStatus| phase_change(st, ending, &salvage, &p, &ledger);
-        match fenced_update(&s.runs, &Fenced::of(&s.run, s.fence()), change).await {
+        match s.holder.update_status(change).await {
             Ok(_) => return Ok(()),
             Err(err) if err.is_lost() => {
                 s.metrics.fence_rejected(FenceRejection::StatusFenceMoved);
@@ -239,7 +239,7 @@ async fn release(s: &mut Session) {
     for task in s.heartbeat.drain(..) {
         task.abort();
     }
-    if let Err(err) = s.lease.release().await {
+    if let Err(err) = s.holder.release_lease().await {
         warn!(error = %err, "releasing the lease");
     }
 }

@@ -10,9 +10,9 @@ use kube::runtime::{WatchStreamExt, watcher};
 use tracing::{info, warn};
 
 use super::guard::{Interrupts, LostGuard};
+use super::holder::Holder;
 use super::metrics::{FenceRejection, RenewalFailure, WorkerMetrics};
 use crate::crd::v1alpha1::{AgentRun, LeaseSpec};
-use crate::lease::WorkerLease;
 
 /// How renewals are paced.
 #[derive(Debug, Clone, Copy)]
@@ -49,7 +49,7 @@ pub fn next_step(valid_until: Instant, now: Instant) -> RenewStep {
 
 /// Renews until the run is lost or the task is aborted.
 pub async fn renew_loop(
-    lease: WorkerLease,
+    holder: Holder,
     timing: RenewTiming,
     guard: LostGuard,
     metrics: Arc<WorkerMetrics>,
@@ -59,7 +59,7 @@ pub async fn renew_loop(
             _ = tokio::time::sleep(timing.every) => {}
             _ = guard.token().cancelled() => return,
         }
-        if !renew_once(&lease, timing, &guard, &metrics).await {
+        if !renew_once(&holder, timing, &guard, &metrics).await {
             return;
         }
     }
@@ -67,7 +67,7 @@ pub async fn renew_loop(
 
 /// One renewal, retried until it lands or the lease would expire. False once lost.
 pub async fn renew_once(
-    lease: &WorkerLease,
+    holder: &Holder,
     timing: RenewTiming,
     guard: &LostGuard,
     metrics: &WorkerMetrics,
@@ -81,7 +81,7 @@ pub async fn renew_once(
             }
         };
         let sent_at = Instant::now();
-        let renewal = tokio::time::timeout(budget, lease.renew()).await;
+        let renewal = tokio::time::timeout(budget, holder.renew_lease()).await;
         metrics.lease_renewed(sent_at.elapsed());
         match renewal {
             Ok(Ok(_)) => {

@@ -21,6 +21,7 @@ pub mod appender;
 pub mod finish;
 pub mod guard;
 pub mod heartbeat;
+pub mod holder;
 pub mod metrics;
 pub mod model;
 pub mod progress;
@@ -35,7 +36,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client};
 use tokio::sync::watch;
 use tracing::{Instrument, error, info, info_span};
 
@@ -46,15 +47,16 @@ use finish::{Exit, conclude};
 use guard::{Interrupts, LostGuard};
 use heartbeat::{RenewTiming, renew_loop, watch_run};
 use metrics::{FenceRejection, WorkerMetrics};
-use progress::{FencedRun, Progress, progress_loop};
+use progress::{Progress, progress_loop};
 use reconcile::Resumed;
 use session::Session;
 
 use crate::crd::v1alpha1::{AgentRun, AgentRunStatus, Phase};
-use crate::lease::{LeaseError, WorkerLease};
-use crate::ledger::{LedgerError, Replay, SEGMENT_BUDGET_BYTES, SegmentStore, check_still_owner};
-use crate::status::Fenced;
+use crate::fence::Fence;
+use crate::lease::LeaseError;
+use crate::ledger::{LedgerError, Replay, SEGMENT_BUDGET_BYTES};
 use crate::telemetry::{LogFormat, init_logging};
+use holder::Holder;
 
 /// Default cap on the ledger's size: past it the run ends `Interrupted` (TranscriptTooLarge).
 pub const DEFAULT_MAX_LEDGER_BYTES: u64 = 64 * 1024 * 1024;
@@ -238,12 +240,12 @@ async fn attempt(
     let metrics = state.metrics.clone();
     let client = counted_client(counters.clone()).await?;
     let runs: Api<AgentRun> = Api::namespaced(client.clone(), &cfg.namespace);
-    let Some((run, lease)) = start_check(&client, &runs, &cfg).await? else {
+    let Some((run, holder)) = start_check(&client, &runs, &cfg).await? else {
         info!("superseded before starting: exiting");
         return Ok(Exit::Superseded);
     };
     let renewed_at = Instant::now();
-    let renewal = lease.renew().await;
+    let renewal = holder.renew_lease().await;
     metrics.lease_renewed(renewed_at.elapsed());
     match renewal {
         Ok(_) => {}
@@ -256,7 +258,7 @@ async fn attempt(
     let timing = RenewTiming::from_spec(&run.spec.lease);
     let guard = LostGuard::new(renewed_at, timing.duration);
     let interrupts = Interrupts::default();
-    let parts = (client, runs, run, lease);
+    let parts = (client, runs, run, holder);
     let s = open_session(cfg, parts, guard, interrupts, counters, metrics).await?;
     let Some(mut s) = s else {
         return Ok(Exit::Lost);
@@ -275,23 +277,22 @@ async fn start_check(
     client: &Client,
     runs: &Api<AgentRun>,
     cfg: &WorkerConfig,
-) -> Result<Option<(AgentRun, WorkerLease)>, WorkerError> {
+) -> Result<Option<(AgentRun, Holder)>, WorkerError> {
     let Some(run) = runs.get_opt(&cfg.run).await? else {
         return Ok(None);
     };
     if !may_start(run.status.as_ref(), cfg.fence, &cfg.pod) {
         return Ok(None);
     }
-    let lease = WorkerLease::new(
+    let holder = Holder::new(
         client.clone(),
-        &cfg.namespace,
-        &cfg.run,
+        &run,
         &cfg.pod,
-        cfg.fence,
-    )
-    .of_run(&run.uid().unwrap_or_default());
-    match lease.verify().await {
-        Ok(_) => Ok(Some((run, lease))),
+        Fence::new(cfg.fence),
+        cfg.segment_budget,
+    );
+    match holder.verify_lease().await {
+        Ok(_) => Ok(Some((run, holder))),
         Err(err) if err.is_lost() => Ok(None),
         Err(err) => Err(err.into()),
     }
@@ -301,14 +302,14 @@ async fn start_check(
 /// newer owner or a close, so the run is lost.
 async fn open_session(
     cfg: WorkerConfig,
-    (client, runs, run, lease): (Client, Api<AgentRun>, AgentRun, WorkerLease),
+    (client, runs, run, holder): (Client, Api<AgentRun>, AgentRun, Holder),
     guard: LostGuard,
     interrupts: Interrupts,
     counters: Arc<ApiCounters>,
     metrics: Arc<WorkerMetrics>,
 ) -> Result<Option<Session>, WorkerError> {
     let timing = RenewTiming::from_spec(&run.spec.lease);
-    let renewals = renew_loop(lease.clone(), timing, guard.clone(), metrics.clone());
+    let renewals = renew_loop(holder.clone(), timing, guard.clone(), metrics.clone());
     let mut heartbeat = vec![
         tokio::spawn(renewals.in_current_span()),
         tokio::spawn(
@@ -323,20 +324,20 @@ async fn open_session(
         ),
     ];
     heartbeat.push(tokio::spawn(on_sigterm(interrupts.clone())));
-    let store = SegmentStore::for_run(client.clone(), &run).with_budget(cfg.segment_budget);
-    let segments = store.list().await?;
-    if let Err(err) = check_still_owner(&segments, cfg.fence) {
-        guard.lose(err.to_string());
-        return Ok(None);
-    }
+    let segments = match holder.read_ledger().await {
+        Err(err) if err.is_lost() => {
+            guard.lose(err.to_string());
+            return Ok(None);
+        }
+        read => read?,
+    };
     let replay = Replay::from_segments(&segments)?;
     let start = appender::Start {
-        fence: cfg.fence,
         tail: replay.tail,
         stats: stats_of(&segments),
     };
     let (appender, ledger_stats) = Appender::spawn(
-        store,
+        holder.clone(),
         start,
         cfg.max_ledger_bytes,
         cfg.flush,
@@ -353,10 +354,7 @@ async fn open_session(
     let (progress_tx, progress_rx) = watch::channel(progress);
     let progress_task = tokio::spawn(
         progress_loop(
-            FencedRun {
-                api: runs.clone(),
-                run: Fenced::of(&run, cfg.fence),
-            },
+            holder.clone(),
             progress_rx,
             ledger_stats.clone(),
             cfg.progress_interval,
@@ -373,7 +371,7 @@ async fn open_session(
         client,
         runs,
         run,
-        lease,
+        holder,
         appender,
         ledger_stats,
         guard,

@@ -4,14 +4,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::Api;
 use tokio::sync::watch;
 use tracing::warn;
 
 use super::guard::LostGuard;
+use super::holder::Holder;
 use super::metrics::{FenceRejection, WorkerMetrics};
-use crate::crd::v1alpha1::{AgentRun, AgentRunStatus, LedgerStats, UnknownEffect};
-use crate::status::{Fenced, condition, fenced_update, set_condition};
+use crate::crd::v1alpha1::{AgentRunStatus, LedgerStats, UnknownEffect};
+use crate::status::{condition, set_condition};
 
 /// What the worker reports while it runs.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -53,16 +53,9 @@ pub fn apply(status: &mut AgentRunStatus, p: &Progress, ledger: &LedgerStats) {
     }
 }
 
-/// The run whose status progress is written to, under this attempt's fence.
-#[derive(Clone)]
-pub struct FencedRun {
-    pub api: Api<AgentRun>,
-    pub run: Fenced,
-}
-
 /// Writes progress whenever it changes, at most every `interval`, until aborted or lost.
 pub async fn progress_loop(
-    run: FencedRun,
+    holder: Holder,
     mut progress: watch::Receiver<Progress>,
     mut ledger: watch::Receiver<LedgerStats>,
     interval: Duration,
@@ -77,7 +70,7 @@ pub async fn progress_loop(
         }
         let p = progress.borrow_and_update().clone();
         let l = ledger.borrow_and_update().clone();
-        let write = fenced_update(&run.api, &run.run, |s| apply(s, &p, &l));
+        let write = holder.update_status(|s| apply(s, &p, &l));
         match write.await {
             Ok(_) => {}
             Err(err) if err.is_lost() => {

@@ -13,13 +13,13 @@ use super::WorkerConfig;
 use super::api_count::ApiCounters;
 use super::appender::{AppendError, Appender};
 use super::guard::{Interrupts, LostGuard};
+use super::holder::Holder;
 use super::metrics::WorkerMetrics;
 use super::model::endpoint::ApiKey;
 use super::progress::Progress;
 use super::provider::Model;
 use super::tools::ToolEnv;
 use crate::crd::v1alpha1::{AgentRun, AgentRunSpec, LedgerEvent, LedgerStats, UnknownEffect};
-use crate::lease::WorkerLease;
 use crate::ledger::Replay;
 
 /// One attempt at a run.
@@ -29,7 +29,8 @@ pub struct Session {
     pub runs: Api<AgentRun>,
     /// The run as read at start (its spec drives the attempt).
     pub run: AgentRun,
-    pub lease: WorkerLease,
+    /// The attempt's hold on the run: its only way to write the ledger, Lease and status.
+    pub holder: Holder,
     pub appender: Appender,
     pub ledger_stats: watch::Receiver<LedgerStats>,
     pub guard: LostGuard,

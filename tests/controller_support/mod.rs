@@ -312,7 +312,7 @@ impl FakeWorker {
         let run = self.runs().get(&self.run).await?;
         fenced_update(
             &self.runs(),
-            &baton::status::Fenced::of(&run, self.fence),
+            &baton::fence::RunHolder::of(&run, baton::fence::Fence::new(self.fence)),
             change,
         )
         .await

@@ -1,0 +1,100 @@
+//! The worker's hold on its run (docs/protocol.md, "Owner writes"): who it is (a
+//! [`RunHolder`]: run, UID, pod, fence) and its three fenced writes. The appender, the
+//! heartbeat and the progress writer are handed a `Holder` and nothing else that writes, so
+//! no worker write can leave out the fence.
+//!
+//! - `append`: the ledger at tail+1 under the fence (the segment store classifies a taken
+//!   position by [`crate::fence::verdict`]);
+//! - `renew_lease` / `release_lease`: a CAS on the Lease that checks holder and fence;
+//! - `update_status`: re-reads the run and writes only while it is the same run (UID) at the
+//!   same fence.
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::{Api, Client};
+
+use crate::crd::v1alpha1::{AgentRun, AgentRunStatus, LedgerEvent, LedgerSegment};
+use crate::fence::{Fence, RunHolder};
+use crate::lease::{LeaseError, WorkerLease};
+use crate::ledger::{Appended, LedgerError, SegmentStore, check_still_owner};
+use crate::status::{StatusError, fenced_update};
+
+/// One attempt's hold on its run.
+#[derive(Clone)]
+pub struct Holder {
+    id: RunHolder,
+    runs: Api<AgentRun>,
+    store: SegmentStore,
+    lease: WorkerLease,
+}
+
+impl Holder {
+    /// The hold of pod `pod` at `fence` on `run` (as read from the API server: its UID tells
+    /// it from a namesake), its segments at most `segment_budget` bytes.
+    pub fn new(
+        client: Client,
+        run: &AgentRun,
+        pod: &str,
+        fence: Fence,
+        segment_budget: usize,
+    ) -> Self {
+        let id = RunHolder {
+            pod: pod.to_string(),
+            ..RunHolder::of(run, fence)
+        };
+        let lease = WorkerLease::new(client.clone(), &id.namespace, &id.run, pod, fence.get())
+            .of_run(&id.uid);
+        Self {
+            runs: Api::namespaced(client.clone(), &id.namespace),
+            store: SegmentStore::for_run(client, run).with_budget(segment_budget),
+            lease,
+            id,
+        }
+    }
+
+    pub fn id(&self) -> &RunHolder {
+        &self.id
+    }
+
+    pub fn fence(&self) -> i64 {
+        self.id.fence.get()
+    }
+
+    /// The ledger as it stands, refused (lost) if it shows a newer owner or a close.
+    pub async fn read_ledger(&self) -> Result<Vec<LedgerSegment>, LedgerError> {
+        let segments = self.store.list().await?;
+        check_still_owner(&segments, self.fence())?;
+        Ok(segments)
+    }
+
+    /// Fenced write 1: `events` at `tail + 1` onwards under this attempt's fence.
+    pub async fn append(
+        &self,
+        tail: i64,
+        events: Vec<LedgerEvent>,
+    ) -> Result<Appended, LedgerError> {
+        self.store.append(tail, self.fence(), events).await
+    }
+
+    /// Checks that the Lease names this holder at its fence (before the first write).
+    pub async fn verify_lease(&self) -> Result<Lease, LeaseError> {
+        self.lease.verify().await
+    }
+
+    /// Fenced write 2: the heartbeat, a CAS refused once the Lease names another holder.
+    pub async fn renew_lease(&self) -> Result<Lease, LeaseError> {
+        self.lease.renew().await
+    }
+
+    /// Fenced write 2, at the end: frees the Lease for the next claim.
+    pub async fn release_lease(&self) -> Result<Lease, LeaseError> {
+        self.lease.release().await
+    }
+
+    /// Fenced write 3: `change` applied to the run's status, while the run is still ours.
+    pub async fn update_status(
+        &self,
+        change: impl Fn(&mut AgentRunStatus),
+    ) -> Result<AgentRun, StatusError> {
+        fenced_update(&self.runs, &self.id, change).await
+    }
+}
