@@ -23,9 +23,7 @@ pub async fn apply(ctx: &Context, run: &AgentRun, action: &Action) -> Result<App
         Action::Queue { holder } => set_status(ctx, run, statuses::queued(run, holder)).await,
         Action::ClearStaleAdmission => admission::clear_stale(ctx, run).await,
         Action::Claim(c) => claim::claim(ctx, run, *c).await,
-        Action::CompleteClaim => {
-            claim::move_lease_and_create_pod(ctx, run, claim::LeaseBase::Fresh).await
-        }
+        Action::CompleteClaim => claim::complete(ctx, claim::StatusWritten::shown_by(run)).await,
         Action::Close(c) => claim::close(ctx, run, c).await,
         Action::Finish => finish(ctx, run).await,
         Action::ReleaseLease => release_run_lease(ctx, run).await.map(|_| Applied::Done),

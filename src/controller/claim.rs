@@ -1,5 +1,6 @@
-//! The claim protocol's I/O (DESIGN.md §3): seal → ONE status CAS → Lease move → pod creation,
-//! and the terminal claim (seal with `closed`, then the terminal status with the salvage).
+//! The claim (docs/protocol.md): seal → ONE status CAS → Lease move → pod creation, as a
+//! pipeline of typed stages, and the terminal claim (seal with `closed`, then the terminal
+//! status with the salvage).
 //!
 //! Pod rule: a pod is created only right after this pass moved the Lease to it (or found the
 //! Lease behind and moved it). A Lease already naming the pod of the current fence means its
@@ -7,6 +8,7 @@
 //! and claims fence+1 once the worker renewed or `POD_CREATE_GRACE` passed. So no fence ever
 //! gets two pods, even across controller restarts or a force-deleted pod.
 
+use std::ops::ControlFlow::{self, Break, Continue};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -28,87 +30,175 @@ use super::statuses::{self, run_name};
 use super::writer::Applied;
 use crate::crd::FENCE_ANNOTATION;
 use crate::crd::v1alpha1::{AgentRun, LedgerEvent, LedgerSegment};
-use crate::fence::{Fence, Verdict, ledger_verdict, run_lease_name, worker_pod_name};
+use crate::fence::{Fence, RunHolder, Verdict, ledger_verdict, run_lease_name, worker_pod_name};
 use crate::kube_util::is_retry_soon;
 use crate::lease::{LeaseClient, lease_fence, lease_holder};
 use crate::ledger::{Replay, SegmentStore};
 
-/// A claim of `run` for fence+1.
+/// Where a stage of the claim leaves it: on to the next stage, or stopped (and what that
+/// came to: the caches were behind, the run changed under a write, or the run has ended).
+type Stage<T> = ControlFlow<Applied, T>;
+
+/// Stage 1, prepared: the trigger confirmed against the API server, the end of the ledger
+/// found, the new holder named.
+struct Prepared<'a> {
+    run: &'a AgentRun,
+    claim: Claim,
+    holder: RunHolder,
+    lease: LeaseBase,
+    end: LedgerEnd,
+}
+
+/// Stage 2, sealed: `claimed{fence, pod}` is in the ledger (this pass's, or an earlier one's).
+struct Sealed<'a>(Prepared<'a>);
+
+/// Stage 3, status written: the run says Running at the new fence with the new pod. Either
+/// this pass wrote it, or the objects show it (a claim that stopped after its status write:
+/// [`StatusWritten::shown_by`]), and the claim goes on from here.
+pub struct StatusWritten {
+    run: AgentRun,
+    holder: RunHolder,
+    lease: LeaseBase,
+}
+
+/// Stage 4, Lease moved: the run's Lease names the new pod at the new fence, moved by this
+/// pass (so this pass, and only it, creates the pod).
+struct LeaseMoved {
+    run: AgentRun,
+    holder: RunHolder,
+}
+
+/// A claim of `run` for fence+1 (docs/protocol.md, "The claim"): prepared → sealed → status
+/// written → Lease moved → pod created, each stage a type that only the one before makes.
 pub async fn claim(ctx: &Context, run: &AgentRun, claim: Claim) -> Result<Applied, Error> {
     let started = Instant::now();
-    let status = run.status.clone().unwrap_or_default();
-    let fence = status.fence + 1;
-    let pod = worker_pod_name(&run.name_any(), fence);
-    if !leftovers::cleared(ctx, run, fence).await? {
-        return Ok(Applied::Requeue);
-    }
-    // Both are reads: finding the end of the ledger does not wait for the confirmation.
-    let (confirmed, end) = futures::try_join!(
-        confirm_trigger(ctx, run, claim.reason),
-        ledger_end(ctx, run, fence)
-    )?;
-    if let LedgerEnd::Closed { .. } = end {
-        // Whatever the trigger says now, the run has ended: its end is completed instead.
-        return close_recorded(ctx, run).await;
-    }
-    let Some(lease) = confirmed else {
-        return Ok(Applied::Requeue);
+    let prepared = match prepare(ctx, run, claim).await? {
+        Continue(prepared) => prepared,
+        Break(applied) => return Ok(applied),
     };
-    if !seal(ctx, run, fence, &pod, end).await? {
-        return Ok(Applied::Conflict);
-    }
-    let desired = statuses::claimed(run, claim, fence, &pod);
-    let Some(updated) = ctx.write_status(run, desired).await? else {
-        return Ok(Applied::Conflict);
+    let sealed = match seal(ctx, prepared).await? {
+        Continue(sealed) => sealed,
+        Break(applied) => return Ok(applied),
+    };
+    let written = match write_claim_status(ctx, sealed).await? {
+        Continue(written) => written,
+        Break(applied) => return Ok(applied),
     };
     ctx.metrics.claim_api(started.elapsed().as_secs_f64());
-    record_claim(ctx, run, claim, fence, &pod);
+    record_claim(ctx, run, claim, &written.holder);
     // The old pod's deletion does not wait for the new one (the fence, not the deletion,
     // protects the run). A pod confirmed gone is not deleted again.
     let old_pod = async {
         match claim.reason {
             ClaimReason::PodGone => Ok(()),
-            _ => delete_pod(ctx, run, status.fence).await,
+            _ => delete_pod(ctx, run, Fence::of_run(run).get()).await,
         }
     };
-    futures::try_join!(move_lease_and_create_pod(ctx, &updated, lease), old_pod)?;
+    futures::try_join!(complete(ctx, written), old_pod)?;
     Ok(Applied::Done)
 }
 
-/// Appends the seal `claimed{fence, pod}` (unless the ledger already holds a claim at this
-/// fence). False: the run was lost to a newer claim or closed; re-read it and re-decide.
-/// Safety rests on the `create` at tail+1 (a taken position collides and is classified), never
-/// on how the tail was found; [`ledger_end`] finds it without reading the whole ledger.
-async fn seal(
+/// Stages 4 and 5 from a written status: the Lease moved, then the pod created.
+pub async fn complete(ctx: &Context, written: StatusWritten) -> Result<Applied, Error> {
+    match move_lease(ctx, written).await? {
+        Continue(moved) => create_pod(ctx, moved).await.map(|_| Applied::Done),
+        Break(applied) => Ok(applied),
+    }
+}
+
+impl StatusWritten {
+    /// The claim the objects show half done: the run's status at its fence and pod, its
+    /// Lease behind (decided by `decide`: `CompleteClaim`). The Lease is read afresh.
+    pub fn shown_by(run: &AgentRun) -> Self {
+        Self {
+            holder: RunHolder::of(run, Fence::of_run(run)),
+            run: run.clone(),
+            lease: LeaseBase::Fresh,
+        }
+    }
+}
+
+/// Stage 1. No namesake's leftovers may hold the new fence's objects; the trigger is confirmed
+/// and the end of the ledger found (both reads, at once). A `closed` seal found there ends the
+/// run as the seal records, whatever the trigger says now.
+async fn prepare<'a>(
     ctx: &Context,
-    run: &AgentRun,
-    fence: i64,
-    pod: &str,
-    end: LedgerEnd,
-) -> Result<bool, Error> {
-    let tail = match end {
+    run: &'a AgentRun,
+    claim: Claim,
+) -> Result<Stage<Prepared<'a>>, Error> {
+    let holder = RunHolder::of(run, Fence::of_run(run).next());
+    let fence = holder.fence.get();
+    if !leftovers::cleared(ctx, run, fence).await? {
+        return Ok(Break(Applied::Requeue));
+    }
+    let (confirmed, end) = futures::try_join!(
+        confirm_trigger(ctx, run, claim.reason),
+        ledger_end(ctx, run, fence)
+    )?;
+    if let LedgerEnd::Closed { .. } = end {
+        return close_recorded(ctx, run).await.map(Break);
+    }
+    let Some(lease) = confirmed else {
+        return Ok(Break(Applied::Requeue));
+    };
+    Ok(Continue(Prepared {
+        run,
+        claim,
+        holder,
+        lease,
+        end,
+    }))
+}
+
+/// Stage 2: appends the seal `claimed{fence, pod}` (unless the ledger already holds a claim at
+/// this fence). Stopped with a conflict when the run was lost to a newer claim or closed:
+/// re-read it and re-decide. Safety rests on the `create` at tail+1 (a taken position collides
+/// and is classified), never on how the tail was found; [`ledger_end`] finds it without
+/// reading the whole ledger.
+async fn seal<'a>(ctx: &Context, prepared: Prepared<'a>) -> Result<Stage<Sealed<'a>>, Error> {
+    let (run, holder) = (prepared.run, &prepared.holder);
+    let fence = holder.fence.get();
+    let tail = match prepared.end {
         LedgerEnd::Tail(tail) => tail,
         LedgerEnd::Sealed(seq) => {
             // Sealed by an earlier pass (or a racing controller): the status CAS decides.
             remember_seal(ctx, run, fence, seq);
-            return Ok(true);
+            return Ok(Continue(Sealed(prepared)));
         }
-        LedgerEnd::Lost | LedgerEnd::Closed { .. } => return Ok(false),
+        LedgerEnd::Lost | LedgerEnd::Closed { .. } => return Ok(Break(Applied::Conflict)),
     };
     let seal = vec![LedgerEvent::Claimed {
         fence,
-        pod: pod.to_string(),
+        pod: holder.pod.clone(),
     }];
     let store = SegmentStore::for_run(ctx.client.clone(), run);
     let appended = match ctx
         .write_fenced("seal", store.append(tail, fence, seal))
         .await?
     {
-        Err(err) if err.is_lost() => return Ok(false),
+        Err(err) if err.is_lost() => return Ok(Break(Applied::Conflict)),
         other => other?,
     };
     remember_seal(ctx, run, fence, appended.tail);
-    Ok(true)
+    Ok(Continue(Sealed(prepared)))
+}
+
+/// Stage 3: ONE status CAS on the run as read: Running at the new fence and pod.
+async fn write_claim_status(
+    ctx: &Context,
+    Sealed(prepared): Sealed<'_>,
+) -> Result<Stage<StatusWritten>, Error> {
+    let holder = prepared.holder;
+    let (fence, pod) = (holder.fence.get(), holder.pod.as_str());
+    let desired = statuses::claimed(prepared.run, prepared.claim, fence, pod);
+    let Some(run) = ctx.write_status(prepared.run, desired).await? else {
+        return Ok(Break(Applied::Conflict));
+    };
+    Ok(Continue(StatusWritten {
+        run,
+        holder,
+        lease: prepared.lease,
+    }))
 }
 
 fn remember_seal(ctx: &Context, run: &AgentRun, fence: i64, seq: i64) {
@@ -167,7 +257,8 @@ async fn confirm_trigger(
     }
 }
 
-fn record_claim(ctx: &Context, run: &AgentRun, claim: Claim, fence: i64, pod: &str) {
+fn record_claim(ctx: &Context, run: &AgentRun, claim: Claim, holder: &RunHolder) {
+    let (fence, pod) = (holder.fence.get(), holder.pod.as_str());
     let reason = claim.reason.as_str();
     ctx.metrics.claim(reason, claim.reason.is_death());
     if claim.reason == ClaimReason::LeaseExpired
@@ -194,47 +285,48 @@ fn fold(segments: &[LedgerSegment]) -> Result<Replay, Error> {
     Ok(replay)
 }
 
-/// Status ahead of the Lease: move the Lease (CAS), then create the pod. A Lease already at
-/// the fence means the pod was handled by whoever moved it: nothing is created here, and
+/// Stage 4: the Lease moved (CAS) to the new holder, status being ahead of it. A Lease already
+/// at the fence means the pod was handled by whoever moved it: nothing is created here, and
 /// neither is it when the move finds the Lease moved by someone else meanwhile.
-pub async fn move_lease_and_create_pod(
-    ctx: &Context,
-    run: &AgentRun,
-    lease: LeaseBase,
-) -> Result<Applied, Error> {
-    let ns = run.namespace().unwrap_or_default();
-    let fence = run.status.as_ref().map_or(0, |s| s.fence);
-    let pod_name = worker_pod_name(&run.name_any(), fence);
-    let leases = LeaseClient::new(ctx.client.clone(), &ns);
+async fn move_lease(ctx: &Context, written: StatusWritten) -> Result<Stage<LeaseMoved>, Error> {
+    let StatusWritten { run, holder, lease } = written;
+    let leases = LeaseClient::new(ctx.client.clone(), &holder.namespace);
     let current = match lease {
         LeaseBase::Read(read) => read.map(|l| *l),
-        LeaseBase::Cached => cached_lease(ctx, run),
-        LeaseBase::Fresh => leases.get(&run.name_any()).await?,
+        LeaseBase::Cached => cached_lease(ctx, &run),
+        LeaseBase::Fresh => leases.get(&holder.run).await?,
     };
+    let fence = holder.fence.get();
     if current
         .as_ref()
         .and_then(lease_fence)
         .is_some_and(|f| f >= fence)
     {
-        return Ok(Applied::Requeue);
+        return Ok(Break(Applied::Requeue));
     }
     // The pod runs as the run's own ServiceAccount: it (and its Role) exist before the pod.
-    ensure_run_rbac(ctx, run, fence == 1).await?;
+    ensure_run_rbac(ctx, &run, fence == 1).await?;
     let owner = run.controller_owner_ref(&()).unwrap_or_default();
     let duration = run.spec.lease.duration_seconds;
-    let name = run.name_any();
-    let request = leases.move_from(&name, current, owner, &pod_name, fence, duration);
+    let request = leases.move_from(&holder.run, current, owner, &holder.pod, fence, duration);
     if ctx.write_fenced("lease", request).await??.is_none() {
         // Someone else moved it meanwhile: the pod is theirs to create.
-        return Ok(Applied::Requeue);
+        return Ok(Break(Applied::Requeue));
     }
-    let image = desired_image(run, &ctx.config.worker_image);
-    if let Err(err) = create_pod(ctx, &ns, &worker_pod(run, fence, &image)).await {
+    Ok(Continue(LeaseMoved { run, holder }))
+}
+
+/// Stage 5: the attempt's pod, created by the pass that moved the Lease to it.
+async fn create_pod(ctx: &Context, moved: LeaseMoved) -> Result<(), Error> {
+    let LeaseMoved { run, holder } = moved;
+    let image = desired_image(&run, &ctx.config.worker_image);
+    let pod = worker_pod(&run, holder.fence.get(), &image);
+    if let Err(err) = create_pod_patiently(ctx, &holder.namespace, &pod).await {
         // Perhaps the ServiceAccount was removed behind our back: check again next time.
-        ctx.remember(run, |m| m.rbac_for = None);
+        ctx.remember(&run, |m| m.rbac_for = None);
         return Err(err);
     }
-    Ok(Applied::Done)
+    Ok(())
 }
 
 /// How long a pod refused with "retry soon" is tried again within its attempt.
@@ -244,7 +336,7 @@ const POD_CREATE_PATIENCE: Duration = Duration::from_secs(20);
 /// so giving up here would cost the run an attempt: a refusal the server means to be retried
 /// (a new ServiceAccount without its token yet: HTTP 500 "No API token found ..., retry after")
 /// is retried with backoff for [`POD_CREATE_PATIENCE`]. AlreadyExists is our own earlier create.
-async fn create_pod(ctx: &Context, ns: &str, pod: &Pod) -> Result<(), Error> {
+async fn create_pod_patiently(ctx: &Context, ns: &str, pod: &Pod) -> Result<(), Error> {
     let deadline = tokio::time::Instant::now() + POD_CREATE_PATIENCE;
     let mut delay = Duration::from_millis(200);
     let api = ctx.api::<Pod>(ns);
