@@ -177,14 +177,12 @@ fn extra_args() -> Vec<String> {
 }
 
 fn run_manifest(name: &str) -> AgentRun {
-    serde_json::from_value(serde_json::json!({
-        "apiVersion": "baton.dev/v1alpha1", "kind": "AgentRun",
-        "metadata": {"name": name, "labels": {BENCH_LABEL: "true"}},
-        "spec": {"input": "bench",
-                 "lease": {"durationSeconds": DURATION, "renewSeconds": 3, "startupSeconds": 3600},
-                 "agent": {"model": {"script": [{"text": "x"}]}}}
-    }))
-    .expect("manifest")
+    AgentRun::builder(name)
+        .label(BENCH_LABEL, "true")
+        .input("bench")
+        .lease(DURATION, 3, 3600)
+        .reply("x")
+        .build()
 }
 
 async fn create_runs(client: &Client, ns: &str, n: usize) -> anyhow::Result<()> {

@@ -263,12 +263,7 @@ mod tests {
 
     #[test]
     fn a_holder_names_its_pod_and_lease() {
-        let run: AgentRun = serde_json::from_value(serde_json::json!({
-            "apiVersion": "baton.dev/v1alpha1", "kind": "AgentRun",
-            "metadata": {"name": "r", "namespace": "ns", "uid": "u"},
-            "spec": {"input": "hi", "agent": {"model": {}}}
-        }))
-        .unwrap();
+        let run = AgentRun::builder("r").namespace("ns").stored("u").build();
         let holder = RunHolder::of(&run, Fence::of_run(&run).next());
         assert_eq!(holder.fence, Fence::new(1));
         assert_eq!(holder.pod, "r-w1");

@@ -54,12 +54,7 @@ fn failure(args: &[&str]) -> String {
 }
 
 async fn create_run(ns: &TestNamespace, name: &str) -> AgentRun {
-    let run: AgentRun = serde_json::from_value(serde_json::json!({
-        "apiVersion": "baton.dev/v1alpha1", "kind": "AgentRun",
-        "metadata": {"name": name},
-        "spec": {"input": "tidy up", "agent": {"model": {"script": [{"text": "ok"}]}}}
-    }))
-    .unwrap();
+    let run = AgentRun::builder(name).input("tidy up").reply("ok").build();
     ns.api::<AgentRun>()
         .create(&PostParams::default(), &run)
         .await

@@ -380,10 +380,9 @@ fn the_charts_crds_are_the_generated_ones_and_notes_show_a_first_run() {
 
 /// A run as the API server would hand it to the controller (name, namespace, UID).
 fn sample_run() -> baton::crd::v1alpha1::AgentRun {
-    serde_json::from_value(json!({
-        "apiVersion": "baton.dev/v1alpha1", "kind": "AgentRun",
-        "metadata": {"name": "r1", "namespace": "agents", "uid": "u-1"},
-        "spec": {"input": "hi", "agent": {"model": {"script": [{"text": "x"}]}}}
-    }))
-    .unwrap()
+    baton::crd::v1alpha1::AgentRun::builder("r1")
+        .namespace("agents")
+        .stored("u-1")
+        .reply("x")
+        .build()
 }

@@ -244,22 +244,19 @@ async fn create_run_rbac(client: &Client, run: &AgentRun) -> RunRbac {
 }
 
 fn scripted(name: &str) -> AgentRun {
-    serde_json::from_value(serde_json::json!({
-        "apiVersion": "baton.dev/v1alpha1", "kind": "AgentRun",
-        "metadata": {"name": name},
-        "spec": {
-            "input": "count the files",
-            "lease": {"durationSeconds": 10, "renewSeconds": 2, "startupSeconds": 60},
-            "agent": {
-                "model": {"provider": "scripted", "script": [
-                    {"text": "Counting.", "toolCalls": [{"tool": "sh", "arguments": {"command": "echo 3 files"}}]},
-                    {"text": "There are 3 files."}
-                ]},
-                "tools": [{"name": "sh", "kind": "shell"}]
-            }
-        }
-    }))
-    .unwrap()
+    let script = serde_json::from_value(serde_json::json!([
+        {"text": "Counting.", "toolCalls": [{"tool": "sh", "arguments": {"command": "echo 3 files"}}]},
+        {"text": "There are 3 files."}
+    ]))
+    .unwrap();
+    let tools =
+        serde_json::from_value(serde_json::json!([{"name": "sh", "kind": "shell"}])).unwrap();
+    AgentRun::builder(name)
+        .input("count the files")
+        .lease(10, 2, 60)
+        .script(script)
+        .tools(tools)
+        .build()
 }
 
 #[tokio::test]

@@ -16,16 +16,10 @@ use baton::ledger::{LedgerError, SegmentStore};
 use baton::status::{StatusError, cas_status};
 
 fn minimal_run(name: &str) -> AgentRun {
-    serde_json::from_value(json!({
-        "apiVersion": "baton.dev/v1alpha1",
-        "kind": "AgentRun",
-        "metadata": { "name": name },
-        "spec": {
-            "input": "say hello",
-            "agent": { "model": { "provider": "scripted", "script": [{ "text": "hello" }] } }
-        }
-    }))
-    .unwrap()
+    AgentRun::builder(name)
+        .input("say hello")
+        .reply("hello")
+        .build()
 }
 
 #[tokio::test]

@@ -18,12 +18,7 @@ use kube::{Api, Client, ResourceExt};
 use rbac_support::{assert_checks, check, client_with_token, mint_token};
 
 fn agent_run(name: &str) -> AgentRun {
-    serde_json::from_value(serde_json::json!({
-        "apiVersion": "baton.dev/v1alpha1", "kind": "AgentRun",
-        "metadata": {"name": name},
-        "spec": {"input": "hi", "agent": {"model": {"script": [{"text": "done"}]}}}
-    }))
-    .unwrap()
+    AgentRun::builder(name).build()
 }
 
 /// Creates a run and its worker RBAC (as the controller will), returning the stored run.

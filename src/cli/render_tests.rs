@@ -15,13 +15,12 @@ fn now() -> Timestamp {
 }
 
 fn run(name: &str, ns: &str, status: AgentRunStatus) -> AgentRun {
-    let mut run: AgentRun = serde_json::from_value(serde_json::json!({
-        "apiVersion": "baton.dev/v1alpha1", "kind": "AgentRun",
-        "metadata": {"name": name, "namespace": ns, "uid": "u", "creationTimestamp": "2025-01-01T11:55:00Z"},
-        "spec": {"input": "hi", "agent": {"model": {}}}
-    }))
-    .unwrap();
-    run.status = Some(status);
+    let mut run = AgentRun::builder(name)
+        .namespace(ns)
+        .stored("u")
+        .status(status)
+        .build();
+    run.metadata.creation_timestamp = Some(Time("2025-01-01T11:55:00Z".parse().unwrap()));
     run
 }
 

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::jiff::Timestamp;
 
 use super::*;
-use crate::crd::v1alpha1::{AgentRunStatus, Phase};
+use crate::crd::v1alpha1::Phase;
 
 const IMAGE: &str = "baton:v1";
 
@@ -47,21 +47,13 @@ fn pods() -> Vec<PodState> {
 }
 
 fn run(phase: Phase, fence: i64, failed: i32, max_attempts: i32) -> AgentRun {
-    let mut run: AgentRun = serde_json::from_value(serde_json::json!({
-        "apiVersion": "baton.dev/v1alpha1", "kind": "AgentRun",
-        "metadata": {"name": "r", "namespace": "ns", "uid": "u", "generation": 1},
-        "spec": {"input": "hi", "maxAttempts": max_attempts,
-                 "agent": {"model": {"script": [{"text": "x"}]}}}
-    }))
-    .unwrap();
-    run.status = Some(AgentRunStatus {
-        phase,
-        fence,
-        attempt: fence,
-        failed_attempts: failed,
-        ..AgentRunStatus::default()
-    });
-    run
+    AgentRun::builder("r")
+        .namespace("ns")
+        .stored("u")
+        .max_attempts(max_attempts)
+        .reply("x")
+        .at(phase, fence, failed)
+        .build()
 }
 
 fn lease(state: L, fence: i64, now: Instant) -> LeaseObs {

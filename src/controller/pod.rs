@@ -186,12 +186,11 @@ mod tests {
     use crate::crd::v1alpha1::SecretKeyRef;
 
     fn run() -> AgentRun {
-        let mut run: AgentRun = serde_json::from_value(serde_json::json!({
-            "apiVersion": "baton.dev/v1alpha1", "kind": "AgentRun",
-            "metadata": {"name": "r1", "namespace": "ns", "uid": "u-1"},
-            "spec": {"input": "hi", "agent": {"model": {"script": [{"text": "x"}]}}}
-        }))
-        .unwrap();
+        let mut run = AgentRun::builder("r1")
+            .namespace("ns")
+            .stored("u-1")
+            .reply("x")
+            .build();
         run.spec.agent.model.api_key_secret_ref = Some(SecretKeyRef {
             name: "s".into(),
             key: "k".into(),

@@ -69,14 +69,11 @@ fn check_script_tools(spec: &AgentRunSpec) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::crd::v1alpha1::AgentRun;
     use crate::crd::v1alpha1::{ScriptToolCall, ScriptTurn, ToolKind, ToolSpec};
 
     fn spec() -> AgentRunSpec {
-        serde_json::from_value(serde_json::json!({
-            "input": "hi",
-            "agent": {"model": {"provider": "scripted", "script": [{"text": "done"}]}}
-        }))
-        .unwrap()
+        AgentRun::builder("r").spec()
     }
 
     #[test]

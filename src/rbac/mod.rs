@@ -215,12 +215,10 @@ mod tests {
     use super::*;
 
     fn run(name: &str) -> AgentRun {
-        serde_json::from_value(serde_json::json!({
-            "apiVersion": "baton.dev/v1alpha1", "kind": "AgentRun",
-            "metadata": {"name": name, "namespace": "team-a", "uid": "u-1"},
-            "spec": {"input": "hi", "agent": {"model": {}}}
-        }))
-        .unwrap()
+        AgentRun::builder(name)
+            .namespace("team-a")
+            .stored("u-1")
+            .build()
     }
 
     #[test]

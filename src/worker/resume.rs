@@ -178,7 +178,7 @@ fn reconcile_step(step: &ReplayedStep, tool: Option<&ToolSpec>) -> Option<Reconc
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::crd::v1alpha1::{AgentSpec, LedgerEvent, ProbeSpec, Role, ToolKind, ToolSpec};
+    use crate::crd::v1alpha1::{AgentRun, LedgerEvent, ProbeSpec, Role, ToolKind, ToolSpec};
 
     fn tool(name: &str, kind: ToolKind, idempotent: bool, probe: bool) -> ToolSpec {
         ToolSpec {
@@ -195,25 +195,16 @@ mod tests {
     }
 
     fn spec(inputs: Vec<&str>) -> AgentRunSpec {
-        AgentRunSpec {
-            input: "go".into(),
-            inputs: inputs.into_iter().map(Into::into).collect(),
-            thread_key: None,
-            agent: AgentSpec {
-                tools: vec![
-                    tool("sh", ToolKind::Shell, false, false),
-                    tool("idem", ToolKind::Shell, true, false),
-                    tool("probed", ToolKind::Shell, false, true),
-                    tool("ask", ToolKind::AskUser, false, false),
-                ],
-                ..AgentSpec::default()
-            },
-            lease: Default::default(),
-            max_attempts: 3,
-            stop: false,
-            ttl_seconds_after_finished: None,
-            worker: Default::default(),
-        }
+        AgentRun::builder("r")
+            .input("go")
+            .inputs(&inputs)
+            .tools(vec![
+                tool("sh", ToolKind::Shell, false, false),
+                tool("idem", ToolKind::Shell, true, false),
+                tool("probed", ToolKind::Shell, false, true),
+                tool("ask", ToolKind::AskUser, false, false),
+            ])
+            .spec()
     }
 
     fn intent(step: i64, tool: &str, idempotent: bool) -> LedgerEvent {

@@ -96,10 +96,7 @@ where
     }
 }
 
-use baton::crd::v1alpha1::{
-    AgentRun, AgentRunSpec, AgentSpec, LeaseSpec, ModelSpec, ScriptToolCall, ScriptTurn, ToolKind,
-    ToolSpec,
-};
+use baton::crd::v1alpha1::{AgentRun, LeaseSpec, ScriptToolCall, ScriptTurn, ToolKind, ToolSpec};
 
 /// A scripted turn that calls `tool` with `command`.
 pub fn shell_turn(text: &str, tool: &str, command: &str, delay_ms: i64) -> ScriptTurn {
@@ -141,28 +138,18 @@ pub fn scripted_run(
     tools: Vec<ToolSpec>,
     lease: LeaseSpec,
 ) -> AgentRun {
-    AgentRun::new(
-        name,
-        AgentRunSpec {
-            input: "do the thing".into(),
-            inputs: vec![],
-            thread_key: None,
-            agent: AgentSpec {
-                model: ModelSpec {
-                    script,
-                    ..ModelSpec::default()
-                },
-                system_prompt: None,
-                max_steps: 50,
-                tools,
-            },
-            lease,
-            max_attempts: 3,
-            stop: false,
-            ttl_seconds_after_finished: None,
-            worker: Default::default(),
-        },
-    )
+    AgentRun::builder(name)
+        .input("do the thing")
+        .script(script)
+        .tools(tools)
+        .max_steps(50)
+        .lease(
+            lease.duration_seconds,
+            lease.renew_seconds,
+            lease.startup_seconds,
+        )
+        .max_attempts(3)
+        .build()
 }
 
 /// A counter file for side effects: each run of the tool appends a line.

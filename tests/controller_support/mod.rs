@@ -83,16 +83,10 @@ pub fn long_lease_run(name: &str) -> AgentRun {
 
 /// A run with short leases: duration 3 s, renew 1 s, startup `startup` s.
 pub fn agent_run(name: &str, startup: i32) -> AgentRun {
-    serde_json::from_value(serde_json::json!({
-        "apiVersion": "baton.dev/v1alpha1", "kind": "AgentRun",
-        "metadata": {"name": name},
-        "spec": {
-            "input": "hello",
-            "lease": {"durationSeconds": 3, "renewSeconds": 1, "startupSeconds": startup},
-            "agent": {"model": {"provider": "scripted", "script": [{"text": "done"}]}}
-        }
-    }))
-    .unwrap()
+    AgentRun::builder(name)
+        .input("hello")
+        .lease(3, 1, startup)
+        .build()
 }
 
 pub async fn create(ns: &TestNamespace, run: AgentRun) -> AgentRun {

@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use baton::crd::v1alpha1::{
-    AgentRun, AgentRunSpec, AgentRunStatus, AgentSpec, LeaseSpec, LedgerEvent, LedgerSegment,
-    ModelSpec, ScriptToolCall, ScriptTurn, ToolKind, ToolSpec,
+    AgentRun, AgentRunStatus, LeaseSpec, LedgerEvent, LedgerSegment, ScriptToolCall, ScriptTurn,
+    ToolKind, ToolSpec,
 };
 use futures::StreamExt;
 use kube::runtime::{WatchStreamExt, watcher};
@@ -232,28 +232,15 @@ pub fn shell_tool(name: &str) -> ToolSpec {
 
 /// A run with these scripted turns and tools, test leases and maxAttempts 3.
 pub fn run_with(name: &str, script: Vec<ScriptTurn>, tools: Vec<ToolSpec>) -> AgentRun {
-    AgentRun::new(
-        name,
-        AgentRunSpec {
-            input: "do the thing".into(),
-            inputs: vec![],
-            thread_key: None,
-            agent: AgentSpec {
-                model: ModelSpec {
-                    script,
-                    ..ModelSpec::default()
-                },
-                system_prompt: None,
-                max_steps: 100,
-                tools,
-            },
-            lease: lease(),
-            max_attempts: 3,
-            stop: false,
-            ttl_seconds_after_finished: None,
-            worker: Default::default(),
-        },
-    )
+    let l = lease();
+    AgentRun::builder(name)
+        .input("do the thing")
+        .script(script)
+        .tools(tools)
+        .max_steps(100)
+        .lease(l.duration_seconds, l.renew_seconds, l.startup_seconds)
+        .max_attempts(3)
+        .build()
 }
 
 /// The effects as `hack/effects.py` recorded them: one line per tool execution, `run turn step fence`.

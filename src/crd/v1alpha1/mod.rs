@@ -1,7 +1,9 @@
 //! `baton.dev/v1alpha1`: the AgentRun and its ledger.
 
 mod agent_run;
+mod builder;
 mod ledger_segment;
 
 pub use agent_run::*;
+pub use builder::AgentRunBuilder;
 pub use ledger_segment::*;
