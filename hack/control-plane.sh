@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # hack/control-plane.sh — a real kube-apiserver + etcd on loopback, for baton's
-# integration and end-to-end tests (DESIGN.md §5). No cluster, no Docker needed.
+# integration and end-to-end tests. No cluster, no Docker needed.
 #
 #   hack/control-plane.sh install   make sure kube-apiserver and etcd exist (builds once)
 #   hack/control-plane.sh up        install if needed, start etcd + kube-apiserver, wait for /readyz

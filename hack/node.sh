@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# hack/node.sh — a real single-node Kubernetes 1.20 for baton's end-to-end tests (DESIGN.md §5):
+# hack/node.sh — a real single-node Kubernetes 1.20 for baton's end-to-end tests:
 # etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet on containerd + runc,
 # CNI bridge networking and kube-proxy, all inside a network namespace of its own. The root
 # namespace keeps one loopback listener that relays to the API server (hack/relay.py).

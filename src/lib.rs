@@ -1,5 +1,5 @@
 //! baton: a Kubernetes operator that keeps long-lived AI agent runs alive across pod deaths,
-//! node drains and rollouts. See DESIGN.md for the protocol this crate implements.
+//! node drains and rollouts. See docs/protocol.md for the protocol this crate implements.
 
 pub mod cli;
 pub mod controller;

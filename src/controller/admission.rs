@@ -1,4 +1,4 @@
-//! Thread admission (DESIGN.md §2): a Lease per thread key is the UNIQUE constraint. Created
+//! Thread admission (docs/architecture.md): a Lease per thread key is the UNIQUE constraint. Created
 //! with `create` (AlreadyExists = busy), holder = the run, owned by it; deleted with a
 //! precondition (uid + resourceVersion) when that run ends; then the oldest Pending run of
 //! the thread is woken.

@@ -242,7 +242,7 @@ pub enum Action {
     },
     /// Delete an admission Lease whose holder is finished or gone.
     ClearStaleAdmission,
-    /// Seal, status CAS, Lease move, pod creation (DESIGN.md §3).
+    /// Seal, status CAS, Lease move, pod creation (docs/protocol.md).
     Claim(Claim),
     /// The status claim landed but the Lease is behind: move it, then create the pod.
     CompleteClaim,

@@ -1,4 +1,4 @@
-//! Where a claim finds the end of a run's ledger (DESIGN.md §3), cheaply: from the seal this
+//! Where a claim finds the end of a run's ledger (docs/protocol.md), cheaply: from the seal this
 //! controller remembers, or the size the worker reported, probing the positions after it in
 //! the API server's watch cache; listing the run's segments only as a last resort.
 

@@ -1,5 +1,5 @@
 //! The controller (`baton controller`): admission, claims with a fence, takeover on expiry or
-//! pod death, give-up, finish, rollouts (DESIGN.md §3).
+//! pod death, give-up, finish, rollouts (docs/protocol.md).
 //!
 //! observe → decide → apply: `observe` turns the watch caches and the controller's own
 //! sightings into an [`decide::Observation`]; `decide` is pure; `apply` does the I/O, checking

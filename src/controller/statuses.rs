@@ -21,7 +21,7 @@ fn base(run: &AgentRun) -> (AgentRunStatus, Option<i64>) {
     )
 }
 
-/// The status of a claim for `fence` (DESIGN.md §3): Running, the new fence and pod.
+/// The status of a claim for `fence` (docs/protocol.md): Running, the new fence and pod.
 pub fn claimed(run: &AgentRun, claim: Claim, fence: i64, pod: &str) -> AgentRunStatus {
     let (mut s, generation) = base(run);
     s.phase = Phase::Running;

@@ -1,4 +1,4 @@
-//! Run leases (DESIGN.md §2–§3): who holds a run, under which fence, and whether it is alive.
+//! Run leases (docs/architecture.md, docs/protocol.md): who holds a run, under which fence, and whether it is alive.
 //!
 //! `rules` is pure (names, fences, expiry on the controller's own clock); `client` is the
 //! Lease I/O edge with the fenced renew, release and move.

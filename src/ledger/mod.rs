@@ -1,4 +1,4 @@
-//! The run's durable, append-only ledger (DESIGN.md §3).
+//! The run's durable, append-only ledger (docs/protocol.md).
 //!
 //! `replay` and `chunk` are pure: they turn segments into a conversation, a step record and a
 //! salvage, and split events too large for one segment. `store` is the only I/O: the fenced

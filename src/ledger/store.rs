@@ -71,7 +71,7 @@ impl SegmentStore {
         Ok(segments)
     }
 
-    /// Fenced append (DESIGN.md §3): writes `events` at `tail + 1` onwards under `fence`.
+    /// Fenced append (docs/protocol.md): writes `events` at `tail + 1` onwards under `fence`.
     ///
     /// A position taken by our own retried write is success; one taken by an older owner is
     /// history to replay and we move past it; one taken by a newer owner, or a closed ledger,

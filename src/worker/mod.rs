@@ -1,5 +1,5 @@
 //! The worker: what runs inside a worker pod. It proves it holds the run, resumes the turn
-//! from the ledger, and drives the agent loop with every write fenced (DESIGN.md §3).
+//! from the ledger, and drives the agent loop with every write fenced (docs/protocol.md).
 //!
 //! Pure decisions (`resume::plan`, `FlushPolicy`, `heartbeat::next_step`,
 //! `finish::phase_change`) are kept apart from the I/O that carries them out.

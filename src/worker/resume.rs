@@ -1,4 +1,4 @@
-//! What a new worker does with the ledger it found (DESIGN.md §3, Resume): a pure decision
+//! What a new worker does with the ledger it found (docs/protocol.md, Resume): a pure decision
 //! from the replay and the spec. The I/O that carries it out lives in `reconcile`.
 
 use crate::crd::v1alpha1::{AgentRunSpec, ProbeOutcome, ToolKind, ToolSpec};

@@ -1,5 +1,5 @@
 //! The test plays the controller: a claim built from the library's primitives, in the order
-//! DESIGN.md §3 fixes (seal the ledger, CAS the status, move the Lease).
+//! docs/protocol.md fixes (seal the ledger, CAS the status, move the Lease).
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
