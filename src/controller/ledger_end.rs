@@ -87,19 +87,10 @@ pub async fn ledger_end(ctx: &Context, run: &AgentRun, fence: i64) -> Result<Led
         },
         None => None,
     };
-    if let Some(start) = start {
-        // A segment of our own fence is walked past: a `closed` of that fence may follow it.
-        let mut sealed = None;
-        for seq in start + 1..=start + MAX_PROBES {
-            match cached_segment(&api, run, seq).await? {
-                None => return Ok(sealed.unwrap_or(LedgerEnd::Tail(seq - 1))),
-                Some(seg) => match classify_seen(&seg, fence) {
-                    None => {}
-                    Some(own @ LedgerEnd::Sealed(_)) => sealed = sealed.or(Some(own)),
-                    Some(end) => return Ok(end),
-                },
-            }
-        }
+    if let Some(start) = start
+        && let Some(end) = probe_after(&api, run, fence, start).await?
+    {
+        return Ok(end);
     }
     let mut segments = cached_segments_of(&api, &uid).await?;
     segments.sort_by_key(|s| s.spec.seq);
@@ -110,6 +101,29 @@ pub async fn ledger_end(ctx: &Context, run: &AgentRun, fence: i64) -> Result<Led
         Verdict::Newer => LedgerEnd::Lost,
         Verdict::Closed { fence, reason } => LedgerEnd::Closed { fence, reason },
     })
+}
+
+/// The positions after `start` (a known segment of an older fence), probed one by one in the
+/// watch cache up to the first free one. None: the hint was too far behind (list instead).
+/// A segment of our own fence is walked past: a `closed` of that fence may follow it.
+async fn probe_after(
+    api: &Api<LedgerSegment>,
+    run: &AgentRun,
+    fence: i64,
+    start: i64,
+) -> Result<Option<LedgerEnd>, Error> {
+    let mut sealed = None;
+    for seq in start + 1..=start + MAX_PROBES {
+        match cached_segment(api, run, seq).await? {
+            None => return Ok(Some(sealed.unwrap_or(LedgerEnd::Tail(seq - 1)))),
+            Some(seg) => match classify_seen(&seg, fence) {
+                None => {}
+                Some(own @ LedgerEnd::Sealed(_)) => sealed = sealed.or(Some(own)),
+                Some(end) => return Ok(Some(end)),
+            },
+        }
+    }
+    Ok(None)
 }
 
 /// Segment `seq` of the run as the API server's watch cache has it (None: not there, or a

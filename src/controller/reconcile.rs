@@ -122,18 +122,7 @@ fn build(client: Client, config: Config) -> Built {
     } else {
         Leadership::always()
     };
-    let (events, queue) = match config.events {
-        true => {
-            let reporter = Reporter {
-                controller: CONTROLLER_NAME.into(),
-                instance: Some(config.identity.clone()),
-            };
-            let publisher = crate::events::Publisher::new(client.clone(), reporter);
-            let (tx, rx) = events::queue();
-            (Some(tx), Some((rx, publisher)))
-        }
-        false => (None, None),
-    };
+    let (events, queue) = event_queue(&client, &config);
     let ctx = Arc::new(Context {
         client: client.clone(),
         runs: runs.clone(),
@@ -163,28 +152,52 @@ fn build(client: Client, config: Config) -> Built {
     .applied_objects();
     let controller = Controller::for_stream(run_events, runs)
         .with_config(controller::Config::default().concurrency(ctx.config.concurrency));
-    let pod_events = reflector(
-        pod_writer,
-        watcher(scoped::<Pod>(&client, &ctx.config), wc.clone()).modify(slim_pod),
-    )
-    .default_backoff()
-    .touched_objects()
-    .boxed();
-    let sighted = ctx.clone();
-    let lease_events = reflector(
-        lease_writer,
-        watcher(scoped::<Lease>(&client, &ctx.config), wc).modify(strip_metadata),
+    let pods = watcher(scoped::<Pod>(&client, &ctx.config), wc.clone()).modify(slim_pod);
+    let pod_events = reflector(pod_writer, pods)
+        .default_backoff()
+        .touched_objects()
+        .boxed();
+    let lease_events = lease_events(&client, ctx.clone(), lease_writer, wc);
+    (ctx, controller, pod_events, lease_events, wake_rx, queue)
+}
+
+/// The run Leases' watch: each change sighted as it arrives (deletions are not sightings).
+fn lease_events(
+    client: &Client,
+    ctx: Arc<Context>,
+    writer: reflector::store::Writer<Lease>,
+    wc: watcher::Config,
+) -> std::pin::Pin<Box<dyn Stream<Item = Result<Lease, watcher::Error>> + Send>> {
+    reflector(
+        writer,
+        watcher(scoped::<Lease>(client, &ctx.config), wc).modify(strip_metadata),
     )
     .default_backoff()
     .inspect_ok(move |event| match event {
         watcher::Event::Apply(lease) | watcher::Event::InitApply(lease) => {
-            sight_on_arrival(&sighted, lease)
+            sight_on_arrival(&ctx, lease)
         }
         _ => {}
     })
     .touched_objects()
-    .boxed();
-    (ctx, controller, pod_events, lease_events, wake_rx, queue)
+    .boxed()
+}
+
+/// The Event queue the reconciles fill and its publisher (none when Events are off).
+fn event_queue(
+    client: &Client,
+    config: &Config,
+) -> (Option<tokio::sync::mpsc::Sender<Queued>>, Events) {
+    if !config.events {
+        return (None, None);
+    }
+    let reporter = Reporter {
+        controller: CONTROLLER_NAME.into(),
+        instance: Some(config.identity.clone()),
+    };
+    let publisher = crate::events::Publisher::new(client.clone(), reporter);
+    let (tx, rx) = events::queue();
+    (Some(tx), Some((rx, publisher)))
 }
 
 /// The controller's memory of a run goes with the run: dropped when the watch sees it deleted

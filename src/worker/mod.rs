@@ -38,6 +38,7 @@ use std::time::{Duration, Instant};
 
 use kube::{Api, Client};
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 use tracing::{Instrument, error, info, info_span};
 
 use admin::{AdminAddr, AdminState, DEFAULT_ADMIN_ADDR};
@@ -51,7 +52,7 @@ use progress::{Progress, progress_loop};
 use reconcile::Resumed;
 use session::Session;
 
-use crate::crd::v1alpha1::{AgentRun, AgentRunStatus, Phase};
+use crate::crd::v1alpha1::{AgentRun, AgentRunStatus, LedgerSegment, Phase};
 use crate::fence::Fence;
 use crate::lease::LeaseError;
 use crate::ledger::{LedgerError, Replay, SEGMENT_BUDGET_BYTES};
@@ -308,28 +309,9 @@ async fn open_session(
     counters: Arc<ApiCounters>,
     metrics: Arc<WorkerMetrics>,
 ) -> Result<Option<Session>, WorkerError> {
-    let timing = RenewTiming::from_spec(&run.spec.lease);
-    let renewals = renew_loop(holder.clone(), timing, guard.clone(), metrics.clone());
-    let mut heartbeat = vec![
-        tokio::spawn(renewals.in_current_span()),
-        tokio::spawn(
-            watch_run(
-                runs.clone(),
-                cfg.run.clone(),
-                cfg.fence,
-                guard.clone(),
-                interrupts.clone(),
-            )
-            .in_current_span(),
-        ),
-    ];
-    heartbeat.push(tokio::spawn(on_sigterm(interrupts.clone())));
-    let segments = match holder.read_ledger().await {
-        Err(err) if err.is_lost() => {
-            guard.lose(err.to_string());
-            return Ok(None);
-        }
-        read => read?,
+    let heartbeat = spawn_heartbeat(&cfg, &runs, &run, &holder, &guard, &interrupts, &metrics);
+    let Some(segments) = read_own_ledger(&holder, &guard).await? else {
+        return Ok(None);
     };
     let replay = Replay::from_segments(&segments)?;
     let start = appender::Start {
@@ -352,17 +334,15 @@ async fn open_session(
         ..Progress::default()
     };
     let (progress_tx, progress_rx) = watch::channel(progress);
-    let progress_task = tokio::spawn(
-        progress_loop(
-            holder.clone(),
-            progress_rx,
-            ledger_stats.clone(),
-            cfg.progress_interval,
-            guard.clone(),
-            metrics.clone(),
-        )
-        .in_current_span(),
+    let writer = progress_loop(
+        holder.clone(),
+        progress_rx,
+        ledger_stats.clone(),
+        cfg.progress_interval,
+        guard.clone(),
+        metrics.clone(),
     );
+    let progress_task = tokio::spawn(writer.in_current_span());
     let model = provider::Model::for_spec(&run.spec.agent.model, cfg.api_key.clone())
         .map(Arc::new)
         .map_err(|e| e.to_string());
@@ -386,6 +366,47 @@ async fn open_session(
         heartbeat,
         progress_task: Some(progress_task),
     }))
+}
+
+/// The ledger as it stands, or None (the guard set) when it shows the run lost.
+async fn read_own_ledger(
+    holder: &Holder,
+    guard: &LostGuard,
+) -> Result<Option<Vec<LedgerSegment>>, WorkerError> {
+    match holder.read_ledger().await {
+        Err(err) if err.is_lost() => {
+            guard.lose(err.to_string());
+            Ok(None)
+        }
+        read => Ok(Some(read?)),
+    }
+}
+
+/// Off the hot path, for the whole attempt: Lease renewals, the run watch (stop, a fence that
+/// moved on), and SIGTERM.
+fn spawn_heartbeat(
+    cfg: &WorkerConfig,
+    runs: &Api<AgentRun>,
+    run: &AgentRun,
+    holder: &Holder,
+    guard: &LostGuard,
+    interrupts: &Interrupts,
+    metrics: &Arc<WorkerMetrics>,
+) -> Vec<JoinHandle<()>> {
+    let timing = RenewTiming::from_spec(&run.spec.lease);
+    let renewals = renew_loop(holder.clone(), timing, guard.clone(), metrics.clone());
+    let watch = watch_run(
+        runs.clone(),
+        cfg.run.clone(),
+        cfg.fence,
+        guard.clone(),
+        interrupts.clone(),
+    );
+    vec![
+        tokio::spawn(renewals.in_current_span()),
+        tokio::spawn(watch.in_current_span()),
+        tokio::spawn(on_sigterm(interrupts.clone())),
+    ]
 }
 
 /// The Resumed condition's message when an earlier attempt had started.

@@ -2,7 +2,7 @@
 //! with the next scripted reply (streamed chunk by chunk, or cut off mid-stream) and records
 //! what it received. Raw TCP, so a test controls exactly where a stream breaks.
 //!
-//! Included by the `providers_*` tests with `#[path]`; as a test target of its own it is empty.
+//! Included by `tests/providers/` and `tests/worker/` with `#[path]`; as a test target of its own it is empty.
 
 #![allow(dead_code)]
 

@@ -2,16 +2,14 @@
 //! side effect happened at most once, the ledger is contiguous and no earlier segment
 //! changed, the unknown step is reported, and the run reaches Finishing/Succeeded.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::common::TestNamespace;
+use crate::common::claim::{claim, events, segments};
+use crate::common::worker_proc::*;
 use baton::crd::v1alpha1::{AgentRun, LeaseSpec, LedgerEvent, LedgerSegment, Phase, Role};
-use common::TestNamespace;
-use common::claim::{claim, events, segments};
-use common::worker_proc::*;
 use kube::api::PostParams;
 use kube::{Api, ResourceExt};
 

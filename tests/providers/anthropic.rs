@@ -1,17 +1,14 @@
 //! The Anthropic provider against a local server speaking the Messages API.
 
-#[path = "providers_support/mod.rs"]
-mod server;
-
 use std::time::{Duration, Instant};
 
+use crate::server::{Reply, Server, answer_tool_calls, calls_of, split_every};
 use baton::crd::v1alpha1::{ModelSpec, Provider, ToolKind, ToolSpec};
 use baton::ledger::ReplayedMessage;
 use baton::worker::model::anthropic::AnthropicModel;
 use baton::worker::model::retry::{RetryPolicy, with_retries};
 use baton::worker::model::{ModelError, ModelRequest, ModelTurn};
 use serde_json::{Value, json};
-use server::{Reply, Server, answer_tool_calls, calls_of, split_every};
 use tokio::sync::mpsc::unbounded_channel;
 use tokio_util::sync::CancellationToken;
 

@@ -1,13 +1,11 @@
 //! Safety without the election: two controllers racing make one claim per expiry and one pod
 //! per attempt. With the election, only the leader writes.
 
-mod controller_support;
-
 use std::time::Duration;
 
+use crate::controller_support::*;
 use baton::controller::LEADER_LEASE_NAME;
 use baton::lease::lease_holder;
-use controller_support::*;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::ListParams;

@@ -1,9 +1,7 @@
 //! Thread admission: two runs on one thread run strictly one after the other.
 
-mod controller_support;
-
+use crate::controller_support::*;
 use baton::crd::v1alpha1::{LedgerEvent, Phase};
-use controller_support::*;
 
 #[tokio::test]
 async fn two_runs_on_one_thread_are_strictly_sequential() {

@@ -1,17 +1,15 @@
 //! Resume beyond the plain crash: the zombie that wakes after its run was claimed again,
 //! effect probes, idempotent re-runs, and askUser answered by a later worker.
 
-mod common;
-
 use std::time::Duration;
 
+use crate::common::TestNamespace;
+use crate::common::claim::{claim, events, segments};
+use crate::common::worker_proc::*;
 use baton::crd::v1alpha1::{
     AgentRun, AgentRunStatus, LeaseSpec, LedgerEvent, Phase, ProbeSpec, ScriptToolCall, ScriptTurn,
     ToolKind, ToolSpec,
 };
-use common::TestNamespace;
-use common::claim::{claim, events, segments};
-use common::worker_proc::*;
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 

@@ -1,15 +1,13 @@
 //! A controller that dies between the steps of a claim completes it on its next pass and
 //! never creates two pods for one fence.
 
-mod controller_support;
-
 use std::time::Duration;
 
+use crate::controller_support::*;
 use baton::crd::v1alpha1::{AgentRun, LedgerEvent, Phase};
 use baton::lease::{LeaseClient, lease_holder};
 use baton::ledger::SegmentStore;
 use baton::status::cas_status;
-use controller_support::*;
 use kube::{Resource, ResourceExt};
 
 /// Does the first steps of a claim for fence 1 by hand, as a controller that then died.

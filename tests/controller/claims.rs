@@ -1,13 +1,11 @@
 //! The claim protocol against a real API server, with the test playing the worker.
 
-mod controller_support;
-
 use std::time::{Duration, Instant};
 
+use crate::controller_support::*;
 use baton::crd::v1alpha1::{LedgerEvent, Phase, Role};
 use baton::lease::{lease_fence, lease_holder};
 use baton::status::StatusError;
-use controller_support::*;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::DeleteParams;
 

@@ -3,25 +3,19 @@
 //! trimmed or rewritten, and an event larger than one segment is split across segments and
 //! replayed whole by the next worker.
 
-mod common;
-#[path = "providers_support/mod.rs"]
-mod server;
-#[path = "worker_support/mod.rs"]
-mod support;
-
 use std::time::Duration;
 
+use crate::common::TestNamespace;
+use crate::common::claim::{claim, events, segments};
+use crate::common::worker_proc::*;
+use crate::server::{Reply, Server};
+use crate::support::*;
 use baton::crd::v1alpha1::{
     AgentRun, LeaseSpec, LedgerEvent, LedgerSegment, ModelSpec, Phase, Provider,
 };
 use baton::ledger::{Replay, ReplayedMessage, event_bytes};
-use common::TestNamespace;
-use common::claim::{claim, events, segments};
-use common::worker_proc::*;
 use kube::Api;
 use kube::api::PostParams;
-use server::{Reply, Server};
-use support::*;
 
 const EXIT_TIMEOUT: Duration = Duration::from_secs(60);
 

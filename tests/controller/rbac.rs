@@ -2,13 +2,11 @@
 //! controller creates the run's own ServiceAccount, Role and RoleBinding, owned by the run, and
 //! the pod runs as that ServiceAccount; a takeover does not create them again.
 
-mod controller_support;
-
 use std::time::Duration;
 
+use crate::controller_support::*;
 use baton::crd::controlled_by_run;
 use baton::rbac::{RunRbac, worker_rules};
-use controller_support::*;
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::ResourceExt;

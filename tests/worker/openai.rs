@@ -2,23 +2,17 @@
 //! Chat Completions server: a streamed tool call, the tool run once, the final answer, and
 //! the API key nowhere but in the request's Authorization header.
 
-mod common;
-#[path = "providers_support/mod.rs"]
-mod server;
-#[path = "worker_support/mod.rs"]
-mod support;
-
 use std::time::Duration;
 
+use crate::common::TestNamespace;
+use crate::common::claim::{claim, events, segments};
+use crate::common::worker_proc::*;
+use crate::server::{Reply, Server};
+use crate::support::*;
 use baton::crd::v1alpha1::{AgentRun, LeaseSpec, LedgerEvent, ModelSpec, Phase, Provider};
-use common::TestNamespace;
-use common::claim::{claim, events, segments};
-use common::worker_proc::*;
 use k8s_openapi::api::core::v1::Event;
 use kube::Api;
 use kube::api::{ListParams, PostParams};
-use server::{Reply, Server};
-use support::*;
 
 const EXIT_TIMEOUT: Duration = Duration::from_secs(60);
 const KEY: &str = "sk-live-7c1e4b9a2f6d8e0a3b5c7d9e1f2a4b6c";

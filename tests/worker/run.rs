@@ -1,15 +1,13 @@
 //! `baton worker` against the real API server: a run from claim to Finishing, the handoff
 //! on SIGTERM, a stop request, and the zombie that wakes up after its run was claimed again.
 
-mod common;
-
 use std::time::Duration;
 
+use crate::common::TestNamespace;
+use crate::common::claim::{claim, events, segments};
+use crate::common::worker_proc::*;
 use baton::crd::v1alpha1::{AgentRun, LeaseSpec, LedgerEvent, Phase};
 use baton::lease::{LeaseClient, lease_holder};
-use common::TestNamespace;
-use common::claim::{claim, events, segments};
-use common::worker_proc::*;
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 

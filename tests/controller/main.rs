@@ -1,0 +1,18 @@
+//! The controller against a real API server (the local control plane), with the tests playing
+//! the worker. One test binary for all of it (each file is a module):
+//! - `claims`: the claim protocol, takeovers and terminal claims;
+//! - `ops`: the admin endpoints, ttlSecondsAfterFinished, re-created runs, the controller's memory;
+//! - `race`: two controllers without an election still make one claim per expiry;
+//! - `rbac`: per-run least privilege before a run's first worker pod;
+//! - `restart`: a controller that dies between the steps of a claim completes it;
+//! - `threads`: thread admission.
+
+#[path = "../controller_support/mod.rs"]
+mod controller_support;
+
+mod claims;
+mod ops;
+mod race;
+mod rbac;
+mod restart;
+mod threads;
