@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Helm without the helm binary: lint, render and install baton's chart through PyPI's
-helm-python-sdk (Helm's own Go SDK). Used by tests/helm_chart.rs; also handy by hand.
+helm-python-sdk (Helm's own Go SDK). Used by tests/helm/; also handy by hand.
 
   python3 hack/helm.py lint     CHART [--values JSON]
   python3 hack/helm.py render   CHART --name N --namespace NS [--values JSON] [--api-versions GV/KIND,...]

@@ -4,23 +4,19 @@
 //! that token (its worker pod created as the run's own ServiceAccount). The whole run, with the
 //! chart's controller pods and real worker pods, is tests/node_e2e.rs on the real node.
 
-mod common;
-mod helm_support;
-mod rbac_support;
-
 use std::time::{Duration, Instant};
 
+use crate::common::TestNamespace;
+use crate::helm_support::{CHART, helm};
+use crate::rbac_support::{assert_checks, check, client_with_token, mint_token};
 use baton::crd::v1alpha1::{AgentRun, Phase};
 use baton::rbac::RunRbac;
-use common::TestNamespace;
-use helm_support::{CHART, helm};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Pod, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
 use kube::{Api, Client};
-use rbac_support::{assert_checks, check, client_with_token, mint_token};
 
 /// A release installed for one test, uninstalled (with its cluster-scoped RBAC) by `uninstall`.
 struct Release {

@@ -2,11 +2,9 @@
 //! hack/helm.py): restricted pods, exactly the controller's RBAC, the admission policy
 //! render-checked for Kubernetes >= 1.30, values validated by the schema, CRDs in sync.
 
-mod helm_support;
-
 use std::collections::{BTreeMap, BTreeSet};
 
-use helm_support::{CHART, helm, of_kind, one, render, yaml_docs};
+use crate::helm_support::{CHART, helm, of_kind, one, render, yaml_docs};
 use kube::ResourceExt;
 use serde_json::{Value, json};
 
@@ -323,7 +321,7 @@ fn the_admission_policy_renders_for_servers_that_serve_it() {
     assert_eq!(binding["spec"]["policyName"], policy["metadata"]["name"]);
     assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
     // Offline (Helm's default capabilities) the PDB is policy/v1; a 1.20 server, which lacks
-    // it, gets policy/v1beta1 (checked by tests/helm_install.rs).
+    // it, gets policy/v1beta1 (checked by tests/helm/install.rs).
     assert_eq!(one(&old, "PodDisruptionBudget")["apiVersion"], "policy/v1");
 }
 

@@ -2,20 +2,17 @@
 //! built by `baton::rbac` for two runs, checked with `kubectl auth can-i --as=...` and with real
 //! requests made with a worker's minted token.
 
-mod common;
-mod rbac_support;
-
 use std::collections::BTreeMap;
 
+use crate::common::TestNamespace;
+use crate::rbac_support::{assert_checks, check, client_with_token, mint_token};
 use baton::crd::v1alpha1::{AgentRun, LedgerEvent, LedgerSegment, LedgerSegmentSpec};
 use baton::rbac::{RunRbac, worker_username};
-use common::TestNamespace;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams, WatchParams};
 use kube::{Api, Client, ResourceExt};
-use rbac_support::{assert_checks, check, client_with_token, mint_token};
 
 fn agent_run(name: &str) -> AgentRun {
     AgentRun::builder(name).build()

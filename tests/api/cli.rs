@@ -2,15 +2,13 @@
 //! `baton` binary (and `kubectl baton`, as a plugin) is run and its output checked. Also the
 //! documented `kubectl wait --for=jsonpath='{.status.phase}'=Succeeded`.
 
-mod common;
-
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
+use crate::common::TestNamespace;
 use baton::crd::v1alpha1::{AgentRun, LedgerEvent, Role};
 use baton::ledger::SegmentStore;
-use common::TestNamespace;
 use k8s_openapi::api::core::v1::{Event, ObjectReference};
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};

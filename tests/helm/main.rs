@@ -1,0 +1,17 @@
+//! The Helm chart, with Helm's own SDK (hack/helm.py). One test binary (each file a module):
+//! - `chart`: linted and rendered: restricted pods, exactly the controller's RBAC, values
+//!   validated by the schema, CRDs in sync;
+//! - `install`: installed into the real local API server, its RBAC proven with real requests.
+//!
+//! The chart running for real, with its controller pods and worker pods, is on the node
+//! (tests/node_e2e.rs).
+
+#[path = "../common/mod.rs"]
+mod common;
+#[path = "../helm_support/mod.rs"]
+mod helm_support;
+#[path = "../rbac_support/mod.rs"]
+mod rbac_support;
+
+mod chart;
+mod install;
