@@ -113,6 +113,13 @@ impl ChunkAssembler {
     pub(super) fn in_progress(&self) -> bool {
         self.received > 0
     }
+
+    /// Drops an incomplete chunked event; true if there was one.
+    pub(super) fn abandon(&mut self) -> bool {
+        let had = self.in_progress();
+        *self = ChunkAssembler::default();
+        had
+    }
 }
 
 #[cfg(test)]

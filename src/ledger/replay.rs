@@ -95,6 +95,8 @@ pub struct Replay {
     pub streamed_tail: String,
     tool_result_index: BTreeMap<i64, usize>,
     chunks: ChunkAssembler,
+    /// Chunked events whose writer stopped before their last chunk (dropped).
+    pub abandoned_chunks: usize,
 }
 
 impl Replay {
@@ -124,6 +126,17 @@ impl Replay {
             self.max_fence = self.max_fence.max(seg.spec.fence);
             for event in &seg.spec.events {
                 self.events += 1;
+                // One writer writes a chunked event's chunks at consecutive positions with
+                // nothing between them, and its append is acknowledged only after the last.
+                // Anything else met before the last chunk (a seal, a new owner's first event,
+                // another chunked event starting) means that writer lost the run or died
+                // mid-event: the event was never written as far as anyone knows (a result
+                // lost this way leaves its step open, so it is reported unknown), and a
+                // resumed run must not be stopped by it.
+                let starts_anew = !matches!(event, LedgerEvent::Chunk { index, .. } if *index > 0);
+                if starts_anew && self.chunks.abandon() {
+                    self.abandoned_chunks += 1;
+                }
                 if let LedgerEvent::Chunk { index, total, data } = event {
                     let rebuilt = self.chunks.feed(*index, *total, data).map_err(|detail| {
                         LedgerError::CorruptChunk {

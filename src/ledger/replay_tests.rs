@@ -201,3 +201,50 @@ fn a_closed_ledger_records_its_seal() {
     .unwrap();
     assert_eq!(r.closed, Some((4, "MaxAttemptsExceeded".into())));
 }
+
+/// A worker killed (or superseded) between the chunks of an event too large for one segment:
+/// the next owner's seal follows the incomplete chunks. The event is dropped (its append was
+/// never acknowledged), the step it would have closed stays open, and the ledger replays.
+#[test]
+fn a_chunked_event_its_writer_never_finished_is_dropped_and_the_ledger_replays() {
+    let result = LedgerEvent::StepResult {
+        step: 1,
+        output: "y".repeat(4000),
+        is_error: false,
+    };
+    let groups = super::super::encode_events(vec![result], 1500).unwrap();
+    assert!(groups.len() > 2, "the result is split into several chunks");
+    let mut segments = vec![seg(1, 1, vec![intent(1)])];
+    // All but the last chunk landed, then the writer died.
+    for (i, group) in groups[..groups.len() - 1].iter().enumerate() {
+        segments.push(seg(2 + i as i64, 1, group.clone()));
+    }
+    let next = segments.len() as i64 + 1;
+    segments.push(seg(
+        next,
+        2,
+        vec![LedgerEvent::Claimed {
+            fence: 2,
+            pod: "r-w2".into(),
+        }],
+    ));
+    let r = Replay::from_segments(&segments).unwrap();
+    assert_eq!(r.abandoned_chunks, 1);
+    assert_eq!(
+        r.open_steps().len(),
+        1,
+        "the step the lost result would have closed is open"
+    );
+    // A chunked event written whole after it is rebuilt as usual.
+    let done = LedgerEvent::Final {
+        output: "z".repeat(4000),
+    };
+    let mut seq = next;
+    for group in super::super::encode_events(vec![done], 1500).unwrap() {
+        seq += 1;
+        segments.push(seg(seq, 2, group));
+    }
+    let r = Replay::from_segments(&segments).unwrap();
+    assert_eq!(r.final_output.as_deref().map(str::len), Some(4000));
+    assert_eq!(r.abandoned_chunks, 1);
+}

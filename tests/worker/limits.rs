@@ -269,3 +269,72 @@ async fn check_metrics(log: &str) {
         0.0
     );
 }
+
+/// A worker that died between the chunks of an event too large for one segment (here a zombie
+/// finishing its `slow` step after it was killed, its big result cut short): the next owner's
+/// seal follows the incomplete chunks. The next worker drops the half-written event (its
+/// append was never acknowledged), reports the step unknown instead of running it again, and
+/// finishes the run, instead of refusing the ledger attempt after attempt.
+#[tokio::test]
+async fn a_chunked_event_its_writer_never_finished_does_not_stop_the_resume() {
+    use baton::ledger::{SegmentStore, encode_events};
+    let ns = TestNamespace::new("worker-torn-chunk").await;
+    let counter = counter_file("torn-chunk");
+    let script = vec![
+        shell_turn("a", "sh", &format!("echo x >> {}", counter.display()), 0),
+        shell_turn("b", "slow", "sleep 60", 0),
+        final_turn("done", 0),
+    ];
+    let tools = vec![shell_tool("sh", false), shell_tool("slow", false)];
+    create(
+        &ns,
+        &scripted_run("torn", script, tools, LeaseSpec::default()),
+    )
+    .await;
+
+    let pod1 = claim(&ns.client, &ns.name, "torn", 1).await;
+    let mut w1 = spawn_worker(&ns.name, "torn", 1, &pod1, &[]);
+    let (client, name) = (ns.client.clone(), ns.name.clone());
+    wait_until(EXIT_TIMEOUT, "the intent of step 2", || {
+        let (client, name) = (client.clone(), name.clone());
+        async move {
+            events(&segments(&client, &name, "torn").await)
+                .iter()
+                .any(|(_, e)| matches!(e, LedgerEvent::StepIntent { step: 2, .. }))
+        }
+    })
+    .await;
+    w1.kill9().await;
+
+    // What the dead writer got into the ledger of its 10 kB result: every chunk but the last.
+    let run: AgentRun = ns.api().get("torn").await.unwrap();
+    let store = SegmentStore::for_run(ns.client.clone(), &run);
+    let result = LedgerEvent::StepResult {
+        step: 2,
+        output: "y".repeat(10_000),
+        is_error: false,
+    };
+    let groups = encode_events(vec![result], 2048).unwrap();
+    assert!(groups.len() > 2);
+    let mut tail = segments(&ns.client, &ns.name, "torn").await.len() as i64;
+    for group in &groups[..groups.len() - 1] {
+        tail = store.append(tail, 1, group.clone()).await.unwrap().tail;
+    }
+
+    let pod2 = claim(&ns.client, &ns.name, "torn", 2).await;
+    let mut w2 = spawn_worker(&ns.name, "torn", 2, &pod2, &[]);
+    assert_eq!(w2.wait(EXIT_TIMEOUT).await, 0, "{}", w2.log_text());
+    let st = status(&ns, "torn").await;
+    assert_eq!(st.phase, Phase::Finishing, "{st:?}\n{}", w2.log_text());
+    assert_eq!(st.outcome, Some(Phase::Succeeded));
+    let unknown: Vec<i64> = st.unknown_effects.iter().map(|e| e.step).collect();
+    assert_eq!(
+        unknown,
+        vec![2],
+        "the step whose result was cut short is unknown"
+    );
+    assert_eq!(count(&counter), 1, "step 1 was not run again");
+    let replay = Replay::from_segments(&segments(&ns.client, &ns.name, "torn").await).unwrap();
+    assert_eq!(replay.abandoned_chunks, 1);
+    ns.cleanup().await;
+}
