@@ -65,10 +65,25 @@ impl Leadership {
     }
 
     fn set(&self, until: Option<Instant>) {
-        *self.until.lock().expect("lock") = until;
-        let leading = until.is_some();
-        self.changes
-            .send_if_modified(|v| std::mem::replace(v, leading) != leading);
+        self.set_at(until, Instant::now());
+    }
+
+    /// Leading until `until`, as of `now`. Subscribers hear `true` whenever this replica leads
+    /// again after not leading as of `now`, whether it had stepped down or only let its
+    /// leadership lapse on its clock (a renewal that hung while the API server was paused, so
+    /// the Lease came back without ever being lost): every run is reconciled then, including
+    /// those whose reconcile was refused for not leading in between (they wait for a change).
+    fn set_at(&self, until: Option<Instant>, now: Instant) {
+        let mut current = self.until.lock().expect("lock");
+        let was = current.is_some_and(|u| now < u);
+        *current = until;
+        drop(current);
+        let is = until.is_some_and(|u| now < u);
+        if is && !was {
+            self.changes.send_replace(true);
+        } else if was && !is {
+            self.changes.send_replace(false);
+        }
     }
 }
 
@@ -216,5 +231,27 @@ mod tests {
         assert!(l.is_leader(t0 + Duration::from_secs(14)));
         assert!(!l.is_leader(t0 + Duration::from_secs(15)));
         assert!(Leadership::always().is_leader(t0));
+    }
+
+    #[test]
+    fn leading_again_after_a_lapse_on_the_clock_is_announced() {
+        let l = Leadership::elected();
+        let mut rx = l.subscribe();
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        l.set_at(Some(t0 + s(6)), t0);
+        assert!(rx.has_changed().unwrap() && *rx.borrow_and_update());
+        // A renewal while still leading: nothing to announce.
+        l.set_at(Some(t0 + s(8)), t0 + s(2));
+        assert!(!rx.has_changed().unwrap());
+        // The next renewal hung past the lease (the API server paused), then landed: it
+        // started before the lapse, so it leaves this replica's lead in the past...
+        l.set_at(Some(t0 + s(7)), t0 + s(20));
+        assert!(!rx.has_changed().unwrap(), "not leading either way");
+        // ...and the one after it makes it lead again, without ever having stepped down.
+        l.set_at(Some(t0 + s(26)), t0 + s(22));
+        assert!(rx.has_changed().unwrap() && *rx.borrow_and_update());
+        l.set_at(None, t0 + s(23));
+        assert!(rx.has_changed().unwrap() && !*rx.borrow_and_update());
     }
 }
