@@ -437,8 +437,8 @@ async fn close_recorded(ctx: &Context, run: &AgentRun) -> Result<Applied, Error>
 /// then the status. `decided` is the end decided now (None: only a seal already there ends
 /// the run).
 async fn end_run(ctx: &Context, run: &AgentRun, decided: Option<&Close>) -> Result<Applied, Error> {
-    let status = run.status.clone().unwrap_or_default();
-    let next = Fence::of_run(run).next();
+    let current = Fence::of_run(run);
+    let next = current.next();
     // A run closed before it ever started seals position 1: nothing of a namesake may hold it.
     if next.get() == 1 && !leftovers::cleared(ctx, run, next.get()).await? {
         return Ok(Applied::Requeue);
@@ -468,7 +468,7 @@ async fn end_run(ctx: &Context, run: &AgentRun, decided: Option<&Close>) -> Resu
     record_close(ctx, run, &close, fence);
     release_run_lease(ctx, &updated).await?;
     admission::release(ctx, &updated).await?;
-    delete_pod(ctx, run, status.fence).await?;
+    delete_pod(ctx, run, current.get()).await?;
     Ok(Applied::Done)
 }
 

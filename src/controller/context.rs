@@ -37,6 +37,14 @@ pub struct RunMemory {
     pub failures: u32,
 }
 
+impl RunMemory {
+    /// True when this memory is about `run`, not about an earlier run of its name (a memory
+    /// not yet tied to a UID is about whichever run has the name).
+    fn is_about(&self, run: &AgentRun) -> bool {
+        self.uid.is_none() || self.uid == run.uid()
+    }
+}
+
 /// Where this controller's seal for one fence of a run is in its ledger.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SealMemory {
@@ -109,7 +117,7 @@ impl Context {
         let memory = self.memory.lock().expect("memory lock");
         memory
             .get(&run_key(run))
-            .filter(|m| m.uid.is_none() || m.uid == run.uid())
+            .filter(|m| m.is_about(run))
             .cloned()
             .unwrap_or_default()
     }
@@ -132,19 +140,23 @@ impl Context {
     pub fn forget_deleted(&self, run: &AgentRun) {
         let mut memory = self.memory.lock().expect("memory lock");
         let key = run_key(run);
-        if memory
-            .get(&key)
-            .is_some_and(|m| m.uid.is_none() || m.uid == run.uid())
-        {
+        if memory.get(&key).is_some_and(|m| m.is_about(run)) {
             memory.remove(&key);
         }
     }
 
     /// After the run watch re-listed (deletions during a disconnect come as no event), keeps
-    /// the memory of the runs that still exist only.
-    pub fn forget_all_but(&self, present: impl Fn(&RunKey, Option<&str>) -> bool) {
+    /// the memory of the runs the cache still has only.
+    pub fn forget_uncached(&self) {
         let mut memory = self.memory.lock().expect("memory lock");
-        memory.retain(|key, m| present(key, m.uid.as_deref()));
+        memory.retain(|(ns, name), m| self.caches_run(ns, name, m.uid.as_deref()));
+    }
+
+    /// True when the run cache holds the run `ns/name` (with UID `uid`, when one is given).
+    pub fn caches_run(&self, ns: &str, name: &str, uid: Option<&str>) -> bool {
+        self.runs
+            .get(&ObjectRef::new(name).within(ns))
+            .is_some_and(|run| uid.is_none() || run.uid().as_deref() == uid)
     }
 
     /// Counts a failed reconcile of `run`: how many failed in a row now.

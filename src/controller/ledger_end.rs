@@ -29,11 +29,19 @@ pub enum LedgerEnd {
 /// How a claim for `fence` reads one segment met on its way to the end of the ledger
 /// (None: older history, walk on), by the one ownership rule, [`verdict`].
 pub fn classify_seen(segment: &LedgerSegment, fence: i64) -> Option<LedgerEnd> {
-    match verdict(Fence::new(fence), segment, None) {
-        Verdict::Older => None,
-        Verdict::OwnRetry => Some(LedgerEnd::Sealed(segment.spec.seq)),
-        Verdict::Newer => Some(LedgerEnd::Lost),
-        Verdict::Closed { fence, reason } => Some(LedgerEnd::Closed { fence, reason }),
+    LedgerEnd::ending(verdict(Fence::new(fence), segment, None), segment.spec.seq)
+}
+
+impl LedgerEnd {
+    /// Where a verdict leaves the claim, our own fence's segment being at `sealed_at` (None:
+    /// older history only, so the end is further on).
+    fn ending(verdict: Verdict, sealed_at: i64) -> Option<Self> {
+        match verdict {
+            Verdict::Older => None,
+            Verdict::OwnRetry => Some(LedgerEnd::Sealed(sealed_at)),
+            Verdict::Newer => Some(LedgerEnd::Lost),
+            Verdict::Closed { fence, reason } => Some(LedgerEnd::Closed { fence, reason }),
+        }
     }
 }
 
@@ -94,13 +102,12 @@ pub async fn ledger_end(ctx: &Context, run: &AgentRun, fence: i64) -> Result<Led
     }
     let mut segments = cached_segments_of(&api, &uid).await?;
     segments.sort_by_key(|s| s.spec.seq);
-    Ok(match ledger_verdict(Fence::new(fence), &segments) {
-        Verdict::Older => LedgerEnd::Tail(segments.last().map_or(0, |s| s.spec.seq)),
-        // Its position is not needed: nothing is appended.
-        Verdict::OwnRetry => LedgerEnd::Sealed(0),
-        Verdict::Newer => LedgerEnd::Lost,
-        Verdict::Closed { fence, reason } => LedgerEnd::Closed { fence, reason },
-    })
+    // Our own seal's position is not needed (0): nothing is appended.
+    let tail = segments.last().map_or(0, |s| s.spec.seq);
+    Ok(
+        LedgerEnd::ending(ledger_verdict(Fence::new(fence), &segments), 0)
+            .unwrap_or(LedgerEnd::Tail(tail)),
+    )
 }
 
 /// The positions after `start` (a known segment of an older fence), probed one by one in the

@@ -206,10 +206,7 @@ fn event_queue(
 fn prune_memory(ctx: &Context, event: &watcher::Event<AgentRun>) {
     match event {
         watcher::Event::Delete(run) => ctx.forget_deleted(run),
-        watcher::Event::InitDone => ctx.forget_all_but(|(ns, name), uid| {
-            let cached = ctx.runs.get(&reflector::ObjectRef::new(name).within(ns));
-            cached.is_some_and(|run| uid.is_none() || run.uid().as_deref() == uid)
-        }),
+        watcher::Event::InitDone => ctx.forget_uncached(),
         _ => {}
     }
 }
@@ -223,11 +220,7 @@ fn sight_on_arrival(ctx: &Context, lease: &Lease) {
         return;
     };
     let ns = lease.namespace().unwrap_or_default();
-    let known = ctx
-        .runs
-        .get(&reflector::ObjectRef::new(&owner.name).within(&ns))
-        .is_some_and(|run| run.uid().as_deref() == Some(owner.uid.as_str()));
-    if !known {
+    if !ctx.caches_run(&ns, &owner.name, Some(owner.uid.as_str())) {
         return;
     }
     let key = (ns, owner.name.clone());

@@ -10,26 +10,11 @@ use crate::common::claim::{claim, events, segments};
 use crate::common::worker_proc::*;
 use crate::server::{Reply, Server};
 use crate::support::*;
+use crate::{EXIT_TIMEOUT, create, status};
 use baton::crd::v1alpha1::{
     AgentRun, LeaseSpec, LedgerEvent, LedgerSegment, ModelSpec, Phase, Provider,
 };
 use baton::ledger::{Replay, ReplayedMessage, event_bytes};
-use kube::Api;
-use kube::api::PostParams;
-
-const EXIT_TIMEOUT: Duration = Duration::from_secs(60);
-
-async fn create(ns: &TestNamespace, run: &AgentRun) {
-    let runs: Api<AgentRun> = ns.api();
-    runs.create(&PostParams::default(), run)
-        .await
-        .expect("creating the run");
-}
-
-async fn status(ns: &TestNamespace, name: &str) -> baton::crd::v1alpha1::AgentRunStatus {
-    let runs: Api<AgentRun> = ns.api();
-    runs.get(name).await.unwrap().status.unwrap_or_default()
-}
 
 /// A shell command that prints `n` copies of `c` (no newline).
 fn print_n(c: char, n: usize) -> String {

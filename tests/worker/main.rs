@@ -13,6 +13,29 @@ mod server;
 #[path = "../worker_support/mod.rs"]
 mod support;
 
+use std::time::Duration;
+
+use baton::crd::v1alpha1::{AgentRun, AgentRunStatus};
+use kube::Api;
+use kube::api::PostParams;
+
+/// How long a worker process may take to exit.
+const EXIT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Creates `run` in the test's namespace.
+async fn create(ns: &common::TestNamespace, run: &AgentRun) {
+    let runs: Api<AgentRun> = ns.api();
+    runs.create(&PostParams::default(), run)
+        .await
+        .expect("creating the run");
+}
+
+/// The run's status as the API server has it now.
+async fn status(ns: &common::TestNamespace, name: &str) -> AgentRunStatus {
+    let runs: Api<AgentRun> = ns.api();
+    runs.get(name).await.unwrap().status.unwrap_or_default()
+}
+
 mod crash;
 mod limits;
 mod openai;

@@ -2,8 +2,7 @@
 //! Chat Completions server: a streamed tool call, the tool run once, the final answer, and
 //! the API key nowhere but in the request's Authorization header.
 
-use std::time::Duration;
-
+use crate::EXIT_TIMEOUT;
 use crate::common::TestNamespace;
 use crate::common::claim::{claim, events, segments};
 use crate::common::worker_proc::*;
@@ -14,7 +13,6 @@ use k8s_openapi::api::core::v1::Event;
 use kube::Api;
 use kube::api::{ListParams, PostParams};
 
-const EXIT_TIMEOUT: Duration = Duration::from_secs(60);
 const KEY: &str = "sk-live-7c1e4b9a2f6d8e0a3b5c7d9e1f2a4b6c";
 
 fn assert_no_key(what: &str, text: &str) {

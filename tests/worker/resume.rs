@@ -6,26 +6,15 @@ use std::time::Duration;
 use crate::common::TestNamespace;
 use crate::common::claim::{claim, events, segments};
 use crate::common::worker_proc::*;
+use crate::{create, status};
 use baton::crd::v1alpha1::{
     AgentRun, AgentRunStatus, LeaseSpec, LedgerEvent, Phase, ProbeSpec, ScriptToolCall, ScriptTurn,
     ToolKind, ToolSpec,
 };
 use kube::Api;
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
-
-async fn create(ns: &TestNamespace, run: &AgentRun) {
-    let runs: Api<AgentRun> = ns.api();
-    runs.create(&PostParams::default(), run)
-        .await
-        .expect("creating the run");
-}
-
-async fn status(ns: &TestNamespace, name: &str) -> AgentRunStatus {
-    let runs: Api<AgentRun> = ns.api();
-    runs.get(name).await.unwrap().status.unwrap_or_default()
-}
 
 #[tokio::test]
 async fn worker_zombie_writes_nothing_after_the_claim_and_exits() {

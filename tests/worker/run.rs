@@ -6,24 +6,11 @@ use std::time::Duration;
 use crate::common::TestNamespace;
 use crate::common::claim::{claim, events, segments};
 use crate::common::worker_proc::*;
+use crate::{EXIT_TIMEOUT, create, status};
 use baton::crd::v1alpha1::{AgentRun, LeaseSpec, LedgerEvent, Phase};
 use baton::lease::{LeaseClient, lease_holder};
 use kube::Api;
-use kube::api::{Patch, PatchParams, PostParams};
-
-const EXIT_TIMEOUT: Duration = Duration::from_secs(60);
-
-async fn create(ns: &TestNamespace, run: &AgentRun) {
-    let runs: Api<AgentRun> = ns.api();
-    runs.create(&PostParams::default(), run)
-        .await
-        .expect("creating the run");
-}
-
-async fn status(ns: &TestNamespace, name: &str) -> baton::crd::v1alpha1::AgentRunStatus {
-    let runs: Api<AgentRun> = ns.api();
-    runs.get(name).await.unwrap().status.unwrap_or_default()
-}
+use kube::api::{Patch, PatchParams};
 
 async fn lease_holder_of(ns: &TestNamespace, name: &str) -> Option<String> {
     let lease = LeaseClient::new(ns.client.clone(), &ns.name)
