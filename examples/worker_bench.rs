@@ -75,7 +75,24 @@ fn config(ns: &str, pod: &str, stats_file: &std::path::Path) -> WorkerConfig {
         progress_interval: Duration::from_secs(1),
         stats_file: Some(stats_file.to_path_buf()),
         segment_budget: baton::ledger::SEGMENT_BUDGET_BYTES,
+        executor_socket: Some(executor_socket()),
+        executor_wait: Duration::from_secs(10),
     }
+}
+
+/// The executor the shell steps go through, served from a thread of this process (in a pod
+/// it is the tools container's process).
+fn executor_socket() -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("baton-bench-exec-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("creating the executor's directory");
+    let config = baton_exec::server::Config {
+        socket: dir.join("exec.sock"),
+        workspace: std::env::temp_dir(),
+        accept_timeout: Duration::from_secs(120),
+    };
+    let socket = config.socket.clone();
+    std::thread::spawn(move || baton_exec::server::serve(&config));
+    socket
 }
 
 /// `steps` turns, each with ~`payload` bytes of model text and a shell call that prints
@@ -125,6 +142,7 @@ fn bench_run(steps: usize, payload: usize) -> AgentRun {
             stop: false,
             ttl_seconds_after_finished: None,
             worker: Default::default(),
+            workspace: None,
         },
     )
 }

@@ -14,10 +14,12 @@ cargo run -q -- crd --dir crds --check
 cargo run -q -- crd --dir charts/baton/crds --check
 
 rc=0
+# The worker tests run a real executor beside each worker process (tests/common/worker_proc.rs).
+cargo build -q -p baton-exec
 echo "==> unit and integration tests against the local control plane"
 # Benchmarks are not tests: they print figures (make bench-*). Every test binary runs even
 # after one fails (--no-fail-fast). The node's scenarios run next, on the node.
-bash hack/with-control-plane.sh cargo test --no-fail-fast --lib --bins --tests -- --skip node_ "$@" || rc=$?
+bash hack/with-control-plane.sh cargo test --no-fail-fast --workspace --lib --bins --tests -- --skip node_ "$@" || rc=$?
 
 echo "==> end-to-end tests on the real node"
 # Every test named node_* (tests/node_e2e.rs, tests/node_chaos.rs) runs here and only here.

@@ -162,6 +162,11 @@ pub fn worker_pod_name(run: &str, fence: i64) -> String {
     format!("{run}-w{fence}")
 }
 
+/// The run's workspace claim (`spec.workspace`): one per run, for every attempt.
+pub fn workspace_claim_name(run: &str) -> String {
+    format!("{run}-workspace")
+}
+
 /// A label value is at most 63 characters; longer run names are cut (the UID label is exact).
 pub fn label_value(name: &str) -> String {
     let cut: String = name.chars().take(63).collect();

@@ -8,7 +8,7 @@
 //! Without that memory (a restarted controller taking over), a first claim checks with one
 //! read (the RoleBinding, created last) before creating anything.
 
-use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::PostParams;
 use kube::{Api, Resource, ResourceExt};
@@ -18,6 +18,7 @@ use serde::de::DeserializeOwned;
 use super::Error;
 use super::context::Context;
 use super::leftovers;
+use super::pod::workspace_claim;
 use super::statuses::run_name;
 use super::writer::Wrote;
 use crate::crd::v1alpha1::AgentRun;
@@ -74,6 +75,7 @@ where
     let kind = match K::kind(&Default::default()).as_ref() {
         "ServiceAccount" => "service_account",
         "Role" => "role",
+        "PersistentVolumeClaim" => "workspace_claim",
         _ => "role_binding",
     };
     match ctx
@@ -97,13 +99,26 @@ where
                     "{what} (an earlier run's of the same name: removed it)"
                 )));
             }
-            Err(Error::Rbac(format!(
-                "{what} (not a run's: remove it or name a ServiceAccount in spec.worker)"
-            )))
+            let remedy = match kind {
+                "workspace_claim" => "remove it, or rename the run",
+                _ => "remove it or name a ServiceAccount in spec.worker",
+            };
+            Err(Error::Rbac(format!("{what} (not a run's: {remedy})")))
         }
         // Gone: the namespace is going away, and the run with it.
         Wrote::Written(_) | Wrote::Gone | Wrote::Conflict => Ok(()),
     }
+}
+
+/// Makes sure the run's workspace claim (`spec.workspace`) exists, owned by the run, before
+/// a pod that mounts it is created: one create per attempt, AlreadyExists being the usual
+/// answer. Kept by the run for all its attempts; deleted with it by the garbage collector.
+pub async fn ensure_workspace(ctx: &Context, run: &AgentRun) -> Result<(), Error> {
+    let Some(claim) = workspace_claim(run) else {
+        return Ok(());
+    };
+    let ns = run.namespace().unwrap_or_default();
+    create_owned(ctx, run, &ctx.api::<PersistentVolumeClaim>(&ns), &claim).await
 }
 
 fn rbac_error(run: &AgentRun, err: RbacError) -> Error {

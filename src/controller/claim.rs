@@ -18,7 +18,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 
 use super::Error;
-use super::access::ensure_run_rbac;
+use super::access::{ensure_run_rbac, ensure_workspace};
 use super::admission;
 use super::context::{Context, SealMemory};
 use super::decide::{Claim, ClaimReason, Close, CloseReason};
@@ -306,6 +306,7 @@ async fn move_lease(ctx: &Context, written: StatusWritten) -> Result<Stage<Lease
     }
     // The pod runs as the run's own ServiceAccount: it (and its Role) exist before the pod.
     ensure_run_rbac(ctx, &run, fence == 1).await?;
+    ensure_workspace(ctx, &run).await?;
     let owner = run.controller_owner_ref(&()).unwrap_or_default();
     let duration = run.spec.lease.duration_seconds;
     let request = leases.move_from(&holder.run, current, owner, &holder.pod, fence, duration);

@@ -1,37 +1,76 @@
 //! The worker pod of one attempt (pure): deterministic name per fence, owned by the run,
-//! running as the run's own ServiceAccount (see `crate::rbac`) under a restricted security
-//! context: non-root, no privilege escalation, no capabilities, the runtime's default seccomp
-//! profile and a read-only root filesystem, with an `emptyDir` at `/tmp` (and `TMPDIR=/tmp`)
-//! so tools have somewhere to write.
+//! under a restricted security context (non-root, no privilege escalation, no capabilities,
+//! the runtime's default seccomp profile, read-only root filesystems). Two containers:
+//!
+//! - `tools` runs the model's commands: baton's executor (copied in by the init container
+//!   `install-executor`, so any image with `/bin/sh` will do) in the run's `toolsImage`, as
+//!   another user, with the workspace at `/workspace` and a scratch `/tmp`. It holds no
+//!   credential: the pod does not automount the ServiceAccount token and no Secret is in its
+//!   environment.
+//! - `worker` (baton's image) alone holds the API token (a projected volume mounted only
+//!   here), the model key, and talks to the API server. It drives the executor over a Unix
+//!   socket in a volume only the two containers mount.
+//!
+//! Process namespaces are not shared, so neither container sees the other's processes.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, Pod,
-    PodSecurityContext, PodSpec, SeccompProfile, SecretKeySelector, SecurityContext, Volume,
-    VolumeMount,
+    Capabilities, ConfigMapProjection, Container, ContainerPort, DownwardAPIProjection,
+    DownwardAPIVolumeFile, EmptyDirVolumeSource, EnvVar, EnvVarSource, KeyToPath,
+    ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec,
+    PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec, ProjectedVolumeSource,
+    SeccompProfile, SecretKeySelector, SecurityContext, ServiceAccountTokenProjection, Volume,
+    VolumeMount, VolumeProjection, VolumeResourceRequirements,
 };
 use kube::api::ObjectMeta;
 use kube::{Resource, ResourceExt};
 
-use crate::crd::v1alpha1::AgentRun;
+use crate::crd::v1alpha1::{AgentRun, WorkspaceAccessMode};
 use crate::crd::{FENCE_LABEL, MANAGED_BY_LABEL, RUN_LABEL, env};
-use crate::fence::{label_value, worker_pod_name};
+use crate::fence::{label_value, worker_pod_name, workspace_claim_name};
 use crate::rbac::pod_service_account;
 
 /// Grace period a worker gets to hand off on SIGTERM.
 pub const TERMINATION_GRACE_SECONDS: i64 = 30;
 /// Name of the worker container.
 pub const CONTAINER_NAME: &str = "worker";
+/// Name of the tools container, where the model's commands run.
+pub const TOOLS_CONTAINER_NAME: &str = "tools";
+/// Name of the init container that puts the executor into the tools container's reach.
+pub const INSTALL_CONTAINER_NAME: &str = "install-executor";
 /// The numeric non-root user (and group) the worker runs as: `runAsNonRoot` can only be
 /// verified by the kubelet against a numeric user, and 65532 is the distroless `nonroot` user.
 pub const WORKER_UID: i64 = 65532;
-/// The writable scratch directory of the otherwise read-only worker container.
+/// The tools container's user (and group): not the worker's, so nothing of the worker's is
+/// the tools' by ownership.
+pub const TOOLS_UID: i64 = 65533;
+/// The writable scratch directory of each otherwise read-only container.
 pub const SCRATCH_DIR: &str = "/tmp";
-/// Name of the `emptyDir` volume mounted at [`SCRATCH_DIR`].
-const SCRATCH_VOLUME: &str = "tmp";
+/// Where the tools container's commands run (the `spec.workspace` claim, or an `emptyDir`).
+pub const WORKSPACE_DIR: &str = "/workspace";
+/// Where the executor binary is, in the tools container.
+pub const EXECUTOR_DIR: &str = "/baton/bin";
+/// The executor's socket, in both containers.
+pub const EXECUTOR_SOCKET: &str = "/baton/socket/exec.sock";
+const SOCKET_DIR: &str = "/baton/socket";
+/// Where Kubernetes clients look for the in-cluster token, CA and namespace.
+const API_ACCESS_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+/// The projected token's lifetime: what the kubelet's own automounted token uses; the kubelet
+/// refreshes it well before it expires, and kube's client re-reads it.
+const TOKEN_EXPIRATION_SECONDS: i64 = 3607;
 /// Name of the worker's admin port (`/metrics`, `/livez`, `/readyz`), for a PodMonitor.
 pub const METRICS_PORT_NAME: &str = "metrics";
+
+/// The pod's volumes, by name.
+mod volume {
+    pub const WORKER_TMP: &str = "tmp";
+    pub const TOOLS_TMP: &str = "tools-tmp";
+    pub const EXECUTOR: &str = "baton-executor";
+    pub const SOCKET: &str = "baton-socket";
+    pub const WORKSPACE: &str = "workspace";
+    pub const API_ACCESS: &str = "kube-api-access";
+}
 
 /// The image the run's worker should run: the run's own, else the controller's.
 pub fn desired_image(run: &AgentRun, default_image: &str) -> String {
@@ -51,7 +90,8 @@ pub fn pod_image(pod: &Pod) -> String {
         .unwrap_or_default()
 }
 
-/// The worker pod for attempt `fence` of `run`.
+/// The worker pod for attempt `fence` of `run`; `image` is baton's (the worker's, and the
+/// executor's source).
 pub fn worker_pod(run: &AgentRun, fence: i64, image: &str) -> Pod {
     let name = worker_pod_name(&run.name_any(), fence);
     let labels = BTreeMap::from([
@@ -69,35 +109,229 @@ pub fn worker_pod(run: &AgentRun, fence: i64, image: &str) -> Pod {
             ..ObjectMeta::default()
         },
         spec: Some(PodSpec {
-            containers: vec![Container {
-                name: CONTAINER_NAME.into(),
-                image: Some(image.into()),
-                command: Some(vec!["baton".into(), "worker".into()]),
-                env: Some(worker_env(run, fence, &name)),
-                ports: Some(vec![metrics_port()]),
-                resources: worker.resources.clone(),
-                security_context: Some(container_security_context()),
-                volume_mounts: Some(vec![VolumeMount {
-                    name: SCRATCH_VOLUME.into(),
-                    mount_path: SCRATCH_DIR.into(),
-                    ..VolumeMount::default()
-                }]),
-                ..Container::default()
-            }],
-            volumes: Some(vec![Volume {
-                name: SCRATCH_VOLUME.into(),
-                empty_dir: Some(EmptyDirVolumeSource::default()),
-                ..Volume::default()
-            }]),
+            init_containers: Some(vec![install_container(image)]),
+            // The tools container first: the kubelet starts containers in order, pulling each
+            // one's image first, so the executor is listening by the time the worker starts.
+            containers: vec![
+                tools_container(run, image),
+                worker_container(run, fence, &name, image),
+            ],
+            volumes: Some(volumes(run)),
             security_context: Some(pod_security_context()),
             restart_policy: Some("Never".into()),
             termination_grace_period_seconds: Some(TERMINATION_GRACE_SECONDS),
             service_account_name: Some(pod_service_account(run)),
+            // The worker container alone mounts a token (the projected volume).
+            automount_service_account_token: Some(false),
+            share_process_namespace: Some(false),
+            runtime_class_name: worker.runtime_class_name.clone(),
             node_selector: (!worker.node_selector.is_empty()).then(|| worker.node_selector.clone()),
             tolerations: (!worker.tolerations.is_empty()).then(|| worker.tolerations.clone()),
             ..PodSpec::default()
         }),
         status: None,
+    }
+}
+
+/// The run's workspace claim, when `spec.workspace` asks for one: owned by the run, labelled
+/// like its pods.
+pub fn workspace_claim(run: &AgentRun) -> Option<PersistentVolumeClaim> {
+    let workspace = run.spec.workspace.as_ref()?;
+    let modes = workspace
+        .access_modes
+        .iter()
+        .map(|m| match m {
+            WorkspaceAccessMode::ReadWriteOnce => "ReadWriteOnce",
+            WorkspaceAccessMode::ReadWriteMany => "ReadWriteMany",
+        })
+        .map(String::from)
+        .collect();
+    Some(PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            name: Some(workspace_claim_name(&run.name_any())),
+            namespace: run.namespace(),
+            labels: Some(BTreeMap::from([
+                (RUN_LABEL.to_string(), label_value(&run.name_any())),
+                (MANAGED_BY_LABEL.to_string(), "baton".to_string()),
+            ])),
+            owner_references: run.controller_owner_ref(&()).map(|o| vec![o]),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PersistentVolumeClaimSpec {
+            access_modes: Some(modes),
+            storage_class_name: workspace.storage_class_name.clone(),
+            resources: Some(VolumeResourceRequirements {
+                requests: Some(BTreeMap::from([(
+                    "storage".to_string(),
+                    workspace.size.clone(),
+                )])),
+                limits: None,
+            }),
+            ..PersistentVolumeClaimSpec::default()
+        }),
+        status: None,
+    })
+}
+
+fn mount(volume: &str, path: &str, read_only: bool) -> VolumeMount {
+    VolumeMount {
+        name: volume.into(),
+        mount_path: path.into(),
+        read_only: read_only.then_some(true),
+        ..VolumeMount::default()
+    }
+}
+
+fn plain(name: &str, value: impl Into<String>) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value: Some(value.into()),
+        value_from: None,
+    }
+}
+
+/// Copies the executor (a static binary) out of baton's image into the shared volume.
+fn install_container(image: &str) -> Container {
+    Container {
+        name: INSTALL_CONTAINER_NAME.into(),
+        image: Some(image.into()),
+        command: Some(vec![
+            "baton-exec".into(),
+            "install".into(),
+            EXECUTOR_DIR.into(),
+        ]),
+        security_context: Some(container_security_context(WORKER_UID)),
+        volume_mounts: Some(vec![mount(volume::EXECUTOR, EXECUTOR_DIR, false)]),
+        ..Container::default()
+    }
+}
+
+fn tools_container(run: &AgentRun, image: &str) -> Container {
+    let worker = &run.spec.worker;
+    let executor = format!("{EXECUTOR_DIR}/baton-exec");
+    Container {
+        name: TOOLS_CONTAINER_NAME.into(),
+        image: Some(worker.tools_image.clone().unwrap_or_else(|| image.into())),
+        command: Some(
+            [
+                &executor,
+                "serve",
+                "--socket",
+                EXECUTOR_SOCKET,
+                "--workspace",
+                WORKSPACE_DIR,
+            ]
+            .map(String::from)
+            .to_vec(),
+        ),
+        env: Some(vec![
+            plain("TMPDIR", SCRATCH_DIR),
+            plain("HOME", WORKSPACE_DIR),
+        ]),
+        resources: worker.tools_resources.clone(),
+        security_context: Some(container_security_context(TOOLS_UID)),
+        volume_mounts: Some(vec![
+            mount(volume::EXECUTOR, EXECUTOR_DIR, true),
+            mount(volume::SOCKET, SOCKET_DIR, false),
+            mount(volume::WORKSPACE, WORKSPACE_DIR, false),
+            mount(volume::TOOLS_TMP, SCRATCH_DIR, false),
+        ]),
+        ..Container::default()
+    }
+}
+
+fn worker_container(run: &AgentRun, fence: i64, pod: &str, image: &str) -> Container {
+    Container {
+        name: CONTAINER_NAME.into(),
+        image: Some(image.into()),
+        command: Some(vec!["baton".into(), "worker".into()]),
+        env: Some(worker_env(run, fence, pod)),
+        ports: Some(vec![metrics_port()]),
+        resources: run.spec.worker.resources.clone(),
+        security_context: Some(container_security_context(WORKER_UID)),
+        volume_mounts: Some(vec![
+            mount(volume::WORKER_TMP, SCRATCH_DIR, false),
+            mount(volume::SOCKET, SOCKET_DIR, false),
+            mount(volume::API_ACCESS, API_ACCESS_DIR, true),
+        ]),
+        ..Container::default()
+    }
+}
+
+fn empty_dir(name: &str) -> Volume {
+    Volume {
+        name: name.into(),
+        empty_dir: Some(EmptyDirVolumeSource::default()),
+        ..Volume::default()
+    }
+}
+
+fn volumes(run: &AgentRun) -> Vec<Volume> {
+    let workspace = match &run.spec.workspace {
+        Some(_) => Volume {
+            name: volume::WORKSPACE.into(),
+            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                claim_name: workspace_claim_name(&run.name_any()),
+                read_only: None,
+            }),
+            ..Volume::default()
+        },
+        None => empty_dir(volume::WORKSPACE),
+    };
+    vec![
+        empty_dir(volume::WORKER_TMP),
+        empty_dir(volume::TOOLS_TMP),
+        empty_dir(volume::EXECUTOR),
+        empty_dir(volume::SOCKET),
+        workspace,
+        api_access_volume(),
+    ]
+}
+
+/// The token, CA and namespace an automounted ServiceAccount volume would hold, as the
+/// kubelet projects them (a bound, expiring token), but mounted in the worker container only.
+fn api_access_volume() -> Volume {
+    Volume {
+        name: volume::API_ACCESS.into(),
+        projected: Some(ProjectedVolumeSource {
+            default_mode: None,
+            sources: Some(vec![
+                VolumeProjection {
+                    service_account_token: Some(ServiceAccountTokenProjection {
+                        path: "token".into(),
+                        expiration_seconds: Some(TOKEN_EXPIRATION_SECONDS),
+                        audience: None,
+                    }),
+                    ..VolumeProjection::default()
+                },
+                VolumeProjection {
+                    config_map: Some(ConfigMapProjection {
+                        name: "kube-root-ca.crt".into(),
+                        items: Some(vec![KeyToPath {
+                            key: "ca.crt".into(),
+                            path: "ca.crt".into(),
+                            mode: None,
+                        }]),
+                        optional: None,
+                    }),
+                    ..VolumeProjection::default()
+                },
+                VolumeProjection {
+                    downward_api: Some(DownwardAPIProjection {
+                        items: Some(vec![DownwardAPIVolumeFile {
+                            path: "namespace".into(),
+                            field_ref: Some(ObjectFieldSelector {
+                                api_version: Some("v1".into()),
+                                field_path: "metadata.namespace".into(),
+                            }),
+                            ..DownwardAPIVolumeFile::default()
+                        }]),
+                    }),
+                    ..VolumeProjection::default()
+                },
+            ]),
+        }),
+        ..Volume::default()
     }
 }
 
@@ -132,15 +366,15 @@ fn pod_security_context() -> PodSecurityContext {
 }
 
 /// Container level (the Pod Security "restricted" profile): no escalation, no capabilities,
-/// read-only root filesystem.
-fn container_security_context() -> SecurityContext {
+/// read-only root filesystem, as `uid`.
+fn container_security_context(uid: i64) -> SecurityContext {
     SecurityContext {
         allow_privilege_escalation: Some(false),
         privileged: Some(false),
         read_only_root_filesystem: Some(true),
         run_as_non_root: Some(true),
-        run_as_user: Some(WORKER_UID),
-        run_as_group: Some(WORKER_UID),
+        run_as_user: Some(uid),
+        run_as_group: Some(uid),
         capabilities: Some(Capabilities {
             drop: Some(vec!["ALL".into()]),
             add: None,
@@ -151,17 +385,13 @@ fn container_security_context() -> SecurityContext {
 }
 
 fn worker_env(run: &AgentRun, fence: i64, pod: &str) -> Vec<EnvVar> {
-    let plain = |name: &str, value: String| EnvVar {
-        name: name.into(),
-        value: Some(value),
-        value_from: None,
-    };
     let mut vars = vec![
         plain(env::RUN, run.name_any()),
         plain(env::NAMESPACE, run.namespace().unwrap_or_default()),
         plain(env::FENCE, fence.to_string()),
-        plain(env::POD, pod.to_string()),
-        plain("TMPDIR", SCRATCH_DIR.to_string()),
+        plain(env::POD, pod),
+        plain("TMPDIR", SCRATCH_DIR),
+        plain(env::EXECUTOR_SOCKET, EXECUTOR_SOCKET),
     ];
     if let Some(secret) = &run.spec.agent.model.api_key_secret_ref {
         vars.push(EnvVar {
@@ -198,6 +428,26 @@ mod tests {
         run
     }
 
+    fn container<'a>(spec: &'a PodSpec, name: &str) -> &'a Container {
+        spec.containers
+            .iter()
+            .chain(spec.init_containers.iter().flatten())
+            .find(|c| c.name == name)
+            .unwrap_or_else(|| panic!("no container {name}"))
+    }
+
+    fn mounts(c: &Container) -> Vec<(&str, &str)> {
+        c.volume_mounts
+            .iter()
+            .flatten()
+            .map(|m| (m.name.as_str(), m.mount_path.as_str()))
+            .collect()
+    }
+
+    fn env_names(c: &Container) -> Vec<&str> {
+        c.env.iter().flatten().map(|e| e.name.as_str()).collect()
+    }
+
     #[test]
     fn the_pod_carries_name_labels_owner_and_env() {
         let pod = worker_pod(&run(), 3, "img:1");
@@ -207,18 +457,22 @@ mod tests {
         assert_eq!(pod_image(&pod), "img:1");
         let spec = pod.spec.unwrap();
         assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
-        let env = spec.containers[0].env.clone().unwrap();
+        let env = container(&spec, CONTAINER_NAME).env.clone().unwrap();
         let get = |n: &str| env.iter().find(|e| e.name == n).cloned().unwrap();
         assert_eq!(get(env::POD).value.as_deref(), Some("r1-w3"));
         assert_eq!(get(env::FENCE).value.as_deref(), Some("3"));
         assert!(get(env::MODEL_API_KEY).value.is_none());
         assert_eq!(get("TMPDIR").value.as_deref(), Some("/tmp"));
+        assert_eq!(
+            get(env::EXECUTOR_SOCKET).value.as_deref(),
+            Some(EXECUTOR_SOCKET)
+        );
     }
 
     #[test]
     fn the_pod_declares_the_workers_metrics_port() {
         let spec = worker_pod(&run(), 1, "img").spec.unwrap();
-        let ports = spec.containers[0].ports.clone().unwrap();
+        let ports = container(&spec, CONTAINER_NAME).ports.clone().unwrap();
         let admin: std::net::SocketAddr = crate::worker::admin::DEFAULT_ADMIN_ADDR.parse().unwrap();
         assert_eq!(ports[0].name.as_deref(), Some(METRICS_PORT_NAME));
         assert_eq!(ports[0].container_port, i32::from(admin.port()));
@@ -235,29 +489,123 @@ mod tests {
     }
 
     #[test]
-    fn the_pod_is_restricted_with_a_writable_tmp() {
+    fn every_container_is_restricted_and_the_tools_run_as_another_user() {
         let spec = worker_pod(&run(), 1, "img").spec.unwrap();
         let pod_sc = spec.security_context.clone().unwrap();
         assert_eq!(pod_sc.run_as_non_root, Some(true));
-        assert_eq!(pod_sc.run_as_user, Some(WORKER_UID));
-        assert!(pod_sc.run_as_user.unwrap() > 0);
         assert_eq!(pod_sc.seccomp_profile.unwrap().type_, "RuntimeDefault");
-        let c = &spec.containers[0];
-        let sc = c.security_context.clone().unwrap();
-        assert_eq!(sc.allow_privilege_escalation, Some(false));
-        assert_eq!(sc.read_only_root_filesystem, Some(true));
-        assert_eq!(sc.run_as_non_root, Some(true));
-        assert_eq!(sc.capabilities.unwrap().drop, Some(vec!["ALL".to_string()]));
-        assert_eq!(sc.seccomp_profile.unwrap().type_, "RuntimeDefault");
-        let mount = &c.volume_mounts.as_ref().unwrap()[0];
-        assert_eq!(mount.mount_path, "/tmp");
-        let volume = spec
+        for (name, uid) in [
+            (CONTAINER_NAME, WORKER_UID),
+            (INSTALL_CONTAINER_NAME, WORKER_UID),
+            (TOOLS_CONTAINER_NAME, TOOLS_UID),
+        ] {
+            let sc = container(&spec, name).security_context.clone().unwrap();
+            assert_eq!(sc.allow_privilege_escalation, Some(false), "{name}");
+            assert_eq!(sc.read_only_root_filesystem, Some(true), "{name}");
+            assert_eq!(sc.run_as_non_root, Some(true), "{name}");
+            assert_eq!(sc.run_as_user, Some(uid), "{name}");
+            assert_eq!(sc.capabilities.unwrap().drop, Some(vec!["ALL".to_string()]));
+            assert_eq!(sc.seccomp_profile.unwrap().type_, "RuntimeDefault");
+        }
+        assert_ne!(TOOLS_UID, WORKER_UID);
+        assert_eq!(spec.share_process_namespace, Some(false));
+    }
+
+    #[test]
+    fn only_the_worker_container_holds_a_token_or_the_model_key() {
+        let spec = worker_pod(&run(), 1, "img").spec.unwrap();
+        assert_eq!(spec.automount_service_account_token, Some(false));
+        let worker = container(&spec, CONTAINER_NAME);
+        assert!(mounts(worker).contains(&(volume::API_ACCESS, API_ACCESS_DIR)));
+        assert!(env_names(worker).contains(&env::MODEL_API_KEY));
+        for name in [TOOLS_CONTAINER_NAME, INSTALL_CONTAINER_NAME] {
+            let c = container(&spec, name);
+            assert!(
+                mounts(c).iter().all(|(v, _)| *v != volume::API_ACCESS),
+                "{name} mounts the token"
+            );
+            assert!(
+                !env_names(c).contains(&env::MODEL_API_KEY),
+                "{name} has the key"
+            );
+            assert!(c.env_from.is_none(), "{name}");
+        }
+        let projected = spec
             .volumes
-            .as_ref()
-            .unwrap()
             .iter()
-            .find(|v| v.name == mount.name)
+            .flatten()
+            .find(|v| v.name == volume::API_ACCESS);
+        let sources = projected
+            .unwrap()
+            .projected
+            .clone()
+            .unwrap()
+            .sources
             .unwrap();
-        assert!(volume.empty_dir.is_some());
+        assert!(sources[0].service_account_token.is_some());
+    }
+
+    #[test]
+    fn the_tools_container_runs_the_executor_in_the_runs_tools_image() {
+        let mut r = run();
+        let spec = worker_pod(&r, 1, "baton:1").spec.unwrap();
+        let tools = container(&spec, TOOLS_CONTAINER_NAME);
+        assert_eq!(
+            tools.image.as_deref(),
+            Some("baton:1"),
+            "defaults to baton's image"
+        );
+        assert_eq!(tools.command.as_ref().unwrap()[0], "/baton/bin/baton-exec");
+        assert_eq!(
+            spec.containers[0].name, TOOLS_CONTAINER_NAME,
+            "started first"
+        );
+        let install = container(&spec, INSTALL_CONTAINER_NAME);
+        assert_eq!(
+            install.image.as_deref(),
+            Some("baton:1"),
+            "the executor comes from baton's image"
+        );
+        assert!(mounts(tools).contains(&(volume::EXECUTOR, EXECUTOR_DIR)));
+        assert!(mounts(tools).contains(&(volume::WORKSPACE, WORKSPACE_DIR)));
+        assert!(mounts(tools).contains(&(volume::TOOLS_TMP, SCRATCH_DIR)));
+        r.spec.worker.tools_image = Some("debian:12".into());
+        r.spec.worker.runtime_class_name = Some("gvisor".into());
+        let spec = worker_pod(&r, 1, "baton:1").spec.unwrap();
+        assert_eq!(
+            container(&spec, TOOLS_CONTAINER_NAME).image.as_deref(),
+            Some("debian:12")
+        );
+        assert_eq!(pod_image(&worker_pod(&r, 1, "baton:1")), "baton:1");
+        assert_eq!(spec.runtime_class_name.as_deref(), Some("gvisor"));
+    }
+
+    #[test]
+    fn the_workspace_is_the_runs_claim_when_it_asks_for_one() {
+        let mut r = run();
+        let workspace = |spec: &PodSpec| {
+            spec.volumes
+                .iter()
+                .flatten()
+                .find(|v| v.name == volume::WORKSPACE)
+                .cloned()
+                .unwrap()
+        };
+        let spec = worker_pod(&r, 1, "img").spec.unwrap();
+        assert!(workspace(&spec).empty_dir.is_some());
+        r.spec.workspace =
+            Some(serde_json::from_value(serde_json::json!({"size": "1Gi"})).unwrap());
+        let spec = worker_pod(&r, 2, "img").spec.unwrap();
+        let claim = workspace(&spec).persistent_volume_claim.unwrap();
+        assert_eq!(claim.claim_name, "r1-workspace");
+        let made = workspace_claim(&r).unwrap();
+        assert_eq!(made.name_any(), "r1-workspace");
+        assert_eq!(made.owner_references()[0].uid, "u-1");
+        let spec = made.spec.unwrap();
+        assert_eq!(spec.access_modes, Some(vec!["ReadWriteOnce".to_string()]));
+        assert_eq!(
+            spec.resources.unwrap().requests.unwrap()["storage"].0,
+            "1Gi"
+        );
     }
 }

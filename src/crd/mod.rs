@@ -116,6 +116,8 @@ pub mod env {
     pub const POD: &str = "BATON_POD";
     /// The model API key, from the run's `apiKeySecretRef`. Never logged or stored.
     pub const MODEL_API_KEY: &str = "BATON_MODEL_API_KEY";
+    /// The tools container's executor socket, as the worker container sees it.
+    pub const EXECUTOR_SOCKET: &str = "BATON_EXECUTOR_SOCKET";
     /// Given to tools: the step number.
     pub const STEP: &str = "BATON_STEP";
     /// Given to tools: `<run-uid>/<step>`.

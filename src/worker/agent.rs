@@ -151,6 +151,18 @@ async fn run_call(s: &mut Session, call: ModelToolCall) -> Option<Ending> {
             Some(interrupted(s).unwrap_or(Ending::Lost))
         }
         ToolRun::Lost => Some(Ending::Lost),
+        ToolRun::ToolsLost => Some(tools_lost(step)),
+    }
+}
+
+/// The executor died mid-step: nothing is recorded for the step, so the next owner finds it
+/// open and reports its effect unknown; this attempt ends without a decision (the pod is
+/// broken: its tools container is gone), so the controller claims the run again.
+pub fn tools_lost(step: i64) -> Ending {
+    Ending::GaveUp {
+        message: format!(
+            "the tools container's executor went away during step {step} (its container died or was killed): the step's effect is unknown"
+        ),
     }
 }
 
@@ -170,6 +182,8 @@ pub enum ToolRun {
     Killed,
     /// The run was lost while it ran: record nothing.
     Lost,
+    /// The tools container's executor went away while it ran: its effect is unknown.
+    ToolsLost,
 }
 
 /// Runs a tool; a stop kills it at once, a handoff after the grace period, a loss at once.
@@ -191,8 +205,15 @@ pub async fn run_tool(s: &Session, tool: &ToolSpec, arguments: &str, step: i64) 
             kill.cancel();
         })
     };
-    let mut output = tools::run(tool, arguments, &s.tool_env(step), &kill).await;
+    let output = tools::run(&s.tools, tool, arguments, &s.tool_env(step), &kill).await;
     escalate.abort();
+    let Ok(mut output) = output else {
+        return if s.guard.is_lost() {
+            ToolRun::Lost
+        } else {
+            ToolRun::ToolsLost
+        };
+    };
     output.output = s.redact(&output.output);
     if s.guard.is_lost() {
         ToolRun::Lost

@@ -33,8 +33,9 @@ pub enum Ending {
     Handoff,
     /// The transcript cannot grow further: `Interrupted`, nothing more appended.
     TooLarge,
-    /// The model kept failing with retryable errors: the attempt dies without a write, so
-    /// the controller claims the run again (the turn is not lost).
+    /// The model kept failing with retryable errors, or the tools container's executor went
+    /// away: the attempt dies without a write, so the controller claims the run again (the
+    /// turn is not lost).
     GaveUp {
         message: String,
     },
@@ -172,7 +173,7 @@ pub async fn conclude(s: &mut Session, ending: Ending, record: bool) -> Exit {
     match &ending {
         Ending::Lost => return Exit::Lost,
         Ending::GaveUp { message } => {
-            warn!(%message, "the model kept failing: ending this attempt without a decision");
+            warn!(%message, "ending this attempt without a decision");
             return Exit::Failed;
         }
         _ => {}

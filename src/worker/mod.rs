@@ -51,6 +51,8 @@ use metrics::{FenceRejection, WorkerMetrics};
 use progress::{Progress, progress_loop};
 use reconcile::Resumed;
 use session::Session;
+use tools::Tools;
+use tools::executor::Executor;
 
 use crate::crd::v1alpha1::{AgentRun, AgentRunStatus, LedgerSegment, Phase};
 use crate::fence::Fence;
@@ -108,6 +110,13 @@ pub struct WorkerArgs {
     /// Serialized events per LedgerSegment, at most (tests use a small one to split events).
     #[arg(long, hide = true, default_value_t = SEGMENT_BUDGET_BYTES)]
     pub segment_budget_bytes: usize,
+    /// The tools container's executor socket (the pod sets it). Without one, shell tools and
+    /// probes cannot run.
+    #[arg(long, env = crate::crd::env::EXECUTOR_SOCKET)]
+    pub executor_socket: Option<PathBuf>,
+    /// How long to wait for the executor to listen (the tools container starts first).
+    #[arg(long, default_value_t = 120)]
+    pub executor_wait_seconds: u64,
 }
 
 /// The worker's settings.
@@ -125,6 +134,8 @@ pub struct WorkerConfig {
     pub stats_file: Option<PathBuf>,
     /// Serialized events per segment, at most.
     pub segment_budget: usize,
+    pub executor_socket: Option<PathBuf>,
+    pub executor_wait: Duration,
 }
 
 impl std::fmt::Debug for WorkerConfig {
@@ -156,6 +167,8 @@ impl From<WorkerArgs> for WorkerConfig {
             progress_interval: Duration::from_millis(a.progress_millis),
             stats_file: a.stats_file,
             segment_budget: a.segment_budget_bytes.max(1024),
+            executor_socket: a.executor_socket,
+            executor_wait: Duration::from_secs(a.executor_wait_seconds),
         }
     }
 }
@@ -169,6 +182,8 @@ pub enum WorkerError {
     Lease(#[from] LeaseError),
     #[error("ledger: {0}")]
     Ledger(#[from] LedgerError),
+    #[error("tools: {0}")]
+    Tools(String),
 }
 
 impl WorkerError {
@@ -177,6 +192,7 @@ impl WorkerError {
             WorkerError::Kube(_) => "kube",
             WorkerError::Lease(e) => e.label(),
             WorkerError::Ledger(e) => e.label(),
+            WorkerError::Tools(_) => "tools",
         }
     }
 }
@@ -185,6 +201,7 @@ impl WorkerError {
 /// returns the exit code.
 pub async fn cli_main(args: WorkerArgs) -> u8 {
     init_logging(args.log_format);
+    forbid_dumping();
     let state = AdminState {
         metrics: Arc::new(WorkerMetrics::new()),
         ready: Arc::new(AtomicBool::new(false)),
@@ -195,6 +212,39 @@ pub async fn cli_main(args: WorkerArgs) -> u8 {
         server.abort();
     }
     exit.code()
+}
+
+/// No core dumps and no ptrace attach by anyone of this user: the process holds the model
+/// key and the API token. (The tools run in another container, under another user, without
+/// a shared process namespace; this closes the door for anything else.)
+fn forbid_dumping() {
+    // SAFETY: prctl(PR_SET_DUMPABLE) only changes a flag of this process.
+    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0 {
+        tracing::warn!(error = %std::io::Error::last_os_error(), "could not make the worker undumpable");
+    }
+}
+
+/// Connects to the tools container's executor, if the pod has one. At once, whatever the
+/// run: the executor ends when this connection does, so the pod ends with its worker.
+async fn connect_tools(cfg: &WorkerConfig) -> Tools {
+    let Some(socket) = &cfg.executor_socket else {
+        return Err(format!(
+            "this worker has no tools container ({} is not set)",
+            crate::crd::env::EXECUTOR_SOCKET
+        ));
+    };
+    Executor::connect(socket, cfg.executor_wait)
+        .await
+        .map(Arc::new)
+        .map_err(|e| e.to_string())
+}
+
+/// True when the run's tools need the executor (a shell tool, or any probe).
+pub fn needs_executor(spec: &crate::crd::v1alpha1::AgentRunSpec) -> bool {
+    spec.agent
+        .tools
+        .iter()
+        .any(|t| t.kind == crate::crd::v1alpha1::ToolKind::Shell || t.probe.is_some())
 }
 
 /// Runs one attempt, with metrics nobody serves.
@@ -212,7 +262,11 @@ pub async fn run_observed(cfg: WorkerConfig, state: AdminState) -> Exit {
     let span = info_span!("worker", run = %cfg.run, fence = cfg.fence, pod = %cfg.pod);
     let counters = Arc::new(ApiCounters::default());
     let stats_file = cfg.stats_file.clone();
-    let exit = match attempt(cfg, counters.clone(), state).instrument(span).await {
+    let tools = connect_tools(&cfg).instrument(span.clone()).await;
+    let exit = match attempt(cfg, tools, counters.clone(), state)
+        .instrument(span)
+        .await
+    {
         Ok(exit) => exit,
         Err(err) => {
             error!(error = %err, label = err.label(), "the attempt failed");
@@ -235,6 +289,7 @@ pub fn may_start(status: Option<&AgentRunStatus>, fence: i64, pod: &str) -> bool
 
 async fn attempt(
     cfg: WorkerConfig,
+    tools: Tools,
     counters: Arc<ApiCounters>,
     state: AdminState,
 ) -> Result<Exit, WorkerError> {
@@ -256,11 +311,16 @@ async fn attempt(
         }
         Err(err) => return Err(err.into()),
     }
+    if let Err(why) = &tools
+        && needs_executor(&run.spec)
+    {
+        return Err(WorkerError::Tools(why.clone()));
+    }
     let timing = RenewTiming::from_spec(&run.spec.lease);
     let guard = LostGuard::new(renewed_at, timing.duration);
     let interrupts = Interrupts::default();
     let parts = (client, runs, run, holder);
-    let s = open_session(cfg, parts, guard, interrupts, counters, metrics).await?;
+    let s = open_session(cfg, parts, tools, (guard, interrupts), counters, metrics).await?;
     let Some(mut s) = s else {
         return Ok(Exit::Lost);
     };
@@ -304,8 +364,8 @@ async fn start_check(
 async fn open_session(
     cfg: WorkerConfig,
     (client, runs, run, holder): (Client, Api<AgentRun>, AgentRun, Holder),
-    guard: LostGuard,
-    interrupts: Interrupts,
+    tools: Tools,
+    (guard, interrupts): (LostGuard, Interrupts),
     counters: Arc<ApiCounters>,
     metrics: Arc<WorkerMetrics>,
 ) -> Result<Option<Session>, WorkerError> {
@@ -361,6 +421,7 @@ async fn open_session(
         counters,
         metrics,
         model,
+        tools,
         pending: Vec::new(),
         drop_deltas: false,
         heartbeat,

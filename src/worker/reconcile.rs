@@ -155,7 +155,7 @@ async fn run_probe(s: &Session, r: &Reconcile) -> ProbeOutcome {
     let lost = s.guard.token().clone();
     let tool_env = s.tool_env(r.step);
     tokio::select! {
-        outcome = probe::run(&spec, &r.input, &tool_env, &cancel) => outcome,
+        outcome = probe::run(&s.tools, &spec, &r.input, &tool_env, &cancel) => outcome,
         _ = lost.cancelled() => { cancel.cancel(); ProbeOutcome::Unknown }
     }
 }
@@ -179,5 +179,6 @@ async fn rerun(s: &mut Session, r: &Reconcile) -> Result<(), Ending> {
         // Killed again: it stays unknown (already recorded); the next owner decides anew.
         ToolRun::Killed => Err(super::agent::interrupted(s).unwrap_or(Ending::Lost)),
         ToolRun::Lost => Err(Ending::Lost),
+        ToolRun::ToolsLost => Err(super::agent::tools_lost(r.step)),
     }
 }

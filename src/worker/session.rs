@@ -18,7 +18,7 @@ use super::metrics::WorkerMetrics;
 use super::model::endpoint::ApiKey;
 use super::progress::Progress;
 use super::provider::Model;
-use super::tools::ToolEnv;
+use super::tools::{ToolEnv, Tools};
 use crate::crd::v1alpha1::{AgentRun, AgentRunSpec, LedgerEvent, LedgerStats, UnknownEffect};
 use crate::ledger::Replay;
 
@@ -42,6 +42,8 @@ pub struct Session {
     pub metrics: Arc<WorkerMetrics>,
     /// The model, or why it could not be built (the run fails with that message).
     pub model: Result<Arc<Model>, String>,
+    /// The tools container's executor, or why there is none.
+    pub tools: Tools,
     /// Events that go with the next awaited append (the assistant message of a turn).
     pub pending: Vec<LedgerEvent>,
     /// Drop buffered deltas at the next awaited append: the turn's message replaces them.

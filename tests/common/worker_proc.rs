@@ -1,5 +1,6 @@
 //! Real `baton worker` processes for the worker tests: spawned with the pod's environment,
-//! signalled like a kubelet (or a crash) would.
+//! signalled like a kubelet (or a crash) would. Each has a real executor (`baton-exec serve`,
+//! what the pod's tools container runs) on a socket of its own.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -12,6 +13,43 @@ pub struct WorkerProc {
     pub child: Child,
     pub pod: String,
     pub log: PathBuf,
+    /// The executor beside it: it exits when the worker's connection ends.
+    pub executor: Child,
+}
+
+/// The executor binary: built beside `baton` (`cargo build -p baton-exec`, as hack/test.sh
+/// does before the tests).
+pub fn executor_bin() -> PathBuf {
+    let baton = PathBuf::from(env!("CARGO_BIN_EXE_baton"));
+    let exec = baton.with_file_name("baton-exec");
+    assert!(
+        exec.exists(),
+        "{} is missing: run `cargo build -p baton-exec` first",
+        exec.display()
+    );
+    exec
+}
+
+/// Starts an executor serving on a fresh socket, with its own workspace directory.
+fn spawn_executor(namespace: &str, pod: &str) -> (Child, PathBuf) {
+    let dir = std::env::temp_dir().join(format!("baton-exec-{namespace}-{pod}"));
+    let workspace = dir.join("workspace");
+    std::fs::create_dir_all(&workspace).expect("creating the executor's workspace");
+    let socket = dir.join("exec.sock");
+    let log = std::fs::File::create(dir.join("executor.log")).expect("creating the executor log");
+    let child = Command::new(executor_bin())
+        .arg("serve")
+        .arg("--socket")
+        .arg(&socket)
+        .arg("--workspace")
+        .arg(&workspace)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(log))
+        .kill_on_drop(true)
+        .spawn()
+        .expect("starting baton-exec serve");
+    (child, socket)
 }
 
 /// Starts `baton worker` for `run` at `fence` as `pod`, with extra flags.
@@ -22,16 +60,35 @@ pub fn spawn_worker(
     pod: &str,
     extra: &[&str],
 ) -> WorkerProc {
+    spawn_worker_env(namespace, run, fence, pod, extra, &[])
+}
+
+/// `baton worker` like [`spawn_worker`], with `env` added to its environment.
+pub fn spawn_worker_env(
+    namespace: &str,
+    run: &str,
+    fence: i64,
+    pod: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> WorkerProc {
     let log = std::env::temp_dir().join(format!("baton-{namespace}-{pod}.log"));
     let file = std::fs::File::create(&log).expect("creating the worker log");
-    let child = Command::new(env!("CARGO_BIN_EXE_baton"))
+    let (executor, socket) = spawn_executor(namespace, pod);
+    let mut command = Command::new(env!("CARGO_BIN_EXE_baton"));
+    command
         .arg("worker")
         .args(extra)
+        .env("BATON_EXECUTOR_SOCKET", &socket)
         .env("BATON_RUN", run)
         .env("BATON_NAMESPACE", namespace)
         .env("BATON_FENCE", fence.to_string())
         .env("BATON_POD", pod)
-        .env("RUST_LOG", "info,baton=debug,kube=warn")
+        .env("RUST_LOG", "info,baton=debug,kube=warn");
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    let child = command
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::from(file))
@@ -42,6 +99,7 @@ pub fn spawn_worker(
         child,
         pod: pod.to_string(),
         log,
+        executor,
     }
 }
 

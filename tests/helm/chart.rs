@@ -189,6 +189,7 @@ fn the_controller_gets_exactly_the_verbs_it_uses() {
             "get list watch create update delete",
         ),
         ("", "pods", "get list watch create delete"),
+        ("", "persistentvolumeclaims", "get create delete"),
         ("events.k8s.io", "events", "create patch"),
         ("", "serviceaccounts", "get create delete"),
         ("rbac.authorization.k8s.io", "roles", "get create delete"),

@@ -111,6 +111,7 @@ async fn the_installed_chart_gives_the_controller_exactly_what_it_needs() {
             yes("watch", "pods", None),
             yes("create", "events.events.k8s.io", None),
             yes("create", "serviceaccounts", None),
+            yes("create", "persistentvolumeclaims", None),
             yes("create", "roles.rbac.authorization.k8s.io", None),
             yes("create", "rolebindings.rbac.authorization.k8s.io", None),
             // Deletes, by UID, what a deleted run left behind for a namesake (leftovers.rs).

@@ -6,7 +6,6 @@
 
 #![allow(dead_code)]
 
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
@@ -14,11 +13,8 @@ use kube::Api;
 use kube::api::{WatchEvent, WatchParams};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::process::Command;
 
 use baton::crd::v1alpha1::LedgerSegment;
-
-use crate::common::worker_proc::WorkerProc;
 
 // === Chat Completions streams ===
 
@@ -75,43 +71,6 @@ pub fn tool_messages(body: &Value) -> Vec<(String, String)> {
 }
 
 // === worker processes ===
-
-/// `baton worker` like `spawn_worker`, with `env` added to its environment.
-pub fn spawn_worker_env(
-    namespace: &str,
-    run: &str,
-    fence: i64,
-    pod: &str,
-    extra: &[&str],
-    env: &[(&str, &str)],
-) -> WorkerProc {
-    let log = std::env::temp_dir().join(format!("baton-{namespace}-{pod}.log"));
-    let file = std::fs::File::create(&log).expect("creating the worker log");
-    let mut command = Command::new(env!("CARGO_BIN_EXE_baton"));
-    command
-        .arg("worker")
-        .args(extra)
-        .env("BATON_RUN", run)
-        .env("BATON_NAMESPACE", namespace)
-        .env("BATON_FENCE", fence.to_string())
-        .env("BATON_POD", pod)
-        .env("RUST_LOG", "info,baton=debug,kube=warn");
-    for (name, value) in env {
-        command.env(name, value);
-    }
-    let child = command
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::from(file))
-        .kill_on_drop(true)
-        .spawn()
-        .expect("starting baton worker");
-    WorkerProc {
-        child,
-        pod: pod.to_string(),
-        log,
-    }
-}
 
 /// The address a worker's admin server listens on, from its log.
 pub fn admin_addr(log: &str) -> Option<String> {

@@ -72,6 +72,39 @@ pub struct AgentRunSpec {
     /// Settings for the worker pods that execute the run.
     #[serde(default)]
     pub worker: WorkerSpec,
+    /// A workspace that outlives each pod: one PersistentVolumeClaim per run (owned by the
+    /// run), mounted at `/workspace` in every attempt's tools container. Without it the
+    /// workspace is an `emptyDir`, lost with the pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<WorkspaceSpec>,
+}
+
+/// The run's persistent workspace: the claim the controller creates for it.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkspaceSpec {
+    /// Requested size, as a Kubernetes quantity (`10Gi`).
+    pub size: k8s_openapi::apimachinery::pkg::api::resource::Quantity,
+    /// Storage class of the claim; the cluster's default class when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_class_name: Option<String>,
+    /// Access modes of the claim. `ReadWriteOnce` (the default) ties the volume to one node
+    /// at a time: after a node is lost, the next pod waits until the volume is detached from
+    /// it. `ReadWriteMany` avoids that wait where the storage offers it.
+    #[serde(default = "default_access_modes")]
+    #[schemars(length(min = 1))]
+    pub access_modes: Vec<WorkspaceAccessMode>,
+}
+
+/// How a workspace volume may be mounted.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum WorkspaceAccessMode {
+    ReadWriteOnce,
+    ReadWriteMany,
+}
+
+fn default_access_modes() -> Vec<WorkspaceAccessMode> {
+    vec![WorkspaceAccessMode::ReadWriteOnce]
 }
 
 fn default_max_attempts() -> i32 {
@@ -296,6 +329,23 @@ pub struct WorkerSpec {
     /// Tolerations of the worker pod.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tolerations: Vec<Toleration>,
+    /// Image of the tools container, where shell tools and probes run: the user's toolchain
+    /// (git, python, compilers). Any image with `/bin/sh`; baton's executor is copied into it
+    /// at start. Defaults to the worker's image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub tools_image: Option<String>,
+    /// Compute resources of the tools container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools_resources: Option<ResourceRequirements>,
+    /// RuntimeClass of the worker pod, e.g. one for gVisor or Kata, to put the tools behind
+    /// a sandboxed kernel as well.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    )]
+    pub runtime_class_name: Option<String>,
 }
 
 /// Where a run is in its life.

@@ -2,8 +2,11 @@
 //!
 //! Every tool and probe gets `BATON_RUN`, `BATON_FENCE`, `BATON_STEP` and
 //! `BATON_IDEMPOTENCY_KEY` (`<run-uid>/<step>`), so fence-aware systems can refuse a zombie too.
-//! Tool arguments arrive as a JSON object, serialized.
+//! Tool arguments arrive as a JSON object, serialized. `shell` tools and probes run in the
+//! tools container through its executor (`executor`); `http` tools are the worker's own
+//! requests, with no credential of the worker's in them.
 
+pub mod executor;
 pub mod http;
 pub mod probe;
 pub mod shell;
@@ -12,6 +15,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
+
+pub use baton_exec::capture::capped_text;
+use executor::{Executor, ExecutorLost};
 
 use crate::crd::env;
 use crate::crd::v1alpha1::{ToolKind, ToolSpec};
@@ -87,38 +93,41 @@ pub fn is_idempotent(spec: &ToolSpec, arguments: &str) -> bool {
     }
 }
 
-/// Runs a `shell` or `http` tool (askUser is the agent's business). Cancelling `cancel` kills it.
+/// The tools container's executor, or why this worker has none (a shell step then fails
+/// with that message).
+pub type Tools = Result<std::sync::Arc<Executor>, String>;
+
+/// Runs a `shell` or `http` tool (askUser is the agent's business). Cancelling `cancel` kills
+/// it. `Err`: the executor went away mid-command, so the step's effect is unknown.
 pub async fn run(
+    tools: &Tools,
     spec: &ToolSpec,
     arguments: &str,
     tool_env: &ToolEnv,
     cancel: &CancellationToken,
-) -> ToolOutput {
+) -> Result<ToolOutput, ExecutorLost> {
     let args = match parse_arguments(arguments) {
         Ok(args) => args,
-        Err(message) => return ToolOutput::error(message),
+        Err(message) => return Ok(ToolOutput::error(message)),
     };
     let timeout = Duration::from_secs(spec.timeout_seconds.max(1) as u64);
     match spec.kind {
         ToolKind::Shell => {
             let Some(command) = args.get("command") else {
-                return ToolOutput::error("the shell tool needs a `command` argument");
+                return Ok(ToolOutput::error(
+                    "the shell tool needs a `command` argument",
+                ));
             };
-            let result = shell::run(command, &tool_env.vars(), timeout, cancel).await;
-            result.to_tool_output()
+            let executor = match tools {
+                Ok(executor) => executor,
+                Err(why) => return Ok(ToolOutput::error(format!("[could not start: {why}]"))),
+            };
+            let outcome = shell::run(executor, command, &tool_env.vars(), timeout, cancel).await?;
+            Ok(shell::to_tool_output(&outcome))
         }
-        ToolKind::Http => http::run(&args, tool_env, timeout, cancel).await,
-        ToolKind::AskUser => ToolOutput::error("askUser is handled by the agent loop"),
+        ToolKind::Http => Ok(http::run(&args, tool_env, timeout, cancel).await),
+        ToolKind::AskUser => Ok(ToolOutput::error("askUser is handled by the agent loop")),
     }
-}
-
-/// Cuts `bytes` to `cap`, converting lossily; returns the text and how many bytes were dropped.
-pub fn capped_text(bytes: &[u8], total: usize, cap: usize) -> (String, usize) {
-    let kept = &bytes[..bytes.len().min(cap)];
-    (
-        String::from_utf8_lossy(kept).into_owned(),
-        total.saturating_sub(kept.len()),
-    )
 }
 
 /// The marker appended to an output that was cut.
@@ -149,12 +158,5 @@ mod tests {
         };
         assert_eq!(env.idempotency_key(), "u-1/7");
         assert!(env.vars().contains(&("BATON_FENCE".into(), "3".into())));
-    }
-
-    #[test]
-    fn capped_text_is_lossy_and_counts_what_it_dropped() {
-        let (text, dropped) = capped_text(b"ab\xffcdef", 6, 4);
-        assert_eq!(text, "ab\u{fffd}c");
-        assert_eq!(dropped, 2);
     }
 }

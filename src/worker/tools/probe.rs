@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::shell::{self, Ending};
-use super::{ToolEnv, parse_arguments};
+use super::{ToolEnv, Tools, parse_arguments};
 use crate::crd::v1alpha1::{ProbeOutcome, ProbeSpec};
 
 /// The probe's outcome for a shell ending.
@@ -40,18 +40,25 @@ pub fn argument_vars(arguments: &str) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Runs the probe for a step.
+/// Runs the probe for a step, in the tools container; no executor, or one that went away,
+/// tells nothing: unknown.
 pub async fn run(
+    tools: &Tools,
     probe: &ProbeSpec,
     arguments: &str,
     tool_env: &ToolEnv,
     cancel: &CancellationToken,
 ) -> ProbeOutcome {
+    let Ok(executor) = tools else {
+        return ProbeOutcome::Unknown;
+    };
     let mut vars = tool_env.vars();
     vars.extend(argument_vars(arguments));
     let timeout = Duration::from_secs(probe.timeout_seconds.max(1) as u64);
-    let result = shell::run(&probe.command, &vars, timeout, cancel).await;
-    outcome(&result.ending)
+    match shell::run(executor, &probe.command, &vars, timeout, cancel).await {
+        Ok(done) => outcome(&done.ending),
+        Err(_) => ProbeOutcome::Unknown,
+    }
 }
 
 #[cfg(test)]
@@ -72,7 +79,11 @@ mod tests {
             command: command.into(),
             timeout_seconds,
         };
+        let tools: Tools = Ok(std::sync::Arc::new(
+            crate::worker::tools::executor::local_for_tests().await,
+        ));
         run(
+            &tools,
             &spec,
             r#"{"file":"/x y","n":1}"#,
             &env(),

@@ -1,0 +1,58 @@
+//! A command's output, bounded (pure): each stream is read to its end but only `cap` bytes are
+//! kept, converted lossily (a command may print any bytes), and the two together stay within
+//! the cap, stdout first.
+
+/// A stream as read: the text kept and how many bytes were dropped.
+pub type Captured = (String, usize);
+
+/// Cuts `bytes` to `cap`, converting lossily; `total` is how many bytes the stream had.
+pub fn capped_text(bytes: &[u8], total: usize, cap: usize) -> Captured {
+    let kept = &bytes[..bytes.len().min(cap)];
+    (
+        String::from_utf8_lossy(kept).into_owned(),
+        total.saturating_sub(kept.len()),
+    )
+}
+
+/// Both streams within one cap: stdout is kept first, stderr gets the room left.
+/// Returns (stdout, stderr, dropped).
+pub fn within_cap(out: Captured, err: Captured, cap: usize) -> (String, String, usize) {
+    let (stdout, mut dropped) = out;
+    let (mut stderr, err_dropped) = err;
+    dropped += err_dropped;
+    let room = cap.saturating_sub(stdout.len());
+    if stderr.len() > room {
+        let cut = floor_char_boundary(&stderr, room);
+        dropped += stderr.len() - cut;
+        stderr.truncate(cut);
+    }
+    (stdout, stderr, dropped)
+}
+
+fn floor_char_boundary(s: &str, mut i: usize) -> usize {
+    while i > 0 && !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capped_text_is_lossy_and_counts_what_it_dropped() {
+        let (text, dropped) = capped_text(b"ab\xffcdef", 6, 4);
+        assert_eq!(text, "ab\u{fffd}c");
+        assert_eq!(dropped, 2);
+    }
+
+    #[test]
+    fn stderr_gets_the_room_stdout_left_cut_at_a_character() {
+        let (out, err, dropped) = within_cap(("abc".into(), 0), ("déf".into(), 1), 5);
+        assert_eq!(out, "abc");
+        // "dé" is 3 bytes: only "d" fits in the 2 left.
+        assert_eq!(err, "d");
+        assert_eq!(dropped, 1 + 3);
+    }
+}
