@@ -1,11 +1,13 @@
 # syntax=docker/dockerfile:1
-# baton: one image for the controller (`baton controller`) and the worker pods (`baton worker`).
+# baton: one image for the controller (`baton controller`), the worker pods (`baton worker`) and
+# the executor the worker pods' init container copies into the tools container (`baton-exec`,
+# linked statically so it runs in any image the run names as its tools image).
 #
 #   docker build -t baton:dev .                     # the default: compiles baton in the build stage
 #
 # The project's tests build the same runtime from binaries compiled on the host (no rust image
 # can be had without a registry): hack/images.sh runs
-#   podman build --pull=never --target prebuilt .   # copies target/image/{baton,kubectl-baton}
+#   podman build --pull=never --target prebuilt .   # copies target/image/{baton,kubectl-baton,baton-exec}
 # Both stages below `runtime-base` are identical but for where the two binaries come from.
 
 # --- build ---------------------------------------------------------------------------------
@@ -14,14 +16,19 @@ WORKDIR /src
 # benches/ and examples/ only because Cargo.toml names targets there (cargo checks they exist).
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
+COPY exec ./exec
 COPY benches ./benches
 COPY examples ./examples
-# Cache mounts keep the registry and the target dir between builds.
+# Cache mounts keep the registry and the target dir between builds. The executor is built for
+# the host's triple named explicitly, so crt-static applies to it and not to build scripts.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked --bin baton --bin kubectl-baton \
+ && triple=$(rustc -vV | sed -n 's/^host: //p') \
+ && RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --locked -p baton-exec --target "$triple" \
  && install -D -m 0755 target/release/baton /out/baton \
- && install -D -m 0755 target/release/kubectl-baton /out/kubectl-baton
+ && install -D -m 0755 target/release/kubectl-baton /out/kubectl-baton \
+ && install -D -m 0755 "target/$triple/release/baton-exec" /out/baton-exec
 
 # --- runtime base --------------------------------------------------------------------------
 # Debian slim rather than distroless: the worker's `shell` tool runs `sh -c`, and probes too.
@@ -38,8 +45,8 @@ CMD ["--help"]
 
 # --- prebuilt: the runtime with binaries built on the host (what the project's CI builds) --
 FROM runtime-base AS prebuilt
-COPY target/image/baton target/image/kubectl-baton /usr/local/bin/
+COPY target/image/baton target/image/kubectl-baton target/image/baton-exec /usr/local/bin/
 
 # --- runtime (the default target) ----------------------------------------------------------
 FROM runtime-base AS runtime
-COPY --from=build /out/baton /out/kubectl-baton /usr/local/bin/
+COPY --from=build /out/baton /out/kubectl-baton /out/baton-exec /usr/local/bin/

@@ -9,7 +9,10 @@
 #                            (target/release); the `build` stage needs a rust image, which
 #                            no registry here serves. Also tagged baton:next (a "new version"
 #                            for the rollout tests: the same bits under another name).
-#   hack/images.sh all       all three
+#                            With it, baton-exec (the executor), linked statically.
+#   hack/images.sh busybox   docker.io/library/busybox:baton, Debian's static busybox alone
+#                            (no libc, no baton): a plain user image for the tools container
+#   hack/images.sh all       all four
 #
 # podman builds with --pull=never: a FROM that is not already local fails instead of pulling.
 set -euo pipefail
@@ -27,6 +30,7 @@ readonly PAUSE=registry.k8s.io/pause:3.2
 readonly DEBIAN=docker.io/library/debian:bookworm-slim
 readonly BATON=docker.io/library/baton:dev
 readonly BATON_NEXT=docker.io/library/baton:next
+readonly BUSYBOX=docker.io/library/busybox:baton
 
 mkdir -p "$IMAGES"
 
@@ -82,8 +86,14 @@ image_baton() {
   local t0=$SECONDS
   log "baton: cargo build --release (the binaries the image's prebuilt stage copies)"
   (cd "$ROOT" && cargo build --release --locked --bin baton --bin kubectl-baton)
+  # The executor runs in images without baton's libc: linked statically. The triple is named
+  # so that crt-static applies to it and not to build scripts (as the Dockerfile does).
+  local triple
+  triple=$(rustc -vV | sed -n 's/^host: //p')
+  (cd "$ROOT" && RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --locked -p baton-exec --target "$triple")
   mkdir -p "$ROOT/target/image"
   install -m 0755 "$ROOT/target/release/baton" "$ROOT/target/release/kubectl-baton" "$ROOT/target/image/"
+  install -m 0755 "$ROOT/target/$triple/release/baton-exec" "$ROOT/target/image/"
   log "baton: podman build --target prebuilt (Dockerfile)"
   podman build -q --pull=never --network=host --target prebuilt -t "$BATON" -f "$ROOT/Dockerfile" "$ROOT" >/dev/null
   podman tag "$BATON" "$BATON_NEXT"
@@ -92,10 +102,27 @@ image_baton() {
   log "baton: $(podman image inspect --format '{{.Size}}' "$BATON" | awk '{printf "%.1f MB", $1/1e6}') ($((SECONDS - t0))s)"
 }
 
+image_busybox() {
+  local out=$IMAGES/busybox.oci.tar
+  [[ -f $out ]] && return 0
+  local work bin
+  bin=$(command -v busybox) || die "no busybox: hack/setup.sh installs busybox-static"
+  file -L "$bin" | grep -q 'statically linked' || die "$bin is not statically linked (install busybox-static)"
+  work=$(mktemp -d)
+  cp "$bin" "$work/busybox"
+  # /bin/sh and the usual commands as links to the one binary; nothing else in the image.
+  printf 'FROM scratch\nCOPY busybox /bin/busybox\nRUN ["/bin/busybox", "--install", "-s", "/bin"]\nUSER 65534:65534\n' >"$work/Containerfile"
+  podman build -q --pull=never -t "$BUSYBOX" -f "$work/Containerfile" "$work" >/dev/null
+  save "$BUSYBOX" "$out"
+  rm -rf "$work"
+  log "busybox image: $out"
+}
+
 case ${1:-help} in
   pause) image_pause ;;
   debian) image_debian ;;
   baton) image_baton ;;
-  all) image_pause; image_debian; image_baton ;;
-  *) sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; [[ ${1:-help} == help ]] ;;
+  busybox) image_busybox ;;
+  all) image_pause; image_debian; image_baton; image_busybox ;;
+  *) sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; [[ ${1:-help} == help ]] ;;
 esac

@@ -12,7 +12,9 @@ export DEBIAN_FRONTEND=noninteractive
 step "system packages"
 need=()
 installed() { [[ $(dpkg-query -W -f='${Status}' "$1" 2>/dev/null) == "install ok installed" ]]; }
-for pkg in make openssl curl; do installed "$pkg" || need+=("$pkg"); done
+# busybox-static: the plain tools image of the node's tests (hack/images.sh busybox); file
+# checks that it is static.
+for pkg in make openssl curl busybox-static file; do installed "$pkg" || need+=("$pkg"); done
 # kubectl: the tests drive `kubectl drain`, `rollout`, `wait`, `auth can-i` and the kubectl
 # plugin. Debian's kubernetes-client (1.20) matches the node when the machine has none.
 command -v kubectl >/dev/null 2>&1 || need+=(kubernetes-client)
@@ -34,5 +36,5 @@ bash hack/control-plane.sh install
 step "the node: containerd, runc, CNI, podman, mmdebstrap; kubelet and the rest (built once, cached)"
 bash hack/node.sh install
 
-step "images: pause, Debian base (mmdebstrap), baton (the Dockerfile's prebuilt stage)"
+step "images: pause, Debian base (mmdebstrap), baton (the Dockerfile's prebuilt stage), busybox"
 bash hack/images.sh all

@@ -510,12 +510,17 @@ impl NodeEnv {
 
     /// The host PID of a pod's worker container, as containerd's shim recorded it.
     pub async fn container_pid(&self, pod: &str) -> Option<u32> {
+        self.container_pid_of(pod, "worker").await
+    }
+
+    /// The host PID of one of a pod's containers (`worker`, `tools`) while it runs.
+    pub async fn container_pid_of(&self, pod: &str, container: &str) -> Option<u32> {
         let pod = self.pods().get_opt(pod).await.ok().flatten()?;
         let status = pod
             .status?
             .container_statuses?
             .into_iter()
-            .find(|c| c.name == "worker")?;
+            .find(|c| c.name == container)?;
         status.state.as_ref()?.running.as_ref()?;
         let id = status
             .container_id?
