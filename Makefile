@@ -53,6 +53,11 @@ test: ## All tests: unit, then integration against a local kube-apiserver + etcd
 bench-worker: ## Figures: a 1,000-step run's API round trips per step, ledger bytes, worker memory
 	bash hack/with-control-plane.sh $(CARGO) run --release --example worker_bench
 
+.PHONY: bench-executor
+bench-executor: ## Figures: latency a tool step gets from the tools container's executor, vs running the command directly
+	$(CARGO) build --release -p baton-exec
+	$(CARGO) run --release --example executor_bench -- --exec target/release/baton-exec
+
 .PHONY: bench-controller
 bench-controller: ## Figures: takeover lateness, controller memory and writes with 1,000 and 5,000 runs
 	$(CARGO) build --release --bin baton

@@ -155,6 +155,9 @@ pub mod condition {
     pub const ADMITTED: &str = "Admitted";
     pub const LEASE_HELD: &str = "LeaseHeld";
     pub const RESUMED: &str = "Resumed";
+    /// Runs with `spec.workspace`: whether the current pod has its workspace volume, and if
+    /// not, why (an unbound claim, a volume not yet attached).
+    pub const WORKSPACE_READY: &str = "WorkspaceReady";
     /// True once the run is in a terminal phase, whatever it is (as a Job's `Complete`, but
     /// also for runs that failed): `kubectl wait --for=condition=Complete` waits for the end.
     pub const COMPLETE: &str = "Complete";

@@ -214,6 +214,29 @@ async fn node_a_plain_busybox_tools_image_runs_steps_that_share_files() {
     env.finish().await;
 }
 
+/// `examples/plain-tools-image.yaml` as a user applies it: a plain Debian tools image, end to end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_the_plain_tools_image_example_runs_end_to_end() {
+    let env = NodeEnv::start("example-plain").await;
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/plain-tools-image.yaml"
+    );
+    kubectl(&["-n", &env.ns, "apply", "-f", path]).expect("kubectl apply -f the example");
+    let st = env.wait_succeeded("plain-tools").await;
+    let outputs = step_outputs(&env, "plain-tools").await;
+    assert_eq!(outputs.len(), 3, "{outputs:?}");
+    assert!(outputs[0].1.contains("Debian GNU/Linux 12"), "{outputs:?}");
+    assert!(
+        outputs[0].1.contains("no baton in this image"),
+        "{outputs:?}"
+    );
+    assert!(outputs[0].1.contains("65533\n/workspace"), "{outputs:?}");
+    assert!(outputs[2].1.contains("noted at step 2"), "{outputs:?}");
+    assert!(st.output.unwrap_or_default().contains("plain Debian"));
+    env.finish().await;
+}
+
 /// kill -9 of the tools container's process (the executor) mid-step: the worker cannot know
 /// what the command did, so it records nothing for it and ends the attempt; the next pod
 /// resumes with the step reported unknown, and its effect ran once.
@@ -366,14 +389,43 @@ async fn provide_volume(env: &NodeEnv, class: &str) -> std::path::PathBuf {
     dir
 }
 
-/// spec.workspace: the run's own claim, mounted in every attempt's tools container. A file
-/// written before a kill -9 of the worker is there after the resume, in the next pod.
+/// The run's `WorkspaceReady` condition, as (status, reason).
+async fn workspace_ready(env: &NodeEnv, name: &str) -> Option<(String, String)> {
+    let st = env.status(name).await;
+    st.conditions
+        .iter()
+        .find(|c| c.type_ == "WorkspaceReady")
+        .map(|c| (c.status.clone(), c.reason.clone()))
+}
+
+async fn wait_workspace_ready(env: &NodeEnv, name: &str, want: (&str, &str)) {
+    let deadline = Instant::now() + RUN_TIMEOUT;
+    loop {
+        let now = workspace_ready(env, name).await;
+        if now
+            .as_ref()
+            .is_some_and(|(s, r)| (s.as_str(), r.as_str()) == want)
+        {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "WorkspaceReady is {now:?}, not {want:?}: {:#?}",
+            env.status(name).await
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// spec.workspace: the run's own claim, mounted in every attempt's tools container. While no
+/// volume can bind it, the run says so (WorkspaceReady False, ClaimPending) instead of
+/// looking stuck; once the test provides one, the run goes on. A file written before a kill -9
+/// of the worker is there after the resume, in the next pod.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_the_workspace_claim_survives_a_kill9_and_the_resume() {
     let env = NodeEnv::start("workspace").await;
     let name = "ws";
     let class = format!("baton-test-{}", env.ns);
-    let dir = provide_volume(&env, &class).await;
     let sink = env.effects.addr.clone();
     let mut run: AgentRun = run_with(
         name,
@@ -392,8 +444,13 @@ async fn node_the_workspace_claim_survives_a_kill9_and_the_resume() {
         }))
         .unwrap(),
     );
+    // The first pod waits for the volume the test provides only once the condition showed.
+    run.spec.lease.startup_seconds = 120;
     env.create(&run).await;
+    wait_workspace_ready(&env, name, ("False", "ClaimPending")).await;
+    let dir = provide_volume(&env, &class).await;
     let (pod, _) = env.wait_worker(name, 1).await;
+    wait_workspace_ready(&env, name, ("True", "Mounted")).await;
     env.wait_effect(name, 2).await;
     env.signal_worker(&pod, libc::SIGKILL).await;
     let st = env.wait_succeeded(name).await;

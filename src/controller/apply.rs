@@ -8,7 +8,7 @@ use super::Error;
 use super::admission;
 use super::claim::{self, delete_pod, release_run_lease};
 use super::context::Context;
-use super::decide::Action;
+use super::decide::{Action, WorkspaceCondition};
 use super::observe::start_rollout;
 use super::statuses::{self, run_name};
 use super::writer::{Applied, Wrote};
@@ -30,7 +30,21 @@ pub async fn apply(ctx: &Context, run: &AgentRun, action: &Action) -> Result<App
         Action::ReleaseAdmission => admission::release(ctx, run).await.map(|_| Applied::Done),
         Action::DeletePod { rollout } => rollout_or_cleanup(ctx, run, *rollout).await,
         Action::DeleteRun => delete_run(ctx, run).await,
+        Action::Workspace(c) => workspace(ctx, run, c).await,
     }
+}
+
+/// The workspace condition, and a Warning Event when the pod waits for its volume.
+async fn workspace(
+    ctx: &Context,
+    run: &AgentRun,
+    c: &WorkspaceCondition,
+) -> Result<Applied, Error> {
+    let applied = set_status(ctx, run, statuses::workspace(run, c)).await?;
+    if !c.ready && applied != Applied::Conflict {
+        ctx.event(run, true, c.reason, c.message.clone());
+    }
+    Ok(applied)
 }
 
 async fn set_status(

@@ -42,6 +42,10 @@ pub enum PodState {
     /// Created, not (yet) running: unscheduled, pulling, starting.
     Pending {
         image: String,
+        /// The scheduler's word that the pod's claim is not bound (the workspace's).
+        unbound_claim: Option<String>,
+        /// Some container, init included, has started: the pod's volumes are mounted.
+        started: bool,
     },
     Running {
         image: String,
@@ -260,7 +264,22 @@ pub enum Action {
     },
     /// ttlSecondsAfterFinished passed.
     DeleteRun,
+    /// Say in condition `WorkspaceReady` whether the pod has its workspace volume.
+    Workspace(WorkspaceCondition),
 }
+
+/// The `WorkspaceReady` condition as the pod shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkspaceCondition {
+    pub ready: bool,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// How long a pod of a run with a workspace may stay without any container started before
+/// the run says it waits for its volume: a ReadWriteOnce volume still attached to a lost node
+/// keeps the next pod in ContainerCreating for minutes, and that must not look like a hang.
+pub const VOLUME_PATIENCE: Duration = Duration::from_secs(60);
 
 /// An action and when to look again (None: only on a change).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -380,9 +399,99 @@ fn decide_running(obs: &Observation<'_>) -> Decision {
         PodState::Running { image } if rollout_wanted(obs, image, lease) => {
             decide_rollout(obs, lease)
         }
-        _ => decide_expiry(obs, lease),
+        _ => with_workspace_condition(obs, lease, decide_expiry(obs, lease)),
     };
     with_stop_deadline(obs, decision)
+}
+
+/// When nothing else is to be done, the `WorkspaceReady` condition is brought up to date.
+fn with_workspace_condition(
+    obs: &Observation<'_>,
+    lease: &LeaseObs,
+    decision: Decision,
+) -> Decision {
+    if decision.action != Action::Nothing {
+        return decision;
+    }
+    let waited = obs.now.saturating_duration_since(lease.sighting.seen_at);
+    let wanted = workspace_condition(obs.run, &obs.pod, waited);
+    let patience = match &obs.pod {
+        PodState::Pending { started: false, .. } if waited < VOLUME_PATIENCE => {
+            Some(VOLUME_PATIENCE - waited)
+        }
+        _ => None,
+    };
+    let requeue = min_requeue(decision.requeue, patience);
+    match wanted.filter(|w| !shown(obs.run, w)) {
+        Some(condition) => Decision {
+            action: Action::Workspace(condition),
+            requeue,
+        },
+        None => Decision {
+            requeue,
+            ..decision
+        },
+    }
+}
+
+/// Pure: what `WorkspaceReady` should say for a run with `spec.workspace`, given its pod and
+/// how long the pod has been the run's.
+pub fn workspace_condition(
+    run: &AgentRun,
+    pod: &PodState,
+    waited: Duration,
+) -> Option<WorkspaceCondition> {
+    let workspace = run.spec.workspace.as_ref()?;
+    let claim = crate::fence::workspace_claim_name(&kube::ResourceExt::name_any(run));
+    let condition = |ready, reason, message| {
+        Some(WorkspaceCondition {
+            ready,
+            reason,
+            message,
+        })
+    };
+    match pod {
+        PodState::Pending {
+            unbound_claim: Some(said),
+            ..
+        } => {
+            let class = workspace
+                .storage_class_name
+                .as_deref()
+                .unwrap_or("(the default)");
+            condition(
+                false,
+                "ClaimPending",
+                format!(
+                    "the workspace claim {claim} is not bound to a volume: no PersistentVolume of storage class {class} matches it and no provisioner made one (the scheduler: {said})"
+                ),
+            )
+        }
+        PodState::Pending { started: false, .. } if waited >= VOLUME_PATIENCE => condition(
+            false,
+            "VolumeNotReady",
+            format!(
+                "the worker pod has waited {}s for its volumes (or images): a ReadWriteOnce workspace volume still attached to a lost node is released only once it is detached from that node (minutes, or when the node object is deleted); ReadWriteMany storage avoids that wait",
+                waited.as_secs()
+            ),
+        ),
+        PodState::Running { .. } | PodState::Pending { started: true, .. } => condition(
+            true,
+            "Mounted",
+            format!("the workspace claim {claim} is mounted"),
+        ),
+        _ => None,
+    }
+}
+
+/// True when the run's status already says what `wanted` says.
+fn shown(run: &AgentRun, wanted: &WorkspaceCondition) -> bool {
+    let status = if wanted.ready { "True" } else { "False" };
+    run.status.iter().flat_map(|s| &s.conditions).any(|c| {
+        c.type_ == crate::status::condition::WORKSPACE_READY
+            && c.status == status
+            && c.reason == wanted.reason
+    })
 }
 
 /// A stop the worker did not carry out within `durationSeconds` becomes a terminal claim.

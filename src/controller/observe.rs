@@ -88,25 +88,69 @@ pub fn classify_pod(pod: &Pod) -> PodState {
         Some("Running") => PodState::Running { image },
         _ => match worker_unstartable(pod) {
             Some(message) => PodState::Unstartable { message },
-            None => PodState::Pending { image },
+            None => PodState::Pending {
+                image,
+                unbound_claim: unbound_claim(pod),
+                started: any_container_started(pod),
+            },
         },
     }
 }
 
-/// The kubelet's reason for not starting a container whose configuration cannot be met (a
-/// Secret or key that does not exist): it keeps retrying, and the pod stays Pending for good.
-const CONFIG_ERROR: &str = "CreateContainerConfigError";
+/// The kubelet's reasons for not starting a container that it will never start as it is: a
+/// configuration naming something that does not exist (a Secret, a key), or an image name
+/// that is not one. It keeps retrying, and the pod stays Pending for good. (A pull that
+/// fails is not among them: a registry may come back; the startup allowance bounds it.)
+const NEVER_STARTS: [&str; 2] = ["CreateContainerConfigError", "InvalidImageName"];
 
-/// The kubelet's message when this container cannot be configured, e.g. `secret "key" not found`.
-pub fn unstartable(status: &ContainerStatus) -> Option<&str> {
+/// The kubelet's message when a container of the pod cannot be started, e.g.
+/// `secret "key" not found`; for another container than the worker's, named with it.
+pub fn unstartable(status: &ContainerStatus) -> Option<String> {
     let waiting = status.state.as_ref()?.waiting.as_ref()?;
-    (status.name == CONTAINER_NAME && waiting.reason.as_deref() == Some(CONFIG_ERROR))
-        .then(|| waiting.message.as_deref().unwrap_or(CONFIG_ERROR))
+    let reason = waiting.reason.as_deref()?;
+    if !NEVER_STARTS.contains(&reason) {
+        return None;
+    }
+    let message = waiting.message.as_deref().unwrap_or(reason);
+    Some(if status.name == CONTAINER_NAME {
+        message.to_string()
+    } else {
+        format!("container {}: {message}", status.name)
+    })
+}
+
+/// The scheduler's message when the pod cannot be placed because a claim is not bound.
+pub fn unbound_claim(pod: &Pod) -> Option<String> {
+    let conditions = pod.status.as_ref()?.conditions.as_ref()?;
+    conditions
+        .iter()
+        .find(|c| c.type_ == "PodScheduled" && c.status == "False")
+        .and_then(|c| c.message.clone())
+        .filter(|m| m.contains("PersistentVolumeClaim"))
+}
+
+/// Some container, init included, is running or has run: the pod's volumes were mounted.
+pub fn any_container_started(pod: &Pod) -> bool {
+    let Some(status) = pod.status.as_ref() else {
+        return false;
+    };
+    let init = status.init_container_statuses.iter().flatten();
+    init.chain(status.container_statuses.iter().flatten())
+        .any(has_started)
+}
+
+pub fn has_started(status: &ContainerStatus) -> bool {
+    status
+        .state
+        .as_ref()
+        .is_some_and(|s| s.running.is_some() || s.terminated.is_some())
 }
 
 fn worker_unstartable(pod: &Pod) -> Option<String> {
-    let statuses = pod.status.as_ref()?.container_statuses.as_ref()?;
-    statuses.iter().find_map(unstartable).map(str::to_string)
+    let status = pod.status.as_ref()?;
+    let containers = status.container_statuses.iter().flatten();
+    let init = status.init_container_statuses.iter().flatten();
+    init.chain(containers).find_map(unstartable)
 }
 
 /// The run's thread admission as the caches have it.
@@ -179,4 +223,71 @@ pub fn start_rollout(ctx: &Context, run: &AgentRun) {
         .lock()
         .expect("rollouts lock")
         .insert((run_key(run), fence));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(status: serde_json::Value) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "r-w1"},
+            "spec": {"containers": [{"name": "tools", "image": "t"}, {"name": "worker", "image": "w"}]},
+            "status": status,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_tools_container_that_will_never_start_is_named_in_the_message() {
+        let p = pod(serde_json::json!({
+            "phase": "Pending",
+            "containerStatuses": [{
+                "name": "tools", "image": "bad image", "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"waiting": {"reason": "InvalidImageName", "message": "couldn't parse image reference \"bad image\""}},
+            }],
+        }));
+        let PodState::Unstartable { message } = classify_pod(&p) else {
+            panic!("expected unstartable: {:?}", classify_pod(&p));
+        };
+        assert!(
+            message.starts_with("container tools: couldn't parse"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn a_pending_pod_tells_an_unbound_claim_and_whether_anything_started() {
+        let unscheduled = pod(serde_json::json!({
+            "phase": "Pending",
+            "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                "message": "0/1 nodes are available: 1 pod has unbound immediate PersistentVolumeClaims."}],
+        }));
+        let PodState::Pending {
+            unbound_claim,
+            started,
+            ..
+        } = classify_pod(&unscheduled)
+        else {
+            panic!("expected pending");
+        };
+        assert!(unbound_claim.is_some_and(|m| m.contains("unbound immediate")));
+        assert!(!started);
+        let initializing = pod(serde_json::json!({
+            "phase": "Pending",
+            "initContainerStatuses": [{
+                "name": "install-executor", "image": "b", "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"running": {}},
+            }],
+        }));
+        let PodState::Pending {
+            unbound_claim,
+            started,
+            ..
+        } = classify_pod(&initializing)
+        else {
+            panic!("expected pending");
+        };
+        assert_eq!((unbound_claim, started), (None, true));
+    }
 }

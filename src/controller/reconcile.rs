@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, PodStatus};
+use k8s_openapi::api::core::v1::{Container, ContainerStatus, Pod, PodSpec, PodStatus};
 use kube::runtime::controller::{self, Action as Requeue, Controller};
 use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, reflector};
@@ -259,14 +259,27 @@ fn slim_pod(pod: &mut Pod) {
         });
     }
     if let Some(status) = pod.status.take() {
-        let container_statuses = status.container_statuses.map(|all| {
+        // What `observe::classify_pod` reads: containers that will never start or that
+        // started, and the scheduler's refusal.
+        let telling = |all: Option<Vec<ContainerStatus>>| {
+            all.map(|all| {
+                all.into_iter()
+                    .filter(|c| {
+                        super::observe::unstartable(c).is_some() || super::observe::has_started(c)
+                    })
+                    .collect()
+            })
+        };
+        let conditions = status.conditions.map(|all| {
             all.into_iter()
-                .filter(|c| super::observe::unstartable(c).is_some())
+                .filter(|c| c.type_ == "PodScheduled" && c.status == "False")
                 .collect()
         });
         pod.status = Some(PodStatus {
             phase: status.phase,
-            container_statuses,
+            container_statuses: telling(status.container_statuses),
+            init_container_statuses: telling(status.init_container_statuses),
+            conditions,
             ..PodStatus::default()
         });
     }

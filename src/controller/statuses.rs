@@ -4,7 +4,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
-use super::decide::{Claim, ClaimReason, Close};
+use super::decide::{Claim, ClaimReason, Close, WorkspaceCondition};
 use super::validate::INVALID_SPEC;
 use crate::crd::v1alpha1::Resolution;
 use crate::crd::v1alpha1::{AgentRun, AgentRunStatus, LedgerStats, Phase, UnknownEffect};
@@ -151,6 +151,20 @@ pub fn queued(run: &AgentRun, holder: &str) -> AgentRunStatus {
         false,
         "ThreadBusy",
         &message,
+        generation,
+    );
+    s
+}
+
+/// The `WorkspaceReady` condition as the pod shows it; nothing else changes.
+pub fn workspace(run: &AgentRun, condition: &WorkspaceCondition) -> AgentRunStatus {
+    let (mut s, generation) = base(run);
+    set_condition(
+        &mut s.conditions,
+        condition::WORKSPACE_READY,
+        condition.ready,
+        condition.reason,
+        &condition.message,
         generation,
     );
     s
