@@ -53,6 +53,19 @@ pub fn is_not_found(err: &kube::Error) -> bool {
     status(err).is_some_and(|s| s.is_not_found())
 }
 
+/// The API server's message when it refuses an object for what it is, not for who asks: an
+/// admission plugin's "pod rejected" or Pod Security "violates" (403), or an invalid field
+/// (422). Asking again with the same object gets the same answer. (A 403 for a missing RBAC
+/// permission, "cannot create resource", is the controller's setup, not the object's.)
+pub fn refused_for_what_it_is(err: &kube::Error) -> Option<String> {
+    let status = status(err)?;
+    let message = &status.message;
+    let admission = status.is_forbidden()
+        && !message.contains("cannot create resource")
+        && (message.contains("pod rejected") || message.contains("violates PodSecurity"));
+    (admission || status.code == 422).then(|| message.clone())
+}
+
 /// 403.
 pub fn is_forbidden(err: &kube::Error) -> bool {
     status(err).is_some_and(|s| s.is_forbidden())

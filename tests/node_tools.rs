@@ -471,3 +471,52 @@ async fn node_the_workspace_claim_survives_a_kill9_and_the_resume() {
         .await;
     env.finish().await;
 }
+
+/// spec.worker.runtimeClassName: the pod runs under the RuntimeClass the run names (here one
+/// for the node's runc, the only runtime the bed has; gVisor or Kata are named the same way).
+/// One that does not exist fails the run at once, with the API server's reason, instead of
+/// claiming pod after refused pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_the_runtime_class_is_the_runs_and_a_missing_one_fails_the_run() {
+    let env = NodeEnv::start("runtime-class").await;
+    let class = format!("baton-test-{}", env.ns);
+    let classes: Api<k8s_openapi::api::node::v1::RuntimeClass> = Api::all(env.client.clone());
+    let rc = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": class},
+        "handler": "runc",
+    }))
+    .unwrap();
+    classes
+        .create(&PostParams::default(), &rc)
+        .await
+        .expect("creating the RuntimeClass");
+
+    let mut run = run_with(
+        "rc",
+        vec![turn("where", "echo ok"), answer("ran")],
+        vec![shell_tool("sh")],
+    );
+    run.spec.worker.runtime_class_name = Some(class.clone());
+    env.create(&run).await;
+    env.wait_succeeded("rc").await;
+    let pod = env.pods().get("rc-w1").await.unwrap();
+    assert_eq!(pod.spec.unwrap().runtime_class_name, Some(class.clone()));
+
+    let mut missing = run_with("norc", vec![answer("never")], vec![]);
+    missing.spec.worker.runtime_class_name = Some("no-such-class".into());
+    env.create(&missing).await;
+    let st = env
+        .wait_run("norc", RUN_TIMEOUT, "terminal", |s| s.phase.is_terminal())
+        .await;
+    assert_eq!(st.phase, Phase::Failed, "{st:#?}");
+    assert_eq!(st.reason.as_deref(), Some("PodRejected"), "{st:#?}");
+    let message = st.message.clone().unwrap_or_default();
+    assert!(
+        message.contains("RuntimeClass \"no-such-class\" not found"),
+        "{message}"
+    );
+    // One claim (fence 1) whose pod was refused, then the terminal claim's seal (fence 2).
+    assert_eq!(st.fence, 2, "no claim after the refusal: {st:#?}");
+    let _ = classes.delete(&class, &DeleteParams::default()).await;
+    env.finish().await;
+}

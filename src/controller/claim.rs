@@ -31,7 +31,7 @@ use super::writer::Applied;
 use crate::crd::FENCE_ANNOTATION;
 use crate::crd::v1alpha1::{AgentRun, LedgerEvent, LedgerSegment};
 use crate::fence::{Fence, RunHolder, Verdict, ledger_verdict, run_lease_name, worker_pod_name};
-use crate::kube_util::is_retry_soon;
+use crate::kube_util::{is_retry_soon, refused_for_what_it_is};
 use crate::lease::{LeaseClient, lease_fence, lease_holder};
 use crate::ledger::{Replay, SegmentStore};
 
@@ -322,7 +322,19 @@ async fn create_pod(ctx: &Context, moved: LeaseMoved) -> Result<(), Error> {
     let LeaseMoved { run, holder } = moved;
     let image = desired_image(&run, &ctx.config.worker_image);
     let pod = worker_pod(&run, holder.fence.get(), &image);
-    if let Err(err) = create_pod_patiently(ctx, &holder.namespace, &pod).await {
+    let created = create_pod_patiently(ctx, &holder.namespace, &pod).await;
+    if let Err(Error::Kube(err)) = &created
+        && let Some(message) = refused_for_what_it_is(err)
+    {
+        // Every attempt's pod would be refused alike: the run fails, saying why.
+        let refused = Close {
+            reason: CloseReason::PodRejected,
+            message: format!("the API server refuses the worker pod: {message}"),
+            failed: false,
+        };
+        return close(ctx, &run, &refused).await.map(|_| ());
+    }
+    if let Err(err) = created {
         // Perhaps the ServiceAccount was removed behind our back: check again next time.
         ctx.remember(&run, |m| m.rbac_for = None);
         return Err(err);

@@ -186,6 +186,9 @@ pub enum CloseReason {
     SecretNotFound,
     /// The worker pod cannot start for another reason in its configuration.
     WorkerConfigError,
+    /// The API server refuses to create the worker pod (an admission check: a RuntimeClass
+    /// that does not exist, a Pod Security level the pod does not meet, an invalid field).
+    PodRejected,
     /// A seal whose reason this version does not know (written by another version).
     Unrecognized,
 }
@@ -197,6 +200,7 @@ impl CloseReason {
             CloseReason::MaxAttemptsExceeded => "MaxAttemptsExceeded",
             CloseReason::SecretNotFound => "SecretNotFound",
             CloseReason::WorkerConfigError => "WorkerConfigError",
+            CloseReason::PodRejected => "PodRejected",
             CloseReason::Unrecognized => "LedgerClosed",
         }
     }
@@ -208,6 +212,7 @@ impl CloseReason {
             CloseReason::MaxAttemptsExceeded,
             CloseReason::SecretNotFound,
             CloseReason::WorkerConfigError,
+            CloseReason::PodRejected,
         ]
         .into_iter()
         .find(|r| r.as_str() == reason)
@@ -219,7 +224,9 @@ impl CloseReason {
         match self {
             CloseReason::StopRequested => Phase::Stopped,
             CloseReason::MaxAttemptsExceeded | CloseReason::Unrecognized => Phase::Interrupted,
-            CloseReason::SecretNotFound | CloseReason::WorkerConfigError => Phase::Failed,
+            CloseReason::SecretNotFound
+            | CloseReason::WorkerConfigError
+            | CloseReason::PodRejected => Phase::Failed,
         }
     }
 }

@@ -486,6 +486,7 @@ fn a_close_reason_is_read_back_from_its_seal_with_the_phase_it_ends_in() {
         (MaxAttemptsExceeded, Phase::Interrupted),
         (SecretNotFound, Phase::Failed),
         (WorkerConfigError, Phase::Failed),
+        (PodRejected, Phase::Failed),
     ] {
         assert_eq!(CloseReason::from_seal(reason.as_str()), reason);
         let recorded = Close::recorded(reason.as_str(), 3);
