@@ -93,5 +93,5 @@ node-env: ## Print `export KUBECONFIG=...` for the node
 	@bash hack/node.sh env
 
 .PHONY: images
-images: ## The node's images: pause, a Debian base, baton from the Dockerfile
+images: ## The node's images: pause, a Debian base, baton from the Dockerfile, a bare busybox
 	bash hack/images.sh all

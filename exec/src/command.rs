@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use crate::capture::{Captured, capped_text, within_cap};
 use crate::protocol::{Ending, Outcome, RunRequest};
+use crate::reaper;
 
 /// How long to wait for the pipes to close after the group was killed (a process that left
 /// the group may hold them open; its output is then given up).
@@ -33,7 +34,8 @@ pub fn run(
     (sender, events): (Sender<Event>, Receiver<Event>),
     started: impl FnOnce(i32),
 ) -> Outcome {
-    let mut child = match Command::new("sh")
+    let mut command = Command::new("sh");
+    command
         .arg("-c")
         .arg(&request.command)
         .envs(request.env.iter().cloned())
@@ -41,9 +43,8 @@ pub fn run(
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .process_group(0)
-        .spawn()
-    {
+        .process_group(0);
+    let mut child = match reaper::spawn(&mut command) {
         Ok(child) => child,
         Err(e) => return outcome(request, Ending::SpawnFailed(e.to_string()), None, None),
     };
@@ -58,7 +59,11 @@ pub fn run(
         let tx = sender.clone();
         std::thread::spawn(move || tx.send(Event::Stderr(read_capped(pipe, cap))));
     }
-    std::thread::spawn(move || sender.send(Event::Exited(child.wait())));
+    std::thread::spawn(move || {
+        let status = child.wait();
+        reaper::forget(child.id());
+        sender.send(Event::Exited(status))
+    });
     collect(request, group, &events)
 }
 

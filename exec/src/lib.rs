@@ -7,6 +7,7 @@
 pub mod capture;
 pub mod command;
 pub mod protocol;
+pub mod reaper;
 pub mod server;
 
 /// Copies this very binary into `dir` as `baton-exec` (what the init container runs): it needs

@@ -52,6 +52,7 @@ type Running = Arc<Mutex<HashMap<String, (Sender<Event>, Option<i32>)>>>;
 /// Serves one worker until its connection ends.
 pub fn serve(config: &Config) -> Result<(), ServeError> {
     let listener = bind(&config.socket)?;
+    crate::reaper::start_if_init();
     let connected = Arc::new(AtomicBool::new(false));
     watch_accept_deadline(config.accept_timeout, connected.clone());
     let (stream, _) = listener.accept().map_err(ServeError::Accept)?;
