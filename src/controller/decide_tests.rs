@@ -499,32 +499,35 @@ fn a_close_reason_is_read_back_from_its_seal_with_the_phase_it_ends_in() {
     assert_eq!(unknown.phase(), Phase::Interrupted);
 }
 
-#[test]
-fn a_pod_waiting_for_its_workspace_says_why_in_a_condition() {
-    let now = Instant::now();
-    let mut r = run(Phase::Running, 1, 0, 3);
-    let pending = |unbound_claim: Option<&str>, started| PodState::Pending {
+fn pending(unbound_claim: Option<&str>, started: bool) -> PodState {
+    PodState::Pending {
         image: IMAGE.into(),
         unbound_claim: unbound_claim.map(String::from),
         started,
-    };
+    }
+}
+
+fn with_workspace(mut r: AgentRun) -> AgentRun {
+    let spec = serde_json::json!({"size": "1Gi", "storageClassName": "fast"});
+    r.spec.workspace = Some(serde_json::from_value(spec).unwrap());
+    r
+}
+
+#[test]
+fn a_pod_whose_claim_is_not_bound_says_so_in_a_condition() {
+    let now = Instant::now();
+    let r = run(Phase::Running, 1, 0, 3);
     let unbound = pending(
         Some("0/1 nodes are available: 1 pod has unbound immediate PersistentVolumeClaims."),
         false,
     );
-    // Without spec.workspace there is nothing to say.
     let mut l = lease(L::Startup, 1, now);
     l.sighting.seen_at = now;
-    assert_eq!(
-        decide(&obs(&r, Some(l.clone()), unbound.clone(), now)).action,
-        Action::Nothing
-    );
-
-    r.spec.workspace = Some(
-        serde_json::from_value(serde_json::json!({"size": "1Gi", "storageClassName": "fast"}))
-            .unwrap(),
-    );
-    let Action::Workspace(c) = decide(&obs(&r, Some(l.clone()), unbound, now)).action else {
+    // Without spec.workspace there is nothing to say.
+    let o = obs(&r, Some(l.clone()), unbound.clone(), now);
+    assert_eq!(decide(&o).action, Action::Nothing);
+    let r = with_workspace(r);
+    let Action::Workspace(c) = decide(&obs(&r, Some(l), unbound, now)).action else {
         panic!("expected the workspace condition");
     };
     assert_eq!((c.ready, c.reason), (false, "ClaimPending"));
@@ -533,42 +536,45 @@ fn a_pod_waiting_for_its_workspace_says_why_in_a_condition() {
         "{}",
         c.message
     );
+}
 
-    // Scheduled, nothing started: said only after the patience, and looked at again then.
+#[test]
+fn a_pod_that_starts_nothing_for_a_minute_says_it_waits_for_its_volume() {
+    let now = Instant::now();
+    let r = with_workspace(run(Phase::Running, 1, 0, 3));
+    let mut l = lease(L::Startup, 1, now);
+    l.sighting.seen_at = now;
+    // Said only after the patience, and looked at again then.
     let early = decide(&obs(&r, Some(l.clone()), pending(None, false), now));
     assert_eq!(early.action, Action::Nothing);
     assert!(
         early.requeue.is_some_and(|d| d <= VOLUME_PATIENCE),
         "{early:?}"
     );
-    let mut late = l.clone();
-    late.sighting.seen_at = now - VOLUME_PATIENCE;
-    let Action::Workspace(c) = decide(&obs(&r, Some(late), pending(None, false), now)).action
-    else {
+    l.sighting.seen_at = now - VOLUME_PATIENCE;
+    let Action::Workspace(c) = decide(&obs(&r, Some(l), pending(None, false), now)).action else {
         panic!("expected the workspace condition");
     };
     assert_eq!((c.ready, c.reason), (false, "VolumeNotReady"));
     assert!(c.message.contains("ReadWriteMany"), "{}", c.message);
+}
 
-    // Started: the volume is mounted; once the status says so, nothing more is written.
+#[test]
+fn a_running_pod_has_its_workspace_said_once() {
+    let now = Instant::now();
+    let mut r = with_workspace(run(Phase::Running, 1, 0, 3));
     let running = PodState::Running {
         image: IMAGE.into(),
     };
     let fresh = lease(L::Fresh, 1, now);
-    let Action::Workspace(c) = decide(&obs(&r, Some(fresh.clone()), running.clone(), now)).action
-    else {
+    let o = obs(&r, Some(fresh.clone()), running.clone(), now);
+    let Action::Workspace(c) = decide(&o).action else {
         panic!("expected the workspace condition");
     };
     assert_eq!((c.ready, c.reason), (true, "Mounted"));
     let mut status = r.status.clone().unwrap();
-    crate::status::set_condition(
-        &mut status.conditions,
-        crate::status::condition::WORKSPACE_READY,
-        true,
-        "Mounted",
-        "",
-        None,
-    );
+    let ready = crate::status::condition::WORKSPACE_READY;
+    crate::status::set_condition(&mut status.conditions, ready, true, "Mounted", "", None);
     r.status = Some(status);
     assert_eq!(
         decide(&obs(&r, Some(fresh), running, now)).action,
