@@ -20,7 +20,9 @@ async fn start_claims_fence_one_with_lease_pod_and_seal() {
     assert_eq!(s.worker.as_deref(), Some("r-w1"));
     wait_lease(&ns, "r", "r-w1", 1, T).await;
     let pod = wait_pod(&ns, "r-w1", T).await;
-    let env = pod.spec.unwrap().containers[0].env.clone().unwrap();
+    let spec = pod.spec.unwrap();
+    let worker = spec.containers.iter().find(|c| c.name == "worker").unwrap();
+    let env = worker.env.clone().unwrap();
     assert!(
         env.iter()
             .any(|e| e.name == "BATON_FENCE" && e.value.as_deref() == Some("1"))

@@ -18,9 +18,13 @@ async fn the_first_claim_gives_the_run_its_own_account_and_a_takeover_reuses_it(
     let pod = wait_pod(&ns, "r-w1", T).await;
     let spec = pod.spec.unwrap();
     assert_eq!(spec.service_account_name.as_deref(), Some("baton-run-r"));
-    let sc = spec.containers[0].security_context.clone().unwrap();
-    assert_eq!(sc.read_only_root_filesystem, Some(true));
-    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    // Every container (the tools one too) under the restricted context.
+    for c in &spec.containers {
+        let sc = c.security_context.clone().unwrap();
+        assert_eq!(sc.read_only_root_filesystem, Some(true), "{}", c.name);
+        assert_eq!(sc.allow_privilege_escalation, Some(false), "{}", c.name);
+    }
+    assert_eq!(spec.automount_service_account_token, Some(false));
 
     // All three exist, named after the run, owned by it, and the Role is exactly the worker's.
     let sa = ns.api::<ServiceAccount>().get("baton-run-r").await.unwrap();
