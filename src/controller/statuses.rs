@@ -61,6 +61,7 @@ pub fn claimed(run: &AgentRun, claim: Claim, fence: i64, pod: &str) -> AgentRunS
 /// The status of a terminal claim: the terminal phase at `fence`, the salvage up to the seal.
 pub fn closed(run: &AgentRun, close: &Close, fence: i64, replay: &Replay) -> AgentRunStatus {
     let (mut s, generation) = base(run);
+    s.usage = Some(replay.usage.clone());
     s.fence = fence;
     s.attempt = fence;
     s.failed_attempts += i32::from(close.failed);

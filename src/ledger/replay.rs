@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use super::LedgerError;
 use super::chunk::ChunkAssembler;
-use crate::crd::v1alpha1::{LedgerEvent, LedgerSegment, ProbeOutcome, Role};
+use crate::crd::v1alpha1::{LedgerEvent, LedgerSegment, ProbeOutcome, Role, RunUsage};
 
 /// What the model is told about a step whose worker died while it ran.
 pub const UNKNOWN_EFFECT_NOTICE: &str = "The worker running this step died before its result was recorded. \
@@ -97,6 +97,8 @@ pub struct Replay {
     chunks: ChunkAssembler,
     /// Chunked events whose writer stopped before their last chunk (dropped).
     pub abandoned_chunks: usize,
+    /// What the run spent, as recorded.
+    pub usage: RunUsage,
 }
 
 impl Replay {
@@ -160,10 +162,15 @@ impl Replay {
         match event {
             LedgerEvent::AttemptStarted { fence, .. } => {
                 self.attempts.push(*fence);
+                self.count_cut_call();
                 self.streamed_tail.clear();
             }
             LedgerEvent::Message { role, content } => self.apply_message(*role, content),
             LedgerEvent::ModelDelta { text } => self.streamed_tail.push_str(text),
+            LedgerEvent::ModelCall {
+                input_tokens,
+                output_tokens,
+            } => self.usage.add_model_call(*input_tokens, *output_tokens),
             LedgerEvent::StepIntent {
                 step,
                 tool,
@@ -203,8 +210,20 @@ impl Replay {
             }
             LedgerEvent::Stopped => self.stopped = true,
             LedgerEvent::Claimed { .. } => {}
-            LedgerEvent::Closed { fence, reason } => self.closed = Some((*fence, reason.clone())),
+            LedgerEvent::Closed { fence, reason } => {
+                self.count_cut_call();
+                self.closed = Some((*fence, reason.clone()))
+            }
             LedgerEvent::Chunk { .. } => {}
+        }
+    }
+
+    /// A model call whose text was streaming when its attempt ended (a new attempt starts, or
+    /// the ledger is closed, with that text never made a message): its tokens are unknown.
+    fn count_cut_call(&mut self) {
+        if !self.streamed_tail.is_empty() {
+            self.usage.model_calls += 1;
+            self.usage.unknown_model_calls += 1;
         }
     }
 
@@ -246,6 +265,9 @@ impl Replay {
                 text: String::new(),
                 tool_calls: vec![call],
             }),
+        }
+        if !self.steps.contains_key(&step) {
+            self.usage.tool_calls += 1;
         }
         self.steps.insert(
             step,

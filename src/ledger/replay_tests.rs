@@ -248,3 +248,66 @@ fn a_chunked_event_its_writer_never_finished_is_dropped_and_the_ledger_replays()
     assert_eq!(r.final_output.as_deref().map(str::len), Some(4000));
     assert_eq!(r.abandoned_chunks, 1);
 }
+
+fn call(input: i64, output: i64) -> LedgerEvent {
+    LedgerEvent::ModelCall {
+        input_tokens: Some(input),
+        output_tokens: Some(output),
+    }
+}
+
+fn started(fence: i64) -> LedgerEvent {
+    LedgerEvent::AttemptStarted {
+        fence,
+        pod: format!("r-w{fence}"),
+    }
+}
+
+#[test]
+fn usage_is_summed_from_the_ledger_across_attempts_and_a_cut_call_is_unknown() {
+    let segments = [
+        seg(1, 1, vec![started(1), assistant("a"), call(100, 10), intent(1)]),
+        // Attempt 1 dies while its second model call streams: text, no call record.
+        seg(
+            2,
+            1,
+            vec![
+                LedgerEvent::StepResult {
+                    step: 1,
+                    output: "ok".into(),
+                    is_error: false,
+                },
+                LedgerEvent::ModelDelta {
+                    text: "half an ans".into(),
+                },
+            ],
+        ),
+        seg(3, 2, vec![started(2), assistant("b"), call(150, 20), intent(2)]),
+        // A provider that reported no usage.
+        seg(
+            4,
+            2,
+            vec![
+                assistant("c"),
+                LedgerEvent::ModelCall {
+                    input_tokens: None,
+                    output_tokens: None,
+                },
+            ],
+        ),
+    ];
+    let r = Replay::from_segments(&segments).unwrap();
+    assert_eq!(
+        r.usage,
+        RunUsage {
+            input_tokens: 250,
+            output_tokens: 30,
+            total_tokens: 280,
+            model_calls: 4,
+            tool_calls: 2,
+            unknown_model_calls: 2,
+        }
+    );
+    // Replaying again gives the same sums: nothing is counted twice.
+    assert_eq!(Replay::from_segments(&segments).unwrap().usage, r.usage);
+}

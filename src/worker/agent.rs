@@ -7,6 +7,9 @@ use std::time::Instant;
 
 use tokio_util::sync::CancellationToken;
 
+use k8s_openapi::jiff::Timestamp;
+
+use super::budget::{self, Next};
 use super::finish::Ending;
 use super::model::{ModelError, ModelRequest, ModelToolCall, ModelTurn};
 use super::provider::Model;
@@ -19,7 +22,7 @@ use crate::crd::v1alpha1::{LedgerEvent, Role, ToolKind, ToolSpec, UnknownEffect}
 /// Runs turns until the run reaches an ending.
 pub async fn agent_loop(s: &mut Session) -> Ending {
     loop {
-        if let Some(ending) = interrupted(s) {
+        if let Some(ending) = interrupted(s).or_else(|| over_budget(s, Next::ModelCall)) {
             return ending;
         }
         let turn = match call_model(s).await {
@@ -30,6 +33,11 @@ pub async fn agent_loop(s: &mut Session) -> Ending {
             role: Role::Assistant,
             content: turn.text.clone(),
         });
+        s.pending.push(LedgerEvent::ModelCall {
+            input_tokens: turn.usage.map(|u| u.input_tokens),
+            output_tokens: turn.usage.map(|u| u.output_tokens),
+        });
+        s.metrics.model_tokens(s.spec().agent.model.name.as_deref(), turn.usage);
         s.drop_deltas = true;
         if turn.tool_calls.is_empty() {
             return Ending::Final { output: turn.text };
@@ -40,6 +48,21 @@ pub async fn agent_loop(s: &mut Session) -> Ending {
             }
         }
     }
+}
+
+/// The run's budget, if the next call would pass it: the run fails, naming the limit.
+fn over_budget(s: &Session, next: Next) -> Option<Ending> {
+    let elapsed = s
+        .run
+        .status
+        .as_ref()
+        .and_then(|st| st.start_time.as_ref())
+        .and_then(|start| std::time::Duration::try_from(Timestamp::now().duration_since(start.0)).ok());
+    let reached = budget::check(s.spec().budget.as_ref(), &s.replay.usage, elapsed, next)?;
+    Some(Ending::Failed {
+        reason: reached.reason.into(),
+        message: reached.message,
+    })
 }
 
 /// The ending an interruption asks for, if any. Losing the run wins over everything.
@@ -100,6 +123,9 @@ async fn call_model(s: &mut Session) -> Result<ModelTurn, Ending> {
 
 /// One tool call: the write-ahead intent (awaited), then the tool, then its buffered result.
 async fn run_call(s: &mut Session, call: ModelToolCall) -> Option<Ending> {
+    if let Some(ending) = over_budget(s, Next::ToolStep) {
+        return Some(ending);
+    }
     let step = s.replay.last_step() + 1;
     let max = s.spec().agent.max_steps as i64;
     if step > max {

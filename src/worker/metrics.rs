@@ -105,6 +105,8 @@ pub struct WorkerMetrics {
     ledger_bytes: Counter,
     model_calls: Family<Labels, Counter>,
     model_retries: Counter,
+    /// By model name (a run's one model: the label's values are as many as models used).
+    model_tokens: Family<Vec<(&'static str, String)>, Counter>,
 }
 
 impl Default for WorkerMetrics {
@@ -134,6 +136,7 @@ impl WorkerMetrics {
             ledger_bytes: Counter::default(),
             model_calls: Family::default(),
             model_retries: Counter::default(),
+            model_tokens: Family::default(),
         };
         m.register();
         m.zero_known_labels();
@@ -224,6 +227,22 @@ impl WorkerMetrics {
             "Model requests made again after a retryable failure",
             self.model_retries.clone(),
         );
+        r.register(
+            "model_tokens",
+            "Tokens the model calls used, as providers reported them, by model and kind (input, output)",
+            self.model_tokens.clone(),
+        );
+    }
+
+    /// A model call's tokens (none: the provider reported none).
+    pub fn model_tokens(&self, model: Option<&str>, usage: Option<super::model::Usage>) {
+        let Some(usage) = usage else { return };
+        let model = model.unwrap_or("scripted").to_string();
+        for (kind, tokens) in [("input", usage.input_tokens), ("output", usage.output_tokens)] {
+            self.model_tokens
+                .get_or_create(&vec![("model", model.clone()), ("kind", kind.to_string())])
+                .inc_by(tokens.max(0) as u64);
+        }
     }
 
     pub fn fence_rejected(&self, kind: FenceRejection) {

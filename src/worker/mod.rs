@@ -18,6 +18,7 @@ pub mod admin;
 pub mod agent;
 pub mod api_count;
 pub mod appender;
+pub mod budget;
 pub mod finish;
 pub mod guard;
 pub mod heartbeat;
@@ -391,6 +392,7 @@ async fn open_session(
         inputs_consumed: replay.inputs_consumed,
         resumed: resumed_message(&replay),
         generation: run.metadata.generation,
+        usage: replay.usage.clone(),
         ..Progress::default()
     };
     let (progress_tx, progress_rx) = watch::channel(progress);

@@ -10,7 +10,7 @@ use tracing::warn;
 use super::guard::LostGuard;
 use super::holder::Holder;
 use super::metrics::{FenceRejection, WorkerMetrics};
-use crate::crd::v1alpha1::{AgentRunStatus, LedgerStats, UnknownEffect};
+use crate::crd::v1alpha1::{AgentRunStatus, LedgerStats, RunUsage, UnknownEffect};
 use crate::status::{condition, set_condition};
 
 /// What the worker reports while it runs.
@@ -22,6 +22,8 @@ pub struct Progress {
     /// Set when this attempt resumed a ledger: the Resumed condition's message.
     pub resumed: Option<String>,
     pub generation: Option<i64>,
+    /// What the run spent, summed from the ledger as this attempt replayed and extended it.
+    pub usage: RunUsage,
 }
 
 /// Pure: folds progress and ledger size into a status.
@@ -41,6 +43,7 @@ pub fn apply(status: &mut AgentRunStatus, p: &Progress, ledger: &LedgerStats) {
     status.unknown_effect_count = status.unknown_effects.len() as i64;
     status.ledger = Some(ledger.clone());
     status.inputs_consumed = status.inputs_consumed.max(p.inputs_consumed);
+    status.usage = Some(p.usage.clone());
     if let Some(message) = &p.resumed {
         set_condition(
             &mut status.conditions,

@@ -88,7 +88,18 @@ impl Session {
         for event in &all {
             self.replay.apply(self.cfg.fence, event);
         }
+        self.publish_usage();
         Ok(())
+    }
+
+    /// Publishes the usage the replay sums (to status, via progress).
+    pub fn publish_usage(&self) {
+        let usage = &self.replay.usage;
+        self.progress.send_if_modified(|p| {
+            let changed = p.usage != *usage;
+            p.usage = usage.clone();
+            changed
+        });
     }
 
     /// Buffers an event for the next flush and folds it into the replay at once.

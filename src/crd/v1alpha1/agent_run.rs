@@ -26,6 +26,11 @@ use serde::{Deserialize, Serialize};
     printcolumn(name = "Attempt", type_ = "integer", json_path = ".status.attempt"),
     printcolumn(name = "Steps", type_ = "integer", json_path = ".status.steps"),
     printcolumn(
+        name = "Tokens",
+        type_ = "integer",
+        json_path = ".status.usage.totalTokens"
+    ),
+    printcolumn(
         name = "Unknown effects",
         type_ = "integer",
         json_path = ".status.unknownEffectCount"
@@ -72,11 +77,39 @@ pub struct AgentRunSpec {
     /// Settings for the worker pods that execute the run.
     #[serde(default)]
     pub worker: WorkerSpec,
+    /// Limits on what the run may spend, counted from its ledger (no crash, handoff or
+    /// controller restart resets them). Checked before each model call and tool step, so a
+    /// limit is passed by at most the one call in flight.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<BudgetSpec>,
     /// A workspace that outlives each pod: one PersistentVolumeClaim per run (owned by the
     /// run), mounted at `/workspace` in every attempt's tools container. Without it the
     /// workspace is an `emptyDir`, lost with the pod.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workspace: Option<WorkspaceSpec>,
+}
+
+/// What a run may spend. A run that reaches a limit ends `Failed` with reason
+/// `BudgetExceeded` (`DeadlineExceeded` for the deadline), naming it, its output salvaged.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BudgetSpec {
+    /// Input plus output tokens of all model calls.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_tokens: Option<i64>,
+    /// Model calls (a call cut short by a crash counts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_model_calls: Option<i64>,
+    /// Tool steps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_tool_calls: Option<i64>,
+    /// Wall time since the run started (`status.startTime`), across attempts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub deadline_seconds: Option<i64>,
 }
 
 /// The run's persistent workspace: the claim the controller creates for it.
@@ -193,6 +226,20 @@ pub struct ScriptTurn {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 3600000))]
     pub delay_milliseconds: Option<i64>,
+    /// The tokens this turn reports using. Unset: a deterministic estimate, one token per 4
+    /// bytes of the request's messages (input) and of the turn's text and arguments (output).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<ScriptUsage>,
+}
+
+/// The tokens a scripted turn reports.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ScriptUsage {
+    #[schemars(range(min = 0))]
+    pub input_tokens: i64,
+    #[schemars(range(min = 0))]
+    pub output_tokens: i64,
 }
 
 /// A scripted tool call.
@@ -443,6 +490,10 @@ pub struct AgentRunStatus {
     /// Size of the durable ledger.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ledger: Option<LedgerStats>,
+    /// What the run has spent, summed from its ledger (so no crash or handoff loses or
+    /// double-counts it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<RunUsage>,
     /// How many entries of `spec.inputs` the run has consumed.
     #[serde(default)]
     pub inputs_consumed: i64,
@@ -521,6 +572,51 @@ impl Resolution {
 impl std::fmt::Display for Resolution {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+/// What a run has spent, as its ledger records it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RunUsage {
+    /// Input (prompt) tokens of the recorded model calls.
+    #[serde(default)]
+    pub input_tokens: i64,
+    /// Output (completion) tokens of the recorded model calls.
+    #[serde(default)]
+    pub output_tokens: i64,
+    /// Input plus output.
+    #[serde(default)]
+    pub total_tokens: i64,
+    /// Model calls that completed and were recorded.
+    #[serde(default)]
+    pub model_calls: i64,
+    /// Tool steps the model asked for (each recorded before it ran).
+    #[serde(default)]
+    pub tool_calls: i64,
+    /// Model calls whose tokens are not known: a call cut short by its attempt's death (its
+    /// streamed text is in the ledger, its usage never was), or a provider that reported
+    /// none. Their tokens are not in the sums above. A call that died before its first
+    /// streamed text reached the ledger leaves no trace and is not counted.
+    #[serde(default)]
+    pub unknown_model_calls: i64,
+}
+
+impl RunUsage {
+    /// Folds one recorded model call in.
+    pub fn add_model_call(&mut self, input_tokens: Option<i64>, output_tokens: Option<i64>) {
+        match (input_tokens, output_tokens) {
+            (Some(input), Some(output)) => {
+                self.model_calls += 1;
+                self.input_tokens += input;
+                self.output_tokens += output;
+                self.total_tokens = self.input_tokens + self.output_tokens;
+            }
+            _ => {
+                self.model_calls += 1;
+                self.unknown_model_calls += 1;
+            }
+        }
     }
 }
 

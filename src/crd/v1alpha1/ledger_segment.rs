@@ -104,6 +104,14 @@ pub enum LedgerEvent {
     Message { role: Role, content: String },
     /// Streamed model text. Never promoted to a message if its attempt dies.
     ModelDelta { text: String },
+    /// A model call that completed, with the tokens it used (none: the provider did not say).
+    /// Recorded with the turn's assistant message.
+    ModelCall {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        input_tokens: Option<i64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        output_tokens: Option<i64>,
+    },
     /// Write-ahead record of a tool call, appended (and awaited) before the tool runs.
     StepIntent {
         step: i64,

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use super::endpoint::{self, ApiKey};
 use super::openai::{model_name, paired_tool_results, tool_description, tool_parameters};
 use super::sse::{self, SseReader};
-use super::{DeltaSink, ModelError, ModelRequest, ModelToolCall, ModelTurn};
+use super::{DeltaSink, ModelError, ModelRequest, ModelToolCall, ModelTurn, Usage};
 use crate::crd::v1alpha1::{ModelSpec, ToolSpec};
 use crate::ledger::{ReplayedMessage, ToolCallRecord};
 
@@ -223,6 +223,9 @@ struct TurnBuilder {
     stop_reason: bool,
     /// `message_stop`: the stream is over.
     stopped: bool,
+    /// Input tokens come with `message_start`, output tokens with `message_delta`.
+    usage: Usage,
+    usage_seen: bool,
 }
 
 #[derive(Debug, Default)]
@@ -240,13 +243,36 @@ impl TurnBuilder {
         match event["type"].as_str().unwrap_or_default() {
             "content_block_start" => self.start(index, &event["content_block"], deltas),
             "content_block_delta" => self.delta(index, &event["delta"], deltas),
-            "message_delta" => self.stop_reason |= event["delta"]["stop_reason"].is_string(),
+            "message_start" => self.count_usage(&event["message"]["usage"]),
+            "message_delta" => {
+                self.stop_reason |= event["delta"]["stop_reason"].is_string();
+                self.count_usage(&event["usage"]);
+            }
             "message_stop" => self.stopped = true,
             "error" => return Err(endpoint::stream_error(&event["error"], key)),
-            // message_start, content_block_stop, ping, and whatever a later API adds.
+            // content_block_stop, ping, and whatever a later API adds.
             _ => {}
         }
         Ok(())
+    }
+
+    /// Input tokens (cache reads and writes included: they are input too) and output tokens;
+    /// `message_delta`'s output count is cumulative, so the last one stands.
+    fn count_usage(&mut self, usage: &Value) {
+        if !usage.is_object() {
+            return;
+        }
+        self.usage_seen = true;
+        let input: i64 = ["input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"]
+            .iter()
+            .filter_map(|k| usage[*k].as_i64())
+            .sum();
+        if input > 0 {
+            self.usage.input_tokens = input;
+        }
+        if let Some(output) = usage["output_tokens"].as_i64() {
+            self.usage.output_tokens = output;
+        }
     }
 
     fn start(&mut self, index: u64, block: &Value, deltas: &DeltaSink) {
@@ -287,7 +313,9 @@ impl TurnBuilder {
     }
 
     fn build(self) -> Result<ModelTurn, ModelError> {
-        ModelTurn::assembled(self.text, self.tools.into_values().map(ToolUse::finish))
+        let usage = self.usage_seen.then_some(self.usage);
+        let turn = ModelTurn::assembled(self.text, self.tools.into_values().map(ToolUse::finish))?;
+        Ok(ModelTurn { usage, ..turn })
     }
 }
 

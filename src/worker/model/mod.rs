@@ -66,6 +66,15 @@ impl ModelToolCall {
 pub struct ModelTurn {
     pub text: String,
     pub tool_calls: Vec<ModelToolCall>,
+    /// The tokens the call used, as the provider reported them (None: it reported none).
+    pub usage: Option<Usage>,
+}
+
+/// Tokens one model call used.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub input_tokens: i64,
+    pub output_tokens: i64,
 }
 
 impl ModelTurn {
@@ -76,7 +85,11 @@ impl ModelTurn {
         calls: impl IntoIterator<Item = Result<ModelToolCall, ModelError>>,
     ) -> Result<Self, ModelError> {
         let tool_calls = calls.into_iter().collect::<Result<_, _>>()?;
-        Ok(Self { text, tool_calls })
+        Ok(Self {
+            text,
+            tool_calls,
+            usage: None,
+        })
     }
 }
 

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 
 use super::endpoint::{self, ApiKey};
 use super::sse::{self, SseReader};
-use super::{DeltaSink, ModelError, ModelRequest, ModelToolCall, ModelTurn};
+use super::{DeltaSink, ModelError, ModelRequest, ModelToolCall, ModelTurn, Usage};
 use crate::crd::v1alpha1::{ModelSpec, ToolKind, ToolSpec};
 use crate::ledger::{ReplayedMessage, ToolCallRecord};
 
@@ -78,9 +78,11 @@ pub(super) fn model_name(spec: &ModelSpec, provider: &str) -> Result<String, Mod
 // === request ===
 
 fn request_body(model: &str, request: &ModelRequest) -> Value {
+    // `include_usage`: the last chunk before `[DONE]` carries the call's token usage.
     let mut body = json!({
         "model": model,
         "stream": true,
+        "stream_options": {"include_usage": true},
         "messages": messages(request),
     });
     if !request.tools.is_empty() {
@@ -287,6 +289,7 @@ struct TurnBuilder {
     text: String,
     calls: BTreeMap<u64, PartialCall>,
     finished: bool,
+    usage: Option<Usage>,
 }
 
 #[derive(Debug, Default)]
@@ -300,6 +303,12 @@ impl TurnBuilder {
     fn apply(&mut self, chunk: &Value, key: &ApiKey, deltas: &DeltaSink) -> Result<(), ModelError> {
         if let Some(error) = chunk.get("error") {
             return Err(endpoint::stream_error(error, key));
+        }
+        if let Some(usage) = chunk.get("usage").filter(|u| u.is_object()) {
+            self.usage = Some(Usage {
+                input_tokens: usage["prompt_tokens"].as_i64().unwrap_or(0),
+                output_tokens: usage["completion_tokens"].as_i64().unwrap_or(0),
+            });
         }
         // One choice is asked for (no `n`), so the first is the turn.
         let Some(choice) = chunk["choices"].as_array().and_then(|c| c.first()) else {
@@ -344,7 +353,9 @@ impl TurnBuilder {
     }
 
     fn build(self) -> Result<ModelTurn, ModelError> {
-        ModelTurn::assembled(self.text, self.calls.into_values().map(PartialCall::finish))
+        let usage = self.usage;
+        let turn = ModelTurn::assembled(self.text, self.calls.into_values().map(PartialCall::finish))?;
+        Ok(ModelTurn { usage, ..turn })
     }
 }
 

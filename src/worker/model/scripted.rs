@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::{DeltaSink, ModelError, ModelRequest, ModelToolCall, ModelTurn};
+use super::{DeltaSink, ModelError, ModelRequest, ModelToolCall, ModelTurn, Usage};
 use crate::crd::v1alpha1::ScriptTurn;
 use crate::ledger::ReplayedMessage;
 
@@ -43,10 +43,41 @@ impl ScriptedModel {
             })?;
         let text = turn.text.clone().unwrap_or_default();
         stream(&text, turn.delay_milliseconds.unwrap_or(0), deltas).await;
+        let tool_calls = tool_calls(position, turn);
+        let usage = match turn.usage {
+            Some(stated) => Usage {
+                input_tokens: stated.input_tokens,
+                output_tokens: stated.output_tokens,
+            },
+            None => estimated_usage(request, &text, &tool_calls),
+        };
         Ok(ModelTurn {
             text,
-            tool_calls: tool_calls(position, turn),
+            tool_calls,
+            usage: Some(usage),
         })
+    }
+}
+
+/// One token per 4 bytes, rounded up: deterministic, so a test can state what a run spends.
+pub fn estimated_usage(request: &ModelRequest, text: &str, calls: &[ModelToolCall]) -> Usage {
+    let tokens = |bytes: usize| bytes.div_ceil(4) as i64;
+    let input: usize = request.system_prompt.as_deref().map_or(0, str::len)
+        + request.messages.iter().map(message_bytes).sum::<usize>();
+    let output = text.len() + calls.iter().map(|c| c.arguments.len()).sum::<usize>();
+    Usage {
+        input_tokens: tokens(input),
+        output_tokens: tokens(output),
+    }
+}
+
+fn message_bytes(message: &ReplayedMessage) -> usize {
+    match message {
+        ReplayedMessage::System(t) | ReplayedMessage::User(t) => t.len(),
+        ReplayedMessage::Assistant { text, tool_calls } => {
+            text.len() + tool_calls.iter().map(|c| c.input.len()).sum::<usize>()
+        }
+        ReplayedMessage::ToolResult { content, .. } => content.len(),
     }
 }
 
