@@ -108,6 +108,7 @@ fn bench_run(steps: usize, payload: usize) -> AgentRun {
                 arguments: [("command".to_string(), format!("echo {printed}"))].into(),
             }],
             delay_milliseconds: None,
+            usage: None,
         })
         .collect();
     script.push(ScriptTurn {
@@ -143,6 +144,7 @@ fn bench_run(steps: usize, payload: usize) -> AgentRun {
             ttl_seconds_after_finished: None,
             worker: Default::default(),
             workspace: None,
+            budget: None,
         },
     )
 }

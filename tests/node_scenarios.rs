@@ -40,6 +40,7 @@ async fn node_a_run_that_always_dies_ends_interrupted() {
                 &effect_command(sink, name, t, 20_000),
             )],
             delay_milliseconds: Some(200),
+            usage: None,
         })
         .chain([ScriptTurn {
             text: Some("never reached".into()),
@@ -159,11 +160,13 @@ async fn node_ask_user_waits_for_input_then_resumes_in_a_new_pod() {
             text: Some("Which environment?".into()),
             tool_calls: vec![call("ask", "question", "staging or production?")],
             delay_milliseconds: Some(200),
+            usage: None,
         },
         ScriptTurn {
             text: Some("deploying".into()),
             tool_calls: vec![call("sh", "command", &effect_command(sink, name, 2, 0))],
             delay_milliseconds: Some(200),
+            usage: None,
         },
         ScriptTurn {
             text: Some("deployed".into()),

@@ -26,6 +26,7 @@ fn turn(text: &str, command: &str) -> ScriptTurn {
             arguments: [("command".to_string(), command.to_string())].into(),
         }],
         delay_milliseconds: Some(200),
+        usage: None,
     }
 }
 

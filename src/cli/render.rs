@@ -238,6 +238,11 @@ fn event_lines(
         E::Closed { fence, reason } => {
             format!("=== closed by the controller at fence {fence}: {reason}")
         }
+        E::ModelCall {
+            input_tokens: Some(input),
+            output_tokens: Some(output),
+        } => format!("   model call: {input} input + {output} output tokens"),
+        E::ModelCall { .. } => "   model call: tokens not reported".to_string(),
         E::ModelDelta { .. } | E::Chunk { .. } => return Vec::new(),
     };
     vec![line]

@@ -266,7 +266,11 @@ fn started(fence: i64) -> LedgerEvent {
 #[test]
 fn usage_is_summed_from_the_ledger_across_attempts_and_a_cut_call_is_unknown() {
     let segments = [
-        seg(1, 1, vec![started(1), assistant("a"), call(100, 10), intent(1)]),
+        seg(
+            1,
+            1,
+            vec![started(1), assistant("a"), call(100, 10), intent(1)],
+        ),
         // Attempt 1 dies while its second model call streams: text, no call record.
         seg(
             2,
@@ -282,7 +286,11 @@ fn usage_is_summed_from_the_ledger_across_attempts_and_a_cut_call_is_unknown() {
                 },
             ],
         ),
-        seg(3, 2, vec![started(2), assistant("b"), call(150, 20), intent(2)]),
+        seg(
+            3,
+            2,
+            vec![started(2), assistant("b"), call(150, 20), intent(2)],
+        ),
         // A provider that reported no usage.
         seg(
             4,

@@ -37,7 +37,8 @@ pub async fn agent_loop(s: &mut Session) -> Ending {
             input_tokens: turn.usage.map(|u| u.input_tokens),
             output_tokens: turn.usage.map(|u| u.output_tokens),
         });
-        s.metrics.model_tokens(s.spec().agent.model.name.as_deref(), turn.usage);
+        s.metrics
+            .model_tokens(s.spec().agent.model.name.as_deref(), turn.usage);
         s.drop_deltas = true;
         if turn.tool_calls.is_empty() {
             return Ending::Final { output: turn.text };
@@ -57,7 +58,9 @@ fn over_budget(s: &Session, next: Next) -> Option<Ending> {
         .status
         .as_ref()
         .and_then(|st| st.start_time.as_ref())
-        .and_then(|start| std::time::Duration::try_from(Timestamp::now().duration_since(start.0)).ok());
+        .and_then(|start| {
+            std::time::Duration::try_from(Timestamp::now().duration_since(start.0)).ok()
+        });
     let reached = budget::check(s.spec().budget.as_ref(), &s.replay.usage, elapsed, next)?;
     Some(Ending::Failed {
         reason: reached.reason.into(),

@@ -50,8 +50,18 @@ pub fn check(
     }
     let tokens = over(usage.total_tokens, budget.max_tokens, "maxTokens", "tokens");
     let more = match next {
-        Next::ModelCall => over(usage.model_calls, budget.max_model_calls, "maxModelCalls", "model calls"),
-        Next::ToolStep => over(usage.tool_calls, budget.max_tool_calls, "maxToolCalls", "tool calls"),
+        Next::ModelCall => over(
+            usage.model_calls,
+            budget.max_model_calls,
+            "maxModelCalls",
+            "model calls",
+        ),
+        Next::ToolStep => over(
+            usage.tool_calls,
+            budget.max_tool_calls,
+            "maxToolCalls",
+            "tool calls",
+        ),
     };
     tokens.or(more)
 }
@@ -80,7 +90,10 @@ mod tests {
 
     #[test]
     fn no_budget_no_limit() {
-        assert_eq!(check(None, &usage(1 << 40, 99, 99), None, Next::ModelCall), None);
+        assert_eq!(
+            check(None, &usage(1 << 40, 99, 99), None, Next::ModelCall),
+            None
+        );
     }
 
     #[test]
@@ -91,20 +104,38 @@ mod tests {
         assert_eq!(at(usage(999, 2, 1), Next::ToolStep), None);
         let calls = at(usage(10, 3, 0), Next::ModelCall).unwrap();
         assert_eq!(calls.reason, "BudgetExceeded");
-        assert!(calls.message.contains("spec.budget.maxModelCalls"), "{}", calls.message);
+        assert!(
+            calls.message.contains("spec.budget.maxModelCalls"),
+            "{}",
+            calls.message
+        );
         // Three model calls do not stop a tool step the third call asked for.
         assert_eq!(at(usage(10, 3, 1), Next::ToolStep), None);
         let tools = at(usage(10, 3, 2), Next::ToolStep).unwrap();
         assert!(tools.message.contains("maxToolCalls"), "{}", tools.message);
         let tokens = at(usage(1000, 1, 0), Next::ToolStep).unwrap();
-        assert!(tokens.message.contains("used 1000 tokens, its budget is 1000"), "{}", tokens.message);
+        assert!(
+            tokens
+                .message
+                .contains("used 1000 tokens, its budget is 1000"),
+            "{}",
+            tokens.message
+        );
     }
 
     #[test]
     fn the_deadline_counts_from_the_runs_start_when_it_is_known() {
         let b = budget();
-        let late = check(Some(&b), &usage(0, 0, 0), Some(Duration::from_secs(61)), Next::ModelCall);
+        let late = check(
+            Some(&b),
+            &usage(0, 0, 0),
+            Some(Duration::from_secs(61)),
+            Next::ModelCall,
+        );
         assert_eq!(late.unwrap().reason, "DeadlineExceeded");
-        assert_eq!(check(Some(&b), &usage(0, 0, 0), None, Next::ModelCall), None);
+        assert_eq!(
+            check(Some(&b), &usage(0, 0, 0), None, Next::ModelCall),
+            None
+        );
     }
 }

@@ -238,7 +238,10 @@ impl WorkerMetrics {
     pub fn model_tokens(&self, model: Option<&str>, usage: Option<super::model::Usage>) {
         let Some(usage) = usage else { return };
         let model = model.unwrap_or("scripted").to_string();
-        for (kind, tokens) in [("input", usage.input_tokens), ("output", usage.output_tokens)] {
+        for (kind, tokens) in [
+            ("input", usage.input_tokens),
+            ("output", usage.output_tokens),
+        ] {
             self.model_tokens
                 .get_or_create(&vec![("model", model.clone()), ("kind", kind.to_string())])
                 .inc_by(tokens.max(0) as u64);

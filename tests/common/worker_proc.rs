@@ -165,6 +165,7 @@ pub fn shell_turn(text: &str, tool: &str, command: &str, delay_ms: i64) -> Scrip
             arguments: [("command".to_string(), command.to_string())].into(),
         }],
         delay_milliseconds: Some(delay_ms),
+        usage: None,
     }
 }
 
@@ -174,6 +175,7 @@ pub fn final_turn(text: &str, delay_ms: i64) -> ScriptTurn {
         text: Some(text.into()),
         tool_calls: vec![],
         delay_milliseconds: Some(delay_ms),
+        usage: None,
     }
 }
 

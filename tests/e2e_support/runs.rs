@@ -73,12 +73,14 @@ pub fn scripted_run_tagged(effects: &str, name: &str, tag: &str, script: &Script
                 .into(),
             }],
             delay_milliseconds: Some(script.think_ms as i64),
+            usage: None,
         })
         .collect();
     turns.push(ScriptTurn {
         text: Some(format!("{tag}: all {} turns done", script.turns)),
         tool_calls: vec![],
         delay_milliseconds: Some(script.think_ms as i64),
+        usage: None,
     });
     run_with(name, turns, vec![shell_tool("sh")])
 }

@@ -7,7 +7,7 @@ use baton::crd::v1alpha1::{ModelSpec, Provider, ToolKind, ToolSpec};
 use baton::ledger::ReplayedMessage;
 use baton::worker::model::anthropic::AnthropicModel;
 use baton::worker::model::retry::{RetryPolicy, with_retries};
-use baton::worker::model::{ModelError, ModelRequest, ModelTurn};
+use baton::worker::model::{ModelError, ModelRequest, ModelTurn, Usage};
 use serde_json::{Value, json};
 use tokio::sync::mpsc::unbounded_channel;
 use tokio_util::sync::CancellationToken;
@@ -106,7 +106,12 @@ async fn streams_text_with_the_required_headers_and_body() {
         turn.unwrap(),
         ModelTurn {
             text: "Hello, wörld".into(),
-            tool_calls: vec![]
+            tool_calls: vec![],
+            // Input from message_start, output from message_delta (cumulative: the last).
+            usage: Some(Usage {
+                input_tokens: 10,
+                output_tokens: 15
+            }),
         }
     );
     assert_eq!(streamed, "Hello, wörld");

@@ -173,6 +173,7 @@ async fn worker_waits_for_input_and_a_later_worker_consumes_the_answer() {
             arguments: [("question".to_string(), "your name?".to_string())].into(),
         }],
         delay_milliseconds: None,
+        usage: None,
     };
     let tool = ToolSpec {
         kind: ToolKind::AskUser,

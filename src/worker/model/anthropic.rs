@@ -263,10 +263,14 @@ impl TurnBuilder {
             return;
         }
         self.usage_seen = true;
-        let input: i64 = ["input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"]
-            .iter()
-            .filter_map(|k| usage[*k].as_i64())
-            .sum();
+        let input: i64 = [
+            "input_tokens",
+            "cache_creation_input_tokens",
+            "cache_read_input_tokens",
+        ]
+        .iter()
+        .filter_map(|k| usage[*k].as_i64())
+        .sum();
         if input > 0 {
             self.usage.input_tokens = input;
         }

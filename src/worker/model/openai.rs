@@ -354,7 +354,8 @@ impl TurnBuilder {
 
     fn build(self) -> Result<ModelTurn, ModelError> {
         let usage = self.usage;
-        let turn = ModelTurn::assembled(self.text, self.calls.into_values().map(PartialCall::finish))?;
+        let turn =
+            ModelTurn::assembled(self.text, self.calls.into_values().map(PartialCall::finish))?;
         Ok(ModelTurn { usage, ..turn })
     }
 }

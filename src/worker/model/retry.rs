@@ -152,7 +152,7 @@ mod tests {
     fn turn() -> ModelTurn {
         ModelTurn {
             text: "ok".into(),
-            tool_calls: vec![],
+            ..ModelTurn::default()
         }
     }
 

@@ -138,6 +138,7 @@ mod tests {
                     arguments: [("command".to_string(), "true".to_string())].into(),
                 }],
                 delay_milliseconds: None,
+                usage: None,
             },
             ScriptTurn {
                 text: Some("done".into()),
