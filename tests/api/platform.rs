@@ -184,6 +184,31 @@ fn malformed_manifests() -> Vec<(&'static str, serde_json::Value, &'static str)>
             json!({ "input": "x", "agent": { "model": model }, "threadKey": "Not A Key" }),
             "spec.threadKey",
         ),
+        (
+            "negative token budget",
+            json!({ "input": "x", "agent": { "model": model }, "budget": { "maxTokens": -1 } }),
+            "spec.budget.maxTokens",
+        ),
+        (
+            "zero deadline",
+            json!({ "input": "x", "agent": { "model": model }, "budget": { "deadlineSeconds": 0 } }),
+            "spec.budget.deadlineSeconds",
+        ),
+        (
+            "bad runtime class",
+            json!({ "input": "x", "agent": { "model": model }, "worker": { "runtimeClassName": "No Such" } }),
+            "spec.worker.runtimeClassName",
+        ),
+        (
+            "workspace without a size",
+            json!({ "input": "x", "agent": { "model": model }, "workspace": { "storageClassName": "x" } }),
+            "spec.workspace.size",
+        ),
+        (
+            "wrong workspace access mode",
+            json!({ "input": "x", "agent": { "model": model }, "workspace": { "size": "1Gi", "accessModes": ["ReadOnlyMany"] } }),
+            "spec.workspace.accessModes",
+        ),
     ]
 }
 

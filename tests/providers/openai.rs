@@ -145,6 +145,7 @@ async fn streams_text_and_sends_a_well_formed_request() {
     );
     assert_eq!(r.body["model"], "gpt-test");
     assert_eq!(r.body["stream"], true);
+    assert_eq!(r.body["stream_options"]["include_usage"], true);
     let roles: Vec<&str> = r.body["messages"]
         .as_array()
         .unwrap()
@@ -179,6 +180,29 @@ async fn streams_text_and_sends_a_well_formed_request() {
         tools[2]["function"]["parameters"]["required"],
         json!(["question"])
     );
+}
+
+/// The usage-only chunk the server sends before `[DONE]` (asked for with
+/// `stream_options.include_usage`) is the turn's usage; a server that sends none gives none.
+#[tokio::test]
+async fn the_usage_chunk_is_the_turns_token_usage() {
+    let mut stream: String = ["Hi", " there"].iter().map(|w| text_chunk(w)).collect();
+    stream.push_str(&finish("stop"));
+    stream.push_str(&data(
+        json!({"object": "chat.completion.chunk", "choices": [], "usage": {"prompt_tokens": 31, "completion_tokens": 7, "total_tokens": 38}}),
+    ));
+    stream.push_str("data: [DONE]\n\n");
+    let server = Server::start(vec![
+        Reply::sse(split_every(&stream, 11)),
+        Reply::sse(text_stream(&["no usage"])),
+    ])
+    .await;
+    let model = model(&server);
+    let (turn, _) = complete(&model, &request(vec![ReplayedMessage::User("hi".into())])).await;
+    let usage = turn.unwrap().usage.expect("the usage chunk");
+    assert_eq!((usage.input_tokens, usage.output_tokens), (31, 7));
+    let (turn, _) = complete(&model, &request(vec![ReplayedMessage::User("hi".into())])).await;
+    assert_eq!(turn.unwrap().usage, None);
 }
 
 /// Two parallel calls whose fragments interleave, split across network chunks.

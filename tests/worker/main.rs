@@ -1,5 +1,6 @@
 //! A real `baton worker` process against a real API server (the local control plane), the
 //! tests playing the controller. One test binary for all of it (each file is a module):
+//! - `budget`: a run killed again and again near its limit stops at it;
 //! - `crash`: kill -9 at each write-ahead boundary, then the next worker resumes;
 //! - `limits`: the ledger's size cap and events split across segments;
 //! - `openai`: the OpenAI-compatible provider end to end against a local server;
@@ -36,6 +37,7 @@ async fn status(ns: &common::TestNamespace, name: &str) -> AgentRunStatus {
     runs.get(name).await.unwrap().status.unwrap_or_default()
 }
 
+mod budget;
 mod crash;
 mod limits;
 mod openai;
