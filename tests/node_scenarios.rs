@@ -298,3 +298,37 @@ async fn node_apiserver_unreachable_for_20s_then_back_runs_finish() {
     wait_controllers_ready(&env.client, Duration::from_secs(180)).await;
     env.finish().await;
 }
+
+/// `examples/budget.yaml` as a user applies it: it stops before its fourth model call,
+/// `Failed`/`BudgetExceeded` naming the limit, with its usage in status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_the_budget_example_stops_at_its_limit() {
+    let env = NodeEnv::start("example-budget").await;
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/budget.yaml");
+    kubectl(&["-n", &env.ns, "apply", "-f", path]).expect("kubectl apply -f the example");
+    let st = env
+        .wait_run("budgeted", RUN_TIMEOUT, "terminal", |s| {
+            s.phase.is_terminal()
+        })
+        .await;
+    assert_eq!(st.phase, Phase::Failed, "{st:#?}");
+    assert_eq!(st.reason.as_deref(), Some("BudgetExceeded"), "{st:#?}");
+    assert!(
+        st.message
+            .clone()
+            .unwrap_or_default()
+            .contains("spec.budget.maxModelCalls")
+    );
+    let usage = st.usage.clone().expect("status.usage");
+    assert_eq!((usage.model_calls, usage.tool_calls), (3, 3), "{usage:?}");
+    assert_eq!(
+        usage.total_tokens,
+        300 + 40 + 400 + 40 + 500 + 40,
+        "{usage:?}"
+    );
+    assert!(
+        st.output.unwrap_or_default().contains("Step three"),
+        "salvaged"
+    );
+    env.finish().await;
+}
