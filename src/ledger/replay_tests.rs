@@ -256,6 +256,25 @@ fn call(input: i64, output: i64) -> LedgerEvent {
     }
 }
 
+fn unreported_call() -> LedgerEvent {
+    LedgerEvent::ModelCall {
+        input_tokens: None,
+        output_tokens: None,
+    }
+}
+
+fn ok_result(step: i64) -> LedgerEvent {
+    LedgerEvent::StepResult {
+        step,
+        output: "ok".into(),
+        is_error: false,
+    }
+}
+
+fn delta(text: &str) -> LedgerEvent {
+    LedgerEvent::ModelDelta { text: text.into() }
+}
+
 fn started(fence: i64) -> LedgerEvent {
     LedgerEvent::AttemptStarted {
         fence,
@@ -272,37 +291,14 @@ fn usage_is_summed_from_the_ledger_across_attempts_and_a_cut_call_is_unknown() {
             vec![started(1), assistant("a"), call(100, 10), intent(1)],
         ),
         // Attempt 1 dies while its second model call streams: text, no call record.
-        seg(
-            2,
-            1,
-            vec![
-                LedgerEvent::StepResult {
-                    step: 1,
-                    output: "ok".into(),
-                    is_error: false,
-                },
-                LedgerEvent::ModelDelta {
-                    text: "half an ans".into(),
-                },
-            ],
-        ),
+        seg(2, 1, vec![ok_result(1), delta("half an ans")]),
         seg(
             3,
             2,
             vec![started(2), assistant("b"), call(150, 20), intent(2)],
         ),
         // A provider that reported no usage.
-        seg(
-            4,
-            2,
-            vec![
-                assistant("c"),
-                LedgerEvent::ModelCall {
-                    input_tokens: None,
-                    output_tokens: None,
-                },
-            ],
-        ),
+        seg(4, 2, vec![assistant("c"), unreported_call()]),
     ];
     let r = Replay::from_segments(&segments).unwrap();
     assert_eq!(
