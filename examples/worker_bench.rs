@@ -84,15 +84,8 @@ fn config(ns: &str, pod: &str, stats_file: &std::path::Path) -> WorkerConfig {
 /// it is the tools container's process).
 fn executor_socket() -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("baton-bench-exec-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("creating the executor's directory");
-    let config = baton_exec::server::Config {
-        socket: dir.join("exec.sock"),
-        workspace: std::env::temp_dir(),
-        accept_timeout: Duration::from_secs(120),
-    };
-    let socket = config.socket.clone();
-    std::thread::spawn(move || baton_exec::server::serve(&config));
-    socket
+    baton_exec::server::serve_in_thread(&dir, Duration::from_secs(120))
+        .expect("creating the executor's directory")
 }
 
 /// `steps` turns, each with ~`payload` bytes of model text and a shell call that prints

@@ -82,6 +82,21 @@ pub fn serve(config: &Config) -> Result<(), ServeError> {
     Ok(())
 }
 
+/// Serves from a thread of this process, on `exec.sock` in `dir` (created), with the system
+/// temporary directory as the workspace; returns the socket's path. For what runs the worker
+/// in-process (the worker benchmark, unit tests); in a pod the executor is its own process.
+pub fn serve_in_thread(dir: &Path, accept_timeout: Duration) -> std::io::Result<PathBuf> {
+    std::fs::create_dir_all(dir)?;
+    let config = Config {
+        socket: dir.join("exec.sock"),
+        workspace: std::env::temp_dir(),
+        accept_timeout,
+    };
+    let socket = config.socket.clone();
+    std::thread::spawn(move || serve(&config));
+    Ok(socket)
+}
+
 /// Listens on `path`, connectable by the worker's user: the socket's directory is a volume
 /// only this pod's two containers mount, so the mode adds no reach beyond the pod.
 fn bind(path: &Path) -> Result<UnixListener, ServeError> {

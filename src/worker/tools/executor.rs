@@ -197,14 +197,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 #[cfg(test)]
 pub async fn local_for_tests() -> Executor {
     let dir = std::env::temp_dir().join(format!("baton-exec-test-{}", rand::random::<u64>()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let config = baton_exec::server::Config {
-        socket: dir.join("exec.sock"),
-        workspace: std::env::temp_dir(),
-        accept_timeout: Duration::from_secs(60),
-    };
-    let socket = config.socket.clone();
-    std::thread::spawn(move || baton_exec::server::serve(&config));
+    let socket = baton_exec::server::serve_in_thread(&dir, Duration::from_secs(60)).unwrap();
     Executor::connect(&socket, Duration::from_secs(10))
         .await
         .expect("connecting to the test executor")
