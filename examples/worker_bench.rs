@@ -115,12 +115,15 @@ fn bench_run(steps: usize, payload: usize) -> AgentRun {
         idempotent: false,
         timeout_seconds: 60,
         probe: None,
+        approval: None,
     };
     AgentRun::new(
         "bench",
         AgentRunSpec {
             input: "benchmark".into(),
             inputs: vec![],
+            approvals: vec![],
+            approval_timeout_seconds: None,
             thread_key: None,
             agent: AgentSpec {
                 model: ModelSpec {
@@ -130,6 +133,7 @@ fn bench_run(steps: usize, payload: usize) -> AgentRun {
                 system_prompt: None,
                 max_steps: steps as i32 + 1,
                 tools: vec![sh],
+                approval: None,
             },
             lease: LeaseSpec::default(),
             max_attempts: 3,

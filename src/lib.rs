@@ -1,6 +1,7 @@
 //! baton: a Kubernetes operator that keeps long-lived AI agent runs alive across pod deaths,
 //! node drains and rollouts. See docs/protocol.md for the protocol this crate implements.
 
+pub mod approval;
 pub mod cli;
 pub mod controller;
 pub mod crd;

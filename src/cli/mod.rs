@@ -1,4 +1,4 @@
-//! The user-facing CLI verbs (`baton get|transcript|stop|input|describe`, also `kubectl baton
+//! The user-facing CLI verbs (`baton get|transcript|stop|input|approve|deny|describe`, also `kubectl baton
 //! ...`): argument types, errors, and the entry point. `render` is pure; `ops` does the I/O.
 
 mod ops;
@@ -21,6 +21,11 @@ pub enum Verb {
     Stop(RunArgs),
     /// Answer a run that is waiting for input (appends to `spec.inputs`).
     Input(InputArgs),
+    /// Approve the tool call a run waits on (appends to `spec.approvals`): it runs.
+    Approve(ApproveArgs),
+    /// Deny the tool call a run waits on (appends to `spec.approvals`): it is not run, and
+    /// the model is told why.
+    Deny(DenyArgs),
     /// Show a run's phase, attempts and fences, unknown effects, conditions and Events.
     Describe(RunArgs),
 }
@@ -79,6 +84,34 @@ pub struct InputArgs {
     pub text: String,
 }
 
+/// Flags of `approve`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ApproveArgs {
+    #[command(flatten)]
+    pub target: RunArgs,
+    /// The step you mean (default: the one `status.pendingApproval` shows). A step that is
+    /// not the waiting one is refused.
+    #[arg(long)]
+    pub step: Option<i64>,
+    /// Why (recorded in the ledger).
+    #[arg(long)]
+    pub reason: Option<String>,
+}
+
+/// Flags of `deny`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DenyArgs {
+    #[command(flatten)]
+    pub target: RunArgs,
+    /// The step you mean (default: the one `status.pendingApproval` shows). A step that is
+    /// not the waiting one is refused.
+    #[arg(long)]
+    pub step: Option<i64>,
+    /// Why: the model is told, so it can choose another way.
+    #[arg(long)]
+    pub reason: String,
+}
+
 /// Errors of the CLI verbs, worded for the person at the terminal.
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
@@ -86,6 +119,8 @@ pub enum CliError {
     RunNotFound { name: String, namespace: String },
     #[error("run {name} is not waiting for input (phase {phase})")]
     NotWaitingForInput { name: String, phase: String },
+    #[error(transparent)]
+    Decision(#[from] crate::approval::DecisionError),
     #[error("cannot reach the cluster at {server}: {detail}")]
     Unreachable { server: String, detail: String },
     #[error("no cluster configured ({0}); set KUBECONFIG or run inside a cluster")]
@@ -106,6 +141,7 @@ impl CliError {
         match self {
             CliError::RunNotFound { .. } => "run_not_found",
             CliError::NotWaitingForInput { .. } => "not_waiting_for_input",
+            CliError::Decision(_) => "decision_refused",
             CliError::Unreachable { .. } => "unreachable",
             CliError::NoConfig(_) => "no_config",
             CliError::Api { .. } => "api",

@@ -14,13 +14,15 @@ use kube::{Api, Client, ResourceExt};
 
 use super::render::{self, Description, Transcript};
 use super::{CliError, GetArgs, InputArgs, RunArgs, TranscriptArgs, Verb};
+use crate::approval;
 use crate::crd::RUN_UID_LABEL;
-use crate::crd::v1alpha1::{AgentRun, LedgerSegment, Phase};
+use crate::crd::v1alpha1::{AgentRun, LedgerSegment, Phase, Verdict};
 use crate::kube_util::{is_conflict, is_not_found};
 use crate::ledger::{LedgerError, SegmentStore};
 
-/// How many times `input` re-reads and retries when the run changes under it.
-const INPUT_RETRIES: usize = 5;
+/// How many times `input`, `approve` and `deny` re-read and retry when the run changes
+/// under them.
+const UPDATE_RETRIES: usize = 5;
 
 /// A client plus what error messages and defaults need: the server and the default namespace.
 pub struct Session {
@@ -45,6 +47,14 @@ impl Session {
             Verb::Transcript(args) => self.transcript(args, out).await,
             Verb::Stop(args) => self.stop(args, out).await,
             Verb::Input(args) => self.input(args, out).await,
+            Verb::Approve(a) => {
+                self.decide(&a.target, a.step, Verdict::Approve, a.reason, out)
+                    .await
+            }
+            Verb::Deny(a) => {
+                self.decide(&a.target, a.step, Verdict::Deny, Some(a.reason), out)
+                    .await
+            }
             Verb::Describe(args) => self.describe(args, out).await,
         }
     }
@@ -118,7 +128,7 @@ impl Session {
     async fn input(&self, args: InputArgs, out: &mut impl Write) -> Result<(), CliError> {
         let namespace = self.namespace(args.target.namespace.as_deref());
         let name = &args.target.run;
-        for _ in 0..INPUT_RETRIES {
+        for _ in 0..UPDATE_RETRIES {
             let run = self.read_run(&namespace, name).await?;
             let phase = phase_of(&run);
             if phase != Phase::WaitingInput {
@@ -129,30 +139,76 @@ impl Session {
             }
             let mut inputs = run.spec.inputs.clone();
             inputs.push(args.text.clone());
-            // The resourceVersion makes the merge patch a compare-and-swap: `inputs` is
-            // append-only, and a concurrent append must not be overwritten.
-            let patch = serde_json::json!({
-                "metadata": { "resourceVersion": run.resource_version() },
-                "spec": { "inputs": inputs },
-            });
-            match self
-                .runs(&namespace)
-                .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-            {
-                Ok(_) => {
-                    writeln!(
-                        out,
-                        "run {name} in {namespace}: input #{} sent",
-                        inputs.len()
-                    )?;
-                    return Ok(());
-                }
-                Err(e) if is_conflict(&e) => continue,
-                Err(e) => return Err(self.run_error(e, &namespace, name)),
+            let spec = serde_json::json!({ "inputs": inputs });
+            if self.patch_spec(&namespace, &run, spec).await? {
+                writeln!(
+                    out,
+                    "run {name} in {namespace}: input #{} sent",
+                    inputs.len()
+                )?;
+                return Ok(());
             }
         }
         Err(CliError::Contended { name: name.clone() })
+    }
+
+    /// `approve` and `deny`: appends the decision on the call the run waits on, checked
+    /// against the run as read (a stale step, a second decision, a run that moved on: refused).
+    async fn decide(
+        &self,
+        target: &RunArgs,
+        step: Option<i64>,
+        verdict: Verdict,
+        reason: Option<String>,
+        out: &mut impl Write,
+    ) -> Result<(), CliError> {
+        let namespace = self.namespace(target.namespace.as_deref());
+        let name = &target.run;
+        for _ in 0..UPDATE_RETRIES {
+            let run = self.read_run(&namespace, name).await?;
+            let decision = approval::decision(&run, step, verdict, reason.clone())?;
+            let mut approvals = run.spec.approvals.clone();
+            approvals.push(decision.clone());
+            let spec = serde_json::json!({ "approvals": approvals });
+            if self.patch_spec(&namespace, &run, spec).await? {
+                let done = match verdict {
+                    Verdict::Approve => "approved",
+                    Verdict::Deny => "denied",
+                };
+                writeln!(
+                    out,
+                    "run {name} in {namespace}: step {} {done}",
+                    decision.step
+                )?;
+                return Ok(());
+            }
+        }
+        Err(CliError::Contended { name: name.clone() })
+    }
+
+    /// Merges `spec` into the run as read, only if it has not changed since: false when it
+    /// had (read it again). The resourceVersion makes the merge patch a compare-and-swap:
+    /// the lists it appends to are append-only, and a concurrent append must not be lost.
+    async fn patch_spec(
+        &self,
+        namespace: &str,
+        run: &AgentRun,
+        spec: serde_json::Value,
+    ) -> Result<bool, CliError> {
+        let name = run.name_any();
+        let patch = serde_json::json!({
+            "metadata": { "resourceVersion": run.resource_version() },
+            "spec": spec,
+        });
+        match self
+            .runs(namespace)
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) if is_conflict(&e) => Ok(false),
+            Err(e) => Err(self.run_error(e, namespace, &name)),
+        }
     }
 
     async fn describe(&self, args: RunArgs, out: &mut impl Write) -> Result<(), CliError> {

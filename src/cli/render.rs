@@ -9,7 +9,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
 use crate::crd::v1alpha1::{
-    AgentRun, AgentRunStatus, LedgerEvent, LedgerSegment, ProbeOutcome, Role,
+    AgentRun, AgentRunStatus, ApprovalOutcome, LedgerEvent, LedgerSegment, ProbeOutcome, Role,
 };
 
 // === the `get` table ===
@@ -231,6 +231,21 @@ fn event_lines(
         E::WaitingInput { step, question } => {
             block(&format!("?? waiting for input (step {step}):"), question)
         }
+        E::ApprovalRequested { step, .. } => {
+            format!("?? step {step} ({}) waits for approval", tool(step))
+        }
+        E::ApprovalDecided {
+            step,
+            outcome,
+            reason,
+        } => {
+            let said = if reason.is_empty() {
+                String::new()
+            } else {
+                format!(": {reason}")
+            };
+            format!("   step {step} {}{said}", approval_name(*outcome))
+        }
         E::Handoff => format!("=== attempt {fence} handed off"),
         E::Final { output } => block("=== final answer:", output),
         E::Failed { reason, message } => format!("=== failed: {reason}: {message}"),
@@ -275,6 +290,14 @@ fn probe_name(outcome: ProbeOutcome) -> &'static str {
         ProbeOutcome::Applied => "applied (recorded, not re-run)",
         ProbeOutcome::NotApplied => "not applied (safe to run again)",
         ProbeOutcome::Unknown => "could not tell (still unknown)",
+    }
+}
+
+fn approval_name(outcome: ApprovalOutcome) -> &'static str {
+    match outcome {
+        ApprovalOutcome::Approved => "approved (it runs)",
+        ApprovalOutcome::Denied => "denied (not run)",
+        ApprovalOutcome::TimedOut => "denied by default: no decision in time (not run)",
     }
 }
 
@@ -338,6 +361,15 @@ fn summary(run: &AgentRun, s: &AgentRunStatus) -> String {
             ),
         ));
     }
+    if let Some(p) = &s.pending_approval {
+        lines.push((
+            "Waiting for approval",
+            format!(
+                "step {} ({}), call {}, since {}: {}",
+                p.step, p.tool, p.call_id, p.requested_at.0, p.arguments
+            ),
+        ));
+    }
     if let Some(output) = &s.output {
         let label = if s.output_partial {
             "Output (partial)"
@@ -388,6 +420,7 @@ pub fn attempt_history(segments: &[LedgerSegment]) -> Vec<(i64, String, String)>
             }
             LedgerEvent::Handoff => "handed off",
             LedgerEvent::WaitingInput { .. } => "waited for input",
+            LedgerEvent::ApprovalRequested { .. } => "waited for approval",
             LedgerEvent::Final { .. } => "finished with a final answer",
             LedgerEvent::Failed { .. } => "failed",
             LedgerEvent::Stopped => "stopped",

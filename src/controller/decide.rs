@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::jiff::Timestamp;
 
+use crate::approval;
 use crate::crd::v1alpha1::{AgentRun, Phase};
 use crate::lease::LeaseSighting;
 use crate::rbac::{RbacError, RunRbac};
@@ -112,6 +113,10 @@ pub enum ClaimReason {
     PodGone,
     Handoff,
     InputReceived,
+    /// `spec.approvals` holds the decision on the call the run waits on.
+    ApprovalDecided,
+    /// `approvalTimeoutSeconds` passed without a decision: the next worker denies the call.
+    ApprovalTimedOut,
 }
 
 impl ClaimReason {
@@ -123,6 +128,8 @@ impl ClaimReason {
             ClaimReason::PodGone => "PodGone",
             ClaimReason::Handoff => "Handoff",
             ClaimReason::InputReceived => "InputReceived",
+            ClaimReason::ApprovalDecided => "ApprovalDecided",
+            ClaimReason::ApprovalTimedOut => approval::TIMED_OUT,
         }
     }
 
@@ -324,6 +331,7 @@ pub fn decide(obs: &Observation<'_>) -> Decision {
         Phase::Handoff if obs.run.spec.stop => Decision::act(stop_now()),
         Phase::Handoff => claim(obs, ClaimReason::Handoff),
         Phase::WaitingInput => decide_waiting(obs),
+        Phase::WaitingApproval => decide_approval(obs),
         Phase::Finishing => Decision::act(Action::Finish),
         _ => decide_terminal(obs),
     }
@@ -391,6 +399,30 @@ fn decide_waiting(obs: &Observation<'_>) -> Decision {
         return claim(obs, ClaimReason::InputReceived);
     }
     Decision::wait(None)
+}
+
+/// A call waits for approval: its decision, or the end of its timeout (on the controller's
+/// clock), claims the run for a worker that carries it out.
+fn decide_approval(obs: &Observation<'_>) -> Decision {
+    if obs.run.spec.stop {
+        return Decision::act(stop_now());
+    }
+    let status = obs.run.status.clone().unwrap_or_default();
+    let Some(pending) = status.pending_approval else {
+        return Decision::wait(None);
+    };
+    if approval::decision_for(&obs.run.spec, pending.step, &pending.call_id).is_some() {
+        return claim(obs, ClaimReason::ApprovalDecided);
+    }
+    let Some(deadline) = approval::deadline(&obs.run.spec, &pending.requested_at) else {
+        return Decision::wait(None);
+    };
+    if obs.wall >= deadline {
+        return claim(obs, ClaimReason::ApprovalTimedOut);
+    }
+    // A little after the deadline, so that the wake-up finds it passed.
+    let left = Duration::try_from(deadline.duration_since(obs.wall)).unwrap_or_default();
+    Decision::wait(Some(left + Duration::from_millis(50)))
 }
 
 fn decide_running(obs: &Observation<'_>) -> Decision {

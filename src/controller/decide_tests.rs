@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use k8s_openapi::jiff::Timestamp;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use super::*;
 use crate::crd::v1alpha1::Phase;
@@ -252,6 +252,71 @@ fn waiting_input_is_claimed_only_when_a_new_input_arrives() {
         now,
     ));
     assert_eq!(d.action, Action::Nothing);
+}
+
+/// A run that waits for approval of step 3 (call c3), requested at `requested`.
+fn waiting_approval(requested: Timestamp, timeout: Option<i64>) -> AgentRun {
+    let mut r = run(Phase::WaitingApproval, 2, 0, 3);
+    r.spec.approval_timeout_seconds = timeout;
+    r.status.as_mut().unwrap().pending_approval = Some(crate::approval::pending(
+        3,
+        "c3",
+        "deploy",
+        "{}",
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(requested),
+    ));
+    r
+}
+
+fn decision(step: i64, call_id: &str) -> crate::crd::v1alpha1::ApprovalDecision {
+    crate::crd::v1alpha1::ApprovalDecision {
+        step,
+        call_id: call_id.into(),
+        decision: crate::crd::v1alpha1::Verdict::Approve,
+        reason: None,
+    }
+}
+
+#[test]
+fn waiting_approval_is_claimed_only_for_a_decision_on_its_own_call() {
+    let now = Instant::now();
+    let mut r = waiting_approval(Timestamp::now(), None);
+    for l in LEASES {
+        for pod in pods() {
+            let d = decide(&obs(&r, Some(lease(l, 2, now)), pod.clone(), now));
+            assert_eq!(d, Decision::wait(None), "lease {l:?}, pod {pod:?}");
+        }
+    }
+    r.spec.approvals = vec![decision(2, "c3"), decision(3, "c2")];
+    let released = || Some(lease(L::Released, 2, now));
+    let d = decide(&obs(&r, released(), PodState::Terminated, now));
+    assert_eq!(d.action, Action::Nothing, "a decision for another call");
+    r.spec.approvals.push(decision(3, "c3"));
+    let d = decide(&obs(&r, released(), PodState::Terminated, now));
+    assert_eq!(d.action, claim(ClaimReason::ApprovalDecided, false));
+    r.spec.stop = true;
+    let d = decide(&obs(&r, released(), PodState::Terminated, now));
+    assert!(matches!(d.action, Action::Close(c) if c.reason == CloseReason::StopRequested));
+}
+
+#[test]
+fn waiting_approval_times_out_at_its_deadline_on_the_controllers_clock() {
+    let now = Instant::now();
+    let wall = Timestamp::now();
+    let released = || Some(lease(L::Released, 2, now));
+    let r = waiting_approval(wall - SignedDuration::from_secs(50), Some(60));
+    let mut o = obs(&r, released(), PodState::Terminated, now);
+    o.wall = wall;
+    let d = decide(&o);
+    assert_eq!(d.action, Action::Nothing);
+    let left = d.requeue.expect("woken at the deadline");
+    assert!(left >= Duration::from_secs(10) && left < Duration::from_secs(11), "{left:?}");
+    o.wall = wall + SignedDuration::from_secs(10);
+    assert_eq!(
+        decide(&o).action,
+        claim(ClaimReason::ApprovalTimedOut, false),
+        "a timeout is not a death"
+    );
 }
 
 #[test]

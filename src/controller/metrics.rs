@@ -209,11 +209,12 @@ impl Metrics {
     }
 }
 
-const ALL_PHASES: [Phase; 9] = [
+const ALL_PHASES: [Phase; 10] = [
     Phase::Pending,
     Phase::Running,
     Phase::Handoff,
     Phase::WaitingInput,
+    Phase::WaitingApproval,
     Phase::Finishing,
     Phase::Succeeded,
     Phase::Failed,

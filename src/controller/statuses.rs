@@ -29,6 +29,9 @@ pub fn claimed(run: &AgentRun, claim: Claim, fence: i64, pod: &str) -> AgentRunS
     s.attempt = fence;
     s.failed_attempts += i32::from(claim.failed);
     s.worker = Some(pod.into());
+    // A waiting call is decided (or its wait timed out) by the worker this claim starts: it
+    // is not waiting any more, and a decision given now would come too late.
+    s.pending_approval = None;
     s.start_time.get_or_insert_with(|| Time(Timestamp::now()));
     s.observed_generation = generation;
     s.reason = Some(claim.reason.as_str().into());
@@ -179,6 +182,7 @@ fn terminal(
     generation: Option<i64>,
 ) {
     s.phase = phase;
+    s.pending_approval = None;
     s.reason = Some(reason.into());
     s.message = Some(message.into());
     s.completion_time = Some(Time(Timestamp::now()));

@@ -132,6 +132,7 @@ mod tests {
             idempotent: false,
             timeout_seconds: 5,
             probe: None,
+            approval: None,
         });
         assert_eq!(validate(&s), Ok(()));
     }

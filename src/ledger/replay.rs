@@ -6,7 +6,11 @@ use std::collections::BTreeMap;
 
 use super::LedgerError;
 use super::chunk::ChunkAssembler;
-use crate::crd::v1alpha1::{LedgerEvent, LedgerSegment, ProbeOutcome, Role, RunUsage};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use crate::crd::v1alpha1::{
+    ApprovalOutcome, LedgerEvent, LedgerSegment, ProbeOutcome, Role, RunUsage,
+};
 
 /// What the model is told about a step whose worker died while it ran.
 pub const UNKNOWN_EFFECT_NOTICE: &str = "The worker running this step died before its result was recorded. \
@@ -50,6 +54,9 @@ pub enum StepState {
     Unknown { probe: Option<ProbeOutcome> },
     /// The tool's result is recorded.
     Done { output: String, is_error: bool },
+    /// Recorded and not run: it waits for a human's decision (recorded `at`). Not an unknown
+    /// effect: nothing ran. Approved, it becomes `Open` (it may run from then on).
+    AwaitingApproval { requested_at: Time },
 }
 
 /// A recorded step.
@@ -183,6 +190,22 @@ impl Replay {
                 output,
                 is_error,
             } => self.apply_result(*step, output, *is_error),
+            LedgerEvent::ApprovalRequested {
+                step, requested_at, ..
+            } => self.move_step(
+                *step,
+                |s| *s == StepState::Open,
+                StepState::AwaitingApproval {
+                    requested_at: requested_at.clone(),
+                },
+            ),
+            // Denied: its result comes with the decision, in the same append.
+            LedgerEvent::ApprovalDecided { step, outcome, .. } => {
+                if *outcome == ApprovalOutcome::Approved {
+                    let waiting = |s: &StepState| matches!(s, StepState::AwaitingApproval { .. });
+                    self.move_step(*step, waiting, StepState::Open);
+                }
+            }
             LedgerEvent::StepUnknown { step, .. } => self.apply_unknown(*step),
             LedgerEvent::StepProbed { step, outcome } => {
                 if let Some(s) = self.steps.get_mut(step)
@@ -305,6 +328,15 @@ impl Replay {
         self.set_tool_result(step, output, is_error);
     }
 
+    /// Moves `step` to state `to` if its state is one `from` accepts.
+    fn move_step(&mut self, step: i64, from: impl Fn(&StepState) -> bool, to: StepState) {
+        if let Some(s) = self.steps.get_mut(&step)
+            && from(&s.state)
+        {
+            s.state = to;
+        }
+    }
+
     fn apply_unknown(&mut self, step: i64) {
         if let Some(s) = self.steps.get_mut(&step) {
             s.was_unknown = true;
@@ -349,6 +381,13 @@ impl Replay {
             .values()
             .filter(|s| s.state == StepState::Open)
             .collect()
+    }
+
+    /// The step that waits for a decision, if any (a run waits on one at a time).
+    pub fn awaiting_approval(&self) -> Option<&ReplayedStep> {
+        self.steps
+            .values()
+            .find(|s| matches!(s.state, StepState::AwaitingApproval { .. }))
     }
 
     /// Steps whose effect is still unknown after reconciliation.

@@ -315,3 +315,61 @@ fn usage_is_summed_from_the_ledger_across_attempts_and_a_cut_call_is_unknown() {
     // Replaying again gives the same sums: nothing is counted twice.
     assert_eq!(Replay::from_segments(&segments).unwrap().usage, r.usage);
 }
+
+fn requested(step: i64) -> LedgerEvent {
+    LedgerEvent::ApprovalRequested {
+        step,
+        call_id: format!("c{step}"),
+        requested_at: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+    }
+}
+
+fn decided(step: i64, outcome: ApprovalOutcome) -> LedgerEvent {
+    LedgerEvent::ApprovalDecided {
+        step,
+        outcome,
+        reason: String::new(),
+    }
+}
+
+#[test]
+fn a_step_that_waits_for_approval_is_not_open_until_approved() {
+    let waiting = seg(1, 1, vec![assistant("deploy?"), intent(1), requested(1)]);
+    let r = Replay::from_segments(std::slice::from_ref(&waiting)).unwrap();
+    assert!(r.open_steps().is_empty(), "it never ran: not an unknown effect");
+    assert_eq!(r.awaiting_approval().map(|s| s.step), Some(1));
+    let approved = seg(2, 2, vec![decided(1, ApprovalOutcome::Approved)]);
+    let r = Replay::from_segments(&[waiting, approved]).unwrap();
+    assert_eq!(r.awaiting_approval(), None);
+    assert_eq!(
+        r.open_steps().len(),
+        1,
+        "approved, it may have run: a death from here leaves its effect unknown"
+    );
+}
+
+#[test]
+fn a_denied_step_is_done_with_its_result_and_the_model_sees_it() {
+    let r = Replay::from_segments(&[
+        seg(1, 1, vec![assistant("deploy?"), intent(1), requested(1)]),
+        seg(
+            2,
+            2,
+            vec![
+                decided(1, ApprovalOutcome::Denied),
+                LedgerEvent::StepResult {
+                    step: 1,
+                    output: "not run".into(),
+                    is_error: true,
+                },
+            ],
+        ),
+    ])
+    .unwrap();
+    assert_eq!(r.awaiting_approval(), None);
+    assert!(r.open_steps().is_empty());
+    assert!(matches!(
+        r.messages.last(),
+        Some(ReplayedMessage::ToolResult { content, is_error: true, .. }) if content == "not run"
+    ));
+}

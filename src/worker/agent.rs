@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use tokio_util::sync::CancellationToken;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
 use super::budget::{self, Next};
@@ -16,6 +17,7 @@ use super::provider::Model;
 use super::resume::question_of;
 use super::session::Session;
 use super::tools::{self, ToolOutput};
+use crate::approval;
 use crate::crd::v1alpha1::Resolution;
 use crate::crd::v1alpha1::{LedgerEvent, Role, ToolKind, ToolSpec, UnknownEffect};
 
@@ -144,7 +146,10 @@ async fn run_call(s: &mut Session, call: ModelToolCall) -> Option<Ending> {
         .iter()
         .find(|t| t.name == call.tool)
         .cloned();
-    let intent = LedgerEvent::StepIntent {
+    let waits = tool
+        .as_ref()
+        .is_some_and(|t| approval::required(&s.spec().agent, t));
+    let mut events = vec![LedgerEvent::StepIntent {
         step,
         tool: call.tool.clone(),
         call_id: call.call_id.clone(),
@@ -152,31 +157,61 @@ async fn run_call(s: &mut Session, call: ModelToolCall) -> Option<Ending> {
         idempotent: tool
             .as_ref()
             .is_some_and(|t| tools::is_idempotent(t, &call.arguments)),
-    };
+    }];
+    let requested_at = Time(Timestamp::now());
+    if waits {
+        // In the intent's own append: the step is never seen open (maybe run) before this.
+        events.push(LedgerEvent::ApprovalRequested {
+            step,
+            call_id: call.call_id.clone(),
+            requested_at: requested_at.clone(),
+        });
+    }
     let sent_at = Instant::now();
-    if let Err(err) = s.append(vec![intent]).await {
+    if let Err(err) = s.append(events).await {
         return Some(Ending::refused(err));
     }
     s.metrics.step_appended(sent_at.elapsed());
     s.publish_steps();
+    if waits {
+        let pending = approval::pending(
+            step,
+            &call.call_id,
+            &call.tool,
+            &call.arguments,
+            requested_at,
+        );
+        return Some(Ending::AwaitingApproval { pending });
+    }
+    execute(s, step, tool, &call.tool, &call.arguments).await
+}
+
+/// Runs a step whose intent is in the ledger and buffers its result.
+pub async fn execute(
+    s: &mut Session,
+    step: i64,
+    tool: Option<ToolSpec>,
+    name: &str,
+    arguments: &str,
+) -> Option<Ending> {
     let Some(tool) = tool else {
-        let output = format!("there is no tool named {:?}", call.tool);
+        let output = format!("there is no tool named {name:?}");
         s.buffer(result(step, ToolOutput::error(output)));
         return None;
     };
     if tool.kind == ToolKind::AskUser {
         return Some(Ending::Waiting {
             step,
-            question: question_of(&call.arguments),
+            question: question_of(arguments),
         });
     }
-    match run_tool(s, &tool, &call.arguments, step).await {
+    match run_tool(s, &tool, arguments, step).await {
         ToolRun::Done(output) => {
             s.buffer(result(step, output));
             None
         }
         ToolRun::Killed => {
-            mark_killed(s, step, &tool, &call.arguments).await;
+            mark_killed(s, step, &tool, arguments).await;
             Some(interrupted(s).unwrap_or(Ending::Lost))
         }
         ToolRun::Lost => Some(Ending::Lost),

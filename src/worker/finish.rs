@@ -10,7 +10,7 @@ use super::appender::AppendError;
 use super::metrics::FenceRejection;
 use super::progress::{self, Progress};
 use super::session::Session;
-use crate::crd::v1alpha1::{AgentRunStatus, LedgerEvent, LedgerStats, Phase};
+use crate::crd::v1alpha1::{AgentRunStatus, LedgerEvent, LedgerStats, PendingApproval, Phase};
 use crate::status::StatusError;
 
 /// Why an attempt ends.
@@ -28,6 +28,10 @@ pub enum Ending {
     Waiting {
         step: i64,
         question: String,
+    },
+    /// A tool call waits for a human's decision (recorded with its intent).
+    AwaitingApproval {
+        pending: PendingApproval,
     },
     /// SIGTERM: the next worker continues at once.
     Handoff,
@@ -92,7 +96,10 @@ pub fn event_for(ending: &Ending) -> Option<LedgerEvent> {
             question: question.clone(),
         },
         Ending::Handoff => LedgerEvent::Handoff,
-        Ending::TooLarge | Ending::GaveUp { .. } | Ending::Lost => return None,
+        Ending::AwaitingApproval { .. }
+        | Ending::TooLarge
+        | Ending::GaveUp { .. }
+        | Ending::Lost => return None,
     })
 }
 
@@ -142,6 +149,16 @@ pub fn phase_change(
             "WaitingForInput".into(),
             question.clone(),
         ),
+        Ending::AwaitingApproval { pending } => (
+            Phase::WaitingApproval,
+            None,
+            None,
+            "WaitingForApproval".into(),
+            format!(
+                "step {} ({}) waits for approval: baton approve|deny RUN --step {}",
+                pending.step, pending.tool, pending.step
+            ),
+        ),
         Ending::Handoff => (
             Phase::Handoff,
             None,
@@ -150,6 +167,10 @@ pub fn phase_change(
             "the worker was asked to stop and handed the run off".into(),
         ),
         Ending::GaveUp { .. } | Ending::Lost => return,
+    };
+    status.pending_approval = match ending {
+        Ending::AwaitingApproval { pending } => Some(pending.clone()),
+        _ => None,
     };
     status.output_partial = output.is_some() && outcome != Some(Phase::Succeeded);
     status.phase = phase;
@@ -190,6 +211,9 @@ pub async fn conclude(s: &mut Session, ending: Ending, record: bool) -> Exit {
         }
     }
     release(s).await;
+    if let Ending::AwaitingApproval { pending } = &ending {
+        s.announce_approval(pending).await;
+    }
     info!(ending = ?ending_label(&ending), "attempt ended");
     Exit::Done
 }
@@ -200,6 +224,7 @@ fn ending_label(ending: &Ending) -> &'static str {
         Ending::Failed { .. } => "failed",
         Ending::Stopped => "stopped",
         Ending::Waiting { .. } => "waitingInput",
+        Ending::AwaitingApproval { .. } => "waitingApproval",
         Ending::Handoff => "handoff",
         Ending::TooLarge => "transcriptTooLarge",
         Ending::GaveUp { .. } => "gaveUp",
@@ -300,6 +325,37 @@ mod tests {
         );
         assert_eq!(st.phase, Phase::WaitingInput);
         assert_eq!(st.outcome, None);
+    }
+
+    #[test]
+    fn a_call_that_waits_for_approval_shows_in_status_until_the_run_moves_on() {
+        let pending = crate::approval::pending(
+            4,
+            "c4",
+            "deploy",
+            r#"{"command":"make deploy"}"#,
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ),
+        );
+        let st = change(Ending::AwaitingApproval { pending: pending.clone() }, "");
+        assert_eq!((st.phase, st.outcome), (Phase::WaitingApproval, None));
+        assert_eq!(st.pending_approval.as_ref(), Some(&pending));
+        assert!(st.message.unwrap().contains("step 4 (deploy)"));
+        let waits = Ending::AwaitingApproval { pending };
+        assert_eq!(event_for(&waits), None, "recorded with the intent");
+        let mut waiting = AgentRunStatus {
+            pending_approval: st.pending_approval.clone(),
+            ..Default::default()
+        };
+        phase_change(
+            &mut waiting,
+            &Ending::Final { output: "ok".into() },
+            "ok",
+            &Progress::default(),
+            &LedgerStats::default(),
+        );
+        assert_eq!(waiting.pending_approval, None);
     }
 
     #[test]

@@ -326,7 +326,8 @@ async fn attempt(
         return Ok(Exit::Lost);
     };
     state.ready.store(true, Ordering::Relaxed);
-    let plan = resume::plan(&s.replay, s.spec());
+    let timed_out = crate::approval::claimed_for_timeout(&s.run, s.fence());
+    let plan = resume::plan(&s.replay, s.spec(), timed_out);
     let (ending, record) = match reconcile::resume(&mut s, plan).await {
         Resumed::End { ending, record } => (ending, record),
         Resumed::Continue => (agent::agent_loop(&mut s).await, true),

@@ -4,12 +4,15 @@
 
 use tokio_util::sync::CancellationToken;
 
-use super::agent::{ToolRun, result, run_tool, summary};
+use super::agent::{ToolRun, execute, result, run_tool, summary};
 use super::finish::Ending;
-use super::resume::{Reconcile, ResumePlan, Standing, Then};
+use super::resume::{ApprovalCall, Reconcile, ResumePlan, Standing, Then};
 use super::session::Session;
 use super::tools::{ToolOutput, probe};
-use crate::crd::v1alpha1::{LedgerEvent, ProbeOutcome, Resolution, UnknownEffect};
+use crate::approval::{self, Settlement};
+use crate::crd::v1alpha1::{
+    ApprovalOutcome, LedgerEvent, ProbeOutcome, Resolution, UnknownEffect,
+};
 
 /// What a probe that confirmed the effect puts in the step's result.
 pub const APPLIED_BY_PROBE: &str = "effect confirmed applied by probe; not re-run";
@@ -96,7 +99,63 @@ async fn standing(s: &mut Session, standing: Standing) -> Resumed {
             s.progress.send_modify(|p| p.inputs_consumed = index + 1);
             Resumed::Continue
         }
+        Standing::Approval { call, settlement } => settle_approval(s, call, settlement).await,
         Standing::Continue => Resumed::Continue,
+    }
+}
+
+/// Carries out what the decision on a waiting call (or its absence) means.
+async fn settle_approval(s: &mut Session, call: ApprovalCall, settlement: Settlement) -> Resumed {
+    let step = call.step;
+    match settlement {
+        Settlement::Wait => {
+            let pending = approval::pending(
+                step,
+                &call.call_id,
+                &call.tool,
+                &call.input,
+                call.requested_at,
+            );
+            end(Ending::AwaitingApproval { pending }, false)
+        }
+        Settlement::Run { reason } => {
+            let decided = LedgerEvent::ApprovalDecided {
+                step,
+                outcome: ApprovalOutcome::Approved,
+                reason,
+            };
+            // Durable before the call runs: a death from here leaves the step open (its
+            // effect unknown, reported, not re-run), so the decision is applied once.
+            if let Err(err) = s.append(vec![decided]).await {
+                return end(Ending::refused(err), false);
+            }
+            let tool = s
+                .spec()
+                .agent
+                .tools
+                .iter()
+                .find(|t| t.name == call.tool)
+                .cloned();
+            match execute(s, step, tool, &call.tool, &call.input).await {
+                Some(ending) => end(ending, true),
+                None => Resumed::Continue,
+            }
+        }
+        Settlement::Skip { outcome, reason } => {
+            let told = approval::skipped_result(outcome, &reason);
+            let events = vec![
+                LedgerEvent::ApprovalDecided {
+                    step,
+                    outcome,
+                    reason,
+                },
+                result(step, ToolOutput::error(told)),
+            ];
+            match s.append(events).await {
+                Ok(()) => Resumed::Continue,
+                Err(err) => end(Ending::refused(err), false),
+            }
+        }
     }
 }
 

@@ -1,6 +1,9 @@
 //! What a new worker does with the ledger it found (docs/protocol.md, Resume): a pure decision
 //! from the replay and the spec. The I/O that carries it out lives in `reconcile`.
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use crate::approval::{self, Settlement};
 use crate::crd::v1alpha1::{AgentRunSpec, ProbeOutcome, ToolKind, ToolSpec};
 use crate::ledger::{Replay, ReplayedStep, StepState};
 
@@ -54,8 +57,24 @@ pub enum Standing {
         index: i64,
         content: String,
     },
+    /// A tool call waits for approval; `settlement` says what its decision (or its absence)
+    /// means now.
+    Approval {
+        call: ApprovalCall,
+        settlement: Settlement,
+    },
     /// Carry on with the agent loop.
     Continue,
+}
+
+/// The call a run waits on for approval, as its ledger records it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApprovalCall {
+    pub step: i64,
+    pub call_id: String,
+    pub tool: String,
+    pub input: String,
+    pub requested_at: Time,
 }
 
 /// The whole decision.
@@ -65,8 +84,9 @@ pub struct ResumePlan {
     pub standing: Standing,
 }
 
-/// Decides what to do at resume.
-pub fn plan(replay: &Replay, spec: &AgentRunSpec) -> ResumePlan {
+/// Decides what to do at resume. `timed_out`: the controller claimed the run because its
+/// approval wait timed out.
+pub fn plan(replay: &Replay, spec: &AgentRunSpec, timed_out: bool) -> ResumePlan {
     if let Some(standing) = terminal_standing(replay) {
         return ResumePlan {
             reconcile: Vec::new(),
@@ -74,35 +94,49 @@ pub fn plan(replay: &Replay, spec: &AgentRunSpec) -> ResumePlan {
         };
     }
     let waiting = waiting_step(replay, spec);
+    // A step that waits for approval is not open (it never ran), so it needs no reconcile.
     let reconcile = replay
         .steps
         .values()
         .filter(|s| waiting.as_ref().is_none_or(|(step, _, _)| *step != s.step))
         .filter_map(|s| reconcile_step(s, find_tool(spec, &s.tool)))
         .collect();
-    let standing = match waiting {
-        None => Standing::Continue,
-        Some((step, question, record)) => {
-            let index = replay.inputs_consumed;
-            match spec.inputs.get(index as usize) {
-                Some(content) => Standing::Answer {
-                    step,
-                    question,
-                    record,
-                    index,
-                    content: content.clone(),
-                },
-                None => Standing::Waiting {
-                    step,
-                    question,
-                    record,
-                },
-            }
+    let standing = match (approval_call(replay), waiting) {
+        (Some(call), _) => {
+            let settlement = approval::settle(spec, call.step, &call.call_id, timed_out);
+            Standing::Approval { call, settlement }
         }
+        (None, None) => Standing::Continue,
+        (None, Some((step, question, record))) => answer_standing(replay, spec, step, question, record),
     };
     ResumePlan {
         reconcile,
         standing,
+    }
+}
+
+/// An `askUser` step waits: answered by the next unconsumed `spec.inputs` entry, if any.
+fn answer_standing(
+    replay: &Replay,
+    spec: &AgentRunSpec,
+    step: i64,
+    question: String,
+    record: bool,
+) -> Standing {
+    let index = replay.inputs_consumed;
+    match spec.inputs.get(index as usize) {
+        Some(content) => Standing::Answer {
+            step,
+            question,
+            record,
+            index,
+            content: content.clone(),
+        },
+        None => Standing::Waiting {
+            step,
+            question,
+            record,
+        },
     }
 }
 
@@ -133,6 +167,20 @@ fn waiting_step(replay: &Replay, spec: &AgentRunSpec) -> Option<(i64, String, bo
         .filter(|s| s.state == StepState::Open)
         .find(|s| find_tool(spec, &s.tool).is_some_and(|t| t.kind == ToolKind::AskUser))
         .map(|s| (s.step, question_of(&s.input), true))
+}
+
+fn approval_call(replay: &Replay) -> Option<ApprovalCall> {
+    let step = replay.awaiting_approval()?;
+    let StepState::AwaitingApproval { requested_at } = &step.state else {
+        return None;
+    };
+    Some(ApprovalCall {
+        step: step.step,
+        call_id: step.call_id.clone(),
+        tool: step.tool.clone(),
+        input: step.input.clone(),
+        requested_at: requested_at.clone(),
+    })
 }
 
 /// The `question` argument of an askUser call.
@@ -191,6 +239,7 @@ mod tests {
                 command: "true".into(),
                 timeout_seconds: 5,
             }),
+            approval: None,
         }
     }
 
@@ -232,6 +281,10 @@ mod tests {
         r
     }
 
+    fn plan_now(replay: &Replay, spec: &AgentRunSpec) -> ResumePlan {
+        plan(replay, spec, false)
+    }
+
     fn result(step: i64) -> LedgerEvent {
         LedgerEvent::StepResult {
             step,
@@ -242,7 +295,7 @@ mod tests {
 
     #[test]
     fn an_open_non_idempotent_step_is_marked_unknown_and_not_rerun() {
-        let p = plan(&replay(&[intent(1, "sh", false)]), &spec(vec![]));
+        let p = plan_now(&replay(&[intent(1, "sh", false)]), &spec(vec![]));
         assert_eq!(p.standing, Standing::Continue);
         assert_eq!(p.reconcile.len(), 1);
         assert!(p.reconcile[0].mark_unknown);
@@ -252,7 +305,7 @@ mod tests {
 
     #[test]
     fn an_open_idempotent_step_is_marked_then_rerun() {
-        let p = plan(&replay(&[intent(1, "idem", true)]), &spec(vec![]));
+        let p = plan_now(&replay(&[intent(1, "idem", true)]), &spec(vec![]));
         assert_eq!(
             (p.reconcile[0].mark_unknown, p.reconcile[0].then),
             (true, Then::Rerun)
@@ -261,7 +314,7 @@ mod tests {
 
     #[test]
     fn an_open_step_with_a_probe_is_probed() {
-        let p = plan(&replay(&[intent(1, "probed", false)]), &spec(vec![]));
+        let p = plan_now(&replay(&[intent(1, "probed", false)]), &spec(vec![]));
         assert_eq!(
             (p.reconcile[0].mark_unknown, p.reconcile[0].then),
             (true, Then::Probe)
@@ -279,7 +332,7 @@ mod tests {
                 attempt: 1,
             },
         ];
-        assert!(plan(&replay(&events), &spec(vec![])).reconcile.is_empty());
+        assert!(plan_now(&replay(&events), &spec(vec![])).reconcile.is_empty());
     }
 
     #[test]
@@ -295,7 +348,7 @@ mod tests {
                 outcome: ProbeOutcome::NotApplied,
             },
         ];
-        let p = plan(&replay(&events), &spec(vec![]));
+        let p = plan_now(&replay(&events), &spec(vec![]));
         assert_eq!(
             (p.reconcile[0].mark_unknown, p.reconcile[0].then),
             (false, Then::Probe)
@@ -307,7 +360,7 @@ mod tests {
         let events = [LedgerEvent::Final {
             output: "42".into(),
         }];
-        let p = plan(&replay(&events), &spec(vec![]));
+        let p = plan_now(&replay(&events), &spec(vec![]));
         assert_eq!(
             p.standing,
             Standing::Finished {
@@ -325,7 +378,7 @@ mod tests {
                 question: "why?".into(),
             },
         ];
-        let p = plan(&replay(&events), &spec(vec![]));
+        let p = plan_now(&replay(&events), &spec(vec![]));
         assert_eq!(
             p.standing,
             Standing::Waiting {
@@ -349,7 +402,7 @@ mod tests {
                 question: "why?".into(),
             },
         ];
-        let p = plan(&replay(&events), &spec(vec!["because"]));
+        let p = plan_now(&replay(&events), &spec(vec!["because"]));
         assert!(matches!(
             p.standing,
             Standing::Answer { step: 1, index: 0, ref content, record: false, .. } if content == "because"
@@ -358,7 +411,7 @@ mod tests {
 
     #[test]
     fn an_ask_whose_worker_died_before_the_wait_asks_again() {
-        let p = plan(&replay(&[intent(1, "ask", true)]), &spec(vec![]));
+        let p = plan_now(&replay(&[intent(1, "ask", true)]), &spec(vec![]));
         assert_eq!(
             p.standing,
             Standing::Waiting {
@@ -395,8 +448,50 @@ mod tests {
         );
         assert_eq!(r.inputs_consumed, 1);
         assert_eq!(
-            plan(&r, &spec(vec!["because"])).standing,
+            plan_now(&r, &spec(vec!["because"])).standing,
             Standing::Continue
         );
+    }
+
+    fn waiting_for_approval() -> Replay {
+        replay(&[
+            intent(1, "sh", false),
+            result(1),
+            intent(2, "sh", false),
+            LedgerEvent::ApprovalRequested {
+                step: 2,
+                call_id: "c2".into(),
+                requested_at: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+            },
+        ])
+    }
+
+    #[test]
+    fn a_call_that_waits_for_approval_is_settled_not_reconciled() {
+        let r = waiting_for_approval();
+        let p = plan(&r, &spec(vec![]), false);
+        assert!(p.reconcile.is_empty(), "it never ran: nothing to reconcile");
+        assert!(matches!(
+            p.standing,
+            Standing::Approval { ref call, settlement: Settlement::Wait } if call.step == 2 && call.call_id == "c2"
+        ));
+        let mut decided = spec(vec![]);
+        decided.approvals.push(crate::crd::v1alpha1::ApprovalDecision {
+            step: 2,
+            call_id: "c2".into(),
+            decision: crate::crd::v1alpha1::Verdict::Approve,
+            reason: None,
+        });
+        assert!(matches!(
+            plan(&r, &decided, false).standing,
+            Standing::Approval { settlement: Settlement::Run { .. }, .. }
+        ));
+        assert!(matches!(
+            plan(&r, &spec(vec![]), true).standing,
+            Standing::Approval {
+                settlement: Settlement::Skip { outcome: crate::crd::v1alpha1::ApprovalOutcome::TimedOut, .. },
+                ..
+            }
+        ));
     }
 }

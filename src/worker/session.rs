@@ -19,7 +19,9 @@ use super::model::endpoint::ApiKey;
 use super::progress::Progress;
 use super::provider::Model;
 use super::tools::{ToolEnv, Tools};
-use crate::crd::v1alpha1::{AgentRun, AgentRunSpec, LedgerEvent, LedgerStats, UnknownEffect};
+use crate::crd::v1alpha1::{
+    AgentRun, AgentRunSpec, LedgerEvent, LedgerStats, PendingApproval, UnknownEffect,
+};
 use crate::ledger::Replay;
 
 /// One attempt at a run.
@@ -135,24 +137,40 @@ impl Session {
             p.unknown_effects.retain(|e| e.step != effect.step);
             p.unknown_effects.push(effect);
         });
-        self.warn_event("UnknownEffect", &note).await;
+        self.event(EventType::Warning, "UnknownEffect", "Resume", &note)
+            .await;
     }
 
-    async fn warn_event(&self, reason: &str, note: &str) {
+    /// Says (a Normal Event) that a tool call waits for a decision, and how to give it.
+    pub async fn announce_approval(&self, pending: &PendingApproval) {
+        let run = &self.cfg.run;
+        let note = format!(
+            "step {} ({}) waits for approval: `baton approve {run} --step {}` or `baton deny {run} --step {} --reason TEXT`; arguments: {}",
+            pending.step,
+            pending.tool,
+            pending.step,
+            pending.step,
+            super::agent::summary(&pending.arguments)
+        );
+        self.event(EventType::Normal, "ApprovalRequested", "Wait", &note)
+            .await;
+    }
+
+    async fn event(&self, type_: EventType, reason: &str, action: &str, note: &str) {
         let reporter = Reporter {
             controller: "baton-worker".into(),
             instance: Some(self.cfg.pod.clone()),
         };
         let publisher = crate::events::Publisher::new(self.client.clone(), reporter);
         let event = Event {
-            type_: EventType::Warning,
+            type_,
             reason: reason.into(),
             note: Some(note.chars().take(1000).collect()),
-            action: "Resume".into(),
+            action: action.into(),
             secondary: None,
         };
         if let Err(err) = publisher.publish(&event, &self.run.object_ref(&())).await {
-            warn!(error = %err, "publishing a Warning Event");
+            warn!(error = %err, reason, "publishing an Event");
         }
     }
 }

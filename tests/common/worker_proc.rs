@@ -188,6 +188,7 @@ pub fn shell_tool(name: &str, idempotent: bool) -> ToolSpec {
         idempotent,
         timeout_seconds: 60,
         probe: None,
+        approval: None,
     }
 }
 

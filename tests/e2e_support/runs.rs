@@ -93,6 +93,7 @@ pub fn shell_tool(name: &str) -> ToolSpec {
         idempotent: false,
         timeout_seconds: 120,
         probe: None,
+        approval: None,
     }
 }
 

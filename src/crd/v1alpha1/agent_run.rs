@@ -50,6 +50,17 @@ pub struct AgentRunSpec {
     /// Later user messages, append-only: answers to a run that is `WaitingInput`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub inputs: Vec<String>,
+    /// Decisions on tool calls that wait for approval, append-only (`baton approve`,
+    /// `baton deny`). Each names the step and the call it decides, so it can never apply to
+    /// another call, twice, or after the run moved on: one that names no waiting step is
+    /// ignored.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub approvals: Vec<ApprovalDecision>,
+    /// How long a tool call may wait for its decision before it is denied by default.
+    /// Unset: it waits until decided (or the run is stopped).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub approval_timeout_seconds: Option<i64>,
     /// Admission key: at most one live run per (namespace, threadKey). Others wait `Pending`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(
@@ -112,6 +123,42 @@ pub struct BudgetSpec {
     pub deadline_seconds: Option<i64>,
 }
 
+/// A human's decision on one tool call that waits for approval.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ApprovalDecision {
+    /// The step that waits (`status.pendingApproval.step`).
+    #[schemars(range(min = 1))]
+    pub step: i64,
+    /// The model's id of the call (`status.pendingApproval.callId`): a decision for the same
+    /// step number of another call does not match.
+    #[schemars(length(min = 1))]
+    pub call_id: String,
+    /// `Approve` runs the call; `Deny` skips it and tells the model why.
+    pub decision: Verdict,
+    /// Why: shown to the model for a denial, recorded in the ledger for both.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// A decision on a tool call.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum Verdict {
+    Approve,
+    Deny,
+}
+
+/// Whether a tool's calls wait for a human's approval before they run.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum ApprovalPolicy {
+    /// Calls run at once.
+    #[default]
+    NotRequired,
+    /// Each call is recorded, then the run waits (`WaitingApproval`) for a decision in
+    /// `spec.approvals`.
+    Required,
+}
+
 /// The run's persistent workspace: the claim the controller creates for it.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -160,6 +207,10 @@ pub struct AgentSpec {
     /// Tools the model may call.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tools: Vec<ToolSpec>,
+    /// Whether tool calls wait for approval, for every tool that does not say itself
+    /// (`tools[].approval`). `askUser` never waits: it is a human gate already.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<ApprovalPolicy>,
 }
 
 fn default_max_steps() -> i32 {
@@ -290,6 +341,9 @@ pub struct ToolSpec {
     /// A check, run at resume, of whether a step whose effect is unknown landed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub probe: Option<ProbeSpec>,
+    /// Whether this tool's calls wait for approval; unset: `agent.approval`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<ApprovalPolicy>,
 }
 
 fn default_tool_timeout() -> i64 {
@@ -407,6 +461,9 @@ pub enum Phase {
     Handoff,
     /// The agent asked the user a question; a new entry in `spec.inputs` resumes it.
     WaitingInput,
+    /// A tool call waits for a human's decision (`status.pendingApproval`); an entry in
+    /// `spec.approvals` for it, or `approvalTimeoutSeconds`, resumes the run.
+    WaitingApproval,
     /// The worker committed the outcome; the controller releases the lease and admission.
     Finishing,
     /// The turn ended with a final answer.
@@ -435,6 +492,7 @@ impl Phase {
             Phase::Running => "Running",
             Phase::Handoff => "Handoff",
             Phase::WaitingInput => "WaitingInput",
+            Phase::WaitingApproval => "WaitingApproval",
             Phase::Finishing => "Finishing",
             Phase::Succeeded => "Succeeded",
             Phase::Failed => "Failed",
@@ -494,6 +552,9 @@ pub struct AgentRunStatus {
     /// double-counts it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<RunUsage>,
+    /// The tool call that waits for a decision, while the run is `WaitingApproval`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_approval: Option<PendingApproval>,
     /// How many entries of `spec.inputs` the run has consumed.
     #[serde(default)]
     pub inputs_consumed: i64,
@@ -515,6 +576,23 @@ pub struct AgentRunStatus {
     /// Conditions in the Kubernetes convention: Admitted, LeaseHeld, Resumed, Complete.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+}
+
+/// A tool call recorded in the ledger that has not run: it waits for a decision.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PendingApproval {
+    /// Step number: what a decision names.
+    pub step: i64,
+    /// The model's id of the call: what a decision names too.
+    pub call_id: String,
+    /// Tool the call asks for.
+    pub tool: String,
+    /// The call's arguments as the model gave them (JSON; cut at 4 KiB, the ledger holds
+    /// all of it).
+    pub arguments: String,
+    /// When the call was recorded: `approvalTimeoutSeconds` counts from here.
+    pub requested_at: Time,
 }
 
 /// A step whose effect is unknown: its worker died between recording the intent and the result.

@@ -3,6 +3,7 @@
 // kube's `printcolumn(...)` attributes repeat `type_` by design; clippy reads that as a mistake.
 #![allow(clippy::duplicated_attributes)]
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -90,6 +91,18 @@ pub enum ProbeOutcome {
     Unknown,
 }
 
+/// How a waiting step was decided.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum ApprovalOutcome {
+    /// A human approved it: it runs.
+    Approved,
+    /// A human denied it: it does not run; the model is told why.
+    Denied,
+    /// No decision came within `approvalTimeoutSeconds`: denied by default.
+    TimedOut,
+}
+
 /// One ledger event. Field names are part of the stored format: add, never rename.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(
@@ -119,6 +132,21 @@ pub enum LedgerEvent {
         call_id: String,
         input: String,
         idempotent: bool,
+    },
+    /// The step waits for a human's decision before it runs. Appended together with its
+    /// `stepIntent`, so the step is never seen open (possibly run) before this.
+    ApprovalRequested {
+        step: i64,
+        call_id: String,
+        requested_at: Time,
+    },
+    /// The decision on a waiting step, recorded before the step runs (approved) or with its
+    /// result (denied): a resumed run never applies a decision twice.
+    ApprovalDecided {
+        step: i64,
+        outcome: ApprovalOutcome,
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        reason: String,
     },
     /// The tool's result.
     StepResult {
