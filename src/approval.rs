@@ -70,6 +70,16 @@ pub fn pending(
     }
 }
 
+/// The note of the `ApprovalRequested` Event: what waits, and how to decide it.
+pub fn announcement(run: &str, p: &PendingApproval) -> String {
+    format!(
+        "step {step} ({tool}) waits for approval: `baton approve {run} --step {step}` or `baton deny {run} --step {step} --reason TEXT`; arguments: {args}",
+        step = p.step,
+        tool = p.tool,
+        args = cut(&p.arguments, 300),
+    )
+}
+
 fn cut(text: &str, max_bytes: usize) -> String {
     if text.len() <= max_bytes {
         return text.to_string();
@@ -308,7 +318,10 @@ mod tests {
         assert_eq!((d.step, d.call_id.as_str()), (3, "c3"));
         assert!(decision(&run, Some(3), Verdict::Deny, None).is_ok());
         let err = decision(&run, Some(2), Verdict::Approve, None).unwrap_err();
-        assert!(err.to_string().contains("step 2 of run r is not waiting"), "{err}");
+        assert!(
+            err.to_string().contains("step 2 of run r is not waiting"),
+            "{err}"
+        );
         assert!(err.to_string().contains("step 3 (deploy) is"), "{err}");
         let decided = waiting(vec![said(3, "c3", Verdict::Approve)]);
         assert!(matches!(
@@ -319,7 +332,10 @@ mod tests {
         moved_on.status.as_mut().unwrap().phase = Phase::Running;
         assert!(matches!(
             decision(&moved_on, Some(3), Verdict::Approve, None),
-            Err(DecisionError::NotWaiting { phase: Phase::Running, .. })
+            Err(DecisionError::NotWaiting {
+                phase: Phase::Running,
+                ..
+            })
         ));
     }
 

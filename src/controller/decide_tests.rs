@@ -310,7 +310,10 @@ fn waiting_approval_times_out_at_its_deadline_on_the_controllers_clock() {
     let d = decide(&o);
     assert_eq!(d.action, Action::Nothing);
     let left = d.requeue.expect("woken at the deadline");
-    assert!(left >= Duration::from_secs(10) && left < Duration::from_secs(11), "{left:?}");
+    assert!(
+        left >= Duration::from_secs(10) && left < Duration::from_secs(11),
+        "{left:?}"
+    );
     o.wall = wall + SignedDuration::from_secs(10);
     assert_eq!(
         decide(&o).action,

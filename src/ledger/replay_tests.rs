@@ -336,7 +336,10 @@ fn decided(step: i64, outcome: ApprovalOutcome) -> LedgerEvent {
 fn a_step_that_waits_for_approval_is_not_open_until_approved() {
     let waiting = seg(1, 1, vec![assistant("deploy?"), intent(1), requested(1)]);
     let r = Replay::from_segments(std::slice::from_ref(&waiting)).unwrap();
-    assert!(r.open_steps().is_empty(), "it never ran: not an unknown effect");
+    assert!(
+        r.open_steps().is_empty(),
+        "it never ran: not an unknown effect"
+    );
     assert_eq!(r.awaiting_approval().map(|s| s.step), Some(1));
     let approved = seg(2, 2, vec![decided(1, ApprovalOutcome::Approved)]);
     let r = Replay::from_segments(&[waiting, approved]).unwrap();

@@ -139,34 +139,12 @@ async fn run_call(s: &mut Session, call: ModelToolCall) -> Option<Ending> {
             message: format!("the agent asked for step {step}, over its budget of {max} steps"),
         });
     }
-    let tool = s
-        .spec()
-        .agent
-        .tools
-        .iter()
-        .find(|t| t.name == call.tool)
-        .cloned();
+    let tool = s.tool(&call.tool);
     let waits = tool
         .as_ref()
         .is_some_and(|t| approval::required(&s.spec().agent, t));
-    let mut events = vec![LedgerEvent::StepIntent {
-        step,
-        tool: call.tool.clone(),
-        call_id: call.call_id.clone(),
-        input: call.arguments.clone(),
-        idempotent: tool
-            .as_ref()
-            .is_some_and(|t| tools::is_idempotent(t, &call.arguments)),
-    }];
     let requested_at = Time(Timestamp::now());
-    if waits {
-        // In the intent's own append: the step is never seen open (maybe run) before this.
-        events.push(LedgerEvent::ApprovalRequested {
-            step,
-            call_id: call.call_id.clone(),
-            requested_at: requested_at.clone(),
-        });
-    }
+    let events = intent_events(step, &call, tool.as_ref(), waits.then_some(&requested_at));
     let sent_at = Instant::now();
     if let Err(err) = s.append(events).await {
         return Some(Ending::refused(err));
@@ -184,6 +162,31 @@ async fn run_call(s: &mut Session, call: ModelToolCall) -> Option<Ending> {
         return Some(Ending::AwaitingApproval { pending });
     }
     execute(s, step, tool, &call.tool, &call.arguments).await
+}
+
+/// The step's write-ahead record: its intent and, for a call that waits for approval, the
+/// request in the same append, so the step is never seen open (maybe run) before it.
+fn intent_events(
+    step: i64,
+    call: &ModelToolCall,
+    tool: Option<&ToolSpec>,
+    approval_requested_at: Option<&Time>,
+) -> Vec<LedgerEvent> {
+    let mut events = vec![LedgerEvent::StepIntent {
+        step,
+        tool: call.tool.clone(),
+        call_id: call.call_id.clone(),
+        input: call.arguments.clone(),
+        idempotent: tool.is_some_and(|t| tools::is_idempotent(t, &call.arguments)),
+    }];
+    if let Some(at) = approval_requested_at {
+        events.push(LedgerEvent::ApprovalRequested {
+            step,
+            call_id: call.call_id.clone(),
+            requested_at: at.clone(),
+        });
+    }
+    events
 }
 
 /// Runs a step whose intent is in the ledger and buffers its result.

@@ -6,10 +6,13 @@ use std::time::Duration;
 
 use tracing::{info, warn};
 
+use kube::runtime::events::EventType;
+
 use super::appender::AppendError;
 use super::metrics::FenceRejection;
 use super::progress::{self, Progress};
 use super::session::Session;
+use crate::approval;
 use crate::crd::v1alpha1::{AgentRunStatus, LedgerEvent, LedgerStats, PendingApproval, Phase};
 use crate::status::StatusError;
 
@@ -212,7 +215,9 @@ pub async fn conclude(s: &mut Session, ending: Ending, record: bool) -> Exit {
     }
     release(s).await;
     if let Ending::AwaitingApproval { pending } = &ending {
-        s.announce_approval(pending).await;
+        let note = approval::announcement(&s.cfg.run, pending);
+        s.event(EventType::Normal, "ApprovalRequested", "Wait", &note)
+            .await;
     }
     info!(ending = ?ending_label(&ending), "attempt ended");
     Exit::Done
@@ -338,7 +343,12 @@ mod tests {
                 k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
             ),
         );
-        let st = change(Ending::AwaitingApproval { pending: pending.clone() }, "");
+        let st = change(
+            Ending::AwaitingApproval {
+                pending: pending.clone(),
+            },
+            "",
+        );
         assert_eq!((st.phase, st.outcome), (Phase::WaitingApproval, None));
         assert_eq!(st.pending_approval.as_ref(), Some(&pending));
         assert!(st.message.unwrap().contains("step 4 (deploy)"));
@@ -350,7 +360,9 @@ mod tests {
         };
         phase_change(
             &mut waiting,
-            &Ending::Final { output: "ok".into() },
+            &Ending::Final {
+                output: "ok".into(),
+            },
             "ok",
             &Progress::default(),
             &LedgerStats::default(),

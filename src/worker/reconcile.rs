@@ -10,9 +10,7 @@ use super::resume::{ApprovalCall, Reconcile, ResumePlan, Standing, Then};
 use super::session::Session;
 use super::tools::{ToolOutput, probe};
 use crate::approval::{self, Settlement};
-use crate::crd::v1alpha1::{
-    ApprovalOutcome, LedgerEvent, ProbeOutcome, Resolution, UnknownEffect,
-};
+use crate::crd::v1alpha1::{ApprovalOutcome, LedgerEvent, ProbeOutcome, Resolution, UnknownEffect};
 
 /// What a probe that confirmed the effect puts in the step's result.
 pub const APPLIED_BY_PROBE: &str = "effect confirmed applied by probe; not re-run";
@@ -106,11 +104,10 @@ async fn standing(s: &mut Session, standing: Standing) -> Resumed {
 
 /// Carries out what the decision on a waiting call (or its absence) means.
 async fn settle_approval(s: &mut Session, call: ApprovalCall, settlement: Settlement) -> Resumed {
-    let step = call.step;
     match settlement {
         Settlement::Wait => {
             let pending = approval::pending(
-                step,
+                call.step,
                 &call.call_id,
                 &call.tool,
                 &call.input,
@@ -118,31 +115,10 @@ async fn settle_approval(s: &mut Session, call: ApprovalCall, settlement: Settle
             );
             end(Ending::AwaitingApproval { pending }, false)
         }
-        Settlement::Run { reason } => {
-            let decided = LedgerEvent::ApprovalDecided {
-                step,
-                outcome: ApprovalOutcome::Approved,
-                reason,
-            };
-            // Durable before the call runs: a death from here leaves the step open (its
-            // effect unknown, reported, not re-run), so the decision is applied once.
-            if let Err(err) = s.append(vec![decided]).await {
-                return end(Ending::refused(err), false);
-            }
-            let tool = s
-                .spec()
-                .agent
-                .tools
-                .iter()
-                .find(|t| t.name == call.tool)
-                .cloned();
-            match execute(s, step, tool, &call.tool, &call.input).await {
-                Some(ending) => end(ending, true),
-                None => Resumed::Continue,
-            }
-        }
+        Settlement::Run { reason } => run_approved(s, &call, reason).await,
         Settlement::Skip { outcome, reason } => {
             let told = approval::skipped_result(outcome, &reason);
+            let step = call.step;
             let events = vec![
                 LedgerEvent::ApprovalDecided {
                     step,
@@ -156,6 +132,24 @@ async fn settle_approval(s: &mut Session, call: ApprovalCall, settlement: Settle
                 Err(err) => end(Ending::refused(err), false),
             }
         }
+    }
+}
+
+/// Records the approval, durably before the call runs (a death from here leaves the step
+/// open: its effect unknown, reported, not re-run; the decision is applied once), then runs it.
+async fn run_approved(s: &mut Session, call: &ApprovalCall, reason: String) -> Resumed {
+    let decided = LedgerEvent::ApprovalDecided {
+        step: call.step,
+        outcome: ApprovalOutcome::Approved,
+        reason,
+    };
+    if let Err(err) = s.append(vec![decided]).await {
+        return end(Ending::refused(err), false);
+    }
+    let tool = s.tool(&call.tool);
+    match execute(s, call.step, tool, &call.tool, &call.input).await {
+        Some(ending) => end(ending, true),
+        None => Resumed::Continue,
     }
 }
 
@@ -200,14 +194,7 @@ async fn follow_up(s: &mut Session, r: &Reconcile) -> Result<Resolution, Ending>
 }
 
 async fn run_probe(s: &Session, r: &Reconcile) -> ProbeOutcome {
-    let Some(spec) = s
-        .spec()
-        .agent
-        .tools
-        .iter()
-        .find(|t| t.name == r.tool)
-        .and_then(|t| t.probe.clone())
-    else {
+    let Some(spec) = s.tool(&r.tool).and_then(|t| t.probe) else {
         return ProbeOutcome::Unknown;
     };
     let cancel = CancellationToken::new();
@@ -220,14 +207,7 @@ async fn run_probe(s: &Session, r: &Reconcile) -> ProbeOutcome {
 }
 
 async fn rerun(s: &mut Session, r: &Reconcile) -> Result<(), Ending> {
-    let Some(tool) = s
-        .spec()
-        .agent
-        .tools
-        .iter()
-        .find(|t| t.name == r.tool)
-        .cloned()
-    else {
+    let Some(tool) = s.tool(&r.tool) else {
         return Ok(());
     };
     match run_tool(s, &tool, &r.input, r.step).await {

@@ -107,7 +107,9 @@ pub fn plan(replay: &Replay, spec: &AgentRunSpec, timed_out: bool) -> ResumePlan
             Standing::Approval { call, settlement }
         }
         (None, None) => Standing::Continue,
-        (None, Some((step, question, record))) => answer_standing(replay, spec, step, question, record),
+        (None, Some((step, question, record))) => {
+            answer_standing(replay, spec, step, question, record)
+        }
     };
     ResumePlan {
         reconcile,
@@ -332,7 +334,11 @@ mod tests {
                 attempt: 1,
             },
         ];
-        assert!(plan_now(&replay(&events), &spec(vec![])).reconcile.is_empty());
+        assert!(
+            plan_now(&replay(&events), &spec(vec![]))
+                .reconcile
+                .is_empty()
+        );
     }
 
     #[test]
@@ -476,20 +482,28 @@ mod tests {
             Standing::Approval { ref call, settlement: Settlement::Wait } if call.step == 2 && call.call_id == "c2"
         ));
         let mut decided = spec(vec![]);
-        decided.approvals.push(crate::crd::v1alpha1::ApprovalDecision {
-            step: 2,
-            call_id: "c2".into(),
-            decision: crate::crd::v1alpha1::Verdict::Approve,
-            reason: None,
-        });
+        decided
+            .approvals
+            .push(crate::crd::v1alpha1::ApprovalDecision {
+                step: 2,
+                call_id: "c2".into(),
+                decision: crate::crd::v1alpha1::Verdict::Approve,
+                reason: None,
+            });
         assert!(matches!(
             plan(&r, &decided, false).standing,
-            Standing::Approval { settlement: Settlement::Run { .. }, .. }
+            Standing::Approval {
+                settlement: Settlement::Run { .. },
+                ..
+            }
         ));
         assert!(matches!(
             plan(&r, &spec(vec![]), true).standing,
             Standing::Approval {
-                settlement: Settlement::Skip { outcome: crate::crd::v1alpha1::ApprovalOutcome::TimedOut, .. },
+                settlement: Settlement::Skip {
+                    outcome: crate::crd::v1alpha1::ApprovalOutcome::TimedOut,
+                    ..
+                },
                 ..
             }
         ));

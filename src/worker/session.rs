@@ -20,7 +20,7 @@ use super::progress::Progress;
 use super::provider::Model;
 use super::tools::{ToolEnv, Tools};
 use crate::crd::v1alpha1::{
-    AgentRun, AgentRunSpec, LedgerEvent, LedgerStats, PendingApproval, UnknownEffect,
+    AgentRun, AgentRunSpec, LedgerEvent, LedgerStats, ToolSpec, UnknownEffect,
 };
 use crate::ledger::Replay;
 
@@ -120,6 +120,16 @@ impl Session {
         });
     }
 
+    /// The run's tool named `name`.
+    pub fn tool(&self, name: &str) -> Option<ToolSpec> {
+        self.spec()
+            .agent
+            .tools
+            .iter()
+            .find(|t| t.name == name)
+            .cloned()
+    }
+
     /// `text` with the model API key scrubbed out: a tool could read it from the worker's
     /// environment (`/proc`), and nothing the ledger stores may hold it.
     pub fn redact(&self, text: &str) -> String {
@@ -141,22 +151,8 @@ impl Session {
             .await;
     }
 
-    /// Says (a Normal Event) that a tool call waits for a decision, and how to give it.
-    pub async fn announce_approval(&self, pending: &PendingApproval) {
-        let run = &self.cfg.run;
-        let note = format!(
-            "step {} ({}) waits for approval: `baton approve {run} --step {}` or `baton deny {run} --step {} --reason TEXT`; arguments: {}",
-            pending.step,
-            pending.tool,
-            pending.step,
-            pending.step,
-            super::agent::summary(&pending.arguments)
-        );
-        self.event(EventType::Normal, "ApprovalRequested", "Wait", &note)
-            .await;
-    }
-
-    async fn event(&self, type_: EventType, reason: &str, action: &str, note: &str) {
+    /// Publishes an Event about the run (best effort: a failure is logged).
+    pub async fn event(&self, type_: EventType, reason: &str, action: &str, note: &str) {
         let reporter = Reporter {
             controller: "baton-worker".into(),
             instance: Some(self.cfg.pod.clone()),

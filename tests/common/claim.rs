@@ -13,11 +13,23 @@ use baton::status::{StatusError, cas_status};
 
 /// Claims `run` for `fence`: returns the pod name the worker must use.
 pub async fn claim(client: &Client, namespace: &str, name: &str, fence: i64) -> String {
+    claim_because(client, namespace, name, fence, None).await
+}
+
+/// A claim whose status names its reason, as the controller's does (`reason`: None leaves the
+/// status's reason as it was).
+pub async fn claim_because(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    fence: i64,
+    reason: Option<&str>,
+) -> String {
     let runs: Api<AgentRun> = Api::namespaced(client.clone(), namespace);
     let pod = worker_pod_name(name, fence);
     let run = runs.get(name).await.expect("reading the run to claim");
     seal(client, &run, fence, &pod).await;
-    claim_status(&runs, name, fence, &pod).await;
+    claim_status(&runs, name, fence, &pod, reason).await;
     let owner = run.controller_owner_ref(&()).expect("owner reference");
     LeaseClient::new(client.clone(), namespace)
         .move_to(name, owner, &pod, fence, run.spec.lease.duration_seconds)
@@ -40,7 +52,13 @@ async fn seal(client: &Client, run: &AgentRun, fence: i64, pod: &str) {
         .expect("sealing the ledger");
 }
 
-async fn claim_status(runs: &Api<AgentRun>, name: &str, fence: i64, pod: &str) {
+async fn claim_status(
+    runs: &Api<AgentRun>,
+    name: &str,
+    fence: i64,
+    pod: &str,
+    reason: Option<&str>,
+) {
     for _ in 0..10 {
         let run = runs.get(name).await.expect("reading the run");
         let mut status = run.status.clone().unwrap_or_default();
@@ -48,6 +66,10 @@ async fn claim_status(runs: &Api<AgentRun>, name: &str, fence: i64, pod: &str) {
         status.fence = fence;
         status.attempt = fence;
         status.worker = Some(pod.to_string());
+        status.pending_approval = None;
+        if let Some(reason) = reason {
+            status.reason = Some(reason.to_string());
+        }
         status.start_time.get_or_insert(Time(Timestamp::now()));
         match cas_status(runs, &run, status).await {
             Ok(_) => return,

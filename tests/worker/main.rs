@@ -1,5 +1,6 @@
 //! A real `baton worker` process against a real API server (the local control plane), the
 //! tests playing the controller. One test binary for all of it (each file is a module):
+//! - `approval`: a gated call waits, is approved, denied or timed out, and never runs twice;
 //! - `budget`: a run killed again and again near its limit stops at it;
 //! - `crash`: kill -9 at each write-ahead boundary, then the next worker resumes;
 //! - `limits`: the ledger's size cap and events split across segments;
@@ -37,6 +38,7 @@ async fn status(ns: &common::TestNamespace, name: &str) -> AgentRunStatus {
     runs.get(name).await.unwrap().status.unwrap_or_default()
 }
 
+mod approval;
 mod budget;
 mod crash;
 mod limits;
