@@ -246,6 +246,57 @@ async fn stop_and_input_change_the_spec_with_clear_errors() {
 }
 
 #[tokio::test]
+async fn approve_and_deny_record_a_decision_for_the_waiting_call_only() {
+    let ns = TestNamespace::new("cli_approval").await;
+    let n = ns.name.as_str();
+    create_run(&ns, "g").await;
+    set_status(&ns, "g", serde_json::json!({"phase": "Running", "fence": 1})).await;
+    let err = failure(&["approve", "g", "-n", n]);
+    assert!(
+        err.contains("run g is not waiting for approval (phase Running)"),
+        "{err}"
+    );
+    let pending = serde_json::json!({
+        "step": 4, "callId": "call_3_0", "tool": "deploy",
+        "arguments": "{\"command\":\"make deploy\"}", "requestedAt": "2026-12-01T10:00:00Z"
+    });
+    set_status(
+        &ns,
+        "g",
+        serde_json::json!({"phase": "WaitingApproval", "pendingApproval": pending}),
+    )
+    .await;
+    let described = ok(&["describe", "g", "-n", n]);
+    assert!(
+        described.contains("step 4 (deploy), call call_3_0") && described.contains("make deploy"),
+        "{described}"
+    );
+    let err = failure(&["approve", "g", "--step", "3", "-n", n]);
+    assert!(
+        err.contains("step 3 of run g is not waiting for approval; step 4 (deploy) is"),
+        "{err}"
+    );
+    let err = failure(&["deny", "g", "-n", n]);
+    assert!(err.contains("--reason"), "a denial says why: {err}");
+    assert!(ok(&["deny", "g", "--reason", "not today", "-n", n]).contains("step 4 denied"));
+    let err = failure(&["approve", "g", "-n", n]);
+    assert!(
+        err.contains("step 4 of run g already has a decision in spec.approvals (Deny)"),
+        "{err}"
+    );
+    let run = ns.api::<AgentRun>().get("g").await.unwrap();
+    let d = &run.spec.approvals;
+    assert_eq!(d.len(), 1, "{d:?}");
+    assert_eq!(
+        (d[0].step, d[0].call_id.as_str(), d[0].reason.as_deref()),
+        (4, "call_3_0", Some("not today"))
+    );
+    let err = failure(&["approve", "nope", "-n", n]);
+    assert!(err.contains("run nope not found"), "{err}");
+    ns.cleanup().await;
+}
+
+#[tokio::test]
 async fn an_unreachable_cluster_is_named() {
     let kubeconfig = std::env::var("KUBECONFIG").expect("KUBECONFIG");
     let text = std::fs::read_to_string(&kubeconfig).unwrap();

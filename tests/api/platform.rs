@@ -195,6 +195,26 @@ fn malformed_manifests() -> Vec<(&'static str, serde_json::Value, &'static str)>
             "spec.budget.deadlineSeconds",
         ),
         (
+            "zero approval timeout",
+            json!({ "input": "x", "agent": { "model": model }, "approvalTimeoutSeconds": 0 }),
+            "spec.approvalTimeoutSeconds",
+        ),
+        (
+            "a decision that is neither Approve nor Deny",
+            json!({ "input": "x", "agent": { "model": model }, "approvals": [{ "step": 1, "callId": "c", "decision": "Maybe" }] }),
+            "spec.approvals.decision",
+        ),
+        (
+            "a decision without its call",
+            json!({ "input": "x", "agent": { "model": model }, "approvals": [{ "step": 1, "decision": "Approve" }] }),
+            "spec.approvals.callId",
+        ),
+        (
+            "an approval policy that does not exist",
+            json!({ "input": "x", "agent": { "model": model, "approval": "Sometimes" } }),
+            "spec.agent.approval",
+        ),
+        (
             "bad runtime class",
             json!({ "input": "x", "agent": { "model": model }, "worker": { "runtimeClassName": "No Such" } }),
             "spec.worker.runtimeClassName",
