@@ -332,3 +332,103 @@ async fn node_the_budget_example_stops_at_its_limit() {
     );
     env.finish().await;
 }
+
+/// `examples/approval.yaml` as a user applies it: `kubectl wait` sees WaitingApproval, the
+/// call is in status and an Event, the worker pod is gone and nothing ran; `baton approve`
+/// (the binary) resumes it in a new pod that runs exactly that call, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_the_approval_example_waits_then_runs_the_call_once_approved() {
+    let env = NodeEnv::start("example-approval").await;
+    let name = "gated-deploy";
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/approval.yaml");
+    kubectl(&["-n", &env.ns, "apply", "-f", path]).expect("kubectl apply -f the example");
+    let target = format!("agentrun/{name}");
+    kubectl(&[
+        "-n",
+        &env.ns,
+        "wait",
+        "--for=jsonpath={.status.phase}=WaitingApproval",
+        &target,
+        "--timeout=180s",
+    ])
+    .expect("kubectl wait for WaitingApproval");
+    let st = env.status(name).await;
+    let pending = st.pending_approval.clone().expect("status.pendingApproval");
+    assert_eq!((pending.step, pending.tool.as_str()), (2, "deploy"), "{st:?}");
+    assert!(pending.arguments.contains("deployed 2.4.1"), "{pending:?}");
+    let pod = baton::fence::worker_pod_name(name, st.fence);
+    env.wait_container_gone(&pod, RUN_TIMEOUT).await;
+    let events = kubectl(&["-n", &env.ns, "get", "events", "-o", "json"]).unwrap();
+    assert!(
+        events.contains("ApprovalRequested") && events.contains(&format!("baton approve {name} --step 2")),
+        "an Event says what waits and how to decide it"
+    );
+    let said = baton_cli(&["approve", name, "-n", &env.ns]).expect("baton approve");
+    assert!(said.contains("step 2 approved"), "{said}");
+    let st = env.wait_succeeded(name).await;
+    assert_eq!(st.output.as_deref(), Some("Shipped."));
+    assert_eq!((st.failed_attempts, st.pending_approval), (0, None));
+    let events: Vec<LedgerEvent> = env
+        .ledger(name)
+        .await
+        .iter()
+        .flat_map(|s| s.spec.events.clone())
+        .collect();
+    let ran = events.iter().filter(|e| {
+        matches!(e, LedgerEvent::StepResult { step: 2, output, is_error: false } if output.contains("deployed 2.4.1"))
+    });
+    assert_eq!(ran.count(), 1, "the approved call ran once: {events:?}");
+    let err = baton_cli(&["approve", name, "-n", &env.ns]).unwrap_err();
+    assert!(err.contains("is not waiting for approval"), "{err}");
+    env.check_invariants(&[name.to_string()]).await;
+    env.finish().await;
+}
+
+/// Nobody decides within `approvalTimeoutSeconds`: the controller claims the run when its
+/// clock passes the deadline, and the new worker denies the call by default (never run),
+/// telling the model; the run goes on to its end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_an_approval_nobody_gives_times_out_and_the_call_is_denied() {
+    let env = NodeEnv::start("approval-timeout").await;
+    let name = "unattended";
+    let sink = env.effects.addr.as_str();
+    let turns = vec![
+        ScriptTurn {
+            text: Some("deploying".into()),
+            tool_calls: vec![call("deploy", "command", &effect_command(sink, name, 1, 0))],
+            delay_milliseconds: Some(100),
+            usage: None,
+        },
+        ScriptTurn {
+            text: Some("not deployed".into()),
+            ..ScriptTurn::default()
+        },
+    ];
+    let mut deploy = shell_tool("deploy");
+    deploy.approval = Some(baton::crd::v1alpha1::ApprovalPolicy::Required);
+    let mut run = run_with(name, turns, vec![deploy]);
+    run.spec.approval_timeout_seconds = Some(5);
+    env.create(&run).await;
+    env.wait_run(name, RUN_TIMEOUT, "WaitingApproval", |s| {
+        s.phase == Phase::WaitingApproval
+    })
+    .await;
+    let st = env.wait_succeeded(name).await;
+    assert_eq!(st.output.as_deref(), Some("not deployed"));
+    assert_eq!(effects(&env).count(name, 1), 0, "a call nobody approved never runs");
+    let ledger: Vec<LedgerEvent> = env
+        .ledger(name)
+        .await
+        .iter()
+        .flat_map(|s| s.spec.events.clone())
+        .collect();
+    assert!(
+        ledger.iter().any(|e| matches!(
+            e,
+            LedgerEvent::ApprovalDecided { outcome: baton::crd::v1alpha1::ApprovalOutcome::TimedOut, .. }
+        )),
+        "{ledger:?}"
+    );
+    env.check_invariants(&[name.to_string()]).await;
+    env.finish().await;
+}

@@ -118,6 +118,37 @@ impl Recorder {
         }
     }
 
+    /// Waits (up to `timeout`) for a segment of `run` holding an event `wanted` accepts;
+    /// returns when it was first seen.
+    pub async fn wait_event(
+        &self,
+        run: &str,
+        what: &str,
+        wanted: impl Fn(&LedgerEvent) -> bool,
+        timeout: Duration,
+    ) -> Instant {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let seen = self
+                .state
+                .lock()
+                .unwrap()
+                .segments
+                .values()
+                .filter(|s| s.run == run && s.events.iter().any(&wanted))
+                .map(|s| s.at)
+                .min();
+            if let Some(at) = seen {
+                return at;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{run}: no {what} in its ledger within {timeout:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     pub fn stop(&self) {
         self.task.abort();
     }

@@ -76,11 +76,20 @@ fn assert_succeeded(what: &str, out: &std::process::Output) {
 
 /// `kubectl ARGS` against the node; Ok(stdout) or Err(stdout + stderr).
 pub fn kubectl(args: &[&str]) -> Result<String, String> {
-    let out = Command::new("kubectl")
+    against_node("kubectl", args)
+}
+
+/// The `baton` CLI (this build's binary) against the node, as a user runs it.
+pub fn baton_cli(args: &[&str]) -> Result<String, String> {
+    against_node(env!("CARGO_BIN_EXE_baton"), args)
+}
+
+fn against_node(program: &str, args: &[&str]) -> Result<String, String> {
+    let out = Command::new(program)
         .env("KUBECONFIG", kubeconfig())
         .args(args)
         .output()
-        .expect("running kubectl");
+        .unwrap_or_else(|e| panic!("running {program}: {e}"));
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
     if out.status.success() {
         Ok(stdout)
