@@ -2,8 +2,8 @@
 //!
 //! `make bench-node` (it starts the node and prints its warm start first), or
 //! `cargo bench --bench node_figures` with `BATON_NODE_KUBECONFIG` set; `BATON_FIGURES_SAMPLES`
-//! (default 5) samples per figure, one at a time. baton runs as the chart's pods, the workers
-//! as real pods; the faults are real.
+//! (default 5) samples per figure, one at a time; `BATON_FIGURES=approvals` for (f) alone.
+//! baton runs as the chart's pods, the workers as real pods; the faults are real.
 //!
 //! (a) SIGTERM (pod deleted) and eviction (what a drain does to each pod) → the next worker's
 //!     first ledger write (its `attemptStarted` segment, seen by a watch, client clock);
@@ -14,7 +14,9 @@
 //! (c) work lost per fault: effects run zero or twice, steps unknown, model turns repeated;
 //! (d) the same kill on a Job-style restart from zero;
 //! (e) the worker pod's start (created → container running), the controller rollout (time
-//!     with no leader, a run created meanwhile: created → claimed), the image's size.
+//!     with no leader, a run created meanwhile: created → claimed), the image's size;
+//! (f) approvals: `baton approve` (its patch landed) → the next worker's first write, and →
+//!     the approved step starting (its `approvalDecided`, appended right before the tool runs).
 
 #[path = "../tests/e2e_support/mod.rs"]
 mod e2e_support;
@@ -23,7 +25,8 @@ mod node_support;
 
 use std::time::{Duration, Instant};
 
-use baton::crd::v1alpha1::Phase;
+use baton::cli::{ApproveArgs, RunArgs, Verb};
+use baton::crd::v1alpha1::{ApprovalPolicy, LedgerEvent, Phase, ScriptToolCall, ScriptTurn};
 use e2e_support::*;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::EvictParams;
@@ -68,6 +71,11 @@ async fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(5);
     let env = NodeEnv::start("figures").await;
+    if std::env::var("BATON_FIGURES").as_deref() == Ok("approvals") {
+        approval_figures(&env, samples).await;
+        env.finish().await;
+        return;
+    }
     let lease = lease();
     println!(
         "node figures: {samples} samples each; lease {} s / renew {} s; script {} turns, model {} ms \
@@ -241,6 +249,7 @@ async fn main() {
         "s",
     );
     println!("(e) image {IMAGE}: {}", image_size());
+    approval_figures(&env, samples).await;
     println!();
     println!(
         "(st: the next worker pod's start, on this node; Job-style: a fresh run created at the kill)"
@@ -413,6 +422,89 @@ fn started_after(pod: &Pod) -> Option<f64> {
         })?
         .0;
     Some(started.duration_since(created).as_secs_f64())
+}
+
+/// Section (f); alone with `BATON_FIGURES=approvals`.
+async fn approval_figures(env: &NodeEnv, samples: usize) {
+    let mut approvals = Vec::new();
+    for i in 0..samples {
+        approvals.push(approval_sample(env, i).await);
+    }
+    println!();
+    line(
+        "(f) baton approve -> next worker's first write",
+        "st",
+        approvals.iter().map(|(w, _)| w.as_secs_f64()).collect(),
+        "s",
+    );
+    line(
+        "(f) baton approve -> the approved step starts",
+        "<= 1s+st",
+        approvals.iter().map(|(_, s)| s.as_secs_f64()).collect(),
+        "s",
+    );
+}
+
+/// A run whose one step waits for approval: once it waits (its pod gone), `baton approve` (the
+/// CLI's own code) → the next worker's first write, and → the step starting.
+async fn approval_sample(env: &NodeEnv, i: usize) -> (Duration, Duration) {
+    let name = format!("approval-{i}");
+    let command = effect_command(&env.effects.addr, &name, 1, 0);
+    let mut deploy = shell_tool("deploy");
+    deploy.approval = Some(ApprovalPolicy::Required);
+    let turns = vec![
+        ScriptTurn {
+            text: Some("deploying".into()),
+            tool_calls: vec![ScriptToolCall {
+                tool: "deploy".into(),
+                arguments: [("command".to_string(), command)].into(),
+            }],
+            ..ScriptTurn::default()
+        },
+        ScriptTurn {
+            text: Some("deployed".into()),
+            ..ScriptTurn::default()
+        },
+    ];
+    env.create(&run_with(&name, turns, vec![deploy])).await;
+    let st = env
+        .wait_run(&name, RUN_TIMEOUT, "WaitingApproval", |s| {
+            s.phase == Phase::WaitingApproval
+        })
+        .await;
+    let pod = baton::fence::worker_pod_name(&name, st.fence);
+    env.wait_container_gone(&pod, RUN_TIMEOUT).await;
+    let cli = baton::cli::Session::new(env.client.clone(), "node".into(), env.ns.clone());
+    let verb = Verb::Approve(ApproveArgs {
+        target: RunArgs {
+            run: name.clone(),
+            namespace: Some(env.ns.clone()),
+        },
+        step: None,
+        reason: None,
+    });
+    cli.run(verb, &mut Vec::new()).await.expect("baton approve");
+    let t0 = Instant::now();
+    let (worker, _) = env
+        .recorder
+        .wait_attempt_started(&name, st.fence, RUN_TIMEOUT)
+        .await;
+    let decided = |e: &LedgerEvent| matches!(e, LedgerEvent::ApprovalDecided { .. });
+    let step = env
+        .recorder
+        .wait_event(&name, "approvalDecided", decided, RUN_TIMEOUT)
+        .await;
+    env.wait_succeeded(&name).await;
+    let (worker, step) = (
+        worker.saturating_duration_since(t0),
+        step.saturating_duration_since(t0),
+    );
+    eprintln!(
+        "{name}: approve -> worker's first write {:.2}s, -> step {:.2}s",
+        worker.as_secs_f64(),
+        step.as_secs_f64()
+    );
+    (worker, step)
 }
 
 /// `kubectl rollout restart` of the controllers: the longest time no Ready controller pod led,
