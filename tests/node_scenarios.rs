@@ -354,13 +354,18 @@ async fn node_the_approval_example_waits_then_runs_the_call_once_approved() {
     .expect("kubectl wait for WaitingApproval");
     let st = env.status(name).await;
     let pending = st.pending_approval.clone().expect("status.pendingApproval");
-    assert_eq!((pending.step, pending.tool.as_str()), (2, "deploy"), "{st:?}");
+    assert_eq!(
+        (pending.step, pending.tool.as_str()),
+        (2, "deploy"),
+        "{st:?}"
+    );
     assert!(pending.arguments.contains("deployed 2.4.1"), "{pending:?}");
     let pod = baton::fence::worker_pod_name(name, st.fence);
     env.wait_container_gone(&pod, RUN_TIMEOUT).await;
     let events = kubectl(&["-n", &env.ns, "get", "events", "-o", "json"]).unwrap();
     assert!(
-        events.contains("ApprovalRequested") && events.contains(&format!("baton approve {name} --step 2")),
+        events.contains("ApprovalRequested")
+            && events.contains(&format!("baton approve {name} --step 2")),
         "an Event says what waits and how to decide it"
     );
     let said = baton_cli(&["approve", name, "-n", &env.ns]).expect("baton approve");
@@ -415,7 +420,11 @@ async fn node_an_approval_nobody_gives_times_out_and_the_call_is_denied() {
     .await;
     let st = env.wait_succeeded(name).await;
     assert_eq!(st.output.as_deref(), Some("not deployed"));
-    assert_eq!(effects(&env).count(name, 1), 0, "a call nobody approved never runs");
+    assert_eq!(
+        effects(&env).count(name, 1),
+        0,
+        "a call nobody approved never runs"
+    );
     let ledger: Vec<LedgerEvent> = env
         .ledger(name)
         .await
@@ -425,7 +434,10 @@ async fn node_an_approval_nobody_gives_times_out_and_the_call_is_denied() {
     assert!(
         ledger.iter().any(|e| matches!(
             e,
-            LedgerEvent::ApprovalDecided { outcome: baton::crd::v1alpha1::ApprovalOutcome::TimedOut, .. }
+            LedgerEvent::ApprovalDecided {
+                outcome: baton::crd::v1alpha1::ApprovalOutcome::TimedOut,
+                ..
+            }
         )),
         "{ledger:?}"
     );

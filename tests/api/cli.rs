@@ -250,7 +250,12 @@ async fn approve_and_deny_record_a_decision_for_the_waiting_call_only() {
     let ns = TestNamespace::new("cli_approval").await;
     let n = ns.name.as_str();
     create_run(&ns, "g").await;
-    set_status(&ns, "g", serde_json::json!({"phase": "Running", "fence": 1})).await;
+    set_status(
+        &ns,
+        "g",
+        serde_json::json!({"phase": "Running", "fence": 1}),
+    )
+    .await;
     let err = failure(&["approve", "g", "-n", n]);
     assert!(
         err.contains("run g is not waiting for approval (phase Running)"),
