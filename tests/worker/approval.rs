@@ -171,7 +171,7 @@ async fn worker_an_approved_call_runs_once_and_stale_decisions_are_refused() {
     succeeded(&st);
     assert_eq!(count(&counter), 1, "the approved call ran once");
     assert_eq!(decisions(&ns).await, vec![(2, ApprovalOutcome::Approved)]);
-    assert_eq!(step_result(&ns).await.1, false);
+    assert!(!step_result(&ns).await.1, "the approved call succeeded");
     let err = approve(&ns, Some(1)).await.unwrap_err();
     assert!(
         matches!(err, CliError::Decision(DecisionError::NotWaiting { .. })),
