@@ -79,26 +79,29 @@ fn target(ns: &TestNamespace) -> RunArgs {
     }
 }
 
-async fn approve(ns: &TestNamespace, step: Option<i64>) -> Result<String, CliError> {
-    let verb = Verb::Approve(ApproveArgs {
-        target: target(ns),
-        step,
-        reason: Some("looks right".into()),
-    });
+/// The CLI verb as `baton` runs it; what it printed.
+async fn run_cli(ns: &TestNamespace, verb: Verb) -> Result<String, CliError> {
     let mut out = Vec::new();
     cli(ns).run(verb, &mut out).await?;
     Ok(String::from_utf8(out).unwrap())
 }
 
+async fn approve(ns: &TestNamespace, step: Option<i64>) -> Result<String, CliError> {
+    let args = ApproveArgs {
+        target: target(ns),
+        step,
+        reason: Some("looks right".into()),
+    };
+    run_cli(ns, Verb::Approve(args)).await
+}
+
 async fn deny(ns: &TestNamespace, reason: &str) -> Result<String, CliError> {
-    let verb = Verb::Deny(DenyArgs {
+    let args = DenyArgs {
         target: target(ns),
         step: None,
         reason: reason.into(),
-    });
-    let mut out = Vec::new();
-    cli(ns).run(verb, &mut out).await?;
-    Ok(String::from_utf8(out).unwrap())
+    };
+    run_cli(ns, Verb::Deny(args)).await
 }
 
 /// The ledger's approval decisions, with the fence that recorded each.
