@@ -77,6 +77,7 @@ fn config(ns: &str, pod: &str, stats_file: &std::path::Path) -> WorkerConfig {
         segment_budget: baton::ledger::SEGMENT_BUDGET_BYTES,
         executor_socket: Some(executor_socket()),
         executor_wait: Duration::from_secs(10),
+        mcp_headers_dir: baton::crd::MCP_HEADERS_DIR.into(),
     }
 }
 
@@ -116,6 +117,7 @@ fn bench_run(steps: usize, payload: usize) -> AgentRun {
         timeout_seconds: 60,
         probe: None,
         approval: None,
+        mcp: None,
     };
     AgentRun::new(
         "bench",

@@ -158,6 +158,9 @@ pub mod condition {
     /// Runs with `spec.workspace`: whether the current pod has its workspace volume, and if
     /// not, why (an unbound claim, a volume not yet attached).
     pub const WORKSPACE_READY: &str = "WorkspaceReady";
+    /// Runs with MCP tools: set when a server offers other tools than the run recorded when
+    /// it started (the run goes on with the recorded ones).
+    pub const MCP_TOOLS_CHANGED: &str = "McpToolsChanged";
     /// True once the run is in a terminal phase, whatever it is (as a Job's `Complete`, but
     /// also for runs that failed): `kubectl wait --for=condition=Complete` waits for the end.
     pub const COMPLETE: &str = "Complete";

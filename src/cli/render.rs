@@ -231,6 +231,10 @@ fn event_lines(
         E::WaitingInput { step, question } => {
             block(&format!("?? waiting for input (step {step}):"), question)
         }
+        E::McpTools { tool, tools } => {
+            let names: Vec<&str> = tools.iter().map(|t| t.name.as_str()).collect();
+            format!("   MCP server {tool} offers: {}", names.join(", "))
+        }
         E::ApprovalRequested { step, .. } => {
             format!("?? step {step} ({}) waits for approval", tool(step))
         }

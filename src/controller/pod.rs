@@ -20,7 +20,7 @@ use k8s_openapi::api::core::v1::{
     DownwardAPIVolumeFile, EmptyDirVolumeSource, EnvVar, EnvVarSource, KeyToPath,
     ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec,
     PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec, ProjectedVolumeSource,
-    SeccompProfile, SecretKeySelector, SecurityContext, ServiceAccountTokenProjection, Volume,
+    SeccompProfile, SecretKeySelector, SecretVolumeSource, SecurityContext, ServiceAccountTokenProjection, Volume,
     VolumeMount, VolumeProjection, VolumeResourceRequirements,
 };
 use kube::api::ObjectMeta;
@@ -249,12 +249,47 @@ fn worker_container(run: &AgentRun, fence: i64, pod: &str, image: &str) -> Conta
         ports: Some(vec![metrics_port()]),
         resources: run.spec.worker.resources.clone(),
         security_context: Some(container_security_context(WORKER_UID)),
-        volume_mounts: Some(vec![
-            mount(volume::WORKER_TMP, SCRATCH_DIR, false),
-            mount(volume::SOCKET, SOCKET_DIR, false),
-            mount(volume::API_ACCESS, API_ACCESS_DIR, true),
-        ]),
+        volume_mounts: Some(
+            [
+                mount(volume::WORKER_TMP, SCRATCH_DIR, false),
+                mount(volume::SOCKET, SOCKET_DIR, false),
+                mount(volume::API_ACCESS, API_ACCESS_DIR, true),
+            ]
+            .into_iter()
+            .chain(mcp_header_secrets(run).map(|(volume, dir, _)| mount(&volume, &dir, true)))
+            .collect(),
+        ),
         ..Container::default()
+    }
+}
+
+/// For each MCP server whose spec names a headers Secret: its volume's name, where the
+/// worker container mounts it (`<headers dir>/<tool name>`), and the Secret. Only the worker
+/// container mounts them: the tools container never sees a server's credentials.
+fn mcp_header_secrets(run: &AgentRun) -> impl Iterator<Item = (String, String, String)> + '_ {
+    run.spec
+        .agent
+        .tools
+        .iter()
+        .enumerate()
+        .filter_map(|(i, tool)| {
+            let secret = tool.mcp.as_ref()?.headers_from_secret.clone()?;
+            let dir = format!("{}/{}", crate::crd::MCP_HEADERS_DIR, tool.name);
+            Some((format!("mcp-headers-{i}"), dir, secret))
+        })
+}
+
+/// A Secret as a volume. Optional: a Secret that does not exist mounts empty, and the worker
+/// then fails the run naming it, instead of the pod waiting in ContainerCreating.
+fn secret_volume(name: &str, secret: &str) -> Volume {
+    Volume {
+        name: name.into(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(secret.into()),
+            optional: Some(true),
+            ..SecretVolumeSource::default()
+        }),
+        ..Volume::default()
     }
 }
 
@@ -278,7 +313,8 @@ fn volumes(run: &AgentRun) -> Vec<Volume> {
         },
         None => empty_dir(volume::WORKSPACE),
     };
-    vec![
+    let headers = mcp_header_secrets(run).map(|(volume, _, secret)| secret_volume(&volume, &secret));
+    [
         empty_dir(volume::WORKER_TMP),
         empty_dir(volume::TOOLS_TMP),
         empty_dir(volume::EXECUTOR),
@@ -286,6 +322,9 @@ fn volumes(run: &AgentRun) -> Vec<Volume> {
         workspace,
         api_access_volume(),
     ]
+    .into_iter()
+    .chain(headers)
+    .collect()
 }
 
 /// The token, CA and namespace an automounted ServiceAccount volume would hold, as the
@@ -543,6 +582,40 @@ mod tests {
             .sources
             .unwrap();
         assert!(sources[0].service_account_token.is_some());
+    }
+
+    #[test]
+    fn an_mcp_servers_headers_secret_is_mounted_in_the_worker_container_only() {
+        let mut r = run();
+        let server: crate::crd::v1alpha1::ToolSpec = serde_json::from_value(serde_json::json!({
+            "name": "files", "kind": "mcp",
+            "mcp": {"url": "http://files:8000/mcp", "headersFromSecret": "files-auth"}
+        }))
+        .unwrap();
+        r.spec.agent.tools.push(server);
+        let spec = worker_pod(&r, 1, "img").spec.unwrap();
+        let worker = container(&spec, CONTAINER_NAME);
+        let at = "/baton/mcp-headers/files";
+        let volume = mounts(worker)
+            .into_iter()
+            .find(|(_, path)| *path == at)
+            .map(|(v, _)| v.to_string())
+            .expect("the worker mounts the headers");
+        let source = spec
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == volume)
+            .and_then(|v| v.secret.clone())
+            .expect("a Secret volume");
+        assert_eq!(source.secret_name.as_deref(), Some("files-auth"));
+        for name in [TOOLS_CONTAINER_NAME, INSTALL_CONTAINER_NAME] {
+            let c = container(&spec, name);
+            assert!(
+                mounts(c).iter().all(|(v, _)| *v != volume),
+                "{name} mounts the headers"
+            );
+        }
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Spec rules the CRD schema cannot express, checked at admission. A run that breaks one
 //! ends `Failed` with reason `InvalidSpec` and a message naming the field.
 
-use crate::crd::v1alpha1::{AgentRunSpec, Provider};
+use crate::crd::v1alpha1::{AgentRunSpec, Provider, ToolKind};
 
 /// The reason a rejected run ends with.
 pub const INVALID_SPEC: &str = "InvalidSpec";
@@ -10,7 +10,30 @@ pub const INVALID_SPEC: &str = "InvalidSpec";
 pub fn validate(spec: &AgentRunSpec) -> Result<(), String> {
     check_lease(spec)?;
     check_model(spec)?;
+    check_mcp_tools(spec)?;
     check_script_tools(spec)
+}
+
+/// A `kind: mcp` tool has its `mcp` block, and only an `mcp` tool has one.
+fn check_mcp_tools(spec: &AgentRunSpec) -> Result<(), String> {
+    for (i, tool) in spec.agent.tools.iter().enumerate() {
+        match (tool.kind, &tool.mcp) {
+            (ToolKind::Mcp, None) => {
+                return Err(format!(
+                    "spec.agent.tools[{i}].mcp is required for kind mcp ({})",
+                    tool.name
+                ));
+            }
+            (kind, Some(_)) if kind != ToolKind::Mcp => {
+                return Err(format!(
+                    "spec.agent.tools[{i}].mcp is only for kind mcp ({} is another kind)",
+                    tool.name
+                ));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 fn check_lease(spec: &AgentRunSpec) -> Result<(), String> {
@@ -51,7 +74,10 @@ fn provider_name(provider: Provider) -> &'static str {
 }
 
 fn check_script_tools(spec: &AgentRunSpec) -> Result<(), String> {
-    let declared = |name: &str| spec.agent.tools.iter().any(|t| t.name == name);
+    let declared = |name: &str| {
+        spec.agent.tools.iter().any(|t| t.name == name)
+            || crate::worker::toolbox::names_an_mcp_tool(spec, name)
+    };
     for (turn_index, turn) in spec.agent.model.script.iter().enumerate() {
         for (call_index, call) in turn.tool_calls.iter().enumerate() {
             if !declared(&call.tool) {
@@ -133,6 +159,7 @@ mod tests {
             timeout_seconds: 5,
             probe: None,
             approval: None,
+            mcp: None,
         });
         assert_eq!(validate(&s), Ok(()));
     }

@@ -105,6 +105,9 @@ pub enum InstallError {
 }
 
 /// Environment variables the controller gives a worker pod.
+/// Where the worker container has each MCP server's headers Secret: `<dir>/<tool name>/`.
+pub const MCP_HEADERS_DIR: &str = "/baton/mcp-headers";
+
 pub mod env {
     /// The run's name.
     pub const RUN: &str = "BATON_RUN";
@@ -118,6 +121,8 @@ pub mod env {
     pub const MODEL_API_KEY: &str = "BATON_MODEL_API_KEY";
     /// The tools container's executor socket, as the worker container sees it.
     pub const EXECUTOR_SOCKET: &str = "BATON_EXECUTOR_SOCKET";
+    /// Where the MCP servers' header Secrets are mounted in the worker container.
+    pub const MCP_HEADERS_DIR: &str = "BATON_MCP_HEADERS_DIR";
     /// Given to tools: the step number.
     pub const STEP: &str = "BATON_STEP";
     /// Given to tools: `<run-uid>/<step>`.

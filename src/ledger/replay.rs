@@ -9,7 +9,7 @@ use super::chunk::ChunkAssembler;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::crd::v1alpha1::{
-    ApprovalOutcome, LedgerEvent, LedgerSegment, ProbeOutcome, Role, RunUsage,
+    ApprovalOutcome, LedgerEvent, LedgerSegment, McpToolRecord, ProbeOutcome, Role, RunUsage,
 };
 
 /// What the model is told about a step whose worker died while it ran.
@@ -106,6 +106,8 @@ pub struct Replay {
     pub abandoned_chunks: usize,
     /// What the run spent, as recorded.
     pub usage: RunUsage,
+    /// The tools each MCP server (by the spec's tool name) offered when first listed.
+    pub mcp_tools: BTreeMap<String, Vec<McpToolRecord>>,
 }
 
 impl Replay {
@@ -205,6 +207,12 @@ impl Replay {
                     let waiting = |s: &StepState| matches!(s, StepState::AwaitingApproval { .. });
                     self.move_step(*step, waiting, StepState::Open);
                 }
+            }
+            // The first list recorded is the one: a resumed run offers the same tools.
+            LedgerEvent::McpTools { tool, tools } => {
+                self.mcp_tools
+                    .entry(tool.clone())
+                    .or_insert_with(|| tools.clone());
             }
             LedgerEvent::StepUnknown { step, .. } => self.apply_unknown(*step),
             LedgerEvent::StepProbed { step, outcome } => {

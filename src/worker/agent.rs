@@ -16,6 +16,7 @@ use super::model::{ModelError, ModelRequest, ModelToolCall, ModelTurn};
 use super::provider::Model;
 use super::resume::question_of;
 use super::session::Session;
+use super::toolbox::ToolEntry;
 use super::tools::{self, ToolOutput};
 use crate::approval;
 use crate::crd::v1alpha1::Resolution;
@@ -91,7 +92,7 @@ async fn call_model(s: &mut Session) -> Result<ModelTurn, Ending> {
     let request = ModelRequest {
         system_prompt: s.spec().agent.system_prompt.clone(),
         messages: s.replay.messages.clone(),
-        tools: s.spec().agent.tools.clone(),
+        tools: s.toolbox.offered().to_vec(),
     };
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
     let appender = s.appender.clone();
@@ -142,7 +143,7 @@ async fn run_call(s: &mut Session, call: ModelToolCall) -> Option<Ending> {
     let tool = s.tool(&call.tool);
     let waits = tool
         .as_ref()
-        .is_some_and(|t| approval::required(&s.spec().agent, t));
+        .is_some_and(|t| approval::required(&s.spec().agent, &t.spec));
     let requested_at = Time(Timestamp::now());
     let events = intent_events(step, &call, tool.as_ref(), waits.then_some(&requested_at));
     let sent_at = Instant::now();
@@ -169,7 +170,7 @@ async fn run_call(s: &mut Session, call: ModelToolCall) -> Option<Ending> {
 fn intent_events(
     step: i64,
     call: &ModelToolCall,
-    tool: Option<&ToolSpec>,
+    tool: Option<&ToolEntry>,
     approval_requested_at: Option<&Time>,
 ) -> Vec<LedgerEvent> {
     let mut events = vec![LedgerEvent::StepIntent {
@@ -177,7 +178,7 @@ fn intent_events(
         tool: call.tool.clone(),
         call_id: call.call_id.clone(),
         input: call.arguments.clone(),
-        idempotent: tool.is_some_and(|t| tools::is_idempotent(t, &call.arguments)),
+        idempotent: tool.is_some_and(|t| tools::is_idempotent(&t.spec, &call.arguments)),
     }];
     if let Some(at) = approval_requested_at {
         events.push(LedgerEvent::ApprovalRequested {
@@ -193,7 +194,7 @@ fn intent_events(
 pub async fn execute(
     s: &mut Session,
     step: i64,
-    tool: Option<ToolSpec>,
+    tool: Option<ToolEntry>,
     name: &str,
     arguments: &str,
 ) -> Option<Ending> {
@@ -202,7 +203,7 @@ pub async fn execute(
         s.buffer(result(step, ToolOutput::error(output)));
         return None;
     };
-    if tool.kind == ToolKind::AskUser {
+    if tool.spec.kind == ToolKind::AskUser {
         return Some(Ending::Waiting {
             step,
             question: question_of(arguments),
@@ -214,7 +215,7 @@ pub async fn execute(
             None
         }
         ToolRun::Killed => {
-            mark_killed(s, step, &tool, arguments).await;
+            mark_killed(s, step, &tool.spec, arguments).await;
             Some(interrupted(s).unwrap_or(Ending::Lost))
         }
         ToolRun::Lost => Some(Ending::Lost),
@@ -254,7 +255,7 @@ pub enum ToolRun {
 }
 
 /// Runs a tool; a stop kills it at once, a handoff after the grace period, a loss at once.
-pub async fn run_tool(s: &Session, tool: &ToolSpec, arguments: &str, step: i64) -> ToolRun {
+pub async fn run_tool(s: &Session, tool: &ToolEntry, arguments: &str, step: i64) -> ToolRun {
     let kill = CancellationToken::new();
     let escalate = {
         let (guard, interrupts, kill, grace) = (
@@ -272,7 +273,8 @@ pub async fn run_tool(s: &Session, tool: &ToolSpec, arguments: &str, step: i64) 
             kill.cancel();
         })
     };
-    let output = tools::run(&s.tools, tool, arguments, &s.tool_env(step), &kill).await;
+    let tool_env = s.tool_env(step);
+    let output = tools::run(&s.tools, &s.mcp, tool, arguments, &tool_env, &kill).await;
     escalate.abort();
     let Ok(mut output) = output else {
         return if s.guard.is_lost() {

@@ -22,6 +22,7 @@ pub mod budget;
 pub mod finish;
 pub mod guard;
 pub mod heartbeat;
+pub mod mcp_servers;
 pub mod holder;
 pub mod metrics;
 pub mod model;
@@ -30,6 +31,7 @@ pub mod provider;
 pub mod reconcile;
 pub mod resume;
 pub mod session;
+pub mod toolbox;
 pub mod tools;
 
 use std::path::PathBuf;
@@ -52,6 +54,7 @@ use metrics::{FenceRejection, WorkerMetrics};
 use progress::{Progress, progress_loop};
 use reconcile::Resumed;
 use session::Session;
+use toolbox::Toolbox;
 use tools::Tools;
 use tools::executor::Executor;
 
@@ -118,6 +121,10 @@ pub struct WorkerArgs {
     /// How long to wait for the executor to listen (the tools container starts first).
     #[arg(long, default_value_t = 120)]
     pub executor_wait_seconds: u64,
+    /// Where the headers of each MCP server are mounted (`<dir>/<tool name>/<header>`): the
+    /// pod mounts each `headersFromSecret` there, in this container only.
+    #[arg(long, env = crate::crd::env::MCP_HEADERS_DIR, default_value = crate::crd::MCP_HEADERS_DIR)]
+    pub mcp_headers_dir: PathBuf,
 }
 
 /// The worker's settings.
@@ -137,6 +144,7 @@ pub struct WorkerConfig {
     pub segment_budget: usize,
     pub executor_socket: Option<PathBuf>,
     pub executor_wait: Duration,
+    pub mcp_headers_dir: PathBuf,
 }
 
 impl std::fmt::Debug for WorkerConfig {
@@ -170,6 +178,7 @@ impl From<WorkerArgs> for WorkerConfig {
             segment_budget: a.segment_budget_bytes.max(1024),
             executor_socket: a.executor_socket,
             executor_wait: Duration::from_secs(a.executor_wait_seconds),
+            mcp_headers_dir: a.mcp_headers_dir,
         }
     }
 }
@@ -327,7 +336,7 @@ async fn attempt(
     };
     state.ready.store(true, Ordering::Relaxed);
     let timed_out = crate::approval::claimed_for_timeout(&s.run, s.fence());
-    let plan = resume::plan(&s.replay, s.spec(), timed_out);
+    let plan = resume::plan(&s.replay, s.spec(), &s.toolbox, timed_out);
     let (ending, record) = match reconcile::resume(&mut s, plan).await {
         Resumed::End { ending, record } => (ending, record),
         Resumed::Continue => (agent::agent_loop(&mut s).await, true),
@@ -409,6 +418,7 @@ async fn open_session(
     let model = provider::Model::for_spec(&run.spec.agent.model, cfg.api_key.clone())
         .map(Arc::new)
         .map_err(|e| e.to_string());
+    let (run_spec, toolbox_listed) = (run.spec.clone(), replay.mcp_tools.clone());
     Ok(Some(Session {
         cfg,
         client,
@@ -425,6 +435,8 @@ async fn open_session(
         metrics,
         model,
         tools,
+        toolbox: Toolbox::new(&run_spec, &toolbox_listed),
+        mcp: Default::default(),
         pending: Vec::new(),
         drop_deltas: false,
         heartbeat,

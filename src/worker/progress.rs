@@ -24,6 +24,9 @@ pub struct Progress {
     pub generation: Option<i64>,
     /// What the run spent, summed from the ledger as this attempt replayed and extended it.
     pub usage: RunUsage,
+    /// Set when an MCP server offers other tools than the ledger recorded: the
+    /// `McpToolsChanged` condition's message.
+    pub mcp_tools_changed: Option<String>,
 }
 
 /// Pure: folds progress and ledger size into a status.
@@ -44,6 +47,16 @@ pub fn apply(status: &mut AgentRunStatus, p: &Progress, ledger: &LedgerStats) {
     status.ledger = Some(ledger.clone());
     status.inputs_consumed = status.inputs_consumed.max(p.inputs_consumed);
     status.usage = Some(p.usage.clone());
+    if let Some(message) = &p.mcp_tools_changed {
+        set_condition(
+            &mut status.conditions,
+            condition::MCP_TOOLS_CHANGED,
+            true,
+            "ServerListChanged",
+            message,
+            p.generation,
+        );
+    }
     if let Some(message) = &p.resumed {
         set_condition(
             &mut status.conditions,

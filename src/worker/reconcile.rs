@@ -37,6 +37,9 @@ pub async fn resume(s: &mut Session, plan: ResumePlan) -> Resumed {
     if let Err(err) = s.append(first).await {
         return end(Ending::refused(err), false);
     }
+    if let Err(ending) = super::mcp_servers::connect_all(s).await {
+        return end(ending, true);
+    }
     for r in &plan.reconcile {
         let resolution = match follow_up(s, r).await {
             Ok(resolution) => resolution,
@@ -194,7 +197,7 @@ async fn follow_up(s: &mut Session, r: &Reconcile) -> Result<Resolution, Ending>
 }
 
 async fn run_probe(s: &Session, r: &Reconcile) -> ProbeOutcome {
-    let Some(spec) = s.tool(&r.tool).and_then(|t| t.probe) else {
+    let Some(spec) = s.tool(&r.tool).and_then(|t| t.spec.probe) else {
         return ProbeOutcome::Unknown;
     };
     let cancel = CancellationToken::new();

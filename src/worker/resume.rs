@@ -7,6 +7,7 @@ use crate::approval::{self, Settlement};
 use crate::crd::v1alpha1::{AgentRunSpec, ProbeOutcome, ToolKind, ToolSpec};
 use crate::ledger::{Replay, ReplayedStep, StepState};
 
+use super::toolbox::Toolbox;
 use super::tools::parse_arguments;
 
 /// What to do about one step whose effect is not recorded.
@@ -86,20 +87,25 @@ pub struct ResumePlan {
 
 /// Decides what to do at resume. `timed_out`: the controller claimed the run because its
 /// approval wait timed out.
-pub fn plan(replay: &Replay, spec: &AgentRunSpec, timed_out: bool) -> ResumePlan {
+pub fn plan(
+    replay: &Replay,
+    spec: &AgentRunSpec,
+    toolbox: &Toolbox,
+    timed_out: bool,
+) -> ResumePlan {
     if let Some(standing) = terminal_standing(replay) {
         return ResumePlan {
             reconcile: Vec::new(),
             standing,
         };
     }
-    let waiting = waiting_step(replay, spec);
+    let waiting = waiting_step(replay, toolbox);
     // A step that waits for approval is not open (it never ran), so it needs no reconcile.
     let reconcile = replay
         .steps
         .values()
         .filter(|s| waiting.as_ref().is_none_or(|(step, _, _)| *step != s.step))
-        .filter_map(|s| reconcile_step(s, find_tool(spec, &s.tool)))
+        .filter_map(|s| reconcile_step(s, toolbox.get(&s.tool).map(|t| &t.spec)))
         .collect();
     let standing = match (approval_call(replay), waiting) {
         (Some(call), _) => {
@@ -159,7 +165,7 @@ fn terminal_standing(replay: &Replay) -> Option<Standing> {
 
 /// The `askUser` step the turn waits on: recorded as waiting, or an open `askUser` step whose
 /// worker died before recording the wait (asking again has no effect outside the ledger).
-fn waiting_step(replay: &Replay, spec: &AgentRunSpec) -> Option<(i64, String, bool)> {
+fn waiting_step(replay: &Replay, toolbox: &Toolbox) -> Option<(i64, String, bool)> {
     if let Some((step, question)) = &replay.waiting {
         return Some((*step, question.clone(), false));
     }
@@ -167,7 +173,11 @@ fn waiting_step(replay: &Replay, spec: &AgentRunSpec) -> Option<(i64, String, bo
         .steps
         .values()
         .filter(|s| s.state == StepState::Open)
-        .find(|s| find_tool(spec, &s.tool).is_some_and(|t| t.kind == ToolKind::AskUser))
+        .find(|s| {
+            toolbox
+                .get(&s.tool)
+                .is_some_and(|t| t.spec.kind == ToolKind::AskUser)
+        })
         .map(|s| (s.step, question_of(&s.input), true))
 }
 
@@ -191,10 +201,6 @@ pub fn question_of(input: &str) -> String {
         .ok()
         .and_then(|a| a.get("question").cloned())
         .unwrap_or_default()
-}
-
-fn find_tool<'a>(spec: &'a AgentRunSpec, name: &str) -> Option<&'a ToolSpec> {
-    spec.agent.tools.iter().find(|t| t.name == name)
 }
 
 /// The action for one step, if it needs any. Whether it is idempotent is what its intent
@@ -242,6 +248,7 @@ mod tests {
                 timeout_seconds: 5,
             }),
             approval: None,
+            mcp: None,
         }
     }
 
@@ -284,7 +291,12 @@ mod tests {
     }
 
     fn plan_now(replay: &Replay, spec: &AgentRunSpec) -> ResumePlan {
-        plan(replay, spec, false)
+        plan_with(replay, spec, false)
+    }
+
+    fn plan_with(replay: &Replay, spec: &AgentRunSpec, timed_out: bool) -> ResumePlan {
+        let toolbox = Toolbox::new(spec, &replay.mcp_tools);
+        plan(replay, spec, &toolbox, timed_out)
     }
 
     fn result(step: i64) -> LedgerEvent {
@@ -475,7 +487,7 @@ mod tests {
     #[test]
     fn a_call_that_waits_for_approval_is_settled_not_reconciled() {
         let r = waiting_for_approval();
-        let p = plan(&r, &spec(vec![]), false);
+        let p = plan_with(&r, &spec(vec![]), false);
         assert!(p.reconcile.is_empty(), "it never ran: nothing to reconcile");
         assert!(matches!(
             p.standing,
@@ -491,14 +503,14 @@ mod tests {
                 reason: None,
             });
         assert!(matches!(
-            plan(&r, &decided, false).standing,
+            plan_with(&r, &decided, false).standing,
             Standing::Approval {
                 settlement: Settlement::Run { .. },
                 ..
             }
         ));
         assert!(matches!(
-            plan(&r, &spec(vec![]), true).standing,
+            plan_with(&r, &spec(vec![]), true).standing,
             Standing::Approval {
                 settlement: Settlement::Skip {
                     outcome: crate::crd::v1alpha1::ApprovalOutcome::TimedOut,

@@ -18,9 +18,11 @@ use super::metrics::WorkerMetrics;
 use super::model::endpoint::ApiKey;
 use super::progress::Progress;
 use super::provider::Model;
+use super::toolbox::{ToolEntry, Toolbox};
+use super::tools::mcp::McpServers;
 use super::tools::{ToolEnv, Tools};
 use crate::crd::v1alpha1::{
-    AgentRun, AgentRunSpec, LedgerEvent, LedgerStats, ToolSpec, UnknownEffect,
+    AgentRun, AgentRunSpec, LedgerEvent, LedgerStats, UnknownEffect,
 };
 use crate::ledger::Replay;
 
@@ -46,6 +48,10 @@ pub struct Session {
     pub model: Result<Arc<Model>, String>,
     /// The tools container's executor, or why there is none.
     pub tools: Tools,
+    /// Every tool offered, by the model's name for it (MCP tools as the ledger recorded them).
+    pub toolbox: Toolbox,
+    /// The run's MCP servers, connected for this attempt.
+    pub mcp: McpServers,
     /// Events that go with the next awaited append (the assistant message of a turn).
     pub pending: Vec<LedgerEvent>,
     /// Drop buffered deltas at the next awaited append: the turn's message replaces them.
@@ -120,14 +126,9 @@ impl Session {
         });
     }
 
-    /// The run's tool named `name`.
-    pub fn tool(&self, name: &str) -> Option<ToolSpec> {
-        self.spec()
-            .agent
-            .tools
-            .iter()
-            .find(|t| t.name == name)
-            .cloned()
+    /// What a call of the tool the model names `name` runs.
+    pub fn tool(&self, name: &str) -> Option<ToolEntry> {
+        self.toolbox.get(name).cloned()
     }
 
     /// `text` with the model API key scrubbed out: a tool could read it from the worker's

@@ -189,6 +189,7 @@ pub fn shell_tool(name: &str, idempotent: bool) -> ToolSpec {
         timeout_seconds: 60,
         probe: None,
         approval: None,
+        mcp: None,
     }
 }
 

@@ -94,6 +94,7 @@ pub fn shell_tool(name: &str) -> ToolSpec {
         timeout_seconds: 120,
         probe: None,
         approval: None,
+        mcp: None,
     }
 }
 

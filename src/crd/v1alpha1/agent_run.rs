@@ -316,6 +316,9 @@ pub enum ToolKind {
     Http,
     /// Asks the user a question: the run waits (`WaitingInput`) for an entry in `spec.inputs`.
     AskUser,
+    /// The tools of a Model Context Protocol server (`mcp`), each offered to the model as
+    /// `<name>__<tool>`.
+    Mcp,
 }
 
 /// A tool the model may call.
@@ -342,6 +345,54 @@ pub struct ToolSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub probe: Option<ProbeSpec>,
     /// Whether this tool's calls wait for approval; unset: `agent.approval`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<ApprovalPolicy>,
+    /// For `kind: mcp`: the server, and which of its tools the model gets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mcp: Option<McpSpec>,
+}
+
+/// A Model Context Protocol server reached over Streamable HTTP. Its tool list is read when
+/// the run starts and recorded in the ledger: a resumed run offers the same tools.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct McpSpec {
+    /// The server's Streamable HTTP endpoint, e.g. `http://tools.team-a:8000/mcp`.
+    #[schemars(length(min = 1), regex(pattern = r"^https?://"))]
+    pub url: String,
+    /// A Secret in the run's namespace whose every key is an HTTP header sent with each
+    /// request to the server (its value the header's value): for auth. It is mounted in the
+    /// worker container only, never in the tools container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub headers_from_secret: Option<String>,
+    /// Only these of the server's tools (default: all).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub include: Vec<String>,
+    /// None of these.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exclude: Vec<String>,
+    /// Per-tool settings that override the server's hints and this tool's own.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub overrides: Vec<McpToolOverride>,
+    /// Take the server's `readOnlyHint` and `idempotentHint` as saying that a call may be run
+    /// again when a crash left its effect unknown. Off by default: the hints come from the
+    /// server, and a re-run must be the manifest's choice.
+    #[serde(default)]
+    pub trust_hints: bool,
+}
+
+/// Settings for one tool of an MCP server.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct McpToolOverride {
+    /// The tool's name as the server gives it.
+    #[schemars(length(min = 1))]
+    pub name: String,
+    /// Whether a call may be run again when its effect is unknown (wins over the hints).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotent: Option<bool>,
+    /// Whether its calls wait for approval (wins over the server's `approval`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<ApprovalPolicy>,
 }

@@ -91,6 +91,24 @@ pub enum ProbeOutcome {
     Unknown,
 }
 
+/// One tool of an MCP server, as listed.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct McpToolRecord {
+    /// The server's name for it.
+    pub name: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub description: String,
+    /// JSON Schema of its arguments.
+    pub input_schema: serde_json::Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_only_hint: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotent_hint: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub destructive_hint: Option<bool>,
+}
+
 /// How a waiting step was decided.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
@@ -147,6 +165,12 @@ pub enum LedgerEvent {
         outcome: ApprovalOutcome,
         #[serde(default, skip_serializing_if = "String::is_empty")]
         reason: String,
+    },
+    /// The tools an MCP server (the `mcp` tool `tool` of the spec) offered when the run first
+    /// listed them: a resumed run offers these, whatever the server says later.
+    McpTools {
+        tool: String,
+        tools: Vec<McpToolRecord>,
     },
     /// The tool's result.
     StepResult {

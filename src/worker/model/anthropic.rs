@@ -7,10 +7,11 @@ use reqwest::header::ACCEPT;
 use serde_json::{Value, json};
 
 use super::endpoint::{self, ApiKey};
-use super::openai::{model_name, paired_tool_results, tool_description, tool_parameters};
+use super::openai::{model_name, paired_tool_results};
 use super::sse::{self, SseReader};
 use super::{DeltaSink, ModelError, ModelRequest, ModelToolCall, ModelTurn, Usage};
-use crate::crd::v1alpha1::{ModelSpec, ToolSpec};
+use crate::crd::v1alpha1::ModelSpec;
+use crate::worker::toolbox::ModelTool;
 use crate::ledger::{ReplayedMessage, ToolCallRecord};
 
 /// Anthropic's public API.
@@ -96,11 +97,11 @@ fn request_body(model: &str, max_tokens: u32, request: &ModelRequest) -> Value {
     body
 }
 
-fn tool(spec: &ToolSpec) -> Value {
+fn tool(t: &ModelTool) -> Value {
     json!({
-        "name": spec.name,
-        "description": tool_description(spec),
-        "input_schema": tool_parameters(spec.kind),
+        "name": t.name,
+        "description": t.description,
+        "input_schema": t.parameters,
     })
 }
 

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::crd::v1alpha1::ToolSpec;
+use super::toolbox::ModelTool;
 use crate::ledger::ReplayedMessage;
 
 /// What the model is asked.
@@ -21,7 +21,8 @@ pub struct ModelRequest {
     pub system_prompt: Option<String>,
     /// The conversation as replayed from the ledger plus what this attempt added.
     pub messages: Vec<ReplayedMessage>,
-    pub tools: Vec<ToolSpec>,
+    /// The tools offered, by the names the model calls them.
+    pub tools: Vec<ModelTool>,
 }
 
 /// A tool call the model made.

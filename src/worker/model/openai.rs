@@ -12,7 +12,8 @@ use serde_json::{Value, json};
 use super::endpoint::{self, ApiKey};
 use super::sse::{self, SseReader};
 use super::{DeltaSink, ModelError, ModelRequest, ModelToolCall, ModelTurn, Usage};
-use crate::crd::v1alpha1::{ModelSpec, ToolKind, ToolSpec};
+use crate::crd::v1alpha1::ModelSpec;
+use crate::worker::toolbox::ModelTool;
 use crate::ledger::{ReplayedMessage, ToolCallRecord};
 
 /// OpenAI's public API.
@@ -142,58 +143,14 @@ fn assistant(text: &str, calls: &[ToolCallRecord]) -> Value {
     json!({"role": "assistant", "content": content, "tool_calls": calls})
 }
 
-fn tool(spec: &ToolSpec) -> Value {
+fn tool(t: &ModelTool) -> Value {
     json!({
         "type": "function",
         "function": {
-            "name": spec.name,
-            "description": tool_description(spec),
-            "parameters": tool_parameters(spec.kind),
+            "name": t.name,
+            "description": t.description,
+            "parameters": t.parameters,
         },
-    })
-}
-
-/// The spec's description, or what the tool kind does.
-pub(super) fn tool_description(spec: &ToolSpec) -> String {
-    let default = match spec.kind {
-        ToolKind::Shell => "Runs a shell command (sh -c) and returns its output.",
-        ToolKind::Http => "Sends an HTTP request and returns the response.",
-        ToolKind::AskUser => "Asks the user a question and waits for the answer.",
-    };
-    spec.description.clone().unwrap_or_else(|| default.into())
-}
-
-/// The JSON schema of a tool kind's arguments: an object of strings, as the tools read them.
-pub(super) fn tool_parameters(kind: ToolKind) -> Value {
-    let (properties, required): (&[(&str, &str)], &[&str]) = match kind {
-        ToolKind::Shell => (
-            &[("command", "The command line, run with sh -c.")],
-            &["command"],
-        ),
-        ToolKind::Http => (
-            &[
-                ("method", "HTTP method: GET, POST, PUT, PATCH or DELETE."),
-                ("url", "The absolute URL to request."),
-                ("body", "The request body, if any."),
-            ],
-            &["method", "url"],
-        ),
-        ToolKind::AskUser => (&[("question", "The question for the user.")], &["question"]),
-    };
-    let properties: serde_json::Map<String, Value> = properties
-        .iter()
-        .map(|(name, about)| {
-            (
-                name.to_string(),
-                json!({"type": "string", "description": about}),
-            )
-        })
-        .collect();
-    json!({
-        "type": "object",
-        "properties": properties,
-        "required": required,
-        "additionalProperties": false,
     })
 }
 
@@ -369,6 +326,8 @@ impl PartialCall {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::crd::v1alpha1::ToolKind;
+    use crate::worker::toolbox::builtin_parameters;
 
     fn call(id: &str) -> ToolCallRecord {
         ToolCallRecord {
@@ -431,15 +390,15 @@ mod tests {
 
     #[test]
     fn schemas_per_tool_kind() {
-        let http = tool_parameters(ToolKind::Http);
+        let http = builtin_parameters(ToolKind::Http);
         assert_eq!(http["required"], json!(["method", "url"]));
         assert_eq!(http["properties"]["body"]["type"], "string");
         assert_eq!(
-            tool_parameters(ToolKind::Shell)["required"],
+            builtin_parameters(ToolKind::Shell)["required"],
             json!(["command"])
         );
         assert_eq!(
-            tool_parameters(ToolKind::AskUser)["required"],
+            builtin_parameters(ToolKind::AskUser)["required"],
             json!(["question"])
         );
     }

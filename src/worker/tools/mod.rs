@@ -8,6 +8,7 @@
 
 pub mod executor;
 pub mod http;
+pub mod mcp;
 pub mod probe;
 pub mod shell;
 
@@ -18,6 +19,9 @@ use tokio_util::sync::CancellationToken;
 
 pub use baton_exec::capture::capped_text;
 use executor::{Executor, ExecutorLost};
+use mcp::McpServers;
+
+use super::toolbox::ToolEntry;
 
 use crate::crd::env;
 use crate::crd::v1alpha1::{ToolKind, ToolSpec};
@@ -89,7 +93,7 @@ pub fn is_idempotent(spec: &ToolSpec, arguments: &str) -> bool {
     match spec.kind {
         ToolKind::AskUser => true,
         ToolKind::Http => spec.idempotent || http::method_of(arguments) == "GET",
-        ToolKind::Shell => spec.idempotent,
+        ToolKind::Shell | ToolKind::Mcp => spec.idempotent,
     }
 }
 
@@ -97,20 +101,26 @@ pub fn is_idempotent(spec: &ToolSpec, arguments: &str) -> bool {
 /// with that message).
 pub type Tools = Result<std::sync::Arc<Executor>, String>;
 
-/// Runs a `shell` or `http` tool (askUser is the agent's business). Cancelling `cancel` kills
-/// it. `Err`: the executor went away mid-command, so the step's effect is unknown.
+/// Runs a `shell`, `http` or MCP tool (askUser is the agent's business). Cancelling `cancel`
+/// kills it. `Err`: the executor went away mid-command, so the step's effect is unknown.
 pub async fn run(
     tools: &Tools,
-    spec: &ToolSpec,
+    servers: &McpServers,
+    entry: &ToolEntry,
     arguments: &str,
     tool_env: &ToolEnv,
     cancel: &CancellationToken,
 ) -> Result<ToolOutput, ExecutorLost> {
+    let spec = &entry.spec;
+    let timeout = Duration::from_secs(spec.timeout_seconds.max(1) as u64);
+    if let Some(target) = &entry.mcp {
+        let output = mcp::call_target(servers, target, arguments, tool_env, timeout, cancel);
+        return Ok(output.await);
+    }
     let args = match parse_arguments(arguments) {
         Ok(args) => args,
         Err(message) => return Ok(ToolOutput::error(message)),
     };
-    let timeout = Duration::from_secs(spec.timeout_seconds.max(1) as u64);
     match spec.kind {
         ToolKind::Shell => {
             let Some(command) = args.get("command") else {
@@ -127,6 +137,7 @@ pub async fn run(
         }
         ToolKind::Http => Ok(http::run(&args, tool_env, timeout, cancel).await),
         ToolKind::AskUser => Ok(ToolOutput::error("askUser is handled by the agent loop")),
+        ToolKind::Mcp => Ok(ToolOutput::error("an MCP server is called through its tools")),
     }
 }
 
