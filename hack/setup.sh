@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # hack/setup.sh — everything `make test` and `make demo` need on a fresh Debian machine, each
-# step skipped when already there: system packages, kubectl, the Helm SDK from PyPI, the
+# step skipped when already there: system packages, kubectl, the Helm SDK and the MCP SDK
+# (the tests' MCP server) from PyPI, the
 # node's packages and server binaries (built once from Debian's kubernetes source and cached),
 # and the images (pause, a Debian base, baton's own from the Dockerfile). Progress is shown.
 set -euo pipefail
@@ -29,6 +30,21 @@ if ! python3 -c 'import helm_python' 2>/dev/null; then
   pip_install helm-python-sdk==0.2.2 || pip_install --break-system-packages helm-python-sdk==0.2.2
 fi
 python3 -c 'import helm_python; print("helm SDK", helm_python.helm_sdk_version())'
+
+step "an MCP server for the tests: PyPI's mcp (the official Python SDK), in a venv of its own"
+# tests/mcp/server.py runs with it; the worker tests find it at this path (BATON_MCP_PYTHON).
+mcp_venv=${BATON_CACHE_DIR:-$HOME/.cache/baton}/mcp-venv
+if ! "$mcp_venv/bin/python" -c 'import mcp.server' 2>/dev/null; then
+  rm -rf "$mcp_venv"
+  # Debian's python3 makes venvs only with python3-venv.
+  python3 -m venv "$mcp_venv" 2>/dev/null || {
+    rm -rf "$mcp_venv"
+    apt-get update -qq && apt-get install -y -qq python3-venv
+    python3 -m venv "$mcp_venv"
+  }
+  "$mcp_venv/bin/python" -m pip install --quiet --disable-pip-version-check mcp==2.3.0
+fi
+"$mcp_venv/bin/python" -c 'import importlib.metadata as m; print("mcp", m.version("mcp"))'
 
 step "the API server for the integration tests (built once, cached)"
 bash hack/control-plane.sh install

@@ -1,7 +1,7 @@
 """A Model Context Protocol server for baton's tests, written with the official Python SDK
 (`mcp` on PyPI), serving Streamable HTTP on 127.0.0.1 at /mcp.
 
-It binds port 0 and prints `PORT <n>` once it listens. Every call of `record` appends one JSON
+It binds --port (default 0: any) and prints `PORT <n>` once it listens. Every call of `record` appends one JSON
 line to --calls (the note, the `_meta` baton sent, the auth header it saw) before it sleeps,
 so a test can count how often a call ran, even one in flight when its worker was killed.
 With --require-header NAME=VALUE, a request without that header gets 401.
@@ -16,10 +16,12 @@ import sys
 import uvicorn
 from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--calls", required=True)
+parser.add_argument("--port", type=int, default=0)
 parser.add_argument("--require-header", default=None)
 parser.add_argument("--extra-tool", action="store_true", help="offer one more tool (a changed list)")
 args = parser.parse_args()
@@ -55,7 +57,8 @@ async def record(note: str, ctx: Context, seconds: float = 0) -> str:
 @server.tool()
 def explode() -> str:
     """Always fails."""
-    raise ValueError("the tool failed on purpose")
+    # A ToolError's message reaches the client; other exceptions are hidden by the SDK.
+    raise ToolError("the tool failed on purpose")
 
 
 @server.tool(annotations=ToolAnnotations(read_only_hint=True))
@@ -89,7 +92,8 @@ if args.require_header:
 
 
 sock = socket.socket()
-sock.bind(("127.0.0.1", 0))
+sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+sock.bind(("127.0.0.1", args.port))
 sock.listen(64)
 print(f"PORT {sock.getsockname()[1]}", flush=True)
 config = uvicorn.Config(app, log_level="warning", lifespan="on")

@@ -4,6 +4,8 @@
 //! - `budget`: a run killed again and again near its limit stops at it;
 //! - `crash`: kill -9 at each write-ahead boundary, then the next worker resumes;
 //! - `limits`: the ledger's size cap and events split across segments;
+//! - `mcp`: MCP tools against the official Python SDK's server: recorded, called with
+//!   baton's metadata, never run twice, errors bounded;
 //! - `openai`: the OpenAI-compatible provider end to end against a local server;
 //! - `resume`: zombies, effect probes, idempotent re-runs, askUser answered later;
 //! - `run`: a run from claim to Finishing, handoff on SIGTERM, stop.
@@ -42,6 +44,7 @@ mod approval;
 mod budget;
 mod crash;
 mod limits;
+mod mcp;
 mod openai;
 mod resume;
 mod run;
