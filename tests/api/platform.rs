@@ -6,6 +6,7 @@ use crate::common::TestNamespace;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec as K8sLeaseSpec};
 use kube::api::{ApiResource, DynamicObject, ObjectMeta, PostParams};
 use kube::{Api, CustomResourceExt, ResourceExt};
+use serde::Deserialize;
 use serde_json::json;
 
 use baton::crd::v1alpha1::*;
@@ -392,4 +393,40 @@ fn crd_names_and_short_names_are_as_documented() {
     assert_eq!(AgentRun::shortnames(), &["ar"]);
     assert_eq!(LedgerSegment::crd_name(), "ledgersegments.baton.dev");
     let _ = ResourceExt::name_any(&minimal_run("x"));
+}
+
+/// Every manifest in examples/ is accepted by the API server as it stands (a server-side dry
+/// run against the generated CRD) and passes the controller's own checks.
+#[tokio::test]
+async fn every_example_is_a_valid_agent_run() {
+    let ns = TestNamespace::new("examples").await;
+    let ar = ApiResource::erase::<AgentRun>(&());
+    let api: Api<DynamicObject> = Api::namespaced_with(ns.client.clone(), &ns.name, &ar);
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/examples");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let path = entry.path();
+        if path.extension().and_then(|e| e.to_str()) != Some("yaml") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        for document in serde_yaml::Deserializer::from_str(&text) {
+            let value = serde_json::Value::deserialize(document)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let obj: DynamicObject = serde_json::from_value(value.clone()).unwrap();
+            let dry = PostParams {
+                dry_run: true,
+                ..Default::default()
+            };
+            api.create(&dry, &obj)
+                .await
+                .unwrap_or_else(|e| panic!("{}: refused: {e}", path.display()));
+            let run: AgentRun = serde_json::from_value(value).unwrap();
+            baton::controller::validate::validate(&run.spec)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            checked += 1;
+        }
+    }
+    assert!(checked >= 8, "read {checked} examples");
+    ns.cleanup().await;
 }
