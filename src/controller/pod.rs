@@ -20,8 +20,9 @@ use k8s_openapi::api::core::v1::{
     DownwardAPIVolumeFile, EmptyDirVolumeSource, EnvVar, EnvVarSource, KeyToPath,
     ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec,
     PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec, ProjectedVolumeSource,
-    SeccompProfile, SecretKeySelector, SecretVolumeSource, SecurityContext, ServiceAccountTokenProjection, Volume,
-    VolumeMount, VolumeProjection, VolumeResourceRequirements,
+    SeccompProfile, SecretKeySelector, SecretVolumeSource, SecurityContext,
+    ServiceAccountTokenProjection, Volume, VolumeMount, VolumeProjection,
+    VolumeResourceRequirements,
 };
 use kube::api::ObjectMeta;
 use kube::{Resource, ResourceExt};
@@ -313,7 +314,8 @@ fn volumes(run: &AgentRun) -> Vec<Volume> {
         },
         None => empty_dir(volume::WORKSPACE),
     };
-    let headers = mcp_header_secrets(run).map(|(volume, _, secret)| secret_volume(&volume, &secret));
+    let headers =
+        mcp_header_secrets(run).map(|(volume, _, secret)| secret_volume(&volume, &secret));
     [
         empty_dir(volume::WORKER_TMP),
         empty_dir(volume::TOOLS_TMP),

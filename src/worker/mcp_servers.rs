@@ -25,16 +25,8 @@ const RETRIES: [Duration; 2] = [Duration::from_secs(1), Duration::from_secs(3)];
 /// toolbox. Err: a server the run has no record of cannot be reached or listed (the run
 /// fails, naming it).
 pub async fn connect_all(s: &mut Session) -> Result<(), Ending> {
-    let servers: Vec<(String, McpSpec)> = s
-        .spec()
-        .agent
-        .tools
-        .iter()
-        .filter(|t| t.kind == ToolKind::Mcp)
-        .filter_map(|t| Some((t.name.clone(), t.mcp.clone()?)))
-        .collect();
     let mut changed = Vec::new();
-    for (name, spec) in servers {
+    for (name, spec) in servers_of(s) {
         let recorded = s.replay.mcp_tools.get(&name).cloned();
         let listed = connect_and_list(&name, &spec, &s.cfg.mcp_headers_dir).await;
         match (recorded, listed) {
@@ -70,9 +62,21 @@ pub async fn connect_all(s: &mut Session) -> Result<(), Ending> {
             "MCP servers offer other tools than the run recorded when it started ({}); the run goes on with the recorded ones",
             changed.join("; ")
         );
-        s.progress.send_modify(|p| p.mcp_tools_changed = Some(message));
+        s.progress
+            .send_modify(|p| p.mcp_tools_changed = Some(message));
     }
     Ok(())
+}
+
+/// The spec's MCP servers: each `mcp` tool's name and server.
+fn servers_of(s: &Session) -> Vec<(String, McpSpec)> {
+    s.spec()
+        .agent
+        .tools
+        .iter()
+        .filter(|t| t.kind == ToolKind::Mcp)
+        .filter_map(|t| Some((t.name.clone(), t.mcp.clone()?)))
+        .collect()
 }
 
 /// A connected server and its tools, after a few tries.

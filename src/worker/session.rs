@@ -21,9 +21,7 @@ use super::provider::Model;
 use super::toolbox::{ToolEntry, Toolbox};
 use super::tools::mcp::McpServers;
 use super::tools::{ToolEnv, Tools};
-use crate::crd::v1alpha1::{
-    AgentRun, AgentRunSpec, LedgerEvent, LedgerStats, UnknownEffect,
-};
+use crate::crd::v1alpha1::{AgentRun, AgentRunSpec, LedgerEvent, LedgerStats, UnknownEffect};
 use crate::ledger::Replay;
 
 /// One attempt at a run.

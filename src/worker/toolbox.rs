@@ -1,5 +1,5 @@
 //! The tools a run offers the model, by the name the model calls them (pure): the spec's own
-//! tools, and each MCP server's tools as the ledger recorded them (`<tool>__<server's name>`),
+//! tools, and each MCP server's tools as the ledger recorded them (`<name>__<tool>`),
 //! with the settings that apply to each (idempotent, approval).
 
 use std::collections::BTreeMap;
@@ -264,10 +264,17 @@ mod tests {
             })
         );
         assert_eq!(read.spec.kind, ToolKind::Mcp);
-        assert_eq!(tb.offered()[1].parameters["properties"]["key"]["type"], "string");
+        assert_eq!(
+            tb.offered()[1].parameters["properties"]["key"]["type"],
+            "string"
+        );
         assert!(tb.get("files").is_none(), "the server itself is no tool");
         let unlisted = Toolbox::new(&spec(McpSpec::default()), &BTreeMap::new());
-        assert_eq!(unlisted.offered().len(), 1, "nothing recorded, nothing offered");
+        assert_eq!(
+            unlisted.offered().len(),
+            1,
+            "nothing recorded, nothing offered"
+        );
     }
 
     #[test]
@@ -286,7 +293,10 @@ mod tests {
     #[test]
     fn hints_make_a_tool_rerunnable_only_when_the_manifest_trusts_them_and_overrides_win() {
         let tb = Toolbox::new(&spec(McpSpec::default()), &listed());
-        assert!(!tb.get("files__read").unwrap().spec.idempotent, "hints alone: no");
+        assert!(
+            !tb.get("files__read").unwrap().spec.idempotent,
+            "hints alone: no"
+        );
         let trusting = McpSpec {
             trust_hints: true,
             overrides: vec![
@@ -304,14 +314,20 @@ mod tests {
             ..Default::default()
         };
         let tb = Toolbox::new(&spec(trusting.clone()), &listed());
-        assert!(!tb.get("files__read").unwrap().spec.idempotent, "the override wins");
+        assert!(
+            !tb.get("files__read").unwrap().spec.idempotent,
+            "the override wins"
+        );
         let write = &tb.get("files__write").unwrap().spec;
         assert!(write.idempotent);
         assert_eq!(write.approval, Some(ApprovalPolicy::Required));
         let mut plain = trusting;
         plain.overrides.clear();
         let tb = Toolbox::new(&spec(plain), &listed());
-        assert!(tb.get("files__read").unwrap().spec.idempotent, "trusted hint");
+        assert!(
+            tb.get("files__read").unwrap().spec.idempotent,
+            "trusted hint"
+        );
         assert!(!tb.get("files__write").unwrap().spec.idempotent);
     }
 

@@ -33,19 +33,16 @@ fn tool(name: &str, kind: ToolKind) -> ToolSpec {
     .unwrap()
 }
 
-/// The tools as the worker offers them to the model.
-fn offered(tools: Vec<ToolSpec>) -> Vec<baton::worker::toolbox::ModelTool> {
-    let spec = baton::crd::v1alpha1::AgentRun::builder("r").tools(tools).spec();
-    baton::worker::toolbox::Toolbox::new(&spec, &Default::default())
-        .offered()
-        .to_vec()
-}
+use crate::offered;
 
 fn request(messages: Vec<ReplayedMessage>) -> ModelRequest {
     ModelRequest {
         system_prompt: Some("You are terse.".into()),
         messages,
-        tools: offered(vec![tool("sh", ToolKind::Shell), tool("fetch", ToolKind::Http)]),
+        tools: offered(vec![
+            tool("sh", ToolKind::Shell),
+            tool("fetch", ToolKind::Http),
+        ]),
     }
 }
 

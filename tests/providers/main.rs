@@ -7,3 +7,13 @@ mod server;
 
 mod anthropic;
 mod openai;
+
+/// The tools as the worker offers them to the model.
+fn offered(tools: Vec<baton::crd::v1alpha1::ToolSpec>) -> Vec<baton::worker::toolbox::ModelTool> {
+    let spec = baton::crd::v1alpha1::AgentRun::builder("r")
+        .tools(tools)
+        .spec();
+    baton::worker::toolbox::Toolbox::new(&spec, &Default::default())
+        .offered()
+        .to_vec()
+}

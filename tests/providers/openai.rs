@@ -28,13 +28,7 @@ fn tool(name: &str, kind: ToolKind) -> ToolSpec {
     serde_json::from_value(json!({"name": name, "kind": kind})).unwrap()
 }
 
-/// The tools as the worker offers them to the model.
-fn offered(tools: Vec<ToolSpec>) -> Vec<baton::worker::toolbox::ModelTool> {
-    let spec = baton::crd::v1alpha1::AgentRun::builder("r").tools(tools).spec();
-    baton::worker::toolbox::Toolbox::new(&spec, &Default::default())
-        .offered()
-        .to_vec()
-}
+use crate::offered;
 
 fn request(messages: Vec<ReplayedMessage>) -> ModelRequest {
     ModelRequest {

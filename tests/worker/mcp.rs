@@ -103,6 +103,15 @@ fn server_tool(url: &str, mcp: Value) -> ToolSpec {
         .unwrap()
 }
 
+/// Creates the run `m` with `script` and its one tool.
+async fn create_run(ns: &TestNamespace, script: Vec<ScriptTurn>, tool: ToolSpec) {
+    create(
+        ns,
+        &scripted_run("m", script, vec![tool], LeaseSpec::default()),
+    )
+    .await;
+}
+
 async fn run_attempt(ns: &TestNamespace, fence: i64, env: &[(&str, &str)]) -> AgentRunStatus {
     let pod = claim(&ns.client, &ns.name, "m", fence).await;
     let mut w = spawn_worker_env(&ns.name, "m", fence, &pod, &[], env);
@@ -156,7 +165,7 @@ async fn worker_mcp_tools_are_recorded_offered_and_called_with_batons_metadata_a
         call("srv__huge", &[]),
         final_turn("done", 0),
     ];
-    create(&ns, &scripted_run("m", script, vec![tool], LeaseSpec::default())).await;
+    create_run(&ns, script, tool).await;
     let dir = headers.to_string_lossy().to_string();
     let st = run_attempt(&ns, 1, &[("BATON_MCP_HEADERS_DIR", &dir)]).await;
     finished(&st);
@@ -190,7 +199,10 @@ async fn worker_mcp_tools_are_recorded_offered_and_called_with_batons_metadata_a
     assert_eq!(calls[0]["fence"], 1);
     assert_eq!(calls[0]["idempotencyKey"], format!("{uid}/2"));
     assert_eq!(calls[0]["run"], "m");
-    assert_eq!(calls[0]["auth"], "s3cret", "the Secret's header reached the server");
+    assert_eq!(
+        calls[0]["auth"], "s3cret",
+        "the Secret's header reached the server"
+    );
     let _ = std::fs::remove_dir_all(&headers);
     ns.cleanup().await;
 }
@@ -208,7 +220,7 @@ async fn worker_an_mcp_call_in_flight_at_a_kill_runs_at_most_once() {
         call("srv__record", &[("note", "once"), ("seconds", "30")]),
         final_turn("done", 0),
     ];
-    create(&ns, &scripted_run("m", script, vec![tool], LeaseSpec::default())).await;
+    create_run(&ns, script, tool).await;
     let pod = claim(&ns.client, &ns.name, "m", 1).await;
     let mut a = spawn_worker(&ns.name, "m", 1, &pod, &[]);
     wait_until(TIMEOUT, "the call reached the server", || async {
@@ -240,7 +252,7 @@ async fn worker_a_changed_server_list_is_reported_and_the_recorded_one_is_offere
         call("srv__record", &[("note", "gated")]),
         final_turn("done", 0),
     ];
-    create(&ns, &scripted_run("m", script, vec![tool], LeaseSpec::default())).await;
+    create_run(&ns, script, tool).await;
     let st = run_attempt(&ns, 1, &[]).await;
     assert_eq!(st.phase, Phase::WaitingApproval, "{st:?}");
     let pending = st.pending_approval.unwrap();
@@ -262,7 +274,11 @@ async fn worker_a_changed_server_list_is_reported_and_the_recorded_one_is_offere
         .iter()
         .find(|c| c.type_ == "McpToolsChanged")
         .expect("condition McpToolsChanged");
-    assert!(changed.message.contains("added extra"), "{}", changed.message);
+    assert!(
+        changed.message.contains("added extra"),
+        "{}",
+        changed.message
+    );
     assert_eq!(result_of(&ns, 1).await.0, "recorded gated (call 1)");
     let listings = events(&segments(&ns.client, &ns.name, "m").await)
         .into_iter()
@@ -283,7 +299,7 @@ async fn worker_mcp_failures_are_bounded_and_name_the_server() {
         call("srv__huge", &[]),
         final_turn("done", 0),
     ];
-    create(&ns, &scripted_run("m", script, vec![tool], LeaseSpec::default())).await;
+    create_run(&ns, script, tool).await;
     finished(&run_attempt(&ns, 1, &[]).await);
     let (slow, is_error) = result_of(&ns, 1).await;
     assert!(is_error && slow.contains("timed out after 2s"), "{slow}");
@@ -297,11 +313,15 @@ async fn worker_mcp_failures_are_bounded_and_name_the_server() {
     // Port 9 (discard) on loopback: nothing listens there in the test bed.
     let tool = server_tool("http://127.0.0.1:9/mcp", json!({}));
     let script = vec![call("srv__lookup", &[("key", "a")]), final_turn("done", 0)];
-    create(&ns, &scripted_run("m", script, vec![tool], LeaseSpec::default())).await;
+    create_run(&ns, script, tool).await;
     let st = run_attempt(&ns, 1, &[]).await;
     assert_eq!(
         (st.phase, st.outcome, st.reason.as_deref()),
-        (Phase::Finishing, Some(Phase::Failed), Some("McpServerUnavailable")),
+        (
+            Phase::Finishing,
+            Some(Phase::Failed),
+            Some("McpServerUnavailable")
+        ),
         "{st:?}"
     );
     let message = st.message.unwrap_or_default();

@@ -11,8 +11,8 @@ use super::openai::{model_name, paired_tool_results};
 use super::sse::{self, SseReader};
 use super::{DeltaSink, ModelError, ModelRequest, ModelToolCall, ModelTurn, Usage};
 use crate::crd::v1alpha1::ModelSpec;
-use crate::worker::toolbox::ModelTool;
 use crate::ledger::{ReplayedMessage, ToolCallRecord};
+use crate::worker::toolbox::ModelTool;
 
 /// Anthropic's public API.
 pub const DEFAULT_ENDPOINT: &str = "https://api.anthropic.com";

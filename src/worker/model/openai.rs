@@ -13,8 +13,8 @@ use super::endpoint::{self, ApiKey};
 use super::sse::{self, SseReader};
 use super::{DeltaSink, ModelError, ModelRequest, ModelToolCall, ModelTurn, Usage};
 use crate::crd::v1alpha1::ModelSpec;
-use crate::worker::toolbox::ModelTool;
 use crate::ledger::{ReplayedMessage, ToolCallRecord};
+use crate::worker::toolbox::ModelTool;
 
 /// OpenAI's public API.
 pub const DEFAULT_ENDPOINT: &str = "https://api.openai.com/v1";

@@ -128,7 +128,8 @@ fn read_headers(
         if file.starts_with('.') {
             continue;
         }
-        let value = std::fs::read_to_string(entry.path()).map_err(|e| fail(format!("{file}: {e}")))?;
+        let value =
+            std::fs::read_to_string(entry.path()).map_err(|e| fail(format!("{file}: {e}")))?;
         let name = http::HeaderName::try_from(file.as_str())
             .map_err(|_| fail(format!("key {file:?} is not an HTTP header name")))?;
         let mut value = http::HeaderValue::try_from(value.trim_end_matches(['\r', '\n']))
@@ -216,7 +217,10 @@ fn meta(env: &ToolEnv) -> JsonObject {
     meta.insert("dev.baton/run".into(), env.run.clone().into());
     meta.insert("dev.baton/fence".into(), env.fence.into());
     meta.insert("dev.baton/step".into(), env.step.into());
-    meta.insert("dev.baton/idempotencyKey".into(), env.idempotency_key().into());
+    meta.insert(
+        "dev.baton/idempotencyKey".into(),
+        env.idempotency_key().into(),
+    );
     meta
 }
 

@@ -137,7 +137,9 @@ pub async fn run(
         }
         ToolKind::Http => Ok(http::run(&args, tool_env, timeout, cancel).await),
         ToolKind::AskUser => Ok(ToolOutput::error("askUser is handled by the agent loop")),
-        ToolKind::Mcp => Ok(ToolOutput::error("an MCP server is called through its tools")),
+        ToolKind::Mcp => Ok(ToolOutput::error(
+            "an MCP server is called through its tools",
+        )),
     }
 }
 
