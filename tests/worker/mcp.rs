@@ -44,6 +44,7 @@ impl McpServer {
             .args(["--port", &port.to_string()])
             .args(extra)
             .stdout(std::process::Stdio::piped())
+            .stderr(std::fs::File::create(calls.with_extension("log")).unwrap())
             .kill_on_drop(true)
             .spawn()
             .unwrap_or_else(|e| {
@@ -207,20 +208,15 @@ async fn worker_mcp_tools_are_recorded_offered_and_called_with_batons_metadata_a
     ns.cleanup().await;
 }
 
-/// Killed while an MCP call runs: the call ran once, the next worker reports its effect
-/// unknown and does not call it again.
-#[tokio::test]
-async fn worker_an_mcp_call_in_flight_at_a_kill_runs_at_most_once() {
-    let ns = TestNamespace::new("worker-mcp-kill").await;
-    let server = McpServer::start(&calls_file("kill"), 0, &[]).await;
-    let tool = server_tool(&server.url, json!({}));
-    let mut tool = tool;
+/// Attempt 1 is killed (-9) while `srv__record` runs on the server; attempt 2 resumes.
+async fn kill_mid_call(ns: &TestNamespace, server: &McpServer, mcp: Value) -> AgentRunStatus {
+    let mut tool = server_tool(&server.url, mcp);
     tool.timeout_seconds = 60;
     let script = vec![
-        call("srv__record", &[("note", "once"), ("seconds", "30")]),
+        call("srv__record", &[("note", "once"), ("seconds", "8")]),
         final_turn("done", 0),
     ];
-    create_run(&ns, script, tool).await;
+    create_run(ns, script, tool).await;
     let pod = claim(&ns.client, &ns.name, "m", 1).await;
     let mut a = spawn_worker(&ns.name, "m", 1, &pod, &[]);
     wait_until(TIMEOUT, "the call reached the server", || async {
@@ -228,11 +224,42 @@ async fn worker_an_mcp_call_in_flight_at_a_kill_runs_at_most_once() {
     })
     .await;
     a.kill9().await;
-    let st = run_attempt(&ns, 2, &[]).await;
+    let st = run_attempt(ns, 2, &[]).await;
     finished(&st);
-    assert_eq!(server.calls().len(), 1, "never run again");
     assert_eq!(st.unknown_effect_count, 1, "{st:?}");
     assert_eq!(st.unknown_effects[0].tool, "srv__record");
+    st
+}
+
+/// Killed while an MCP call runs: the call ran once, and the next worker reports its effect
+/// unknown and does not call it again: the server's hints do not count unless the manifest
+/// trusts them, and `record` has none anyway.
+#[tokio::test]
+async fn worker_an_mcp_call_in_flight_at_a_kill_runs_at_most_once() {
+    let ns = TestNamespace::new("worker-mcp-kill").await;
+    let server = McpServer::start(&calls_file("kill"), 0, &[]).await;
+    let st = kill_mid_call(&ns, &server, json!({"trustHints": true})).await;
+    assert_eq!(server.calls().len(), 1, "never run again");
+    assert_eq!(st.unknown_effects[0].resolution.as_str(), "unknown");
+    ns.cleanup().await;
+}
+
+/// The manifest makes the tool idempotent (an override): the next worker calls it again,
+/// with its own fence and the same idempotency key.
+#[tokio::test]
+async fn worker_an_mcp_tool_the_manifest_makes_idempotent_is_called_again_after_a_kill() {
+    let ns = TestNamespace::new("worker-mcp-rerun").await;
+    let server = McpServer::start(&calls_file("rerun"), 0, &[]).await;
+    let over = json!({"overrides": [{"name": "record", "idempotent": true}]});
+    let st = kill_mid_call(&ns, &server, over).await;
+    assert_eq!(st.unknown_effects[0].resolution.as_str(), "rerun");
+    let calls = server.calls();
+    assert_eq!(calls.len(), 2, "{calls:?}");
+    assert_eq!(
+        (calls[0]["fence"].clone(), calls[1]["fence"].clone()),
+        (json!(1), json!(2))
+    );
+    assert_eq!(calls[0]["idempotencyKey"], calls[1]["idempotencyKey"]);
     ns.cleanup().await;
 }
 
