@@ -37,7 +37,9 @@ pub async fn resume(s: &mut Session, plan: ResumePlan) -> Resumed {
     if let Err(err) = s.append(first).await {
         return end(Ending::refused(err), false);
     }
-    if let Err(ending) = super::mcp_servers::connect_all(s).await {
+    if uses_tools(&plan)
+        && let Err(ending) = super::mcp_servers::connect_all(s).await
+    {
         return end(ending, true);
     }
     for r in &plan.reconcile {
@@ -56,6 +58,23 @@ pub async fn resume(s: &mut Session, plan: ResumePlan) -> Resumed {
     }
     s.publish_steps();
     standing(s, plan.standing).await
+}
+
+/// True when this attempt may call a tool: it goes on with the turn, runs a waiting call, or
+/// re-runs a step. An attempt that only ends or waits again connects to no MCP server.
+fn uses_tools(plan: &ResumePlan) -> bool {
+    let goes_on = !matches!(
+        plan.standing,
+        Standing::Finished { .. }
+            | Standing::Failed { .. }
+            | Standing::Stopped
+            | Standing::Waiting { .. }
+            | Standing::Approval {
+                settlement: Settlement::Wait,
+                ..
+            }
+    );
+    goes_on || plan.reconcile.iter().any(|r| r.then == Then::Rerun)
 }
 
 fn end(ending: Ending, record: bool) -> Resumed {
