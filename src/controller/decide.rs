@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use k8s_openapi::jiff::Timestamp;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use crate::approval;
 use crate::crd::v1alpha1::{AgentRun, Phase};
@@ -196,6 +196,9 @@ pub enum CloseReason {
     /// The API server refuses to create the worker pod (an admission check: a RuntimeClass
     /// that does not exist, a Pod Security level the pod does not meet, an invalid field).
     PodRejected,
+    /// `spec.budget.deadlineSeconds` passed while the run waited for input or an approval:
+    /// no worker was there to check it.
+    DeadlineExceeded,
     /// A seal whose reason this version does not know (written by another version).
     Unrecognized,
 }
@@ -208,6 +211,7 @@ impl CloseReason {
             CloseReason::SecretNotFound => "SecretNotFound",
             CloseReason::WorkerConfigError => "WorkerConfigError",
             CloseReason::PodRejected => "PodRejected",
+            CloseReason::DeadlineExceeded => "DeadlineExceeded",
             CloseReason::Unrecognized => "LedgerClosed",
         }
     }
@@ -220,6 +224,7 @@ impl CloseReason {
             CloseReason::SecretNotFound,
             CloseReason::WorkerConfigError,
             CloseReason::PodRejected,
+            CloseReason::DeadlineExceeded,
         ]
         .into_iter()
         .find(|r| r.as_str() == reason)
@@ -233,7 +238,8 @@ impl CloseReason {
             CloseReason::MaxAttemptsExceeded | CloseReason::Unrecognized => Phase::Interrupted,
             CloseReason::SecretNotFound
             | CloseReason::WorkerConfigError
-            | CloseReason::PodRejected => Phase::Failed,
+            | CloseReason::PodRejected
+            | CloseReason::DeadlineExceeded => Phase::Failed,
         }
     }
 }
@@ -398,7 +404,35 @@ fn decide_waiting(obs: &Observation<'_>) -> Decision {
     if obs.run.spec.inputs.len() as i64 > consumed {
         return claim(obs, ClaimReason::InputReceived);
     }
-    Decision::wait(None)
+    within_deadline(obs, "input", Decision::wait(None))
+}
+
+/// A waiting run (no worker to check its budget) past `spec.budget.deadlineSeconds` since
+/// `status.startTime` ends `Failed`/`DeadlineExceeded`; before it, `decision` is woken at the
+/// deadline too.
+fn within_deadline(obs: &Observation<'_>, waiting_for: &str, decision: Decision) -> Decision {
+    let deadline = obs.run.spec.budget.as_ref().and_then(|b| b.deadline_seconds);
+    let started = obs.run.status.as_ref().and_then(|s| s.start_time.as_ref());
+    let (Some(seconds), Some(started)) = (deadline, started) else {
+        return decision;
+    };
+    let Ok(at) = started.0.checked_add(SignedDuration::from_secs(seconds)) else {
+        return decision;
+    };
+    if obs.wall >= at {
+        return Decision::act(Action::Close(Close {
+            reason: CloseReason::DeadlineExceeded,
+            message: format!(
+                "the run started {seconds}s or more ago while it waited for {waiting_for}; its deadline is {seconds}s (spec.budget.deadlineSeconds)"
+            ),
+            failed: false,
+        }));
+    }
+    let left = Duration::try_from(at.duration_since(obs.wall)).unwrap_or_default();
+    Decision {
+        requeue: min_requeue(decision.requeue, Some(left + Duration::from_millis(50))),
+        ..decision
+    }
 }
 
 /// A call waits for approval: its decision, or the end of its timeout (on the controller's
@@ -409,20 +443,24 @@ fn decide_approval(obs: &Observation<'_>) -> Decision {
     }
     let status = obs.run.status.clone().unwrap_or_default();
     let Some(pending) = status.pending_approval else {
-        return Decision::wait(None);
+        return within_deadline(obs, "an approval", Decision::wait(None));
     };
     if approval::decision_for(&obs.run.spec, pending.step, &pending.call_id).is_some() {
         return claim(obs, ClaimReason::ApprovalDecided);
     }
     let Some(deadline) = approval::deadline(&obs.run.spec, &pending.requested_at) else {
-        return Decision::wait(None);
+        return within_deadline(obs, "an approval", Decision::wait(None));
     };
     if obs.wall >= deadline {
         return claim(obs, ClaimReason::ApprovalTimedOut);
     }
     // A little after the deadline, so that the wake-up finds it passed.
     let left = Duration::try_from(deadline.duration_since(obs.wall)).unwrap_or_default();
-    Decision::wait(Some(left + Duration::from_millis(50)))
+    within_deadline(
+        obs,
+        "an approval",
+        Decision::wait(Some(left + Duration::from_millis(50))),
+    )
 }
 
 fn decide_running(obs: &Observation<'_>) -> Decision {

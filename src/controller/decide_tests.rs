@@ -323,6 +323,42 @@ fn waiting_approval_times_out_at_its_deadline_on_the_controllers_clock() {
 }
 
 #[test]
+fn a_waiting_run_past_its_budget_deadline_ends_failed_and_is_woken_at_it_before() {
+    let now = Instant::now();
+    let wall = Timestamp::now();
+    for phase in [Phase::WaitingInput, Phase::WaitingApproval] {
+        let mut r = waiting_approval(wall, None);
+        let status = r.status.as_mut().unwrap();
+        status.phase = phase;
+        status.start_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            wall - SignedDuration::from_secs(100),
+        ));
+        r.spec.budget = Some(crate::crd::v1alpha1::BudgetSpec {
+            deadline_seconds: Some(200),
+            ..Default::default()
+        });
+        let mut o = obs(&r, Some(lease(L::Released, 2, now)), PodState::Terminated, now);
+        o.wall = wall;
+        let d = decide(&o);
+        assert_eq!(d.action, Action::Nothing, "{phase}");
+        let left = d.requeue.expect("woken at the deadline");
+        assert!(
+            left >= Duration::from_secs(100) && left < Duration::from_secs(101),
+            "{phase}: {left:?}"
+        );
+        o.wall = wall + SignedDuration::from_secs(100);
+        match decide(&o).action {
+            Action::Close(c) => {
+                assert_eq!(c.reason, CloseReason::DeadlineExceeded, "{phase}");
+                assert_eq!(c.phase(), Phase::Failed);
+                assert!(c.message.contains("spec.budget.deadlineSeconds"));
+            }
+            other => panic!("{phase}: {other:?}"),
+        }
+    }
+}
+
+#[test]
 fn finishing_is_completed_whatever_the_lease_and_pod() {
     let now = Instant::now();
     let r = run(Phase::Finishing, 2, 0, 3);
