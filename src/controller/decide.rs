@@ -411,7 +411,12 @@ fn decide_waiting(obs: &Observation<'_>) -> Decision {
 /// `status.startTime` ends `Failed`/`DeadlineExceeded`; before it, `decision` is woken at the
 /// deadline too.
 fn within_deadline(obs: &Observation<'_>, waiting_for: &str, decision: Decision) -> Decision {
-    let deadline = obs.run.spec.budget.as_ref().and_then(|b| b.deadline_seconds);
+    let deadline = obs
+        .run
+        .spec
+        .budget
+        .as_ref()
+        .and_then(|b| b.deadline_seconds);
     let started = obs.run.status.as_ref().and_then(|s| s.start_time.as_ref());
     let (Some(seconds), Some(started)) = (deadline, started) else {
         return decision;

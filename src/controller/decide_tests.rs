@@ -337,7 +337,12 @@ fn a_waiting_run_past_its_budget_deadline_ends_failed_and_is_woken_at_it_before(
             deadline_seconds: Some(200),
             ..Default::default()
         });
-        let mut o = obs(&r, Some(lease(L::Released, 2, now)), PodState::Terminated, now);
+        let mut o = obs(
+            &r,
+            Some(lease(L::Released, 2, now)),
+            PodState::Terminated,
+            now,
+        );
         o.wall = wall;
         let d = decide(&o);
         assert_eq!(d.action, Action::Nothing, "{phase}");
