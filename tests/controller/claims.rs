@@ -309,6 +309,38 @@ async fn waiting_input_is_claimed_again_when_an_input_arrives() {
     ns.cleanup().await;
 }
 
+/// A run that waits (here for an approval; the same rule holds for input) past its budget
+/// deadline has no worker to notice: the controller ends it Failed/DeadlineExceeded with a
+/// terminal claim.
+#[tokio::test]
+async fn a_run_waiting_past_its_deadline_ends_failed_by_a_terminal_claim() {
+    let mut r = agent_run("r", 10);
+    r.spec.budget = Some(baton::crd::v1alpha1::BudgetSpec {
+        deadline_seconds: Some(6),
+        ..Default::default()
+    });
+    let (ns, _c, _) = started("ctl-deadline", r).await;
+    let w1 = FakeWorker::new(&ns, "r", 1);
+    w1.renew().await.unwrap();
+    w1.write_status(|s| s.phase = Phase::WaitingApproval)
+        .await
+        .unwrap();
+    w1.lease.release().await.unwrap();
+    let run = wait_run(&ns, "r", T, |s| s.phase.is_terminal()).await;
+    let s = status(&run);
+    assert_eq!(
+        (s.phase, s.reason.as_deref()),
+        (Phase::Failed, Some("DeadlineExceeded")),
+        "{s:?}"
+    );
+    assert!(
+        s.message.unwrap_or_default().contains("spec.budget.deadlineSeconds"),
+        "the message names the limit"
+    );
+    assert_eq!(seals(&ledger(&ns, "r").await).last(), Some(&(2, true)));
+    ns.cleanup().await;
+}
+
 #[tokio::test]
 async fn an_invalid_spec_fails_with_a_message_naming_the_field() {
     let ns = TestNamespace::new("ctl-invalid").await;
