@@ -334,7 +334,9 @@ async fn a_run_waiting_past_its_deadline_ends_failed_by_a_terminal_claim() {
         "{s:?}"
     );
     assert!(
-        s.message.unwrap_or_default().contains("spec.budget.deadlineSeconds"),
+        s.message
+            .unwrap_or_default()
+            .contains("spec.budget.deadlineSeconds"),
         "the message names the limit"
     );
     assert_eq!(seals(&ledger(&ns, "r").await).last(), Some(&(2, true)));
