@@ -285,3 +285,83 @@ pub async fn call_target(
         )),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir(tag: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("baton-mcp-unit-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn a_secrets_files_are_its_headers_and_the_volumes_own_entries_are_skipped() {
+        let d = dir("headers");
+        std::fs::write(d.join("x-api-key"), "k3y\n").unwrap();
+        std::fs::create_dir_all(d.join("..2026_12_01")).unwrap();
+        let headers = read_headers("files", "files-auth", &d).unwrap();
+        assert_eq!(headers.len(), 1);
+        let value = &headers[&http::HeaderName::from_static("x-api-key")];
+        assert_eq!(value.to_str().unwrap(), "k3y");
+        assert!(value.is_sensitive(), "never printed");
+        std::fs::write(d.join("not a header"), "x").unwrap();
+        let err = read_headers("files", "files-auth", &d).unwrap_err();
+        assert!(
+            err.to_string().contains("is not an HTTP header name"),
+            "{err}"
+        );
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_secret_that_is_missing_or_empty_is_named() {
+        let empty = dir("empty");
+        for d in [empty.clone(), empty.join("nope")] {
+            let err = read_headers("files", "files-auth", &d).unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                "the headers of MCP server files (spec headersFromSecret): Secret files-auth does not exist or holds no keys"
+            );
+        }
+        let _ = std::fs::remove_dir_all(&empty);
+    }
+
+    #[test]
+    fn a_result_is_its_text_cut_to_the_cap_and_keeps_its_error_flag() {
+        let ok = output_of(CallToolResult::success(vec![
+            ContentBlock::text("one"),
+            ContentBlock::text("two"),
+        ]));
+        assert_eq!(
+            ok,
+            ToolOutput {
+                output: "one\ntwo".into(),
+                is_error: false
+            }
+        );
+        let failed = output_of(CallToolResult::error(vec![ContentBlock::text("no")]));
+        assert!(failed.is_error);
+        let big = output_of(CallToolResult::success(vec![ContentBlock::text(
+            "x".repeat(OUTPUT_CAP_BYTES + 10),
+        )]));
+        assert!(big.output.ends_with(&truncation_marker(10)), "marked");
+    }
+
+    #[test]
+    fn each_call_carries_the_run_fence_step_and_idempotency_key() {
+        let env = ToolEnv {
+            run: "r".into(),
+            run_uid: "u".into(),
+            fence: 3,
+            step: 7,
+        };
+        let m = meta(&env);
+        assert_eq!(m["dev.baton/fence"], 3);
+        assert_eq!(m["dev.baton/step"], 7);
+        assert_eq!(m["dev.baton/idempotencyKey"], "u/7");
+        assert_eq!(m["dev.baton/run"], "r");
+    }
+}
