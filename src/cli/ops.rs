@@ -128,28 +128,22 @@ impl Session {
     async fn input(&self, args: InputArgs, out: &mut impl Write) -> Result<(), CliError> {
         let namespace = self.namespace(args.target.namespace.as_deref());
         let name = &args.target.run;
-        for _ in 0..UPDATE_RETRIES {
-            let run = self.read_run(&namespace, name).await?;
-            let phase = phase_of(&run);
-            if phase != Phase::WaitingInput {
-                return Err(CliError::NotWaitingForInput {
-                    name: name.clone(),
-                    phase: phase.to_string(),
-                });
-            }
-            let mut inputs = run.spec.inputs.clone();
-            inputs.push(args.text.clone());
-            let spec = serde_json::json!({ "inputs": inputs });
-            if self.patch_spec(&namespace, &run, spec).await? {
-                writeln!(
-                    out,
-                    "run {name} in {namespace}: input #{} sent",
-                    inputs.len()
-                )?;
-                return Ok(());
-            }
-        }
-        Err(CliError::Contended { name: name.clone() })
+        let sent = self
+            .append_to_spec(&namespace, name, |run| {
+                let phase = phase_of(run);
+                if phase != Phase::WaitingInput {
+                    return Err(CliError::NotWaitingForInput {
+                        name: name.clone(),
+                        phase: phase.to_string(),
+                    });
+                }
+                let mut inputs = run.spec.inputs.clone();
+                inputs.push(args.text.clone());
+                Ok((serde_json::json!({ "inputs": inputs }), inputs.len()))
+            })
+            .await?;
+        writeln!(out, "run {name} in {namespace}: input #{sent} sent")?;
+        Ok(())
     }
 
     /// `approve` and `deny`: appends the decision on the call the run waits on, checked
@@ -164,26 +158,41 @@ impl Session {
     ) -> Result<(), CliError> {
         let namespace = self.namespace(target.namespace.as_deref());
         let name = &target.run;
+        let step = self
+            .append_to_spec(&namespace, name, |run| {
+                let decision = approval::decision(run, step, verdict, reason.clone())?;
+                let step = decision.step;
+                let mut approvals = run.spec.approvals.clone();
+                approvals.push(decision);
+                Ok((serde_json::json!({ "approvals": approvals }), step))
+            })
+            .await?;
+        let done = match verdict {
+            Verdict::Approve => "approved",
+            Verdict::Deny => "denied",
+        };
+        writeln!(out, "run {name} in {namespace}: step {step} {done}")?;
+        Ok(())
+    }
+
+    /// Reads the run, asks `change` for the spec fields to merge (an append to one of its
+    /// append-only lists) and merges them if the run has not changed since; re-reads and
+    /// asks again when it has, a few times. Returns what `change` said of the change that
+    /// landed.
+    async fn append_to_spec<T>(
+        &self,
+        namespace: &str,
+        name: &str,
+        change: impl Fn(&AgentRun) -> Result<(serde_json::Value, T), CliError>,
+    ) -> Result<T, CliError> {
         for _ in 0..UPDATE_RETRIES {
-            let run = self.read_run(&namespace, name).await?;
-            let decision = approval::decision(&run, step, verdict, reason.clone())?;
-            let mut approvals = run.spec.approvals.clone();
-            approvals.push(decision.clone());
-            let spec = serde_json::json!({ "approvals": approvals });
-            if self.patch_spec(&namespace, &run, spec).await? {
-                let done = match verdict {
-                    Verdict::Approve => "approved",
-                    Verdict::Deny => "denied",
-                };
-                writeln!(
-                    out,
-                    "run {name} in {namespace}: step {} {done}",
-                    decision.step
-                )?;
-                return Ok(());
+            let run = self.read_run(namespace, name).await?;
+            let (spec, said) = change(&run)?;
+            if self.patch_spec(namespace, &run, spec).await? {
+                return Ok(said);
             }
         }
-        Err(CliError::Contended { name: name.clone() })
+        Err(CliError::Contended { name: name.into() })
     }
 
     /// Merges `spec` into the run as read, only if it has not changed since: false when it

@@ -433,39 +433,43 @@ fn within_deadline(obs: &Observation<'_>, waiting_for: &str, decision: Decision)
             failed: false,
         }));
     }
-    let left = Duration::try_from(at.duration_since(obs.wall)).unwrap_or_default();
     Decision {
-        requeue: min_requeue(decision.requeue, Some(left + Duration::from_millis(50))),
+        requeue: min_requeue(decision.requeue, Some(until_wall(obs, at))),
         ..decision
     }
 }
 
+/// How long until the wall-clock instant `at`, and a little more, so that the wake-up finds
+/// it passed.
+fn until_wall(obs: &Observation<'_>, at: Timestamp) -> Duration {
+    Duration::try_from(at.duration_since(obs.wall)).unwrap_or_default() + Duration::from_millis(50)
+}
+
 /// A call waits for approval: its decision, or the end of its timeout (on the controller's
-/// clock), claims the run for a worker that carries it out.
+/// clock), claims the run for a worker that carries it out; the run's deadline still holds.
 fn decide_approval(obs: &Observation<'_>) -> Decision {
     if obs.run.spec.stop {
         return Decision::act(stop_now());
     }
-    let status = obs.run.status.clone().unwrap_or_default();
-    let Some(pending) = status.pending_approval else {
-        return within_deadline(obs, "an approval", Decision::wait(None));
+    let spec = &obs.run.spec;
+    let pending = obs
+        .run
+        .status
+        .as_ref()
+        .and_then(|s| s.pending_approval.as_ref());
+    let timeout = match pending {
+        Some(p) if approval::decision_for(spec, p.step, &p.call_id).is_some() => {
+            return claim(obs, ClaimReason::ApprovalDecided);
+        }
+        Some(p) => approval::deadline(spec, &p.requested_at),
+        None => None,
     };
-    if approval::decision_for(&obs.run.spec, pending.step, &pending.call_id).is_some() {
-        return claim(obs, ClaimReason::ApprovalDecided);
-    }
-    let Some(deadline) = approval::deadline(&obs.run.spec, &pending.requested_at) else {
-        return within_deadline(obs, "an approval", Decision::wait(None));
+    let waiting = match timeout {
+        Some(at) if obs.wall >= at => return claim(obs, ClaimReason::ApprovalTimedOut),
+        Some(at) => Decision::wait(Some(until_wall(obs, at))),
+        None => Decision::wait(None),
     };
-    if obs.wall >= deadline {
-        return claim(obs, ClaimReason::ApprovalTimedOut);
-    }
-    // A little after the deadline, so that the wake-up finds it passed.
-    let left = Duration::try_from(deadline.duration_since(obs.wall)).unwrap_or_default();
-    within_deadline(
-        obs,
-        "an approval",
-        Decision::wait(Some(left + Duration::from_millis(50))),
-    )
+    within_deadline(obs, "an approval", waiting)
 }
 
 fn decide_running(obs: &Observation<'_>) -> Decision {

@@ -418,7 +418,7 @@ async fn open_session(
     let model = provider::Model::for_spec(&run.spec.agent.model, cfg.api_key.clone())
         .map(Arc::new)
         .map_err(|e| e.to_string());
-    let (run_spec, toolbox_listed) = (run.spec.clone(), replay.mcp_tools.clone());
+    let toolbox = Toolbox::new(&run.spec, &replay.mcp_tools);
     Ok(Some(Session {
         cfg,
         client,
@@ -435,7 +435,7 @@ async fn open_session(
         metrics,
         model,
         tools,
-        toolbox: Toolbox::new(&run_spec, &toolbox_listed),
+        toolbox,
         mcp: Default::default(),
         pending: Vec::new(),
         drop_deltas: false,
