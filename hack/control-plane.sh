@@ -175,13 +175,12 @@ build_apiserver() {
 
   step 2 "deb-src entry and the kubernetes source package"
   if ! apt-cache showsrc kubernetes 2>/dev/null | grep '^Package: kubernetes' >/dev/null; then
-    local codename uri=http://deb.debian.org/debian
+    local codename uri
     codename=$(sed -n 's/^VERSION_CODENAME=//p' /etc/os-release 2>/dev/null | tr -d '"' || true)
     [[ -n $codename ]] || build_fail "cannot determine the Debian codename from /etc/os-release"
     [[ $codename == bookworm ]] || log "warning: written for Debian bookworm; this is '$codename'"
-    local found_uri
-    found_uri=$(grep -hsE '^URIs:' /etc/apt/sources.list.d/debian.sources | grep -v security | head -n1 | awk '{print $2}' || true)
-    [[ -n $found_uri ]] && uri=$found_uri
+    # The source packages come from the archive the machine's binary packages come from.
+    uri=$(debian_archive_uri)
     log "adding /etc/apt/sources.list.d/baton-deb-src.sources (deb-src $uri $codename main)"
     as_root tee /etc/apt/sources.list.d/baton-deb-src.sources >/dev/null <<EOF
 # Added by baton hack/control-plane.sh: source packages for $codename main

@@ -55,17 +55,11 @@ image_pause() {
   log "pause image: $out"
 }
 
-debian_mirror() {
-  local uri
-  uri=$(grep -hsE '^URIs:' /etc/apt/sources.list.d/debian.sources | grep -v security | head -n1 | awk '{print $2}' || true)
-  [[ -n $uri ]] || uri=$(awk '$1 == "deb" && $2 !~ /security/ {print $2; exit}' /etc/apt/sources.list 2>/dev/null || true)
-  echo "${uri:-http://deb.debian.org/debian}"
-}
-
 image_debian() {
   local out=$IMAGES/debian.oci.tar
   [[ -f $out ]] && { podman image exists "$DEBIAN" || podman load -q -i "$out" >/dev/null; return 0; }
-  local work t0=$SECONDS
+  local work archive t0=$SECONDS
+  archive=$(debian_archive_uri)
   work=$(mktemp -d)
   log "debian base: mmdebstrap --variant=minbase bookworm (about 80 s)"
   # As Debian's own slim images: no documentation, man pages or translations, no apt caches.
@@ -73,7 +67,7 @@ image_debian() {
     --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
     --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/info/*' \
     --customize-hook='rm -rf "$1"/var/cache/apt/*.bin "$1"/var/lib/apt/lists/* "$1"/var/log/*.log' \
-    bookworm "$work/rootfs.tar" "$(debian_mirror)" \
+    bookworm "$work/rootfs.tar" "$archive" \
     >"$work/mmdebstrap.log" 2>&1 || { tail -n 20 "$work/mmdebstrap.log" >&2; die "mmdebstrap failed"; }
   podman import -q "$work/rootfs.tar" "$DEBIAN" >/dev/null
   save "$DEBIAN" "$out"

@@ -58,6 +58,27 @@ apt_install() {
   fi
 }
 
+# The Debian archive this machine's apt already uses for its release (not the security
+# archive): from the deb822 files in /etc/apt/sources.list.d/, else the one-line lists. No
+# host is written into the project: with none configured, it stops and says what to configure.
+debian_archive_uri() {
+  local codename uri
+  codename=$(sed -n 's/^VERSION_CODENAME=//p' /etc/os-release 2>/dev/null | tr -d '"')
+  codename=${codename:-bookworm}
+  # deb822: one stanza a paragraph; the first of Types deb whose Suites name the release.
+  uri=$(awk -v rel="$codename" 'BEGIN {RS = ""}
+    / *Types:[^\n]*[[:space:]]deb([[:space:]]|$)/ && $0 ~ ("Suites:[^\n]*[[:space:]]" rel "([[:space:]]|$)") {
+      if (match($0, /URIs:[[:space:]]*[^[:space:]]+/)) {
+        u = substr($0, RSTART, RLENGTH); sub(/URIs:[[:space:]]*/, "", u)
+        if (u !~ /security/) {print u; exit}
+      }
+    }' /etc/apt/sources.list.d/*.sources 2>/dev/null || true)
+  [[ -n $uri ]] || uri=$(awk -v rel="$codename" '$1 == "deb" && $3 == rel && $2 !~ /security/ {print $2; exit}' \
+    /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null || true)
+  [[ -n $uri ]] || die "no Debian package source for $codename is configured: add the archive this machine should use to /etc/apt/sources.list.d/debian.sources (Types: deb, URIs: <archive>, Suites: $codename, Components: main, Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg) or a 'deb <archive> $codename main' line to /etc/apt/sources.list, then run apt-get update"
+  echo "$uri"
+}
+
 # Installed, not merely known to dpkg (a removed package keeps its config files, and `dpkg -s`
 # still succeeds for it).
 pkg_installed() { [[ $(dpkg-query -W -f='${Status}' "$1" 2>/dev/null) == "install ok installed" ]]; }

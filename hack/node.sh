@@ -178,14 +178,31 @@ restore_sysctls() {
   done <"$STATE_DIR/sysctls"
 }
 
-# What the root namespace looks like where the node could leave traces: recorded at `up`
-# (beside the state dir, which `down` removes) and compared at `down`.
+# What the node could leave in the root namespace, and only that: its own interface names
+# (they live in its namespace; seen in the root one they leaked), addresses, routes and
+# policy rules naming them or its address ranges, kube-proxy's and the kubelet's iptables
+# chains, and the host sysctls the kubelet sets. Other programs' interfaces and routes (podman's
+# CNI bridge, whose link state changes as it pleases) are not the node's and are not compared.
+# Recorded at `up` (beside the state dir, which `down` removes) and compared at `down`.
 ROOT_SNAPSHOT=$STATE_DIR.root-before
+node_traces() { # the node's names and address prefixes, as one extended regular expression
+  local cidr prefixes=()
+  for cidr in "$NODE_IP" "$POD_CIDR" "$SERVICE_CIDR"; do
+    cidr=${cidr%/*}
+    prefixes+=("${cidr%.*}.")           # the /24's first three octets and the dot
+  done
+  local IFS='|' names="$NODE_BRIDGE|$POD_BRIDGE"
+  local dotted=${prefixes[*]}
+  echo "(^|[^[:alnum:]-])($names)([^[:alnum:]-]|\$)|KUBE-|kube-|${dotted//./\\.}"
+}
+of_node() { grep -E "$1" || true; }   # no line of the node's is no error
 root_snapshot() {
-  echo "## links"; ip -o link show | awk -F': ' '{print $2}' | sort
-  echo "## addresses"; ip -o addr show | awk '{print $2, $4}' | sort
-  echo "## routes"; ip route show | sort
-  echo "## iptables"; { iptables-save 2>/dev/null || true; } | sed -e '/^#/d' -e 's/\[[0-9:]*\]//' | sort
+  local t; t=$(node_traces)
+  echo "## links"; ip -o link show | awk -F': ' '{print $2}' | of_node "$t" | sort
+  echo "## addresses"; ip -o addr show | awk '{print $2, $4}' | of_node "$t" | sort
+  echo "## routes"; ip route show | of_node "$t" | sort
+  echo "## rules"; ip rule show | of_node "$t" | sort
+  echo "## iptables"; { iptables-save 2>/dev/null || true; } | sed -e '/^#/d' -e 's/\[[0-9:]*\]//' | of_node "$t" | sort
   echo "## sysctls"; local k; for k in "${HOST_SYSCTLS[@]}" net.ipv4.ip_forward; do echo "$k=$(sysctl -n "$k")"; done
 }
 
@@ -535,7 +552,7 @@ cmd_down() {
   left=$(leftovers)
   [[ -z $left ]] || die "the node left something behind:"$'\n'"$left"
   rm -f "$ROOT_SNAPSHOT"
-  log "node down in $((SECONDS - t0))s; nothing of it is left (processes, mounts, namespace, cgroups, root iptables, links, routes, sysctls checked)"
+  log "node down in $((SECONDS - t0))s; nothing of it is left (processes, mounts, namespace, cgroups; in the root namespace its links, addresses, routes, rules, iptables chains and sysctls checked)"
 }
 
 cmd_status() {

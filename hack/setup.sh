@@ -9,21 +9,28 @@ cd "$(dirname "$0")/.."
 
 step() { printf '\n==> setup: %s\n' "$*"; }
 export DEBIAN_FRONTEND=noninteractive
+LOG_TAG=setup
+CACHE_DIR=${BATON_CACHE_DIR:-$HOME/.cache/baton}
+# shellcheck source=hack/lib.sh
+source hack/lib.sh
+
+step "package sources (the machine's own apt configuration)"
+archive=$(debian_archive_uri)
+echo "Debian archive: $archive"
 
 step "system packages"
 need=()
-installed() { [[ $(dpkg-query -W -f='${Status}' "$1" 2>/dev/null) == "install ok installed" ]]; }
 # busybox-static: the plain tools image of the node's tests (hack/images.sh busybox); file
 # checks that it is static.
-for pkg in make openssl curl busybox-static file; do installed "$pkg" || need+=("$pkg"); done
+for pkg in make openssl curl busybox-static file; do pkg_installed "$pkg" || need+=("$pkg"); done
 # kubectl: the tests drive `kubectl drain`, `rollout`, `wait`, `auth can-i` and the kubectl
 # plugin. Debian's kubernetes-client (1.20) matches the node when the machine has none.
 command -v kubectl >/dev/null 2>&1 || need+=(kubernetes-client)
-if ((${#need[@]})); then apt-get update -qq && apt-get install -y -qq "${need[@]}"; fi
+if ((${#need[@]})); then apt_install "${need[@]}"; fi
 kubectl version --client 2>/dev/null | head -1 || true
 
 step "Helm SDK (PyPI's helm-python-sdk: Helm's Go SDK, no helm binary)"
-python3 -m pip --version >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq python3-pip; }
+python3 -m pip --version >/dev/null 2>&1 || apt_install python3-pip
 if ! python3 -c 'import helm_python' 2>/dev/null; then
   pip_install() { python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore "$@"; }
   # A Debian-managed python3 refuses plain installs (PEP 668).
@@ -39,7 +46,7 @@ if ! "$mcp_venv/bin/python" -c 'import mcp.server' 2>/dev/null; then
   # Debian's python3 makes venvs only with python3-venv.
   python3 -m venv "$mcp_venv" 2>/dev/null || {
     rm -rf "$mcp_venv"
-    apt-get update -qq && apt-get install -y -qq python3-venv
+    apt_install python3-venv
     python3 -m venv "$mcp_venv"
   }
   "$mcp_venv/bin/python" -m pip install --quiet --disable-pip-version-check mcp==2.3.0
