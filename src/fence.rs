@@ -87,7 +87,9 @@ pub enum Verdict {
     /// Written by a newer holder: the run is lost; never write again.
     Newer,
     /// The controller closed the ledger: the run ended at `fence` for `reason`, and nothing
-    /// may be appended. A worker has lost the run; a claim completes the end the seal records.
+    /// may be appended. A worker has lost the run. The record follows the terminal status;
+    /// a claim that meets one completes the end it records (a no-op unless an earlier
+    /// version wrote it before that status: docs/protocol.md, "The terminal claim").
     Closed { fence: i64, reason: String },
 }
 
@@ -137,6 +139,23 @@ pub fn ledger_verdict<'a>(
         }
     }
     found
+}
+
+/// How much of the ledger a terminal claim for `ours` salvages: everything up to and
+/// including its own seal, the first segment of `ours` (docs/protocol.md, "The terminal
+/// claim"). Nothing after the seal can belong to the run's history: an older owner that meets
+/// it stops. None when there is no such seal, or when the ledger was taken by a newer fence or
+/// closed meanwhile: then the claim's status CAS would be lost too.
+pub fn salvage_end<'a>(
+    ours: Fence,
+    segments: impl IntoIterator<Item = &'a LedgerSegment> + Clone,
+) -> Option<usize> {
+    if ledger_verdict(ours, segments.clone()).ends_ownership() {
+        return None;
+    }
+    segments
+        .into_iter()
+        .position(|s| Fence::new(s.spec.fence) == ours)
 }
 
 /// The `closed` seal a segment holds: its fence and reason.
@@ -264,6 +283,37 @@ mod tests {
             ledger_verdict(two, &ended),
             Verdict::Closed { fence: 2, .. }
         ));
+    }
+
+    #[test]
+    fn a_terminal_claim_salvages_up_to_its_own_seal() {
+        let two = Fence::new(2);
+        let sealed = LedgerEvent::Claimed {
+            fence: 2,
+            pod: "r-w2".into(),
+        };
+        let step = LedgerEvent::Handoff;
+        let ledger = [
+            seg(1, 1, vec![]),
+            seg(2, 1, vec![step.clone()]),
+            seg(3, 2, vec![sealed.clone()]),
+        ];
+        assert_eq!(salvage_end(two, &ledger), Some(2));
+        // Its own `closed` record after the seal: the end was written already.
+        let recorded = [
+            seg(1, 1, vec![]),
+            seg(2, 2, vec![sealed.clone()]),
+            seg(3, 2, vec![closed(2)]),
+        ];
+        assert_eq!(salvage_end(two, &recorded), None);
+        // Taken by a newer claim, or not sealed at all: nothing to salvage for this claim.
+        let taken = [
+            seg(1, 1, vec![]),
+            seg(2, 2, vec![sealed]),
+            seg(3, 3, vec![]),
+        ];
+        assert_eq!(salvage_end(two, &taken), None);
+        assert_eq!(salvage_end(two, &[seg(1, 1, vec![step])]), None);
     }
 
     #[test]

@@ -428,7 +428,17 @@ pub fn attempt_history(segments: &[LedgerSegment]) -> Vec<(i64, String, String)>
             LedgerEvent::Final { .. } => "finished with a final answer",
             LedgerEvent::Failed { .. } => "failed",
             LedgerEvent::Stopped => "stopped",
-            LedgerEvent::Closed { .. } => "closed by the controller",
+            LedgerEvent::Closed { fence, .. } => {
+                // A terminal claim's own seal, `claimed` at the same fence, names a pod that
+                // never ran: the end belongs to the attempt before it.
+                if history
+                    .last()
+                    .is_some_and(|last| last.0 == *fence && last.2 == "claimed")
+                {
+                    history.pop();
+                }
+                "closed by the controller"
+            }
             _ => continue,
         };
         if let Some(last) = history.last_mut() {

@@ -267,6 +267,45 @@ fn attempt_history_says_how_each_attempt_ended() {
     );
 }
 
+/// A terminal claim seals `claimed{2}` (a pod that never runs), then records `closed{2}`: the
+/// history ends the attempt that ran, and lists no attempt 2.
+#[test]
+fn attempt_history_ends_the_last_attempt_at_a_terminal_claim() {
+    let claimed = |fence: i64| LedgerEvent::Claimed {
+        fence,
+        pod: format!("r-w{fence}"),
+    };
+    let ledger = [
+        seg(1, 1, vec![claimed(1)]),
+        seg(
+            2,
+            1,
+            vec![LedgerEvent::AttemptStarted {
+                fence: 1,
+                pod: "r-w1".into(),
+            }],
+        ),
+        seg(3, 2, vec![claimed(2)]),
+        seg(
+            4,
+            2,
+            vec![LedgerEvent::Closed {
+                fence: 2,
+                reason: "MaxAttemptsExceeded".into(),
+            }],
+        ),
+    ];
+    let history = attempt_history(&ledger);
+    assert_eq!(
+        history,
+        [(
+            1,
+            "r-w1".to_string(),
+            "closed by the controller".to_string()
+        )]
+    );
+}
+
 #[test]
 fn describe_lists_phase_attempts_unknown_effects_conditions_and_events() {
     let status = AgentRunStatus {

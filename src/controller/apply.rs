@@ -7,6 +7,7 @@ use kube::api::{DeleteParams, Preconditions};
 use super::Error;
 use super::admission;
 use super::claim::{self, delete_pod, release_run_lease};
+use super::close;
 use super::context::Context;
 use super::decide::{Action, WorkspaceCondition};
 use super::observe::start_rollout;
@@ -24,7 +25,8 @@ pub async fn apply(ctx: &Context, run: &AgentRun, action: &Action) -> Result<App
         Action::ClearStaleAdmission => admission::clear_stale(ctx, run).await,
         Action::Claim(c) => claim::claim(ctx, run, *c).await,
         Action::CompleteClaim => claim::complete(ctx, claim::StatusWritten::shown_by(run)).await,
-        Action::Close(c) => claim::close(ctx, run, c).await,
+        Action::Close(c) => close::close(ctx, run, c).await,
+        Action::RecordClose => close::record_closed(ctx, run).await,
         Action::Finish => finish(ctx, run).await,
         Action::ReleaseLease => release_run_lease(ctx, run).await.map(|_| Applied::Done),
         Action::ReleaseAdmission => admission::release(ctx, run).await.map(|_| Applied::Done),

@@ -1,6 +1,6 @@
 //! The claim (docs/protocol.md): seal → ONE status CAS → Lease move → pod creation, as a
-//! pipeline of typed stages, and the terminal claim (seal with `closed`, then the terminal
-//! status with the salvage).
+//! pipeline of typed stages. The first two stages (prepare, seal) are every claim's, the
+//! terminal claim's too ([`super::close`]).
 //!
 //! Pod rule: a pod is created only right after this pass moved the Lease to it (or found the
 //! Lease behind and moved it). A Lease already naming the pod of the current fence means its
@@ -19,7 +19,7 @@ use kube::{Resource, ResourceExt};
 
 use super::Error;
 use super::access::{ensure_run_rbac, ensure_workspace};
-use super::admission;
+use super::close;
 use super::context::{Context, SealMemory};
 use super::decide::{Claim, ClaimReason, Close, CloseReason};
 use super::ledger_end::{LedgerEnd, ledger_end};
@@ -29,28 +29,26 @@ use super::pod::{desired_image, worker_pod};
 use super::statuses::{self, run_name};
 use super::writer::Applied;
 use crate::crd::FENCE_ANNOTATION;
-use crate::crd::v1alpha1::{AgentRun, LedgerEvent, LedgerSegment};
-use crate::fence::{Fence, RunHolder, Verdict, ledger_verdict, run_lease_name, worker_pod_name};
+use crate::crd::v1alpha1::{AgentRun, LedgerEvent};
+use crate::fence::{Fence, RunHolder, run_lease_name, worker_pod_name};
 use crate::kube_util::{is_retry_soon, refused_for_what_it_is};
 use crate::lease::{LeaseClient, lease_fence, lease_holder};
-use crate::ledger::{Replay, SegmentStore};
+use crate::ledger::SegmentStore;
 
 /// Where a stage of the claim leaves it: on to the next stage, or stopped (and what that
 /// came to: the caches were behind, the run changed under a write, or the run has ended).
 type Stage<T> = ControlFlow<Applied, T>;
 
 /// Stage 1, prepared: the trigger confirmed against the API server, the end of the ledger
-/// found, the new holder named.
-struct Prepared<'a> {
-    run: &'a AgentRun,
-    claim: Claim,
-    holder: RunHolder,
-    lease: LeaseBase,
+/// found, the new holder named. (A claim also carries where its Lease move starts from.)
+pub(super) struct Prepared<'a> {
+    pub(super) run: &'a AgentRun,
+    pub(super) holder: RunHolder,
     end: LedgerEnd,
 }
 
 /// Stage 2, sealed: `claimed{fence, pod}` is in the ledger (this pass's, or an earlier one's).
-struct Sealed<'a>(Prepared<'a>);
+pub(super) struct Sealed<'a>(pub(super) Prepared<'a>);
 
 /// Stage 3, status written: the run says Running at the new fence with the new pod. Either
 /// this pass wrote it, or the objects show it (a claim that stopped after its status write:
@@ -72,7 +70,8 @@ struct LeaseMoved {
 /// written → Lease moved → pod created, each stage a type that only the one before makes.
 pub async fn claim(ctx: &Context, run: &AgentRun, claim: Claim) -> Result<Applied, Error> {
     let started = Instant::now();
-    let prepared = match prepare(ctx, run, claim).await? {
+    let confirm = confirm_trigger(ctx, run, claim.reason);
+    let (prepared, lease) = match prepare(ctx, run, confirm).await? {
         Continue(prepared) => prepared,
         Break(applied) => return Ok(applied),
     };
@@ -80,7 +79,7 @@ pub async fn claim(ctx: &Context, run: &AgentRun, claim: Claim) -> Result<Applie
         Continue(sealed) => sealed,
         Break(applied) => return Ok(applied),
     };
-    let written = match write_claim_status(ctx, sealed).await? {
+    let written = match write_claim_status(ctx, sealed, claim, lease).await? {
         Continue(written) => written,
         Break(applied) => return Ok(applied),
     };
@@ -118,36 +117,29 @@ impl StatusWritten {
     }
 }
 
-/// Stage 1. No namesake's leftovers may hold the new fence's objects; the trigger is confirmed
-/// and the end of the ledger found (both reads, at once). A `closed` seal found there ends the
-/// run as the seal records, whatever the trigger says now.
-async fn prepare<'a>(
+/// Stage 1, for a claim and a terminal claim alike. No namesake's leftovers may hold the new
+/// fence's objects; the trigger is confirmed (`confirm`: what the claim goes on with, or why it
+/// stops) and the end of the ledger found, both reads at once. A `closed` record found there
+/// was written after the run's terminal status, or, by a version before the terminal claim
+/// sealed with `claimed`, perhaps without it: [`close::complete_recorded`].
+pub(super) async fn prepare<'a, T>(
     ctx: &Context,
     run: &'a AgentRun,
-    claim: Claim,
-) -> Result<Stage<Prepared<'a>>, Error> {
+    confirm: impl Future<Output = Result<Stage<T>, Error>>,
+) -> Result<Stage<(Prepared<'a>, T)>, Error> {
     let holder = RunHolder::of(run, Fence::of_run(run).next());
     let fence = holder.fence.get();
     if !leftovers::cleared(ctx, run, fence).await? {
         return Ok(Break(Applied::Requeue));
     }
-    let (confirmed, end) = futures::try_join!(
-        confirm_trigger(ctx, run, claim.reason),
-        ledger_end(ctx, run, fence)
-    )?;
+    let (confirmed, end) = futures::try_join!(confirm, ledger_end(ctx, run, fence))?;
     if let LedgerEnd::Closed { .. } = end {
-        return close_recorded(ctx, run).await.map(Break);
+        return close::complete_recorded(ctx, run).await.map(Break);
     }
-    let Some(lease) = confirmed else {
-        return Ok(Break(Applied::Requeue));
-    };
-    Ok(Continue(Prepared {
-        run,
-        claim,
-        holder,
-        lease,
-        end,
-    }))
+    Ok(match confirmed {
+        Continue(confirmed) => Continue((Prepared { run, holder, end }, confirmed)),
+        Break(applied) => Break(applied),
+    })
 }
 
 /// Stage 2: appends the seal `claimed{fence, pod}` (unless the ledger already holds a claim at
@@ -155,7 +147,10 @@ async fn prepare<'a>(
 /// re-read it and re-decide. Safety rests on the `create` at tail+1 (a taken position collides
 /// and is classified), never on how the tail was found; [`ledger_end`] finds it without
 /// reading the whole ledger.
-async fn seal<'a>(ctx: &Context, prepared: Prepared<'a>) -> Result<Stage<Sealed<'a>>, Error> {
+pub(super) async fn seal<'a>(
+    ctx: &Context,
+    prepared: Prepared<'a>,
+) -> Result<Stage<Sealed<'a>>, Error> {
     let (run, holder) = (prepared.run, &prepared.holder);
     let fence = holder.fence.get();
     let tail = match prepared.end {
@@ -187,18 +182,16 @@ async fn seal<'a>(ctx: &Context, prepared: Prepared<'a>) -> Result<Stage<Sealed<
 async fn write_claim_status(
     ctx: &Context,
     Sealed(prepared): Sealed<'_>,
+    claim: Claim,
+    lease: LeaseBase,
 ) -> Result<Stage<StatusWritten>, Error> {
     let holder = prepared.holder;
     let (fence, pod) = (holder.fence.get(), holder.pod.as_str());
-    let desired = statuses::claimed(prepared.run, prepared.claim, fence, pod);
+    let desired = statuses::claimed(prepared.run, claim, fence, pod);
     let Some(run) = ctx.write_status(prepared.run, desired).await? else {
         return Ok(Break(Applied::Conflict));
     };
-    Ok(Continue(StatusWritten {
-        run,
-        holder,
-        lease: prepared.lease,
-    }))
+    Ok(Continue(StatusWritten { run, holder, lease }))
 }
 
 fn remember_seal(ctx: &Context, run: &AgentRun, fence: i64, seq: i64) {
@@ -221,15 +214,16 @@ pub enum LeaseBase {
 }
 
 /// Before a takeover, the cache's view is checked against the API server: the Lease is
-/// re-read (a renewal the cache missed cancels the expiry), a missing pod is confirmed gone.
-/// None: the trigger did not hold. Otherwise what the Lease move will start from: the Lease
-/// as just read, or the cache's copy when the Lease is not expected to move meanwhile, or a
-/// fresh read for a handoff (the worker releases its Lease right after writing `Handoff`).
+/// re-read (a renewal the cache missed cancels the expiry; a release sends the claim back to
+/// the run, [`confirm_current`]), a missing pod is confirmed gone. Stopped (Requeue) when the
+/// trigger did not hold. Otherwise what the Lease move will start from: the Lease as just
+/// read, or the cache's copy when the Lease is not expected to move meanwhile, or a fresh
+/// read for a handoff (the worker releases its Lease right after writing `Handoff`).
 async fn confirm_trigger(
     ctx: &Context,
     run: &AgentRun,
     reason: ClaimReason,
-) -> Result<Option<LeaseBase>, Error> {
+) -> Result<Stage<LeaseBase>, Error> {
     let ns = run.namespace().unwrap_or_default();
     match reason {
         ClaimReason::LeaseExpired => {
@@ -237,24 +231,47 @@ async fn confirm_trigger(
                 .get(&run.name_any())
                 .await?;
             let Some(fresh) = fresh else {
-                return Ok(Some(LeaseBase::Read(None)));
+                return Ok(Continue(LeaseBase::Read(None)));
             };
             // Still expired on our clock as the API server has it now? (A version the
             // controller had not seen is a change: a new allowance starts now.)
             let now = Instant::now();
             let seen = sight(ctx, run, &fresh, now);
-            let expired = seen.sighting.expired(&run.spec.lease, now);
-            Ok(expired.then(|| LeaseBase::Read(Some(Box::new(fresh)))))
+            if !seen.sighting.expired(&run.spec.lease, now) {
+                return Ok(Break(Applied::Requeue));
+            }
+            if lease_holder(&fresh).is_none()
+                && let Break(applied) = confirm_current(ctx, run).await?
+            {
+                return Ok(Break(applied));
+            }
+            Ok(Continue(LeaseBase::Read(Some(Box::new(fresh)))))
         }
         ClaimReason::PodGone => {
-            let fence = run.status.as_ref().map_or(0, |s| s.fence);
-            let name = worker_pod_name(&run.name_any(), fence);
+            let name = worker_pod_name(&run.name_any(), Fence::of_run(run).get());
             let pod = ctx.api::<Pod>(&ns).get_opt(&name).await?;
-            Ok(pod.is_none().then_some(LeaseBase::Cached))
+            Ok(match pod {
+                None => Continue(LeaseBase::Cached),
+                Some(_) => Break(Applied::Requeue),
+            })
         }
-        ClaimReason::Handoff => Ok(Some(LeaseBase::Fresh)),
-        _ => Ok(Some(LeaseBase::Cached)),
+        ClaimReason::Handoff => Ok(Continue(LeaseBase::Fresh)),
+        _ => Ok(Continue(LeaseBase::Cached)),
     }
+}
+
+/// Stops a claim (Conflict: re-read the run and decide again) when the run as the API server
+/// has it now is not the copy the claim was decided on. A claim needs this where its trigger
+/// may be a worker's own ending that the copy has not caught up with: a released Lease (the
+/// worker wrote its status before releasing), and every terminal claim.
+pub(super) async fn confirm_current(ctx: &Context, run: &AgentRun) -> Result<Stage<()>, Error> {
+    let now = ctx.runs_api(run).get_opt(&run.name_any()).await?;
+    let same = now.is_some_and(|r| r.resource_version() == run.resource_version());
+    Ok(if same {
+        Continue(())
+    } else {
+        Break(Applied::Conflict)
+    })
 }
 
 fn record_claim(ctx: &Context, run: &AgentRun, claim: Claim, holder: &RunHolder) {
@@ -275,14 +292,6 @@ fn record_claim(ctx: &Context, run: &AgentRun, claim: Claim, holder: &RunHolder)
         &format!("Claimed{reason}"),
         note,
     );
-}
-
-/// The ledger folded. `extend` (not `from_segments`): a chunked event still being written by
-/// an older owner must not stop a terminal claim; it only needs positions, steps and seals.
-fn fold(segments: &[LedgerSegment]) -> Result<Replay, Error> {
-    let mut replay = Replay::default();
-    replay.extend(segments)?;
-    Ok(replay)
 }
 
 /// Stage 4: the Lease moved (CAS) to the new holder, status being ahead of it. A Lease already
@@ -332,7 +341,7 @@ async fn create_pod(ctx: &Context, moved: LeaseMoved) -> Result<(), Error> {
             message: format!("the API server refuses the worker pod: {message}"),
             failed: false,
         };
-        return close(ctx, &run, &refused).await.map(|_| ());
+        return close::close(ctx, &run, &refused).await.map(|_| ());
     }
     if let Err(err) = created {
         // Perhaps the ServiceAccount was removed behind our back: check again next time.
@@ -430,99 +439,4 @@ pub async fn release_run_lease(ctx: &Context, run: &AgentRun) -> Result<(), Erro
     ctx.write("lease", api.replace(&name, &params, &lease))
         .await?;
     Ok(())
-}
-
-/// A terminal claim: `stepUnknown` for open intents and `closed{fence+1}` appended first,
-/// then the terminal status at fence+1 with the salvage up to the seal. A ledger already
-/// closed (by an earlier pass whose status write did not land) ends as its seal records.
-pub async fn close(ctx: &Context, run: &AgentRun, close: &Close) -> Result<Applied, Error> {
-    end_run(ctx, run, Some(close)).await
-}
-
-/// A claim met a `closed` seal: the run ends as the seal records (its reason and fence),
-/// whatever decided the claim. Without this, a seal whose terminal status never landed would
-/// be met by every later claim, each one lost, and the run would be re-decided forever.
-async fn close_recorded(ctx: &Context, run: &AgentRun) -> Result<Applied, Error> {
-    end_run(ctx, run, None).await
-}
-
-/// The terminal claim's two writes, from the ledger as read: the seal unless it is there,
-/// then the status. `decided` is the end decided now (None: only a seal already there ends
-/// the run).
-async fn end_run(ctx: &Context, run: &AgentRun, decided: Option<&Close>) -> Result<Applied, Error> {
-    let current = Fence::of_run(run);
-    let next = current.next();
-    // A run closed before it ever started seals position 1: nothing of a namesake may hold it.
-    if next.get() == 1 && !leftovers::cleared(ctx, run, next.get()).await? {
-        return Ok(Applied::Requeue);
-    }
-    let store = SegmentStore::for_run(ctx.client.clone(), run);
-    let segments = store.list().await?;
-    let mut replay = fold(&segments)?;
-    let (close, fence) = match (ledger_verdict(next, &segments), decided) {
-        (Verdict::Newer, _) => return Ok(Applied::Conflict),
-        (Verdict::Closed { fence, reason }, _) => (Close::recorded(&reason, fence), fence),
-        // The cache showed a seal the API server does not have yet: look again.
-        (_, None) => return Ok(Applied::Requeue),
-        (Verdict::Older | Verdict::OwnRetry, Some(close)) => {
-            let reason = close.reason.as_str();
-            match seal_closed(ctx, &store, &replay, next.get(), reason).await {
-                Err(Error::Ledger(err)) if err.is_lost() => return Ok(Applied::Conflict),
-                Err(err) => return Err(err),
-                Ok(new) => replay.extend(&new)?,
-            }
-            (close.clone(), next.get())
-        }
-    };
-    let desired = statuses::closed(run, &close, fence, &replay);
-    let Some(updated) = ctx.write_status(run, desired).await? else {
-        return Ok(Applied::Conflict);
-    };
-    record_close(ctx, run, &close, fence);
-    release_run_lease(ctx, &updated).await?;
-    admission::release(ctx, &updated).await?;
-    delete_pod(ctx, run, current.get()).await?;
-    Ok(Applied::Done)
-}
-
-/// Appends the terminal seal; returns the new segments (slipped history and ours) in order.
-async fn seal_closed(
-    ctx: &Context,
-    store: &SegmentStore,
-    replay: &Replay,
-    fence: i64,
-    reason: &str,
-) -> Result<Vec<LedgerSegment>, Error> {
-    let mut events: Vec<LedgerEvent> = replay
-        .open_steps()
-        .iter()
-        .map(|s| LedgerEvent::StepUnknown {
-            step: s.step,
-            attempt: s.attempt,
-        })
-        .collect();
-    events.push(LedgerEvent::Closed {
-        fence,
-        reason: reason.into(),
-    });
-    let appended = ctx
-        .write_fenced("seal", store.append(replay.tail, fence, events))
-        .await??;
-    let mut new: Vec<LedgerSegment> = appended
-        .slipped
-        .into_iter()
-        .chain(appended.written)
-        .collect();
-    new.sort_by_key(|s| s.spec.seq);
-    Ok(new)
-}
-
-fn record_close(ctx: &Context, run: &AgentRun, close: &Close, fence: i64) {
-    if close.reason == CloseReason::MaxAttemptsExceeded {
-        ctx.metrics.give_up();
-    }
-    let phase = close.phase();
-    tracing::info!(run = %run_name(run), fence, %phase, reason = %close.reason, "ended");
-    let note = format!("{phase} at fence {fence}: {}", close.message);
-    ctx.event(run, true, close.reason.as_str(), note);
 }

@@ -35,6 +35,9 @@ pub struct RunMemory {
     pub seal: Option<SealMemory>,
     /// Reconciles of the run that failed in a row (their backoff doubles).
     pub failures: u32,
+    /// The ledger holds the `closed` record of the terminal claim that ended the run (this
+    /// controller appended it, or found it).
+    pub close_recorded: bool,
 }
 
 impl RunMemory {

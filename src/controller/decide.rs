@@ -100,6 +100,9 @@ pub struct Observation<'a> {
     pub rollout: RolloutPolicy,
     /// Whether a rollout handoff may start now (fewer than the maximum in flight).
     pub rollout_slot: bool,
+    /// The controller knows the ledger holds the `closed` record of the terminal claim that
+    /// ended the run.
+    pub close_recorded: bool,
     pub now: Instant,
     pub wall: Timestamp,
 }
@@ -216,19 +219,27 @@ impl CloseReason {
         }
     }
 
+    const ALL: [CloseReason; 7] = [
+        CloseReason::StopRequested,
+        CloseReason::MaxAttemptsExceeded,
+        CloseReason::SecretNotFound,
+        CloseReason::WorkerConfigError,
+        CloseReason::PodRejected,
+        CloseReason::DeadlineExceeded,
+        CloseReason::Unrecognized,
+    ];
+
     /// The reason a `closed` seal records.
     pub fn from_seal(reason: &str) -> Self {
-        [
-            CloseReason::StopRequested,
-            CloseReason::MaxAttemptsExceeded,
-            CloseReason::SecretNotFound,
-            CloseReason::WorkerConfigError,
-            CloseReason::PodRejected,
-            CloseReason::DeadlineExceeded,
-        ]
-        .into_iter()
-        .find(|r| r.as_str() == reason)
-        .unwrap_or(CloseReason::Unrecognized)
+        Self::ALL
+            .into_iter()
+            .find(|r| r.as_str() == reason)
+            .unwrap_or(CloseReason::Unrecognized)
+    }
+
+    /// True when `reason` (a status's) is one a terminal claim gives.
+    pub fn names(reason: &str) -> bool {
+        Self::ALL.iter().any(|r| r.as_str() == reason)
     }
 
     /// The phase a run closed for this reason ends in.
@@ -270,8 +281,11 @@ pub enum Action {
     Claim(Claim),
     /// The status claim landed but the Lease is behind: move it, then create the pod.
     CompleteClaim,
-    /// Seal with `closed`, then the terminal status with the salvage.
+    /// A terminal claim: seal with `claimed`, the terminal status with the salvage, then the
+    /// `closed` record.
     Close(Close),
+    /// Append the `closed` record of a terminal claim whose status landed without it.
+    RecordClose,
     /// `Finishing` → its outcome.
     Finish,
     /// Terminal run whose run Lease still names a holder.
@@ -710,6 +724,9 @@ fn claim_with(obs: &Observation<'_>, reason: ClaimReason, failed: bool) -> Decis
 }
 
 fn decide_terminal(obs: &Observation<'_>) -> Decision {
+    if ended_by_terminal_claim(obs.run) && !obs.close_recorded {
+        return Decision::act(Action::RecordClose);
+    }
     if obs.lease.as_ref().is_some_and(|l| l.holder.is_some()) {
         return Decision::act(Action::ReleaseLease);
     }
@@ -720,6 +737,18 @@ fn decide_terminal(obs: &Observation<'_>) -> Decision {
         return Decision::act(Action::DeletePod { rollout: false });
     }
     ttl_decision(obs)
+}
+
+/// True when the controller's terminal claim ended the run: a terminal phase at a claimed
+/// fence with no worker, for a reason only a terminal claim gives. (A worker's own end names
+/// its pod; an invalid spec ends at fence 0.)
+fn ended_by_terminal_claim(run: &AgentRun) -> bool {
+    run.status.as_ref().is_some_and(|s| {
+        s.phase.is_terminal()
+            && s.fence > 0
+            && s.worker.is_none()
+            && s.reason.as_deref().is_some_and(CloseReason::names)
+    })
 }
 
 fn ttl_decision(obs: &Observation<'_>) -> Decision {

@@ -93,6 +93,7 @@ fn obs<'a>(
         desired_image: IMAGE.into(),
         rollout: RolloutPolicy::Handoff,
         rollout_slot: true,
+        close_recorded: false,
         now,
         wall: Timestamp::now(),
     }
@@ -518,6 +519,37 @@ fn terminal_runs_release_what_they_hold_then_wait_for_their_ttl() {
     assert_eq!(
         decide(&obs(&r, released, PodState::Terminated, now)).action,
         Action::DeleteRun
+    );
+}
+
+/// A run ended by a terminal claim gets its `closed` record once the status has landed (a
+/// later pass appends it if the pass that wrote the status stopped first), before anything
+/// else; a run its worker ended has nothing to record.
+#[test]
+fn a_run_ended_by_a_terminal_claim_gets_its_record_once() {
+    let now = Instant::now();
+    let mut r = run(Phase::Interrupted, 3, 2, 2);
+    {
+        let s = r.status.as_mut().unwrap();
+        s.worker = None;
+        s.reason = Some(CloseReason::MaxAttemptsExceeded.as_str().into());
+    }
+    let held = Some(lease(L::Fresh, 2, now));
+    let mut o = obs(&r, held, PodState::Terminated, now);
+    assert_eq!(decide(&o).action, Action::RecordClose);
+    o.close_recorded = true;
+    assert_eq!(decide(&o).action, Action::ReleaseLease);
+    // The worker ended it (its pod named), or the spec was refused before any claim.
+    let mut by_worker = r.clone();
+    by_worker.status.as_mut().unwrap().worker = Some("r-w3".into());
+    let o = obs(&by_worker, None, PodState::Terminated, now);
+    assert_eq!(decide(&o).action, Action::Nothing);
+    let mut refused = r.clone();
+    let s = refused.status.as_mut().unwrap();
+    (s.fence, s.reason) = (0, Some("InvalidSpec".into()));
+    assert_eq!(
+        decide(&obs(&refused, None, PodState::Missing, now)).action,
+        Action::Nothing
     );
 }
 

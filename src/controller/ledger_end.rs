@@ -135,7 +135,7 @@ async fn probe_after(
 
 /// Segment `seq` of the run as the API server's watch cache has it (None: not there, or a
 /// segment of an earlier run of the same name, which a `create` would collide with anyway).
-async fn cached_segment(
+pub async fn cached_segment(
     api: &Api<LedgerSegment>,
     run: &AgentRun,
     seq: i64,

@@ -13,6 +13,7 @@ mod apply;
 mod backoff;
 mod claim;
 pub mod cli;
+mod close;
 mod context;
 pub mod decide;
 pub mod election;
@@ -24,6 +25,8 @@ mod observe;
 pub mod pod;
 mod reconcile;
 mod statuses;
+#[doc(hidden)]
+pub mod testing;
 pub mod validate;
 mod writer;
 

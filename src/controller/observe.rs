@@ -35,6 +35,7 @@ pub fn observe<'a>(ctx: &Context, run: &'a AgentRun, now: Instant) -> Observatio
         desired_image: desired_image(run, &ctx.config.worker_image),
         rollout: ctx.config.rollout_policy,
         rollout_slot: in_flight < ctx.config.max_concurrent_handoffs,
+        close_recorded: ctx.memory_of(run).close_recorded,
         now,
         wall: Timestamp::now(),
     }

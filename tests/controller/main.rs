@@ -5,6 +5,7 @@
 //! - `race`: two controllers without an election still make one claim per expiry;
 //! - `rbac`: per-run least privilege before a run's first worker pod;
 //! - `restart`: a controller that dies between the steps of a claim completes it;
+//! - `terminal`: a terminal claim decided on a stale view of the run is a claim like any other;
 //! - `threads`: thread admission.
 
 #[path = "../controller_support/mod.rs"]
@@ -15,4 +16,5 @@ mod ops;
 mod race;
 mod rbac;
 mod restart;
+mod terminal;
 mod threads;

@@ -1,0 +1,204 @@
+//! The terminal claim (docs/protocol.md, "The terminal claim"): a claim that ends the run. It
+//! is sealed like every claim, `claimed{F+1}` at tail+1 (the claim's own first two stages);
+//! then ONE status CAS writes the terminal phase at F+1 with the salvage of the ledger up to
+//! that seal; only once that CAS has landed is `closed{F+1}` appended, as the record (by a
+//! later pass, [`record_closed`], if this one stopped first).
+//!
+//! Why this order: the decision to end the run was made on a view that may be behind the
+//! ledger (a worker that handed off while its Lease looked expired), and a seal lands after
+//! whatever the ledger holds by then. A `claimed` seal whose CAS lost binds nothing: the next
+//! pass decides again from what is true, and a claim of the same fence reuses the seal. A
+//! `closed` seal written first could not be taken back: the run ended Interrupted though no
+//! attempt had died.
+
+use std::ops::ControlFlow::{Break, Continue};
+
+use kube::ResourceExt;
+
+use super::Error;
+use super::admission;
+use super::claim::{
+    Prepared, Sealed, confirm_current, delete_pod, prepare, release_run_lease, seal,
+};
+use super::context::Context;
+use super::decide::{Close, CloseReason};
+use super::ledger_end::cached_segment;
+use super::statuses::{self, run_name};
+use super::writer::Applied;
+use crate::crd::v1alpha1::{AgentRun, LedgerEvent, LedgerSegment};
+use crate::fence::{Fence, Verdict, ledger_verdict, salvage_end, verdict};
+use crate::ledger::{Replay, SegmentStore};
+
+/// Ends `run` as `close` says, by a terminal claim for the run's next fence. The run as read
+/// must still be the run in the API server (a copy behind it is re-read: Conflict).
+pub async fn close(ctx: &Context, run: &AgentRun, close: &Close) -> Result<Applied, Error> {
+    let (prepared, ()) = match prepare(ctx, run, confirm_current(ctx, run)).await? {
+        Continue(prepared) => prepared,
+        Break(applied) => return Ok(applied),
+    };
+    match seal(ctx, prepared).await? {
+        Continue(sealed) => end(ctx, sealed, close).await,
+        Break(applied) => Ok(applied),
+    }
+}
+
+/// Stage 3 of a terminal claim: ONE status CAS, the end at the seal's fence with the salvage
+/// of the ledger up to the seal (listed from the API server: the seal's position and all
+/// before it), then the record, the Lease released, the thread freed, the old pod deleted.
+async fn end(ctx: &Context, Sealed(prepared): Sealed<'_>, close: &Close) -> Result<Applied, Error> {
+    let Prepared { run, holder, .. } = prepared;
+    let fence = holder.fence;
+    let store = SegmentStore::for_run(ctx.client.clone(), run);
+    let segments = store.list().await?;
+    let Some(seal) = salvage_end(fence, &segments) else {
+        // Taken by a newer claim, or ended and recorded meanwhile: the CAS would be lost too.
+        return Ok(Applied::Conflict);
+    };
+    let mut replay = fold(&segments[..=seal])?;
+    let record = record_events(&replay, fence, close.reason.as_str());
+    for event in &record {
+        replay.apply(fence.get(), event);
+    }
+    let desired = statuses::closed(run, close, fence.get(), &replay);
+    let Some(updated) = ctx.write_status(run, desired).await? else {
+        return Ok(Applied::Conflict);
+    };
+    announce(ctx, run, close, fence.get());
+    append_record(ctx, run, &store, replay.tail, fence, record).await?;
+    let previous = Fence::of_run(run).get();
+    after_end(ctx, run, &updated, previous).await
+}
+
+/// What a terminal claim records after its seal: `stepUnknown` for every step still open (its
+/// worker may have run it), then `closed{fence}`.
+fn record_events(replay: &Replay, fence: Fence, reason: &str) -> Vec<LedgerEvent> {
+    let unknown = replay
+        .open_steps()
+        .into_iter()
+        .map(|s| LedgerEvent::StepUnknown {
+            step: s.step,
+            attempt: s.attempt,
+        });
+    let closed = LedgerEvent::Closed {
+        fence: fence.get(),
+        reason: reason.into(),
+    };
+    unknown.chain(std::iter::once(closed)).collect()
+}
+
+/// Appends the record right after the seal at `seal`. One already there (another pass's,
+/// with the same content) ends the append as lost: recorded all the same.
+async fn append_record(
+    ctx: &Context,
+    run: &AgentRun,
+    store: &SegmentStore,
+    seal: i64,
+    fence: Fence,
+    record: Vec<LedgerEvent>,
+) -> Result<(), Error> {
+    let appended = ctx
+        .write_fenced("seal", store.append(seal, fence.get(), record))
+        .await?;
+    match appended {
+        Err(err) if !err.is_lost() => return Err(err.into()),
+        _ => ctx.remember(run, |m| m.close_recorded = true),
+    }
+    Ok(())
+}
+
+/// The rest of an end, once its status landed: the run Lease released, the thread freed, the
+/// pod of the attempt that was current deleted.
+async fn after_end(
+    ctx: &Context,
+    run: &AgentRun,
+    updated: &AgentRun,
+    previous: i64,
+) -> Result<Applied, Error> {
+    release_run_lease(ctx, updated).await?;
+    admission::release(ctx, updated).await?;
+    delete_pod(ctx, run, previous).await?;
+    Ok(Applied::Done)
+}
+
+/// A later pass's share of a terminal claim whose own pass stopped after the terminal status:
+/// the record appended, unless the ledger holds one. It is looked for first where it would be,
+/// in the API server's watch cache: right after the seal, whose position the terminal status
+/// gives, or at it (a version before this rule sealed with `closed`).
+pub async fn record_closed(ctx: &Context, run: &AgentRun) -> Result<Applied, Error> {
+    let fence = Fence::of_run(run);
+    let status = run.status.as_ref();
+    let at = status
+        .and_then(|s| s.ledger.as_ref())
+        .map_or(0, |l| l.segments);
+    if recorded_at(ctx, run, fence, at).await? {
+        ctx.remember(run, |m| m.close_recorded = true);
+        return Ok(Applied::Done);
+    }
+    let store = SegmentStore::for_run(ctx.client.clone(), run);
+    let segments = store.list().await?;
+    let Some(seal) = salvage_end(fence, &segments) else {
+        // Recorded already (or, from an older version, nothing of this fence to record).
+        ctx.remember(run, |m| m.close_recorded = true);
+        return Ok(Applied::Done);
+    };
+    let replay = fold(&segments[..=seal])?;
+    let reason = status.and_then(|s| s.reason.as_deref()).unwrap_or_default();
+    let record = record_events(&replay, fence, reason);
+    tracing::info!(run = %run_name(run), fence = fence.get(), "recording the end in the ledger");
+    append_record(ctx, run, &store, replay.tail, fence, record).await?;
+    Ok(Applied::Done)
+}
+
+/// True when the watch cache shows a `closed` record at `at + 1` or `at`.
+async fn recorded_at(ctx: &Context, run: &AgentRun, fence: Fence, at: i64) -> Result<bool, Error> {
+    let api = ctx.api::<LedgerSegment>(&run.namespace().unwrap_or_default());
+    for seq in [at + 1, at].into_iter().filter(|seq| *seq > 0) {
+        if let Some(seg) = cached_segment(&api, run, seq).await?
+            && matches!(verdict(fence, &seg, None), Verdict::Closed { .. })
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// A claim met a `closed` record. One this version wrote follows the terminal status, so the
+/// CAS below, on a copy of the run from before it, is lost: re-read. One an earlier version
+/// wrote (it sealed with `closed` before the status) may stand without its status: the run
+/// ends as it records, whatever decided the claim, or every later claim would meet it.
+pub async fn complete_recorded(ctx: &Context, run: &AgentRun) -> Result<Applied, Error> {
+    let store = SegmentStore::for_run(ctx.client.clone(), run);
+    let segments = store.list().await?;
+    let Verdict::Closed { fence, reason } = ledger_verdict(Fence::of_run(run).next(), &segments)
+    else {
+        // The cache showed a record the API server does not have: look again.
+        return Ok(Applied::Requeue);
+    };
+    let close = Close::recorded(&reason, fence);
+    let replay = fold(&segments)?;
+    let desired = statuses::closed(run, &close, fence, &replay);
+    let Some(updated) = ctx.write_status(run, desired).await? else {
+        return Ok(Applied::Conflict);
+    };
+    announce(ctx, run, &close, fence);
+    ctx.remember(run, |m| m.close_recorded = true);
+    after_end(ctx, run, &updated, Fence::of_run(run).get()).await
+}
+
+/// The ledger folded. `extend` (not `from_segments`): a chunked event still being written by
+/// an older owner must not stop a terminal claim; it only needs positions, steps and seals.
+fn fold(segments: &[LedgerSegment]) -> Result<Replay, Error> {
+    let mut replay = Replay::default();
+    replay.extend(segments)?;
+    Ok(replay)
+}
+
+fn announce(ctx: &Context, run: &AgentRun, close: &Close, fence: i64) {
+    if close.reason == CloseReason::MaxAttemptsExceeded {
+        ctx.metrics.give_up();
+    }
+    let phase = close.phase();
+    tracing::info!(run = %run_name(run), fence, %phase, reason = %close.reason, "ended");
+    let note = format!("{phase} at fence {fence}: {}", close.message);
+    ctx.event(run, true, close.reason.as_str(), note);
+}
