@@ -25,7 +25,7 @@ fn effects(env: &NodeEnv) -> Effects {
 
 /// Every attempt dies (its worker is killed from the host each time it starts a step): after
 /// maxAttempts the run ends Interrupted (MaxAttemptsExceeded) with its partial output and
-/// transcript salvaged, ending in the controller's `closed` seal.
+/// transcript salvaged, ending in the controller's `claimed` seal and `closed` record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_a_run_that_always_dies_ends_interrupted() {
     let env = NodeEnv::start("always-dies").await;
@@ -73,7 +73,16 @@ async fn node_a_run_that_always_dies_ends_interrupted() {
     assert!(st.output_partial, "the output is a salvage: {st:#?}");
     assert!(!st.output.clone().unwrap_or_default().is_empty(), "{st:#?}");
     assert!(st.unknown_effects.len() >= 2, "{:#?}", st.unknown_effects);
-    let ledger = env.ledger(name).await;
+    // The terminal claim's `closed` record follows its status.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let ledger = loop {
+        let ledger = env.ledger(name).await;
+        let last = ledger.last().and_then(|s| s.spec.events.last());
+        if matches!(last, Some(LedgerEvent::Closed { .. })) || Instant::now() > deadline {
+            break ledger;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     let events: Vec<&LedgerEvent> = ledger.iter().flat_map(|s| &s.spec.events).collect();
     let assistant = events
         .iter()

@@ -45,7 +45,11 @@ pub async fn close(ctx: &Context, run: &AgentRun, close: &Close) -> Result<Appli
 /// Stage 3 of a terminal claim: ONE status CAS, the end at the seal's fence with the salvage
 /// of the ledger up to the seal (listed from the API server: the seal's position and all
 /// before it), then the record, the Lease released, the thread freed, the old pod deleted.
-async fn end(ctx: &Context, Sealed(prepared): Sealed<'_>, close: &Close) -> Result<Applied, Error> {
+pub(super) async fn end(
+    ctx: &Context,
+    Sealed(prepared): Sealed<'_>,
+    close: &Close,
+) -> Result<Applied, Error> {
     let Prepared { run, holder, .. } = prepared;
     let fence = holder.fence;
     let store = SegmentStore::for_run(ctx.client.clone(), run);

@@ -3,14 +3,17 @@
 //! A stale cache cannot be had on demand from a real API server; a copy read earlier can, and
 //! the traces of docs/protocol.md ("The terminal claim") are replayed with it.
 
+use std::future::Future;
+use std::ops::ControlFlow::{Break, Continue};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use kube::Client;
 use kube::runtime::reflector;
 
+use super::claim::{confirm_current, prepare, seal};
 use super::context::Context;
-use super::decide::Action;
+use super::decide::{Action, Close};
 use super::election::Leadership;
 use super::metrics::Metrics;
 use super::{Config, Error};
@@ -44,4 +47,24 @@ pub fn detached(client: Client) -> Context {
 /// Applies `action`, decided on `run` (perhaps a stale copy), with the controller's own code.
 pub async fn apply_on(ctx: &Context, run: &AgentRun, action: &Action) -> Result<Applied, Error> {
     super::apply::apply(ctx, run, action).await
+}
+
+/// The terminal claim of [`super::close::close`], stage by stage, with `between` run after its
+/// first stage (the run confirmed current, the ledger's end found) and before its seal: where
+/// a worker that wakes from a pause appends, and no re-read of the run can see it coming.
+pub async fn terminal_claim_paused(
+    ctx: &Context,
+    run: &AgentRun,
+    close: &Close,
+    between: impl Future<Output = ()>,
+) -> Result<Applied, Error> {
+    let (prepared, ()) = match prepare(ctx, run, confirm_current(ctx, run)).await? {
+        Continue(prepared) => prepared,
+        Break(applied) => return Ok(applied),
+    };
+    between.await;
+    match seal(ctx, prepared).await? {
+        Continue(sealed) => super::close::end(ctx, sealed, close).await,
+        Break(applied) => Ok(applied),
+    }
 }

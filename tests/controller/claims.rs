@@ -225,9 +225,10 @@ async fn max_attempts_ends_interrupted_with_salvage_and_unknown_effects() {
     assert_eq!(s.unknown_effects.len(), 1);
     assert_eq!(s.unknown_effects[0].step, 1);
     assert!(s.completion_time.is_some());
+    // The terminal claim seals like a claim, then records the end.
     assert_eq!(
-        seals(&ledger(&ns, "r").await),
-        vec![(1, false), (2, false), (3, true)]
+        seals(&ledger_recorded(&ns, "r").await),
+        vec![(1, false), (2, false), (3, false), (3, true)]
     );
     let l = lease(&ns, "r").await.unwrap();
     assert_eq!((lease_holder(&l), lease_fence(&l)), (None, Some(3)));
@@ -339,7 +340,10 @@ async fn a_run_waiting_past_its_deadline_ends_failed_by_a_terminal_claim() {
             .contains("spec.budget.deadlineSeconds"),
         "the message names the limit"
     );
-    assert_eq!(seals(&ledger(&ns, "r").await).last(), Some(&(2, true)));
+    assert_eq!(
+        seals(&ledger_recorded(&ns, "r").await),
+        vec![(1, false), (2, false), (2, true)]
+    );
     ns.cleanup().await;
 }
 
@@ -374,6 +378,9 @@ async fn a_stop_no_worker_carries_out_ends_the_run_stopped() {
     let s = status(&run);
     assert_eq!(s.phase, Phase::Stopped);
     assert_eq!(s.fence, 2);
-    assert_eq!(seals(&ledger(&ns, "r").await).last(), Some(&(2, true)));
+    assert_eq!(
+        seals(&ledger_recorded(&ns, "r").await),
+        vec![(1, false), (2, false), (2, true)]
+    );
     ns.cleanup().await;
 }

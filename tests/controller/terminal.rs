@@ -11,10 +11,14 @@ use baton::controller::decide::{
     Action, Admission, CloseReason, LeaseObs, Observation, PodState, RolloutPolicy, decide,
 };
 use baton::controller::testing::{self, Applied};
-use baton::crd::v1alpha1::{AgentRun, LedgerEvent, Phase};
-use baton::lease::LeaseSighting;
+use baton::crd::v1alpha1::{
+    AgentRun, LedgerEvent, LedgerStats, Phase, Resolution, Role, UnknownEffect,
+};
+use baton::lease::{LeaseSighting, lease_holder};
+use baton::ledger::SegmentStore;
+use baton::status::cas_status;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::ResourceExt;
 
 /// A run with one attempt to spend: a death gives it up.
 fn one_attempt_run() -> AgentRun {
@@ -102,6 +106,7 @@ async fn claimed_again_as_the_handoff_and_succeeds(ns: &TestNamespace) {
         (Phase::Running, 2, 0, Some("Handoff")),
         "a handed-off run is claimed again, not ended: {s:#?}"
     );
+    wait_lease(ns, "r", "r-w2", 2, T).await;
     finish(ns, 2).await;
     let run = wait_run(ns, "r", T, |s| s.phase.is_terminal()).await;
     let s = status(&run);
@@ -116,7 +121,9 @@ async fn claimed_again_as_the_handoff_and_succeeds(ns: &TestNamespace) {
 
 /// Trace 1 (stale cache, one fault): the worker hands off and releases its Lease while the
 /// controller's copy still says Running; the released Lease, unchanged past its allowance,
-/// looks like a death, which with `maxAttempts: 1` gives the run up.
+/// looks like a death, which with `maxAttempts: 1` gives the run up. The terminal claim finds
+/// the run changed before it seals anything (before the rule it sealed `closed{2}` after the
+/// handoff, and the run ended Interrupted); were it to seal, trace 2 below shows the rest.
 #[tokio::test]
 async fn a_give_up_decided_on_a_stale_copy_of_a_handed_off_run_becomes_its_handoff_claim() {
     let (ns, controller, _) = started("ctl-term-stale", one_attempt_run()).await;
@@ -141,28 +148,172 @@ async fn a_give_up_decided_on_a_stale_copy_of_a_handed_off_run_becomes_its_hando
 }
 
 /// Trace 2 (pause): the worker is paused past its startup allowance before its first write;
-/// the controller gives up on it; the worker wakes, starts, hands off and releases its Lease
-/// before the controller's seal lands.
+/// the controller gives up on it, confirms the run unchanged and finds the ledger's end; then
+/// the worker wakes, starts, hands off and releases its Lease, all before the seal, which
+/// walks past its writes. The give-up's status CAS loses to `Handoff`, and its `claimed{2}`
+/// seal, after the handoff, is the one the handoff's claim reuses.
 #[tokio::test]
-async fn a_give_up_on_a_paused_worker_that_hands_off_meanwhile_becomes_its_handoff_claim() {
+async fn a_give_up_on_a_paused_worker_that_hands_off_before_the_seal_becomes_its_handoff_claim() {
     let (ns, controller, _) = started("ctl-term-pause", one_attempt_run()).await;
     drop(controller);
-    let stale = get(&ns, "r").await;
-    let action = decided_on(&stale, true, false);
-    assert!(is_give_up(&action), "{action:?}");
+    let current = get(&ns, "r").await;
+    let action = decided_on(&current, true, false);
+    let Action::Close(give_up) = &action else {
+        panic!("a give-up: {action:?}");
+    };
+    assert!(is_give_up(&action));
 
     let mut w1 = FakeWorker::new(&ns, "r", 1);
-    w1.resume().await;
-    let pod = w1.pod.clone();
-    w1.append(vec![LedgerEvent::AttemptStarted { fence: 1, pod }])
+    let wakes = async {
+        w1.resume().await;
+        let pod = w1.pod.clone();
+        w1.append(vec![LedgerEvent::AttemptStarted { fence: 1, pod }])
+            .await
+            .unwrap();
+        hand_off(&mut w1).await;
+    };
+    let ctx = testing::detached(ns.client.clone());
+    let applied = testing::terminal_claim_paused(&ctx, &current, give_up, wakes)
         .await
         .unwrap();
-    hand_off(&mut w1).await;
-
-    let ctx = testing::detached(ns.client.clone());
-    let applied = testing::apply_on(&ctx, &stale, &action).await.unwrap();
     assert_eq!(applied, Applied::Conflict, "the status moved on: Handoff");
-    assert_eq!(stale.name_any(), "r");
+    let segments = ledger(&ns, "r").await;
+    let handoff = segments
+        .iter()
+        .position(|s| s.spec.events.contains(&LedgerEvent::Handoff));
+    assert!(
+        handoff.is_some_and(|h| h + 1 < segments.len()),
+        "the seal landed after the handoff: {:?}",
+        seals(&segments)
+    );
+    assert_eq!(
+        seals(&segments),
+        vec![(1, false), (2, false)],
+        "a `claimed` seal, no `closed`"
+    );
     claimed_again_as_the_handoff_and_succeeds(&ns).await;
+    ns.cleanup().await;
+}
+
+/// A run whose one attempt died in the middle of a step, with `maxAttempts: 1`, and what its
+/// worker wrote: the first claim was made by a controller that then stopped.
+async fn died_mid_step(test: &str) -> TestNamespace {
+    let (ns, controller, _) = started(test, one_attempt_run()).await;
+    drop(controller);
+    let mut w1 = FakeWorker::new(&ns, "r", 1);
+    w1.resume().await;
+    w1.renew().await.unwrap();
+    let pod = w1.pod.clone();
+    w1.append(vec![
+        LedgerEvent::AttemptStarted { fence: 1, pod },
+        LedgerEvent::Message {
+            role: Role::Assistant,
+            content: "partial answer".into(),
+        },
+        LedgerEvent::StepIntent {
+            step: 1,
+            tool: "sh".into(),
+            call_id: "c1".into(),
+            input: "rm -rf /tmp/x".into(),
+            idempotent: false,
+        },
+    ])
+    .await
+    .unwrap();
+    ns
+}
+
+/// The terminal claim's seal, `claimed{2}`, as a controller writes it before it stops.
+async fn seal_as_the_controller(ns: &TestNamespace) -> i64 {
+    let run = get(ns, "r").await;
+    let store = SegmentStore::for_run(ns.client.clone(), &run);
+    let tail = store.list().await.unwrap().len() as i64;
+    let claimed = LedgerEvent::Claimed {
+        fence: 2,
+        pod: "r-w2".into(),
+    };
+    store.append(tail, 2, vec![claimed]).await.unwrap().tail
+}
+
+/// The run ended exactly once, with its salvage: Interrupted at fence 2, one failed attempt,
+/// the partial answer and the step in flight reported; the ledger holds one seal per fence and
+/// one `closed` record, the open step reported unknown in it.
+async fn ended_once_with_its_salvage(ns: &TestNamespace) {
+    let run = wait_run(ns, "r", T, |s| s.phase.is_terminal()).await;
+    let s = status(&run);
+    assert_eq!(
+        (s.phase, s.fence, s.failed_attempts, s.reason.as_deref()),
+        (Phase::Interrupted, 2, 1, Some("MaxAttemptsExceeded")),
+        "{s:#?}"
+    );
+    assert!(
+        s.output
+            .as_deref()
+            .unwrap_or_default()
+            .contains("partial answer")
+    );
+    assert_eq!(s.unknown_effects.len(), 1, "{:?}", s.unknown_effects);
+    let segments = ledger_recorded(ns, "r").await;
+    // Another pass or two must not record it again.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let again = ledger(ns, "r").await;
+    assert_eq!(again.len(), segments.len(), "the end is recorded once");
+    assert_eq!(seals(&again), vec![(1, false), (2, false), (2, true)]);
+    let record = &again.last().unwrap().spec.events;
+    assert!(
+        matches!(
+            record.as_slice(),
+            [
+                LedgerEvent::StepUnknown { step: 1, .. },
+                LedgerEvent::Closed { fence: 2, .. }
+            ]
+        ),
+        "{record:?}"
+    );
+    let completed = status(&get(ns, "r").await).completion_time;
+    assert_eq!(completed, s.completion_time, "the status was written once");
+}
+
+/// A controller stopped right after its terminal claim's seal: the next one decides again,
+/// reuses the seal, and ends the run with its salvage.
+#[tokio::test]
+async fn a_terminal_claim_stopped_after_its_seal_ends_the_run_once() {
+    let ns = died_mid_step("ctl-term-seal").await;
+    seal_as_the_controller(&ns).await;
+    let _c = start(&ns.client, config(&ns.name));
+    ended_once_with_its_salvage(&ns).await;
+    ns.cleanup().await;
+}
+
+/// A controller stopped right after its terminal claim's status CAS: the next one appends the
+/// `closed` record, once, and leaves the status as it was.
+#[tokio::test]
+async fn a_terminal_claim_stopped_after_its_status_gets_its_record_from_the_next_pass() {
+    let ns = died_mid_step("ctl-term-status").await;
+    let seal = seal_as_the_controller(&ns).await;
+    let run = get(&ns, "r").await;
+    let mut s = status(&run);
+    s.phase = Phase::Interrupted;
+    (s.fence, s.attempt, s.failed_attempts, s.worker) = (2, 2, 1, None);
+    s.reason = Some("MaxAttemptsExceeded".into());
+    s.output = Some("partial answer".into());
+    s.output_partial = true;
+    s.unknown_effects = vec![UnknownEffect {
+        step: 1,
+        tool: "sh".into(),
+        attempt: 1,
+        resolution: Resolution::Unknown,
+        summary: "sh rm -rf /tmp/x".into(),
+    }];
+    s.ledger = Some(LedgerStats {
+        segments: seal,
+        ..LedgerStats::default()
+    });
+    s.completion_time = Some(Time(Timestamp::now()));
+    cas_status(&ns.api(), &run, s).await.unwrap();
+    let _c = start(&ns.client, config(&ns.name));
+    ended_once_with_its_salvage(&ns).await;
+    let released = lease(&ns, "r").await.unwrap();
+    assert_eq!(lease_holder(&released), None, "the run's Lease is released");
     ns.cleanup().await;
 }

@@ -321,6 +321,24 @@ pub async fn ledger(ns: &TestNamespace, run: &str) -> Vec<LedgerSegment> {
         .expect("listing ledger")
 }
 
+/// The run's ledger once it holds a `closed` record (a terminal claim appends it right after
+/// its status lands); panics after `T`.
+pub async fn ledger_recorded(ns: &TestNamespace, run: &str) -> Vec<LedgerSegment> {
+    let deadline = Instant::now() + T;
+    loop {
+        let segments = ledger(ns, run).await;
+        if seals(&segments).iter().any(|(_, closed)| *closed) {
+            return segments;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no closed record in the ledger of {run}: {:?}",
+            seals(&segments)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Every `claimed`/`closed` seal in the ledger, as (fence, is_closed).
 pub fn seals(segments: &[LedgerSegment]) -> Vec<(i64, bool)> {
     segments
