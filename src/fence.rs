@@ -173,7 +173,17 @@ pub fn segment_name(run: &str, seq: i64) -> String {
 
 /// Name of a run's Lease. The prefix keeps run and thread Leases apart in one namespace.
 pub fn run_lease_name(run: &str) -> String {
-    format!("run.{run}")
+    format!("{RUN_LEASE_PREFIX}{run}")
+}
+
+const RUN_LEASE_PREFIX: &str = "run.";
+
+/// The run a Lease is for, by its name (the one thing about a run Lease its holder cannot
+/// change: a worker may update its Lease, ownerReferences included).
+pub fn run_of_lease(lease_name: &str) -> Option<&str> {
+    lease_name
+        .strip_prefix(RUN_LEASE_PREFIX)
+        .filter(|run| !run.is_empty())
 }
 
 /// The worker pod of attempt `fence`: one name per fence, so a fence never has two pods.
@@ -327,6 +337,13 @@ mod tests {
             (holder.namespace.as_str(), holder.uid.as_str()),
             ("ns", "u")
         );
+    }
+
+    #[test]
+    fn a_run_lease_names_its_run() {
+        assert_eq!(run_of_lease(&run_lease_name("r")), Some("r"));
+        assert_eq!(run_of_lease("thread.t"), None);
+        assert_eq!(run_of_lease("run."), None);
     }
 
     #[test]

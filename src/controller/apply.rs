@@ -6,8 +6,8 @@ use kube::api::{DeleteParams, Preconditions};
 
 use super::Error;
 use super::admission;
-use super::claim::{self, delete_pod, release_run_lease};
-use super::close;
+use super::claim;
+use super::close::{self, delete_pod, release_run_lease};
 use super::context::Context;
 use super::decide::{Action, WorkspaceCondition};
 use super::observe::start_rollout;
@@ -25,7 +25,7 @@ pub async fn apply(ctx: &Context, run: &AgentRun, action: &Action) -> Result<App
         Action::ClearStaleAdmission => admission::clear_stale(ctx, run).await,
         Action::Claim(c) => claim::claim(ctx, run, *c).await,
         Action::CompleteClaim => claim::complete(ctx, claim::StatusWritten::shown_by(run)).await,
-        Action::Close(c) => close::close(ctx, run, c).await,
+        Action::Close(c) => claim::terminal_claim(ctx, run, c).await,
         Action::RecordClose => close::record_closed(ctx, run).await,
         Action::Finish => finish(ctx, run).await,
         Action::ReleaseLease => release_run_lease(ctx, run).await.map(|_| Applied::Done),

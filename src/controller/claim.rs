@@ -1,6 +1,6 @@
 //! The claim (docs/protocol.md): seal → ONE status CAS → Lease move → pod creation, as a
 //! pipeline of typed stages. The first two stages (prepare, seal) are every claim's, the
-//! terminal claim's too ([`super::close`]).
+//! terminal claim's too ([`terminal_claim`], ended by [`super::close`]).
 //!
 //! Pod rule: a pod is created only right after this pass moved the Lease to it (or found the
 //! Lease behind and moved it). A Lease already naming the pod of the current fence means its
@@ -13,13 +13,13 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{DeleteParams, PostParams};
+use kube::api::PostParams;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 
 use super::Error;
 use super::access::{ensure_run_rbac, ensure_workspace};
-use super::close;
+use super::close::{self, delete_pod};
 use super::context::{Context, SealMemory};
 use super::decide::{Claim, ClaimReason, Close, CloseReason};
 use super::ledger_end::{LedgerEnd, ledger_end};
@@ -28,11 +28,10 @@ use super::observe::sight;
 use super::pod::{desired_image, worker_pod};
 use super::statuses::{self, run_name};
 use super::writer::Applied;
-use crate::crd::FENCE_ANNOTATION;
 use crate::crd::v1alpha1::{AgentRun, LedgerEvent};
 use crate::fence::{Fence, RunHolder, run_lease_name, worker_pod_name};
 use crate::kube_util::{is_retry_soon, refused_for_what_it_is};
-use crate::lease::{LeaseClient, lease_fence, lease_holder};
+use crate::lease::{LeaseClient, LeaseError, lease_fence, lease_holder};
 use crate::ledger::SegmentStore;
 
 /// Where a stage of the claim leaves it: on to the next stage, or stopped (and what that
@@ -319,7 +318,20 @@ async fn move_lease(ctx: &Context, written: StatusWritten) -> Result<Stage<Lease
     let owner = run.controller_owner_ref(&()).unwrap_or_default();
     let duration = run.spec.lease.duration_seconds;
     let request = leases.move_from(&holder.run, current, owner, &holder.pod, fence, duration);
-    if ctx.write_fenced("lease", request).await??.is_none() {
+    let moved = match ctx.write_fenced("lease", request).await? {
+        // A deleted namesake's, which the next pass's leftover check removes.
+        Err(LeaseError::NotTheRuns { leftover: true, .. }) => return Ok(Break(Applied::Requeue)),
+        Err(err @ LeaseError::NotTheRuns { .. }) => {
+            let taken = Close {
+                reason: CloseReason::LeaseNotOwned,
+                message: err.to_string(),
+                failed: false,
+            };
+            return terminal_claim(ctx, &run, &taken).await.map(Break);
+        }
+        other => other?,
+    };
+    if moved.is_none() {
         // Someone else moved it meanwhile: the pod is theirs to create.
         return Ok(Break(Applied::Requeue));
     }
@@ -341,7 +353,7 @@ async fn create_pod(ctx: &Context, moved: LeaseMoved) -> Result<(), Error> {
             message: format!("the API server refuses the worker pod: {message}"),
             failed: false,
         };
-        return close::close(ctx, &run, &refused).await.map(|_| ());
+        return terminal_claim(ctx, &run, &refused).await.map(|_| ());
     }
     if let Err(err) = created {
         // Perhaps the ServiceAccount was removed behind our back: check again next time.
@@ -390,53 +402,23 @@ fn cached_lease(ctx: &Context, run: &AgentRun) -> Option<Lease> {
         .map(|l| (*l).clone())
 }
 
-/// Deletes the worker pod of `fence` unless the cache shows it already being deleted (404 is
-/// fine). A pod missing from the cache is deleted all the same: the cache may lag, and a
-/// skipped deletion would leave an old worker pod behind for good.
-pub async fn delete_pod(ctx: &Context, run: &AgentRun, fence: i64) -> Result<(), Error> {
-    if fence == 0 {
-        return Ok(());
-    }
-    let ns = run.namespace().unwrap_or_default();
-    let name = worker_pod_name(&run.name_any(), fence);
-    let cached = kube::runtime::reflector::ObjectRef::<Pod>::new(&name).within(&ns);
-    if ctx
-        .pods
-        .get(&cached)
-        .is_some_and(|p| p.metadata.deletion_timestamp.is_some())
-    {
-        return Ok(());
-    }
-    let api = ctx.api::<Pod>(&ns);
-    // Gone is fine: the pod was deleted already.
-    ctx.write("pod_delete", api.delete(&name, &DeleteParams::default()))
-        .await?;
-    Ok(())
-}
-
-/// Clears the run Lease's holder (CAS), keeping the higher of its fence and the run's. A
-/// Lease moved meanwhile (Conflict) is someone else's now; a Lease gone needs no release.
-pub async fn release_run_lease(ctx: &Context, run: &AgentRun) -> Result<(), Error> {
-    let ns = run.namespace().unwrap_or_default();
-    let api = ctx.api::<Lease>(&ns);
-    let name = run_lease_name(&run.name_any());
-    let Some(mut lease) = api.get_opt(&name).await? else {
-        return Ok(());
+/// A terminal claim (docs/protocol.md, "The terminal claim"): ends `run` as `close` says by a
+/// claim for its next fence, the claim's own first two stages sealing `claimed{F+1}`, then
+/// [`close::end`]. The run as read must still be the run in the API server (a copy behind it
+/// is re-read: Conflict).
+pub async fn terminal_claim(
+    ctx: &Context,
+    run: &AgentRun,
+    close: &Close,
+) -> Result<Applied, Error> {
+    let (prepared, ()) = match prepare(ctx, run, confirm_current(ctx, run)).await? {
+        Continue(prepared) => prepared,
+        Break(applied) => return Ok(applied),
     };
-    if lease_holder(&lease).is_none() {
-        return Ok(());
+    match seal(ctx, prepared).await? {
+        Continue(Sealed(prepared)) => {
+            close::end(ctx, prepared.run, prepared.holder.fence, close).await
+        }
+        Break(applied) => Ok(applied),
     }
-    let fence = lease_fence(&lease)
-        .unwrap_or(0)
-        .max(Fence::of_run(run).get());
-    lease
-        .annotations_mut()
-        .insert(FENCE_ANNOTATION.into(), fence.to_string());
-    if let Some(spec) = lease.spec.as_mut() {
-        spec.holder_identity = None;
-    }
-    let params = PostParams::default();
-    ctx.write("lease", api.replace(&name, &params, &lease))
-        .await?;
-    Ok(())
 }

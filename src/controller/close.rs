@@ -1,6 +1,6 @@
-//! The terminal claim (docs/protocol.md, "The terminal claim"): a claim that ends the run. It
-//! is sealed like every claim, `claimed{F+1}` at tail+1 (the claim's own first two stages);
-//! then ONE status CAS writes the terminal phase at F+1 with the salvage of the ledger up to
+//! The end of a terminal claim (docs/protocol.md, "The terminal claim"), a claim that ends the
+//! run. It is sealed like every claim, `claimed{F+1}` at tail+1 (`claim::terminal_claim`, the
+//! claim's own first two stages); then ONE status CAS writes the terminal phase at F+1 with the salvage of the ledger up to
 //! that seal; only once that CAS has landed is `closed{F+1}` appended, as the record (by a
 //! later pass, [`record_closed`], if this one stopped first).
 //!
@@ -10,48 +10,38 @@
 //! pass decides again from what is true, and a claim of the same fence reuses the seal. A
 //! `closed` seal written first could not be taken back: the run ended Interrupted though no
 //! attempt had died.
+//!
+//! Also here: what every end does after its status (the Lease released, the old pod deleted).
 
-use std::ops::ControlFlow::{Break, Continue};
-
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
+use kube::api::{DeleteParams, PostParams};
 
 use super::Error;
 use super::admission;
-use super::claim::{
-    Prepared, Sealed, confirm_current, delete_pod, prepare, release_run_lease, seal,
-};
 use super::context::Context;
 use super::decide::{Close, CloseReason};
 use super::ledger_end::cached_segment;
 use super::statuses::{self, run_name};
 use super::writer::Applied;
 use crate::crd::v1alpha1::{AgentRun, LedgerEvent, LedgerSegment};
-use crate::fence::{Fence, Verdict, ledger_verdict, salvage_end, verdict};
+use crate::crd::{FENCE_ANNOTATION, controlled_by_run};
+use crate::fence::{
+    Fence, Verdict, ledger_verdict, run_lease_name, salvage_end, verdict, worker_pod_name,
+};
+use crate::lease::{lease_fence, lease_holder};
 use crate::ledger::{Replay, SegmentStore};
 
-/// Ends `run` as `close` says, by a terminal claim for the run's next fence. The run as read
-/// must still be the run in the API server (a copy behind it is re-read: Conflict).
-pub async fn close(ctx: &Context, run: &AgentRun, close: &Close) -> Result<Applied, Error> {
-    let (prepared, ()) = match prepare(ctx, run, confirm_current(ctx, run)).await? {
-        Continue(prepared) => prepared,
-        Break(applied) => return Ok(applied),
-    };
-    match seal(ctx, prepared).await? {
-        Continue(sealed) => end(ctx, sealed, close).await,
-        Break(applied) => Ok(applied),
-    }
-}
-
-/// Stage 3 of a terminal claim: ONE status CAS, the end at the seal's fence with the salvage
+/// Stage 3 of a terminal claim (after the claim's prepare and seal for `fence`): ONE status CAS, the end at the seal's fence with the salvage
 /// of the ledger up to the seal (listed from the API server: the seal's position and all
 /// before it), then the record, the Lease released, the thread freed, the old pod deleted.
-pub(super) async fn end(
+pub async fn end(
     ctx: &Context,
-    Sealed(prepared): Sealed<'_>,
+    run: &AgentRun,
+    fence: Fence,
     close: &Close,
 ) -> Result<Applied, Error> {
-    let Prepared { run, holder, .. } = prepared;
-    let fence = holder.fence;
     let store = SegmentStore::for_run(ctx.client.clone(), run);
     let segments = store.list().await?;
     let Some(seal) = salvage_end(fence, &segments) else {
@@ -205,4 +195,57 @@ fn announce(ctx: &Context, run: &AgentRun, close: &Close, fence: i64) {
     tracing::info!(run = %run_name(run), fence, %phase, reason = %close.reason, "ended");
     let note = format!("{phase} at fence {fence}: {}", close.message);
     ctx.event(run, true, close.reason.as_str(), note);
+}
+
+/// Deletes the worker pod of `fence` unless the cache shows it already being deleted (404 is
+/// fine). A pod missing from the cache is deleted all the same: the cache may lag, and a
+/// skipped deletion would leave an old worker pod behind for good.
+pub async fn delete_pod(ctx: &Context, run: &AgentRun, fence: i64) -> Result<(), Error> {
+    if fence == 0 {
+        return Ok(());
+    }
+    let ns = run.namespace().unwrap_or_default();
+    let name = worker_pod_name(&run.name_any(), fence);
+    let cached = kube::runtime::reflector::ObjectRef::<Pod>::new(&name).within(&ns);
+    if ctx
+        .pods
+        .get(&cached)
+        .is_some_and(|p| p.metadata.deletion_timestamp.is_some())
+    {
+        return Ok(());
+    }
+    let api = ctx.api::<Pod>(&ns);
+    // Gone is fine: the pod was deleted already.
+    ctx.write("pod_delete", api.delete(&name, &DeleteParams::default()))
+        .await?;
+    Ok(())
+}
+
+/// Clears the run Lease's holder (CAS), keeping the higher of its fence and the run's. A
+/// Lease moved meanwhile (Conflict) is someone else's now; a Lease gone needs no release; a
+/// Lease this run does not control is not touched.
+pub async fn release_run_lease(ctx: &Context, run: &AgentRun) -> Result<(), Error> {
+    let ns = run.namespace().unwrap_or_default();
+    let api = ctx.api::<Lease>(&ns);
+    let name = run_lease_name(&run.name_any());
+    let Some(mut lease) = api.get_opt(&name).await? else {
+        return Ok(());
+    };
+    if lease_holder(&lease).is_none() || !controlled_by_run(&lease, &run.uid().unwrap_or_default())
+    {
+        return Ok(());
+    }
+    let fence = lease_fence(&lease)
+        .unwrap_or(0)
+        .max(Fence::of_run(run).get());
+    lease
+        .annotations_mut()
+        .insert(FENCE_ANNOTATION.into(), fence.to_string());
+    if let Some(spec) = lease.spec.as_mut() {
+        spec.holder_identity = None;
+    }
+    let params = PostParams::default();
+    ctx.write("lease", api.replace(&name, &params, &lease))
+        .await?;
+    Ok(())
 }

@@ -202,6 +202,9 @@ pub enum CloseReason {
     /// `spec.budget.deadlineSeconds` passed while the run waited for input or an approval:
     /// no worker was there to check it.
     DeadlineExceeded,
+    /// A Lease of the run's Lease name exists and the run does not control it: baton never
+    /// replaces a Lease it did not make for the run.
+    LeaseNotOwned,
     /// A seal whose reason this version does not know (written by another version).
     Unrecognized,
 }
@@ -215,17 +218,19 @@ impl CloseReason {
             CloseReason::WorkerConfigError => "WorkerConfigError",
             CloseReason::PodRejected => "PodRejected",
             CloseReason::DeadlineExceeded => "DeadlineExceeded",
+            CloseReason::LeaseNotOwned => "LeaseNotOwned",
             CloseReason::Unrecognized => "LedgerClosed",
         }
     }
 
-    const ALL: [CloseReason; 7] = [
+    const ALL: [CloseReason; 8] = [
         CloseReason::StopRequested,
         CloseReason::MaxAttemptsExceeded,
         CloseReason::SecretNotFound,
         CloseReason::WorkerConfigError,
         CloseReason::PodRejected,
         CloseReason::DeadlineExceeded,
+        CloseReason::LeaseNotOwned,
         CloseReason::Unrecognized,
     ];
 
@@ -250,7 +255,8 @@ impl CloseReason {
             CloseReason::SecretNotFound
             | CloseReason::WorkerConfigError
             | CloseReason::PodRejected
-            | CloseReason::DeadlineExceeded => Phase::Failed,
+            | CloseReason::DeadlineExceeded
+            | CloseReason::LeaseNotOwned => Phase::Failed,
         }
     }
 }

@@ -11,6 +11,7 @@ use crate::crd::RUN_UID_LABEL;
 use crate::crd::v1alpha1::{AgentRun, LedgerSegment};
 use crate::fence::{Fence, Verdict, ledger_verdict, segment_name, verdict};
 use crate::kube_util::is_not_found;
+use crate::ledger::is_segment_of;
 
 /// Where a claim for `fence` finds the ledger.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -100,7 +101,7 @@ pub async fn ledger_end(ctx: &Context, run: &AgentRun, fence: i64) -> Result<Led
     {
         return Ok(end);
     }
-    let mut segments = cached_segments_of(&api, &uid).await?;
+    let mut segments = cached_segments_of(&api, &run.name_any(), &uid).await?;
     segments.sort_by_key(|s| s.spec.seq);
     // Our own seal's position is not needed (0): nothing is appended.
     let tail = segments.last().map_or(0, |s| s.spec.seq);
@@ -159,15 +160,18 @@ pub async fn cached_segment_at(
     }
 }
 
-/// Every segment the run with UID `uid` wrote, as the API server's watch cache lists them
-/// (unordered; possibly a little behind).
+/// Every segment of the run named `run` with UID `uid`, as the API server's watch cache lists
+/// them (unordered; possibly a little behind): those whose name, `spec.run` and label agree.
 pub async fn cached_segments_of(
     api: &Api<LedgerSegment>,
+    run: &str,
     uid: &str,
 ) -> Result<Vec<LedgerSegment>, Error> {
     let selector = format!("{RUN_UID_LABEL}={uid}");
     let params = ListParams::default().labels(&selector).match_any();
-    Ok(api.list(&params).await?.items)
+    let mut segments = api.list(&params).await?.items;
+    segments.retain(|s| is_segment_of(s, run, uid));
+    Ok(segments)
 }
 
 #[cfg(test)]

@@ -8,6 +8,12 @@
 //! run's UID, and those of another run are deleted, each with a UID precondition (so nothing
 //! but that leftover can be deleted), and the claim waits for the next pass. They are garbage
 //! either way: their owner is gone, as a run has one UID per name at a time.
+//!
+//! Nothing is deleted on a guess: a segment's UID label is written by whoever created it (any
+//! worker may create segments), so segments are deleted only when named for the run being
+//! claimed and only when no AgentRun of the namespace has their UID. A planted
+//! `<name>-000001` carrying a live run's UID deletes nothing of that run; it blocks the new
+//! run's first claim, loudly, until a person removes it.
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
@@ -22,7 +28,7 @@ use super::ledger_end::{cached_segment_at, cached_segments_of};
 use super::statuses::run_name;
 use crate::crd::v1alpha1::{AgentRun, LedgerSegment};
 use crate::crd::{RUN_UID_LABEL, controlling_run};
-use crate::fence::{run_lease_name, worker_pod_name};
+use crate::fence::{run_lease_name, segment_name, worker_pod_name};
 
 /// True when nothing of another run stands where the claim of `run` for `fence` will write;
 /// false when leftovers were found (and are being deleted): look again shortly.
@@ -40,6 +46,17 @@ pub async fn cleared(ctx: &Context, run: &AgentRun, fence: i64) -> Result<bool, 
             found.push(format!("Lease {}", lease.name_any()));
         }
         let segments = foreign_segments(ctx, run, &uid).await?;
+        if let Some(owner) = segments.first().and_then(|s| s.labels().get(RUN_UID_LABEL))
+            && run_with_uid_exists(ctx, run, owner).await?
+        {
+            let note = format!(
+                "ledger segment {} carries the UID {owner} of an AgentRun that exists: it is not this run's and is not removed; the first claim waits until someone deletes it",
+                segment_name(&run.name_any(), 1)
+            );
+            tracing::warn!(run = %run_name(run), %owner, "a live run's UID on this run's first segment");
+            ctx.event(run, true, "ForeignLedgerSegment", note);
+            return Ok(true);
+        }
         if !segments.is_empty() {
             let api = ctx.api::<LedgerSegment>(&ns);
             for segment in &segments {
@@ -79,8 +96,9 @@ fn foreign_lease(ctx: &Context, run: &AgentRun, uid: &str) -> Option<Lease> {
     other.then(|| (*lease).clone())
 }
 
-/// Every segment of the run that holds the first position, if that run is another one. The
-/// first position tells: every ledger starts there. Read from the API server's watch cache.
+/// The segments named for `run` of the run that holds its first position, if that run is
+/// another one. The first position tells: every ledger starts there. Read from the API
+/// server's watch cache.
 async fn foreign_segments(
     ctx: &Context,
     run: &AgentRun,
@@ -93,12 +111,19 @@ async fn foreign_segments(
     let Some(other) = first.labels().get(RUN_UID_LABEL).filter(|o| *o != uid) else {
         return Ok(Vec::new());
     };
-    let mut segments = cached_segments_of(&api, other).await?;
+    let mut segments = cached_segments_of(&api, &run.name_any(), other).await?;
     if segments.is_empty() {
         // The cache may not list what it just returned by name: delete that one at least.
         segments.push(first);
     }
     Ok(segments)
+}
+
+/// True when an AgentRun of `run`'s namespace has the UID `uid` (read from the API server: a
+/// cache that lags must not make a live run's ledger look abandoned).
+async fn run_with_uid_exists(ctx: &Context, run: &AgentRun, uid: &str) -> Result<bool, Error> {
+    let runs = ctx.runs_api(run).list_metadata(&Default::default()).await?;
+    Ok(runs.items.iter().any(|r| r.uid().as_deref() == Some(uid)))
 }
 
 /// Deletes `obj` only if it is still that very object (its UID); gone already is fine.

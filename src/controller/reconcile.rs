@@ -28,6 +28,7 @@ use super::writer::Applied;
 use super::{CONTROLLER_NAME, Config, Error};
 use crate::crd::v1alpha1::AgentRun;
 use crate::crd::{MANAGED_BY_LABEL, controlling_run};
+use crate::fence::run_of_lease;
 use crate::lease::LeaseSighting;
 
 /// How many times one reconcile re-reads and re-decides after a conflict.
@@ -214,16 +215,19 @@ fn prune_memory(ctx: &Context, event: &watcher::Event<AgentRun>) {
 /// A run Lease change is seen when its watch event arrives, not when the run is next
 /// reconciled: a busy reconcile queue must not push expiry deadlines later. Only a Lease of a
 /// run the controller knows is sighted: a deleted run's Lease (until the garbage collector
-/// takes it) must not bring its memory back.
+/// takes it) must not bring its memory back. The run is the one the Lease's name gives, and
+/// its controller reference must agree: a worker may edit its own Lease's ownerReferences,
+/// and must not keep another run "alive" that way.
 fn sight_on_arrival(ctx: &Context, lease: &Lease) {
-    let Some(owner) = controlling_run(lease) else {
+    let name = lease.name_any();
+    let (Some(run), Some(owner)) = (run_of_lease(&name), controlling_run(lease)) else {
         return;
     };
     let ns = lease.namespace().unwrap_or_default();
-    if !ctx.caches_run(&ns, &owner.name, Some(owner.uid.as_str())) {
+    if owner.name != run || !ctx.caches_run(&ns, run, Some(owner.uid.as_str())) {
         return;
     }
-    let key = (ns, owner.name.clone());
+    let key = (ns, run.to_string());
     let now = Instant::now();
     let mut memory = ctx.memory.lock().expect("memory lock");
     let m = memory_for(&mut memory, key, Some(owner.uid.as_str()));

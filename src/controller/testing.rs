@@ -11,7 +11,7 @@ use std::sync::atomic::AtomicBool;
 use kube::Client;
 use kube::runtime::reflector;
 
-use super::claim::{confirm_current, prepare, seal};
+use super::claim::{Sealed, confirm_current, prepare, seal};
 use super::context::Context;
 use super::decide::{Action, Close};
 use super::election::Leadership;
@@ -49,7 +49,7 @@ pub async fn apply_on(ctx: &Context, run: &AgentRun, action: &Action) -> Result<
     super::apply::apply(ctx, run, action).await
 }
 
-/// The terminal claim of [`super::close::close`], stage by stage, with `between` run after its
+/// The terminal claim of [`super::claim::terminal_claim`], stage by stage, with `between` run after its
 /// first stage (the run confirmed current, the ledger's end found) and before its seal: where
 /// a worker that wakes from a pause appends, and no re-read of the run can see it coming.
 pub async fn terminal_claim_paused(
@@ -64,7 +64,9 @@ pub async fn terminal_claim_paused(
     };
     between.await;
     match seal(ctx, prepared).await? {
-        Continue(sealed) => super::close::end(ctx, sealed, close).await,
+        Continue(Sealed(prepared)) => {
+            super::close::end(ctx, prepared.run, prepared.holder.fence, close).await
+        }
         Break(applied) => Ok(applied),
     }
 }

@@ -11,7 +11,9 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use super::{LeaseError, held_by, lease_fence};
-use crate::crd::{FENCE_ANNOTATION, MANAGED_BY_LABEL, RUN_LABEL, controlled_by_run};
+use crate::crd::{
+    FENCE_ANNOTATION, MANAGED_BY_LABEL, RUN_LABEL, controlled_by_run, controlling_run,
+};
 use crate::fence::{label_value, run_lease_name};
 use crate::kube_util::{is_conflict, is_not_found};
 
@@ -85,10 +87,11 @@ impl LeaseClient {
         duration_seconds: i32,
     ) -> Result<(Lease, bool), LeaseError> {
         for _ in 0..CONFLICT_RETRIES {
-            if let Some(lease) = &current
-                && lease_fence(lease).is_some_and(|f| f >= fence)
-            {
-                return Ok((lease.clone(), false));
+            if let Some(lease) = &current {
+                not_the_runs(lease, &owner)?;
+                if lease_fence(lease).is_some_and(|f| f >= fence) {
+                    return Ok((lease.clone(), false));
+                }
             }
             let desired = moved_lease(current, run, owner.clone(), holder, fence, duration_seconds);
             let result = match desired.resource_version() {
@@ -111,6 +114,25 @@ impl LeaseClient {
             conflict_status(run),
         ))))
     }
+}
+
+/// Refuses a Lease the run `owner` names does not control: a Lease of that name made by
+/// something else (or left by a deleted namesake) is never taken over.
+fn not_the_runs(lease: &Lease, owner: &OwnerReference) -> Result<(), LeaseError> {
+    if controlled_by_run(lease, &owner.uid) {
+        return Ok(());
+    }
+    let by = controlling_run(lease);
+    let described = match (by, lease.owner_references().first()) {
+        (Some(run), _) => format!("controlled by AgentRun {} with UID {}", run.name, run.uid),
+        (None, Some(o)) => format!("owned by {} {}", o.kind, o.name),
+        (None, None) => "made by something else: no owner".to_string(),
+    };
+    Err(LeaseError::NotTheRuns {
+        name: lease.name_any(),
+        owner: described,
+        leftover: by.is_some(),
+    })
 }
 
 fn conflict_status(run: &str) -> kube::core::Status {

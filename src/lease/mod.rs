@@ -23,6 +23,15 @@ pub enum LeaseError {
     /// The Lease does not exist.
     #[error("lease {name} not found")]
     Missing { name: String },
+    /// A Lease of the run's Lease name that this run does not control: never replaced.
+    /// `leftover`: another AgentRun (a deleted namesake) controls it; else something else
+    /// made it (`owner`).
+    #[error("lease {name} exists and is not this run's ({owner}); baton does not replace it")]
+    NotTheRuns {
+        name: String,
+        owner: String,
+        leftover: bool,
+    },
     #[error("kubernetes API: {0}")]
     Kube(#[from] kube::Error),
 }
@@ -33,6 +42,7 @@ impl LeaseError {
         match self {
             LeaseError::Lost { .. } => "lost",
             LeaseError::Missing { .. } => "missing",
+            LeaseError::NotTheRuns { .. } => "not_the_runs",
             LeaseError::Kube(_) => "kube",
         }
     }

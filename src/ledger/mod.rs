@@ -67,6 +67,21 @@ impl LedgerError {
     }
 }
 
+/// True when `seg` is a segment of the run named `run` with UID `uid` by all three of its
+/// marks: its name (`<run>-<seq>`), `spec.run` and its UID label. Whoever may create segments
+/// chooses all three; a reader takes for the run's only a segment whose marks agree, so a
+/// segment named for another run cannot slip into this run's ledger by its label.
+pub fn is_segment_of(seg: &LedgerSegment, run: &str, uid: &str) -> bool {
+    use kube::ResourceExt;
+    seg.spec.run == run
+        && seg.name_any() == crate::fence::segment_name(run, seg.spec.seq)
+        && seg
+            .labels()
+            .get(crate::crd::RUN_UID_LABEL)
+            .map(String::as_str)
+            == Some(uid)
+}
+
 /// Checks that the segments (sorted by seq) are positions 1..=n, without gaps.
 pub fn check_contiguous(segments: &[LedgerSegment]) -> Result<(), LedgerError> {
     for (i, seg) in segments.iter().enumerate() {
@@ -113,6 +128,35 @@ mod tests {
     use super::*;
     use crate::crd::v1alpha1::LedgerEvent;
     use crate::fence::test_segment as seg;
+
+    #[test]
+    fn a_segment_is_the_runs_only_when_name_run_and_label_agree() {
+        use kube::ResourceExt;
+        let labelled = |mut s: LedgerSegment, uid: &str| {
+            s.labels_mut()
+                .insert(crate::crd::RUN_UID_LABEL.into(), uid.into());
+            s
+        };
+        let ours = labelled(seg(3, 1, vec![]), "u");
+        assert!(is_segment_of(&ours, "r", "u"));
+        assert!(!is_segment_of(&ours, "r", "other-uid"));
+        assert!(!is_segment_of(&seg(3, 1, vec![]), "r", "u"), "no label");
+        let mut renamed = ours.clone();
+        renamed.metadata.name = Some("x-000003".into());
+        assert!(!is_segment_of(&renamed, "r", "u"), "named for another run");
+        let mut claims_other = ours.clone();
+        claims_other.spec.run = "x".into();
+        assert!(
+            !is_segment_of(&claims_other, "r", "u"),
+            "spec.run of another run"
+        );
+        let mut moved = ours;
+        moved.spec.seq = 4;
+        assert!(
+            !is_segment_of(&moved, "r", "u"),
+            "its name is not its position"
+        );
+    }
 
     #[test]
     fn a_newer_fence_or_a_closed_ledger_ends_ownership() {

@@ -5,7 +5,9 @@ use kube::api::{ListParams, ObjectMeta, PostParams};
 use kube::{Api, Client, Resource, ResourceExt};
 use std::collections::BTreeMap;
 
-use super::{LedgerError, SEGMENT_BUDGET_BYTES, check_contiguous, encode_events, lost_to};
+use super::{
+    LedgerError, SEGMENT_BUDGET_BYTES, check_contiguous, encode_events, is_segment_of, lost_to,
+};
 use crate::crd::v1alpha1::{
     AgentRun, LEDGER_FORMAT_VERSION, LedgerEvent, LedgerSegment, LedgerSegmentSpec,
 };
@@ -58,7 +60,9 @@ impl SegmentStore {
         self
     }
 
-    /// All segments of the run, ordered by position and checked to be contiguous.
+    /// All segments of the run, ordered by position and checked to be contiguous. A segment
+    /// that carries the run's UID label but is named for another run is not the run's: it is
+    /// left out, and logged.
     pub async fn list(&self) -> Result<Vec<LedgerSegment>, LedgerError> {
         let selector = format!("{RUN_UID_LABEL}={}", self.run_uid);
         let mut segments = self
@@ -66,6 +70,14 @@ impl SegmentStore {
             .list(&ListParams::default().labels(&selector))
             .await?
             .items;
+        segments.retain(|s| {
+            let ours = is_segment_of(s, &self.run, &self.run_uid);
+            if !ours {
+                tracing::warn!(run = %self.run, segment = %s.name_any(), claims = %s.spec.run,
+                    "a segment with this run's UID label is named for another run: ignored");
+            }
+            ours
+        });
         segments.sort_by_key(|s| s.spec.seq);
         check_contiguous(&segments)?;
         Ok(segments)

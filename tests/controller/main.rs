@@ -5,11 +5,14 @@
 //! - `race`: two controllers without an election still make one claim per expiry;
 //! - `rbac`: per-run least privilege before a run's first worker pod;
 //! - `restart`: a controller that dies between the steps of a claim completes it;
+//! - `trust`: nothing deleted or replaced on a guess; a Lease speaks only for its own run;
 //! - `terminal`: a terminal claim decided on a stale view of the run is a claim like any other;
 //! - `threads`: thread admission.
 
 #[path = "../controller_support/mod.rs"]
 mod controller_support;
+#[path = "../rbac_support/mod.rs"]
+mod rbac_support;
 
 mod claims;
 mod ops;
@@ -18,3 +21,4 @@ mod rbac;
 mod restart;
 mod terminal;
 mod threads;
+mod trust;
