@@ -87,7 +87,7 @@ async fn run(cli: Cli) -> ExitCode {
     match result {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("error: {err}");
+            eprintln!("error: {}", baton::cli::neutralize(&err.to_string()));
             ExitCode::FAILURE
         }
     }

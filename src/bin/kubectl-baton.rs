@@ -10,7 +10,7 @@ async fn main() -> ExitCode {
     match baton::cli::main(cli.verb).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("error: {err}");
+            eprintln!("error: {}", baton::cli::neutralize(&err.to_string()));
             ExitCode::FAILURE
         }
     }

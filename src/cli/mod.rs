@@ -1,12 +1,16 @@
 //! The user-facing CLI verbs (`baton get|transcript|stop|input|approve|deny|describe`, also `kubectl baton
 //! ...`): argument types, errors, and the entry point. `render` is pure; `ops` does the I/O.
 
+mod neutral;
 mod ops;
 pub mod render;
 #[cfg(test)]
 mod render_tests;
 
 use kube::Client;
+
+use neutral::Neutral;
+pub use neutral::neutralize;
 
 pub use ops::Session;
 
@@ -161,6 +165,6 @@ pub async fn main(verb: Verb) -> Result<(), CliError> {
     let default_namespace = config.default_namespace.clone();
     let client = Client::try_from(config).map_err(|e| CliError::NoConfig(e.to_string()))?;
     let session = Session::new(client, server, default_namespace);
-    let mut out = std::io::stdout();
+    let mut out = Neutral(std::io::stdout());
     session.run(verb, &mut out).await
 }

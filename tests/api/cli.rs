@@ -444,3 +444,36 @@ async fn kubectl_wait_for_the_succeeded_phase_works() {
     );
     ns.cleanup().await;
 }
+
+/// Text from the model or its tools cannot drive the terminal that reads it: an escape
+/// sequence and a right-to-left override in the ledger are printed as visible escapes.
+#[tokio::test]
+async fn the_transcript_shows_control_and_bidi_characters_instead_of_obeying_them() {
+    let ns = TestNamespace::new("cli_escapes").await;
+    let run = create_run(&ns, "r").await;
+    let hostile = "done\u{1b}[2J\u{1b}]0;owned\u{7} rm -rf \u{202E}txt.exe";
+    let events = vec![
+        LedgerEvent::Claimed {
+            fence: 1,
+            pod: "r-w1".into(),
+        },
+        LedgerEvent::Message {
+            role: Role::Assistant,
+            content: hostile.into(),
+        },
+    ];
+    SegmentStore::for_run(ns.client.clone(), &run)
+        .append(0, 1, events)
+        .await
+        .unwrap();
+    let printed = ok(&["transcript", "r", "-n", &ns.name]);
+    assert!(
+        !printed.contains(['\u{1b}', '\u{7}', '\u{202E}']),
+        "raw control characters printed: {printed:?}"
+    );
+    assert!(
+        printed.contains("done\\u{1b}[2J\\u{1b}]0;owned\\u{7} rm -rf \\u{202e}txt.exe"),
+        "{printed}"
+    );
+    ns.cleanup().await;
+}

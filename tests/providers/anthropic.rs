@@ -348,3 +348,48 @@ async fn an_invalid_request_reported_in_the_stream_is_permanent() {
     assert!(matches!(err, ModelError::Permanent { .. }), "{err:?}");
     assert!(err.to_string().contains("prompt is too long"), "{err}");
 }
+
+/// The endpoint answers with a redirect to another host (another loopback address): the
+/// client does not follow it, the other host never sees the key, and the call fails naming
+/// where the redirect pointed. A redirect within the endpoint's own origin is followed.
+#[tokio::test]
+async fn a_redirect_to_another_host_is_not_followed_and_carries_no_key() {
+    let other = Server::start_on(
+        "127.0.0.2",
+        vec![Reply::sse(vec![start(), end("end_turn")])],
+    )
+    .await;
+    let elsewhere = format!("{}/v1/messages", other.url);
+    let server = Server::start(vec![
+        Reply::json(307, "{}").header("location", &elsewhere),
+        Reply::json(307, "{}").header("location", "/v1/moved"),
+        Reply::sse(vec![start(), text_block(0, &["moved"]), end("end_turn")]),
+    ])
+    .await;
+    let model = model(&server);
+    let ask = || request(vec![ReplayedMessage::User("hi".into())]);
+    let (result, _) = complete(&model, &ask()).await;
+    let err = result.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ModelError::Permanent {
+                status: Some(307),
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains(&elsewhere), "{err}");
+    assert_no_key(&err);
+    assert!(
+        other.received().is_empty(),
+        "the other host was never asked"
+    );
+
+    let (result, streamed) = complete(&model, &ask()).await;
+    assert!(result.is_ok(), "{result:?}");
+    assert_eq!(streamed, "moved");
+    let paths: Vec<String> = server.received().iter().map(|r| r.path.clone()).collect();
+    assert_eq!(paths, ["/v1/messages", "/v1/messages", "/v1/moved"]);
+}

@@ -88,7 +88,12 @@ pub struct Server {
 impl Server {
     /// Serves `replies` in order; once they run out, every request gets a 500.
     pub async fn start(replies: Vec<Reply>) -> Server {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Self::start_on("127.0.0.1", replies).await
+    }
+
+    /// [`Server::start`] on another loopback address (another host, as a client sees it).
+    pub async fn start_on(ip: &str, replies: Vec<Reply>) -> Server {
+        let listener = TcpListener::bind((ip, 0)).await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let received = Arc::new(Mutex::new(Vec::new()));
         let replies = Arc::new(Mutex::new(VecDeque::from(replies)));

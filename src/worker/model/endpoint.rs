@@ -36,10 +36,12 @@ pub fn ensure_crypto_provider() {
     });
 }
 
-/// The HTTP client the providers use: connection pool, timeouts, user agent.
+/// The HTTP client the providers use: connection pool, timeouts, user agent, redirects only
+/// within the endpoint's origin.
 pub fn http_client() -> Result<reqwest::Client, ModelError> {
     ensure_crypto_provider();
     reqwest::Client::builder()
+        .redirect(redirect_policy())
         .connect_timeout(CONNECT_TIMEOUT)
         .read_timeout(READ_TIMEOUT)
         .user_agent(concat!("baton/", env!("CARGO_PKG_VERSION")))
@@ -48,6 +50,34 @@ pub fn http_client() -> Result<reqwest::Client, ModelError> {
             status: None,
             message: format!("building the HTTP client: {}", error_chain(&e)),
         })
+}
+
+/// How many redirects within the endpoint's origin are followed.
+const MAX_REDIRECTS: usize = 5;
+
+/// Redirects are followed only to the same scheme, host and port: the key travels in a header
+/// (Anthropic's is `x-api-key`, which reqwest does not strip on a redirect to another host as
+/// it does `Authorization`), and must reach no other server. Any other redirect is answered
+/// as the 3xx it is, and the call fails naming where it pointed.
+fn redirect_policy() -> reqwest::redirect::Policy {
+    reqwest::redirect::Policy::custom(|attempt| {
+        let within = attempt
+            .previous()
+            .last()
+            .is_some_and(|from| same_origin(from, attempt.url()));
+        if within && attempt.previous().len() <= MAX_REDIRECTS {
+            attempt.follow()
+        } else {
+            attempt.stop()
+        }
+    })
+}
+
+/// True when `a` and `b` have the same scheme, host and port.
+pub fn same_origin(a: &reqwest::Url, b: &reqwest::Url) -> bool {
+    a.scheme() == b.scheme()
+        && a.host_str() == b.host_str()
+        && a.port_or_known_default() == b.port_or_known_default()
 }
 
 /// Checks a configured endpoint and returns it without a trailing slash.
@@ -163,10 +193,14 @@ pub fn status_error(
     url: &str,
 ) -> ModelError {
     let code = status.as_u16();
-    let message = clean(
-        key,
-        &format!("POST {url}: HTTP {code}: {}", provider_message(body)),
-    );
+    let said = match headers.get(reqwest::header::LOCATION) {
+        Some(to) if status.is_redirection() => format!(
+            "a redirect to {} (another scheme, host or port: not followed, the key is not sent there)",
+            to.to_str().unwrap_or("an unreadable location")
+        ),
+        _ => provider_message(body),
+    };
+    let message = clean(key, &format!("POST {url}: HTTP {code}: {said}"));
     if code == 408 || code == 429 || status.is_server_error() {
         let retry_after = parse_retry_after(headers, SystemTime::now());
         ModelError::Retryable {
@@ -289,6 +323,23 @@ async fn read_capped(mut response: Response) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_redirect_within_the_origin_is_followed() {
+        let url = |u: &str| reqwest::Url::parse(u).unwrap();
+        let from = url("https://api.example.test/v1/messages");
+        assert!(same_origin(
+            &from,
+            &url("https://api.example.test:443/v2/messages")
+        ));
+        for elsewhere in [
+            "https://other.example.test/v1/messages",
+            "http://api.example.test/v1/messages",
+            "https://api.example.test:8443/v1/messages",
+        ] {
+            assert!(!same_origin(&from, &url(elsewhere)), "{elsewhere}");
+        }
+    }
 
     #[test]
     fn statuses_sort_into_retryable_and_permanent() {
