@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use crate::controller_support::*;
-use baton::crd::v1alpha1::{LedgerEvent, Phase, Role};
+use baton::crd::v1alpha1::{LedgerEvent, Phase};
 use baton::lease::{lease_fence, lease_holder};
 use baton::status::StatusError;
 use k8s_openapi::api::core::v1::Pod;
@@ -185,25 +185,7 @@ async fn max_attempts_ends_interrupted_with_salvage_and_unknown_effects() {
     wait_lease(&ns, "r", "r-w1", 1, T).await;
     let mut w1 = FakeWorker::new(&ns, "r", 1);
     w1.resume().await;
-    w1.append(vec![
-        LedgerEvent::AttemptStarted {
-            fence: 1,
-            pod: "r-w1".into(),
-        },
-        LedgerEvent::Message {
-            role: Role::Assistant,
-            content: "partial answer".into(),
-        },
-        LedgerEvent::StepIntent {
-            step: 1,
-            tool: "sh".into(),
-            call_id: "c1".into(),
-            input: "rm -rf /tmp/x".into(),
-            idempotent: false,
-        },
-    ])
-    .await
-    .unwrap();
+    w1.append(died_mid_step(1, "r-w1")).await.unwrap();
     w1.renew().await.unwrap();
     wait_lease(&ns, "r", "r-w2", 2, T).await;
     let w2 = FakeWorker::new(&ns, "r", 2);

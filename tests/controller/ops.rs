@@ -5,7 +5,7 @@ use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
 use crate::controller_support::*;
-use baton::crd::v1alpha1::{AgentRun, LedgerEvent, Phase};
+use baton::crd::v1alpha1::{AgentRun, Phase};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
 
 /// A free loopback port for the admin server.
@@ -55,18 +55,7 @@ async fn finish_as_worker(ns: &TestNamespace, name: &str) {
     let mut w = FakeWorker::new(ns, name, 1);
     w.resume().await;
     w.renew().await.unwrap();
-    w.append(vec![LedgerEvent::Final {
-        output: "done".into(),
-    }])
-    .await
-    .unwrap();
-    w.write_status(|s| {
-        s.phase = Phase::Finishing;
-        s.outcome = Some(Phase::Succeeded);
-        s.output = Some("done".into());
-    })
-    .await
-    .unwrap();
+    w.finish(vec![]).await;
 }
 
 #[tokio::test]

@@ -11,9 +11,7 @@ use baton::controller::decide::{
     Action, Admission, CloseReason, LeaseObs, Observation, PodState, RolloutPolicy, decide,
 };
 use baton::controller::testing::{self, Applied};
-use baton::crd::v1alpha1::{
-    AgentRun, LedgerEvent, LedgerStats, Phase, Resolution, Role, UnknownEffect,
-};
+use baton::crd::v1alpha1::{AgentRun, LedgerEvent, LedgerStats, Phase, Resolution, UnknownEffect};
 use baton::lease::{LeaseSighting, lease_holder};
 use baton::ledger::SegmentStore;
 use baton::status::cas_status;
@@ -78,21 +76,8 @@ async fn finish(ns: &TestNamespace, fence: i64) {
     w.resume().await;
     w.renew().await.unwrap();
     let pod = w.pod.clone();
-    w.append(vec![
-        LedgerEvent::AttemptStarted { fence, pod },
-        LedgerEvent::Final {
-            output: "done".into(),
-        },
-    ])
-    .await
-    .unwrap();
-    w.write_status(|s| {
-        s.phase = Phase::Finishing;
-        s.outcome = Some(Phase::Succeeded);
-        s.output = Some("done".into());
-    })
-    .await
-    .unwrap();
+    w.finish(vec![LedgerEvent::AttemptStarted { fence, pod }])
+        .await;
 }
 
 /// After the stale give-up: a controller with a fresh cache claims the handoff (no failed
@@ -197,29 +182,14 @@ async fn a_give_up_on_a_paused_worker_that_hands_off_before_the_seal_becomes_its
 
 /// A run whose one attempt died in the middle of a step, with `maxAttempts: 1`, and what its
 /// worker wrote: the first claim was made by a controller that then stopped.
-async fn died_mid_step(test: &str) -> TestNamespace {
+async fn a_run_that_died_mid_step(test: &str) -> TestNamespace {
     let (ns, controller, _) = started(test, one_attempt_run()).await;
     drop(controller);
     let mut w1 = FakeWorker::new(&ns, "r", 1);
     w1.resume().await;
     w1.renew().await.unwrap();
-    let pod = w1.pod.clone();
-    w1.append(vec![
-        LedgerEvent::AttemptStarted { fence: 1, pod },
-        LedgerEvent::Message {
-            role: Role::Assistant,
-            content: "partial answer".into(),
-        },
-        LedgerEvent::StepIntent {
-            step: 1,
-            tool: "sh".into(),
-            call_id: "c1".into(),
-            input: "rm -rf /tmp/x".into(),
-            idempotent: false,
-        },
-    ])
-    .await
-    .unwrap();
+    let events = died_mid_step(1, &w1.pod);
+    w1.append(events).await.unwrap();
     ns
 }
 
@@ -278,7 +248,7 @@ async fn ended_once_with_its_salvage(ns: &TestNamespace) {
 /// reuses the seal, and ends the run with its salvage.
 #[tokio::test]
 async fn a_terminal_claim_stopped_after_its_seal_ends_the_run_once() {
-    let ns = died_mid_step("ctl-term-seal").await;
+    let ns = a_run_that_died_mid_step("ctl-term-seal").await;
     seal_as_the_controller(&ns).await;
     let _c = start(&ns.client, config(&ns.name));
     ended_once_with_its_salvage(&ns).await;
@@ -289,7 +259,7 @@ async fn a_terminal_claim_stopped_after_its_seal_ends_the_run_once() {
 /// `closed` record, once, and leaves the status as it was.
 #[tokio::test]
 async fn a_terminal_claim_stopped_after_its_status_gets_its_record_from_the_next_pass() {
-    let ns = died_mid_step("ctl-term-status").await;
+    let ns = a_run_that_died_mid_step("ctl-term-status").await;
     let seal = seal_as_the_controller(&ns).await;
     let run = get(&ns, "r").await;
     let mut s = status(&run);

@@ -298,6 +298,24 @@ impl FakeWorker {
         Ok(appended)
     }
 
+    /// Ends the attempt as a worker does with a final answer ("done"): `before` (the
+    /// attempt's own events), then `final`, then the status `Finishing` with the outcome.
+    pub async fn finish(&mut self, before: Vec<LedgerEvent>) {
+        let done = LedgerEvent::Final {
+            output: "done".into(),
+        };
+        self.append(before.into_iter().chain([done]).collect())
+            .await
+            .unwrap();
+        self.write_status(|s| {
+            s.phase = Phase::Finishing;
+            s.outcome = Some(Phase::Succeeded);
+            s.output = Some("done".into());
+        })
+        .await
+        .unwrap();
+    }
+
     pub async fn write_status(
         &self,
         change: impl Fn(&mut AgentRunStatus),
@@ -311,6 +329,28 @@ impl FakeWorker {
         )
         .await
     }
+}
+
+/// What an attempt of `fence` wrote before it died in the middle of step 1: its start, a
+/// partial answer, and the step's intent (a non-idempotent `rm -rf /tmp/x`).
+pub fn died_mid_step(fence: i64, pod: &str) -> Vec<LedgerEvent> {
+    vec![
+        LedgerEvent::AttemptStarted {
+            fence,
+            pod: pod.into(),
+        },
+        LedgerEvent::Message {
+            role: baton::crd::v1alpha1::Role::Assistant,
+            content: "partial answer".into(),
+        },
+        LedgerEvent::StepIntent {
+            step: 1,
+            tool: "sh".into(),
+            call_id: "c1".into(),
+            input: "rm -rf /tmp/x".into(),
+            idempotent: false,
+        },
+    ]
 }
 
 pub async fn ledger(ns: &TestNamespace, run: &str) -> Vec<LedgerSegment> {
