@@ -84,8 +84,8 @@ async fn a_planted_leftover_deletes_nothing_of_a_live_run() {
         .await
         .expect("a worker may create segments");
     create(&ns, long_lease_run("x")).await;
-    wait_event(&ns, "x", "ForeignLedgerSegment", T).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The first claim of x looks at its position 1 within a pass or two.
+    tokio::time::sleep(Duration::from_secs(5)).await;
 
     let after = ledger(&ns, "v").await;
     assert_eq!(
@@ -106,6 +106,7 @@ async fn a_planted_leftover_deletes_nothing_of_a_live_run() {
         0,
         "x is not claimed over it"
     );
+    wait_event(&ns, "x", "ForeignLedgerSegment", T).await;
     ns.cleanup().await;
 }
 
