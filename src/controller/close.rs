@@ -1,8 +1,8 @@
 //! The end of a terminal claim (docs/protocol.md, "The terminal claim"), a claim that ends the
 //! run. It is sealed like every claim, `claimed{F+1}` at tail+1 (`claim::terminal_claim`, the
-//! claim's own first two stages); then ONE status CAS writes the terminal phase at F+1 with the salvage of the ledger up to
-//! that seal; only once that CAS has landed is `closed{F+1}` appended, as the record (by a
-//! later pass, [`record_closed`], if this one stopped first).
+//! claim's own first two stages); then ONE status CAS writes the terminal phase at F+1 with
+//! the salvage of the ledger up to that seal; only once that CAS has landed is `closed{F+1}`
+//! appended, as the record (by a later pass, [`record_closed`], if this one stopped first).
 //!
 //! Why this order: the decision to end the run was made on a view that may be behind the
 //! ledger (a worker that handed off while its Lease looked expired), and a seal lands after
@@ -33,9 +33,9 @@ use crate::fence::{
 use crate::lease::{lease_fence, lease_holder};
 use crate::ledger::{Replay, SegmentStore};
 
-/// Stage 3 of a terminal claim (after the claim's prepare and seal for `fence`): ONE status CAS, the end at the seal's fence with the salvage
-/// of the ledger up to the seal (listed from the API server: the seal's position and all
-/// before it), then the record, the Lease released, the thread freed, the old pod deleted.
+/// Stage 3 of a terminal claim, after the claim's prepare and seal for `fence`: ONE status
+/// CAS, the end at the seal's fence with the salvage of the ledger up to the seal, then the
+/// record, the Lease released, the thread freed, the old pod deleted.
 pub async fn end(
     ctx: &Context,
     run: &AgentRun,
@@ -43,12 +43,10 @@ pub async fn end(
     close: &Close,
 ) -> Result<Applied, Error> {
     let store = SegmentStore::for_run(ctx.client.clone(), run);
-    let segments = store.list().await?;
-    let Some(seal) = salvage_end(fence, &segments) else {
+    let Some(mut replay) = up_to_seal(&store, fence).await? else {
         // Taken by a newer claim, or ended and recorded meanwhile: the CAS would be lost too.
         return Ok(Applied::Conflict);
     };
-    let mut replay = fold(&segments[..=seal])?;
     let record = record_events(&replay, fence, close.reason.as_str());
     for event in &record {
         replay.apply(fence.get(), event);
@@ -61,6 +59,16 @@ pub async fn end(
     append_record(ctx, run, &store, replay.tail, fence, record).await?;
     let previous = Fence::of_run(run).get();
     after_end(ctx, run, &updated, previous).await
+}
+
+/// The ledger up to and including the terminal claim's seal of `fence`, listed from the API
+/// server (the seal's position and all before it) and folded. None: there is no such seal,
+/// or the ledger went on past it (a newer claim, or the record already there).
+async fn up_to_seal(store: &SegmentStore, fence: Fence) -> Result<Option<Replay>, Error> {
+    let segments = store.list().await?;
+    salvage_end(fence, &segments)
+        .map(|seal| fold(&segments[..=seal]))
+        .transpose()
 }
 
 /// What a terminal claim records after its seal: `stepUnknown` for every step still open (its
@@ -129,13 +137,11 @@ pub async fn record_closed(ctx: &Context, run: &AgentRun) -> Result<Applied, Err
         return Ok(Applied::Done);
     }
     let store = SegmentStore::for_run(ctx.client.clone(), run);
-    let segments = store.list().await?;
-    let Some(seal) = salvage_end(fence, &segments) else {
+    let Some(replay) = up_to_seal(&store, fence).await? else {
         // Recorded already (or, from an older version, nothing of this fence to record).
         ctx.remember(run, |m| m.close_recorded = true);
         return Ok(Applied::Done);
     };
-    let replay = fold(&segments[..=seal])?;
     let reason = status.and_then(|s| s.reason.as_deref()).unwrap_or_default();
     let record = record_events(&replay, fence, reason);
     tracing::info!(run = %run_name(run), fence = fence.get(), "recording the end in the ledger");
