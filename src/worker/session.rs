@@ -129,10 +129,14 @@ impl Session {
         self.toolbox.get(name).cloned()
     }
 
-    /// `text` with the model API key scrubbed out: a tool could read it from the worker's
-    /// environment (`/proc`), and nothing the ledger stores may hold it.
+    /// `text` with every secret the worker holds scrubbed out: the model API key (a tool
+    /// could read it from the worker's environment, `/proc`) and the MCP servers' header
+    /// values (a server may echo them). Nothing the ledger stores may hold them: every worker
+    /// of the namespace can read the ledger.
     pub fn redact(&self, text: &str) -> String {
-        ApiKey::new(self.cfg.api_key.clone()).redact(text)
+        let headers = self.mcp.values().flatten().flat_map(|s| s.secrets());
+        let keys = std::iter::once(self.cfg.api_key.clone()).chain(headers.cloned().map(Some));
+        keys.fold(text.to_string(), |text, key| ApiKey::new(key).redact(&text))
     }
 
     /// Records an unknown effect in status (via progress) and as a Warning Event.

@@ -54,6 +54,13 @@ async def record(note: str, ctx: Context, seconds: float = 0) -> str:
     return f"recorded {note} (call {count})"
 
 
+@server.tool(annotations=ToolAnnotations(read_only_hint=True))
+def whoami(ctx: Context) -> str:
+    """Says which credential the request carried (a server that echoes a secret)."""
+    headers = ctx.headers or {}
+    return f"you sent x-test-token {headers.get('x-test-token')}"
+
+
 @server.tool()
 def explode() -> str:
     """Always fails."""

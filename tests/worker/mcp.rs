@@ -76,6 +76,9 @@ impl McpServer {
     }
 }
 
+/// The MCP server's credential, a header value from the run's Secret.
+const TOKEN: &str = "s3cret-Hq7Zp2Kw";
+
 fn calls_file(tag: &str) -> PathBuf {
     let path = std::env::temp_dir().join(format!("baton-mcp-{tag}-{}", rand::random::<u32>()));
     let _ = std::fs::remove_file(&path);
@@ -146,15 +149,11 @@ fn finished(st: &AgentRunStatus) {
 #[tokio::test]
 async fn worker_mcp_tools_are_recorded_offered_and_called_with_batons_metadata_and_headers() {
     let ns = TestNamespace::new("worker-mcp").await;
-    let server = McpServer::start(
-        &calls_file("basic"),
-        0,
-        &["--require-header", "x-test-token=s3cret"],
-    )
-    .await;
+    let required = format!("x-test-token={TOKEN}");
+    let server = McpServer::start(&calls_file("basic"), 0, &["--require-header", &required]).await;
     let headers = std::env::temp_dir().join(format!("baton-mcp-headers-{}", ns.name));
     std::fs::create_dir_all(headers.join("srv")).unwrap();
-    std::fs::write(headers.join("srv/x-test-token"), "s3cret\n").unwrap();
+    std::fs::write(headers.join("srv/x-test-token"), format!("{TOKEN}\n")).unwrap();
     let tool = server_tool(
         &server.url,
         json!({"headersFromSecret": "srv-auth", "exclude": ["huge"]}),
@@ -164,6 +163,8 @@ async fn worker_mcp_tools_are_recorded_offered_and_called_with_batons_metadata_a
         call("srv__record", &[("note", "n1")]),
         call("srv__explode", &[]),
         call("srv__huge", &[]),
+        // A server that echoes its credential: the echo is scrubbed before it is recorded.
+        call("srv__whoami", &[]),
         final_turn("done", 0),
     ];
     create_run(&ns, script, tool).await;
@@ -192,6 +193,13 @@ async fn worker_mcp_tools_are_recorded_offered_and_called_with_batons_metadata_a
     assert!(is_error && failed.contains("failed on purpose"), "{failed}");
     let (excluded, is_error) = result_of(&ns, 4).await;
     assert!(is_error && excluded.contains("no tool named"), "{excluded}");
+    let (echoed, _) = result_of(&ns, 5).await;
+    assert_eq!(echoed, "you sent x-test-token [REDACTED]");
+    let recorded = serde_json::to_string(&evs).unwrap();
+    assert!(
+        !recorded.contains(TOKEN),
+        "the header value is nowhere in the ledger"
+    );
 
     let runs: Api<AgentRun> = ns.api();
     let uid = runs.get("m").await.unwrap().metadata.uid.unwrap();
@@ -201,7 +209,7 @@ async fn worker_mcp_tools_are_recorded_offered_and_called_with_batons_metadata_a
     assert_eq!(calls[0]["idempotencyKey"], format!("{uid}/2"));
     assert_eq!(calls[0]["run"], "m");
     assert_eq!(
-        calls[0]["auth"], "s3cret",
+        calls[0]["auth"], TOKEN,
         "the Secret's header reached the server"
     );
     let _ = std::fs::remove_dir_all(&headers);

@@ -62,7 +62,13 @@ pub struct McpServer {
     name: String,
     url: String,
     service: RunningService<RoleClient, ClientConfig>,
+    /// The header values from the Secret: scrubbed from everything the worker records.
+    secrets: Vec<String>,
 }
+
+/// Header values shorter than this are not taken for secrets (scrubbing a 2-character value
+/// would mangle every result); a credential is longer.
+const MIN_SECRET_CHARS: usize = 8;
 
 /// Connects to the server of the spec's `mcp` tool `name`. Its headers, if the spec names a
 /// Secret, are the files of `headers_dir/<name>/` (the Secret's volume, in the worker
@@ -76,6 +82,12 @@ pub async fn connect(
         Some(secret) => read_headers(name, secret, &headers_dir.join(name))?,
         None => HashMap::new(),
     };
+    let secrets = headers
+        .values()
+        .filter_map(|v| v.to_str().ok())
+        .filter(|v| v.trim().chars().count() >= MIN_SECRET_CHARS)
+        .map(String::from)
+        .collect();
     let unreachable = |detail: String| McpError::Unreachable {
         server: name.into(),
         url: spec.url.clone(),
@@ -105,6 +117,7 @@ pub async fn connect(
         name: name.into(),
         url: spec.url.clone(),
         service,
+        secrets,
     })
 }
 
@@ -159,6 +172,11 @@ fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
 }
 
 impl McpServer {
+    /// The values of the headers from the Secret (those long enough to be credentials).
+    pub fn secrets(&self) -> &[String] {
+        &self.secrets
+    }
+
     /// The server's tools, as they are recorded in the ledger.
     pub async fn list(&self) -> Result<Vec<McpToolRecord>, McpError> {
         let listed = tokio::time::timeout(CONNECT_TIMEOUT, self.service.list_all_tools()).await;
