@@ -7,7 +7,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use crate::crd::v1alpha1::{
     AgentRun, AgentRunSpec, AgentSpec, ApprovalDecision, ApprovalOutcome, ApprovalPolicy,
-    PendingApproval, Phase, ToolKind, ToolSpec, Verdict,
+    LedgerEvent, LedgerSegment, PendingApproval, Phase, ToolKind, ToolSpec, Verdict,
 };
 
 /// The claim reason (in the run's status) of a claim made because a wait timed out: the
@@ -206,10 +206,62 @@ pub fn decision(
     })
 }
 
+/// The call a decision is about, as the ledger records it (its `stepIntent`): the tool and
+/// the whole arguments, which is what runs if it is approved (the status shows them cut at
+/// 4 KiB). None when the ledger does not hold it.
+pub fn recorded_call<'a>(
+    segments: &'a [LedgerSegment],
+    decision: &ApprovalDecision,
+) -> Option<(&'a str, &'a str)> {
+    segments
+        .iter()
+        .flat_map(|s| &s.spec.events)
+        .find_map(|e| match e {
+            LedgerEvent::StepIntent {
+                step,
+                tool,
+                call_id,
+                input,
+                ..
+            } if *step == decision.step && *call_id == decision.call_id => {
+                Some((tool.as_str(), input.as_str()))
+            }
+            _ => None,
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::crd::v1alpha1::AgentRunStatus;
+
+    #[test]
+    fn the_call_to_approve_is_read_whole_from_the_ledger() {
+        let intent = |step, call_id: &str, input: &str| LedgerEvent::StepIntent {
+            step,
+            tool: "deploy".into(),
+            call_id: call_id.into(),
+            input: input.into(),
+            idempotent: false,
+        };
+        let long = format!("{}; rm -rf /important", " ".repeat(5000));
+        let ledger = [
+            crate::fence::test_segment(1, 1, vec![intent(3, "c3", "other step")]),
+            crate::fence::test_segment(2, 1, vec![intent(4, "c9", "other call")]),
+            crate::fence::test_segment(3, 2, vec![intent(4, "c4", &long)]),
+        ];
+        let decided = |step, call_id: &str| ApprovalDecision {
+            step,
+            call_id: call_id.into(),
+            decision: Verdict::Approve,
+            reason: None,
+        };
+        assert_eq!(
+            recorded_call(&ledger, &decided(4, "c4")),
+            Some(("deploy", long.as_str()))
+        );
+        assert_eq!(recorded_call(&ledger, &decided(5, "c5")), None);
+    }
 
     fn tool(kind: ToolKind, approval: Option<ApprovalPolicy>) -> ToolSpec {
         let mut t: ToolSpec = serde_json::from_value(serde_json::json!({

@@ -135,6 +135,10 @@ pub enum CliError {
     Ledger { name: String, detail: String },
     #[error("run {name} kept changing while we tried to update it; try again")]
     Contended { name: String },
+    #[error(
+        "the call of step {step} is not in the ledger of run {name}: not approving a call that cannot be shown whole (see `baton transcript {name}`)"
+    )]
+    CallNotShown { name: String, step: i64 },
     #[error("writing output: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -151,6 +155,7 @@ impl CliError {
             CliError::Api { .. } => "api",
             CliError::Ledger { .. } => "ledger",
             CliError::Contended { .. } => "contended",
+            CliError::CallNotShown { .. } => "call_not_shown",
             CliError::Io(_) => "io",
         }
     }

@@ -158,6 +158,11 @@ impl Session {
     ) -> Result<(), CliError> {
         let namespace = self.namespace(target.namespace.as_deref());
         let name = &target.run;
+        // What a human approves is what runs: the call, whole, from the ledger, or nothing.
+        let step = match verdict {
+            Verdict::Approve => Some(self.show_call(&namespace, name, step, out).await?),
+            Verdict::Deny => step,
+        };
         let step = self
             .append_to_spec(&namespace, name, |run| {
                 let decision = approval::decision(run, step, verdict, reason.clone())?;
@@ -173,6 +178,33 @@ impl Session {
         };
         writeln!(out, "run {name} in {namespace}: step {step} {done}")?;
         Ok(())
+    }
+
+    /// Prints the call an approval of `step` (None: the waiting one) would run, as the ledger
+    /// records it; returns its step. Refused when the decision would be, or when the ledger
+    /// does not show the call whole.
+    async fn show_call(
+        &self,
+        namespace: &str,
+        name: &str,
+        step: Option<i64>,
+        out: &mut impl Write,
+    ) -> Result<i64, CliError> {
+        let run = self.read_run(namespace, name).await?;
+        let decision = approval::decision(&run, step, Verdict::Approve, None)?;
+        let segments = self.ledger(&run).await?;
+        let Some((tool, arguments)) = approval::recorded_call(&segments, &decision) else {
+            return Err(CliError::CallNotShown {
+                name: name.into(),
+                step: decision.step,
+            });
+        };
+        writeln!(
+            out,
+            "step {} ({tool}), call {}, as the ledger records it:\n  {arguments}",
+            decision.step, decision.call_id
+        )?;
+        Ok(decision.step)
     }
 
     /// Reads the run, asks `change` for the spec fields to merge (an append to one of its

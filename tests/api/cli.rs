@@ -477,3 +477,57 @@ async fn the_transcript_shows_control_and_bidi_characters_instead_of_obeying_the
     );
     ns.cleanup().await;
 }
+
+/// What a human approves is what runs: the status shows a padded call cut at 4 KiB, and
+/// `baton approve` prints the whole call from the ledger, its tail included, before it
+/// records the decision. A call the ledger does not show is not approved.
+#[tokio::test]
+async fn approve_shows_the_whole_call_from_the_ledger_or_refuses() {
+    let ns = TestNamespace::new("cli_approve_whole").await;
+    let n = ns.name.as_str();
+    let padded = format!(
+        "{{\"command\":\"echo ok{}; rm -rf /important\"}}",
+        " ".repeat(6000)
+    );
+    let waiting = |arguments: &str| {
+        let pending = serde_json::json!({
+            "step": 1, "callId": "c1", "tool": "sh",
+            "arguments": arguments, "requestedAt": "2026-12-01T10:00:00Z"
+        });
+        serde_json::json!({"phase": "WaitingApproval", "fence": 1, "pendingApproval": pending})
+    };
+    let shown: String = padded.chars().take(4096).collect();
+    assert!(!shown.contains("rm -rf"), "the status hides the tail");
+
+    let run = create_run(&ns, "p").await;
+    let intent = LedgerEvent::StepIntent {
+        step: 1,
+        tool: "sh".into(),
+        call_id: "c1".into(),
+        input: padded.clone(),
+        idempotent: false,
+    };
+    SegmentStore::for_run(ns.client.clone(), &run)
+        .append(0, 1, vec![intent])
+        .await
+        .unwrap();
+    set_status(&ns, "p", waiting(&shown)).await;
+    let said = ok(&["approve", "p", "-n", n]);
+    assert!(
+        said.contains("step 1 (sh), call c1, as the ledger records it"),
+        "{said}"
+    );
+    assert!(said.contains("; rm -rf /important\"}"), "the tail is shown");
+    assert!(said.contains("step 1 approved"), "{said}");
+
+    create_run(&ns, "q").await;
+    set_status(&ns, "q", waiting(&shown)).await;
+    let err = failure(&["approve", "q", "-n", n]);
+    assert!(
+        err.contains("the call of step 1 is not in the ledger of run q: not approving"),
+        "{err}"
+    );
+    let q = ns.api::<AgentRun>().get("q").await.unwrap();
+    assert!(q.spec.approvals.is_empty(), "nothing was approved");
+    ns.cleanup().await;
+}
