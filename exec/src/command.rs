@@ -1,13 +1,17 @@
 //! One command: `sh -c` in its own process group, so a timeout, a cancel or the worker's
-//! going away kills everything the command started. Plain threads, not an async runtime: the
-//! executor runs a handful of commands at a time and must stay small enough to link statically.
+//! going away kills everything the command started. A process that left the group (`setsid`,
+//! or a daemon's double fork) is found by a mark in its environment that every descendant
+//! inherits ([`Tree`]), and killed too; only one that also cleared its environment escapes,
+//! bounded by the pod's process limit. Plain threads, not an async runtime: the executor runs
+//! a handful of commands at a time and must stay small enough to link statically.
 
 use std::io::Read;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use crate::capture::{Captured, capped_text, within_cap};
 use crate::protocol::{Ending, Outcome, RunRequest};
@@ -16,6 +20,57 @@ use crate::reaper;
 /// How long to wait for the pipes to close after the group was killed (a process that left
 /// the group may hold them open; its output is then given up).
 const DRAIN_AFTER_KILL: Duration = Duration::from_secs(2);
+
+/// The environment variable that marks every process of one command.
+const TREE_MARK: &str = "BATON_EXEC_TREE";
+
+/// Everything one command started: its process group, and the mark its processes carry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tree {
+    pub group: i32,
+    mark: String,
+}
+
+impl Tree {
+    /// A mark no other command of any executor on this machine has.
+    fn new_mark() -> String {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let since = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default();
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        format!("{}.{}.{n}", std::process::id(), since.as_nanos())
+    }
+
+    /// SIGKILL to the group, then to every process that carries the mark (it left the group).
+    pub fn kill(&self) {
+        kill_group(self.group);
+        let me = std::process::id() as i32;
+        for pid in marked(&format!("{TREE_MARK}={}", self.mark)) {
+            if pid != me {
+                // SAFETY: kill only sends a signal, to a process that carries this command's mark.
+                unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                }
+            }
+        }
+    }
+}
+
+/// The processes whose environment holds `entry` (`NAME=value`), as far as /proc shows them.
+fn marked(entry: &str) -> Vec<i32> {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    procs
+        .flatten()
+        .filter_map(|p| p.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| env.split(|b| *b == 0).any(|e| e == entry.as_bytes()))
+        })
+        .collect()
+}
 
 /// What a running command's threads (and the server, for a cancel) report.
 pub enum Event {
@@ -27,18 +82,20 @@ pub enum Event {
 
 /// Runs `request` in `workdir`. `events` is the command's own channel: its threads report on
 /// `sender`, and the server sends [`Event::Cancel`] on a clone of it. `started` gets the
-/// process group's id as soon as there is one (the server kills it when the worker goes).
+/// command's [`Tree`] as soon as there is one (the server kills it when the worker goes).
 pub fn run(
     request: &RunRequest,
     workdir: &Path,
     (sender, events): (Sender<Event>, Receiver<Event>),
-    started: impl FnOnce(i32),
+    started: impl FnOnce(Tree),
 ) -> Outcome {
+    let mark = Tree::new_mark();
     let mut command = Command::new("sh");
     command
         .arg("-c")
         .arg(&request.command)
         .envs(request.env.iter().cloned())
+        .env(TREE_MARK, &mark)
         .current_dir(workdir)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -48,8 +105,11 @@ pub fn run(
         Ok(child) => child,
         Err(e) => return outcome(request, Ending::SpawnFailed(e.to_string()), None, None),
     };
-    let group = child.id() as i32;
-    started(group);
+    let tree = Tree {
+        group: child.id() as i32,
+        mark,
+    };
+    started(tree.clone());
     let cap = request.cap_bytes;
     if let Some(pipe) = child.stdout.take() {
         let tx = sender.clone();
@@ -64,12 +124,12 @@ pub fn run(
         reaper::forget(child.id());
         sender.send(Event::Exited(status))
     });
-    collect(request, group, &events)
+    collect(request, &tree, &events)
 }
 
 /// Waits for the exit and both pipes' ends, or a timeout or cancel (then kills the group and
 /// drains what it can).
-fn collect(request: &RunRequest, group: i32, events: &Receiver<Event>) -> Outcome {
+fn collect(request: &RunRequest, tree: &Tree, events: &Receiver<Event>) -> Outcome {
     let mut seen = Seen::default();
     let mut deadline = Instant::now() + Duration::from_millis(request.timeout_ms);
     let mut interrupted = None;
@@ -89,7 +149,7 @@ fn collect(request: &RunRequest, group: i32, events: &Receiver<Event>) -> Outcom
             }
             Err(_) => break,
         }
-        kill_group(group);
+        tree.kill();
         deadline = Instant::now() + DRAIN_AFTER_KILL;
     }
     let ending = match interrupted {
@@ -164,7 +224,7 @@ fn read_capped(mut pipe: impl Read, cap: usize) -> Captured {
 }
 
 /// SIGKILL to a whole process group.
-pub fn kill_group(group: i32) {
+fn kill_group(group: i32) {
     // SAFETY: killpg only sends a signal; the group is one this executor started.
     unsafe {
         libc::killpg(group, libc::SIGKILL);
@@ -237,6 +297,42 @@ mod tests {
             started.elapsed() < Duration::from_secs(10),
             "the background sleep was killed too"
         );
+    }
+
+    /// A process that left the command's group (`setsid`) dies with its timeout all the same.
+    #[test]
+    fn a_timeout_kills_a_process_that_left_the_group() {
+        let pid_file =
+            std::env::temp_dir().join(format!("baton-exec-setsid-{}", std::process::id()));
+        let command = format!(
+            "setsid sh -c 'echo $$ > {}; exec sleep 30' & sleep 30",
+            pid_file.display()
+        );
+        let o = sh(&command, 500);
+        assert_eq!(o.ending, Ending::TimedOut);
+        let pid: i32 = std::fs::read_to_string(&pid_file)
+            .expect("the escaped process wrote its pid")
+            .trim()
+            .parse()
+            .unwrap();
+        let _ = std::fs::remove_file(&pid_file);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while alive(pid) {
+            assert!(
+                Instant::now() < deadline,
+                "process {pid} outlived its command"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Running, not exited and not a zombie waiting for its parent.
+    fn alive(pid: i32) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+            stat.rsplit(')')
+                .next()
+                .is_some_and(|rest| !rest.trim_start().starts_with('Z'))
+        })
     }
 
     #[test]

@@ -46,8 +46,8 @@ impl std::fmt::Display for ServeError {
     }
 }
 
-/// Commands running now: their id → (cancel channel, process group once started).
-type Running = Arc<Mutex<HashMap<String, (Sender<Event>, Option<i32>)>>>;
+/// Commands running now: their id → (cancel channel, what it started once it started).
+type Running = Arc<Mutex<HashMap<String, (Sender<Event>, Option<command::Tree>)>>>;
 
 /// Serves one worker until its connection ends.
 pub fn serve(config: &Config) -> Result<(), ServeError> {
@@ -132,9 +132,9 @@ fn start(
     lock(running).insert(id.clone(), (tx.clone(), None));
     let (running, writer, workspace) = (running.clone(), writer.clone(), workspace.to_path_buf());
     std::thread::spawn(move || {
-        let outcome = command::run(&request, &workspace, (tx, rx), |group| {
+        let outcome = command::run(&request, &workspace, (tx, rx), |tree| {
             if let Some(entry) = lock(&running).get_mut(&id) {
-                entry.1 = Some(group);
+                entry.1 = Some(tree);
             }
         });
         lock(&running).remove(&id);
@@ -148,11 +148,11 @@ fn cancel(running: &Running, id: &str) {
     }
 }
 
-/// Kills every running command's group; returns how many there were.
+/// Kills everything every running command started; returns how many commands there were.
 fn kill_all(running: &Running) -> usize {
     let running = lock(running);
-    for group in running.values().filter_map(|(_, group)| *group) {
-        command::kill_group(group);
+    for tree in running.values().filter_map(|(_, tree)| tree.as_ref()) {
+        tree.kill();
     }
     running.len()
 }
