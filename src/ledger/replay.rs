@@ -71,6 +71,9 @@ pub struct ReplayedStep {
     pub attempt: i64,
     /// True once a `stepUnknown` was recorded, even if a later result resolved it.
     pub was_unknown: bool,
+    /// True once a human's approval of this very call was recorded (it waited, and was let
+    /// through its gate).
+    pub approved: bool,
     pub state: StepState,
 }
 
@@ -194,18 +197,21 @@ impl Replay {
             } => self.apply_result(*step, output, *is_error),
             LedgerEvent::ApprovalRequested {
                 step, requested_at, ..
-            } => self.move_step(
-                *step,
-                |s| *s == StepState::Open,
-                StepState::AwaitingApproval {
+            } => {
+                let waits = StepState::AwaitingApproval {
                     requested_at: requested_at.clone(),
-                },
-            ),
+                };
+                self.move_step(*step, |s| *s == StepState::Open, waits);
+            }
             // Denied: its result comes with the decision, in the same append.
             LedgerEvent::ApprovalDecided { step, outcome, .. } => {
                 if *outcome == ApprovalOutcome::Approved {
                     let waiting = |s: &StepState| matches!(s, StepState::AwaitingApproval { .. });
-                    self.move_step(*step, waiting, StepState::Open);
+                    if self.move_step(*step, waiting, StepState::Open)
+                        && let Some(s) = self.steps.get_mut(step)
+                    {
+                        s.approved = true;
+                    }
                 }
             }
             // The first list recorded is the one: a resumed run offers the same tools.
@@ -310,6 +316,7 @@ impl Replay {
                 idempotent,
                 attempt: fence,
                 was_unknown: false,
+                approved: false,
                 state: StepState::Open,
             },
         );
@@ -337,11 +344,14 @@ impl Replay {
     }
 
     /// Moves `step` to state `to` if its state is one `from` accepts.
-    fn move_step(&mut self, step: i64, from: impl Fn(&StepState) -> bool, to: StepState) {
-        if let Some(s) = self.steps.get_mut(&step)
-            && from(&s.state)
-        {
-            s.state = to;
+    /// Moves `step` to `to` if its state is one `from` accepts; true when it moved.
+    fn move_step(&mut self, step: i64, from: impl Fn(&StepState) -> bool, to: StepState) -> bool {
+        match self.steps.get_mut(&step) {
+            Some(s) if from(&s.state) => {
+                s.state = to;
+                true
+            }
+            _ => false,
         }
     }
 

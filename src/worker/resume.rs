@@ -4,7 +4,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::approval::{self, Settlement};
-use crate::crd::v1alpha1::{AgentRunSpec, ProbeOutcome, ToolKind, ToolSpec};
+use crate::crd::v1alpha1::{AgentRunSpec, AgentSpec, ProbeOutcome, ToolKind, ToolSpec};
 use crate::ledger::{Replay, ReplayedStep, StepState};
 
 use super::toolbox::Toolbox;
@@ -105,7 +105,7 @@ pub fn plan(
         .steps
         .values()
         .filter(|s| waiting.as_ref().is_none_or(|(step, _, _)| *step != s.step))
-        .filter_map(|s| reconcile_step(s, toolbox.get(&s.tool).map(|t| &t.spec)))
+        .filter_map(|s| reconcile_step(s, toolbox.get(&s.tool).map(|t| &t.spec), &spec.agent))
         .collect();
     let standing = match (approval_call(replay), waiting) {
         (Some(call), _) => {
@@ -203,11 +203,14 @@ pub fn question_of(input: &str) -> String {
         .unwrap_or_default()
 }
 
-/// The action for one step, if it needs any. Whether it is idempotent is what its intent
-/// recorded when it ran; the probe is the tool's current one.
-fn reconcile_step(step: &ReplayedStep, tool: Option<&ToolSpec>) -> Option<Reconcile> {
+/// The action for one step, if it needs any. The probe is the tool's current one.
+fn reconcile_step(
+    step: &ReplayedStep,
+    tool: Option<&ToolSpec>,
+    agent: &AgentSpec,
+) -> Option<Reconcile> {
     let has_probe = tool.is_some_and(|t| t.probe.is_some());
-    let can_rerun = step.idempotent && tool.is_some();
+    let can_rerun = tool.is_some_and(|t| may_rerun(step, t, agent));
     let (mark_unknown, then) = match &step.state {
         StepState::Open if can_rerun => (true, Then::Rerun),
         StepState::Open if has_probe => (true, Then::Probe),
@@ -229,6 +232,14 @@ fn reconcile_step(step: &ReplayedStep, tool: Option<&ToolSpec>) -> Option<Reconc
         mark_unknown,
         then,
     })
+}
+
+/// Whether a step whose effect is unknown may run again. Its intent must have recorded it
+/// idempotent when it ran, and the run's own spec must say so now (an intent is data: anyone
+/// who could create a segment could have written one). A tool that waits for approval must
+/// also have been approved for this very step, so that no re-run passes its gate.
+fn may_rerun(step: &ReplayedStep, tool: &ToolSpec, agent: &AgentSpec) -> bool {
+    step.idempotent && tool.idempotent && (step.approved || !approval::required(agent, tool))
 }
 
 #[cfg(test)]
@@ -324,6 +335,45 @@ mod tests {
             (p.reconcile[0].mark_unknown, p.reconcile[0].then),
             (true, Then::Rerun)
         );
+    }
+
+    /// An intent is data: one that claims `idempotent` for a tool the run's spec does not
+    /// declare idempotent is not run again.
+    #[test]
+    fn an_intent_that_claims_idempotent_for_a_tool_the_spec_does_not_is_not_rerun() {
+        let p = plan_now(&replay(&[intent(1, "sh", true)]), &spec(vec![]));
+        assert_eq!(
+            (p.reconcile[0].mark_unknown, p.reconcile[0].then),
+            (true, Then::Nothing)
+        );
+    }
+
+    /// An idempotent tool that waits for approval runs again only if this very call was
+    /// approved: an open intent that never waited does not pass the gate by a re-run.
+    #[test]
+    fn a_tool_that_waits_for_approval_is_rerun_only_after_its_approval() {
+        let mut gated = spec(vec![]);
+        for t in &mut gated.agent.tools {
+            if t.name == "idem" {
+                t.approval = Some(crate::crd::v1alpha1::ApprovalPolicy::Required);
+            }
+        }
+        let never_waited = plan_now(&replay(&[intent(1, "idem", true)]), &gated);
+        assert_eq!(never_waited.reconcile[0].then, Then::Nothing);
+        let approved = replay(&[
+            intent(1, "idem", true),
+            LedgerEvent::ApprovalRequested {
+                step: 1,
+                call_id: "c1".into(),
+                requested_at: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+            },
+            LedgerEvent::ApprovalDecided {
+                step: 1,
+                outcome: crate::crd::v1alpha1::ApprovalOutcome::Approved,
+                reason: String::new(),
+            },
+        ]);
+        assert_eq!(plan_now(&approved, &gated).reconcile[0].then, Then::Rerun);
     }
 
     #[test]
