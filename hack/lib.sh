@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# hack/lib.sh — shell helpers shared by hack/control-plane.sh and hack/node.sh: apt installs,
+# hack/lib.sh — shell helpers shared by hack/setup.sh, control-plane.sh, node.sh and images.sh: apt installs, the machine's Debian archive,
 # locks, and processes started detached with their PID, binary and start time recorded so that
 # they are stopped by PID only (never by name) and a reused PID is never mistaken for ours.
 #
