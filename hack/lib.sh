@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # hack/lib.sh — shell helpers shared by hack/setup.sh, control-plane.sh, node.sh and images.sh:
-# apt installs, the machine's Debian archive, locks, and processes started detached with their PID, binary and start time recorded so that
-# they are stopped by PID only (never by name) and a reused PID is never mistaken for ours.
+# apt installs, the machine's Debian archive, locks, and processes started detached with their
+# PID, binary and start time recorded so that they are stopped by PID only (never by name) and
+# a reused PID is never mistaken for ours.
 #
 # The sourcing script sets LOG_TAG (the prefix of its messages), STATE_DIR (where PID files
 # go), CACHE_DIR (logs of apt), and may set START_PREFIX (an array: a command that the started
