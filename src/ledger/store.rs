@@ -141,8 +141,7 @@ impl SegmentStore {
     }
 
     fn check_ours(&self, segment: &LedgerSegment) -> Result<(), LedgerError> {
-        let uid = segment.labels().get(RUN_UID_LABEL);
-        if uid.map(String::as_str) != Some(self.run_uid.as_str()) {
+        if !is_segment_of(segment, &self.run, &self.run_uid) {
             return Err(LedgerError::ForeignSegment {
                 name: segment.name_any(),
             });
