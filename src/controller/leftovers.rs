@@ -45,24 +45,16 @@ pub async fn cleared(ctx: &Context, run: &AgentRun, fence: i64) -> Result<bool, 
             delete_leftover(ctx, &ctx.api::<Lease>(&ns), &lease).await?;
             found.push(format!("Lease {}", lease.name_any()));
         }
-        let segments = foreign_segments(ctx, run, &uid).await?;
-        if let Some(owner) = segments.first().and_then(|s| s.labels().get(RUN_UID_LABEL))
-            && run_with_uid_exists(ctx, run, owner).await?
-        {
-            let note = format!(
-                "ledger segment {} carries the UID {owner} of an AgentRun that exists: it is not this run's and is not removed; the first claim waits until someone deletes it",
-                segment_name(&run.name_any(), 1)
-            );
-            tracing::warn!(run = %run_name(run), %owner, "a live run's UID on this run's first segment");
-            ctx.event(run, true, "ForeignLedgerSegment", note);
-            return Ok(true);
-        }
-        if !segments.is_empty() {
-            let api = ctx.api::<LedgerSegment>(&ns);
-            for segment in &segments {
-                delete_leftover(ctx, &api, segment).await?;
+        match first_segment(ctx, run, &uid).await? {
+            FirstSegment::FreeOrOurs => {}
+            FirstSegment::OfLiveRun(owner) => not_a_leftover(ctx, run, &owner),
+            FirstSegment::Leftover(segments) => {
+                let api = ctx.api::<LedgerSegment>(&ns);
+                for segment in &segments {
+                    delete_leftover(ctx, &api, segment).await?;
+                }
+                found.push(format!("{} ledger segments", segments.len()));
             }
-            found.push(format!("{} ledger segments", segments.len()));
         }
     }
     if found.is_empty() {
@@ -96,27 +88,48 @@ fn foreign_lease(ctx: &Context, run: &AgentRun, uid: &str) -> Option<Lease> {
     other.then(|| (*lease).clone())
 }
 
-/// The segments named for `run` of the run that holds its first position, if that run is
-/// another one. The first position tells: every ledger starts there. Read from the API
-/// server's watch cache.
-async fn foreign_segments(
-    ctx: &Context,
-    run: &AgentRun,
-    uid: &str,
-) -> Result<Vec<LedgerSegment>, Error> {
+/// What holds the first position of `run`'s ledger. The first position tells: every ledger
+/// starts there.
+enum FirstSegment {
+    /// Nothing, or a segment of this run.
+    FreeOrOurs,
+    /// A segment carrying the UID of an AgentRun that exists: not a leftover, not deleted.
+    OfLiveRun(String),
+    /// A deleted namesake's: its segments named for the run, to delete.
+    Leftover(Vec<LedgerSegment>),
+}
+
+/// Reads the first position (the API server's watch cache) and, if another run's UID is there,
+/// whether a run with that UID exists.
+async fn first_segment(ctx: &Context, run: &AgentRun, uid: &str) -> Result<FirstSegment, Error> {
     let api = ctx.api::<LedgerSegment>(&run.namespace().unwrap_or_default());
     let Some(first) = cached_segment_at(&api, run, 1).await? else {
-        return Ok(Vec::new());
+        return Ok(FirstSegment::FreeOrOurs);
     };
     let Some(other) = first.labels().get(RUN_UID_LABEL).filter(|o| *o != uid) else {
-        return Ok(Vec::new());
+        return Ok(FirstSegment::FreeOrOurs);
     };
+    if run_with_uid_exists(ctx, run, other).await? {
+        return Ok(FirstSegment::OfLiveRun(other.clone()));
+    }
     let mut segments = cached_segments_of(&api, &run.name_any(), other).await?;
     if segments.is_empty() {
         // The cache may not list what it just returned by name: delete that one at least.
         segments.push(first);
     }
-    Ok(segments)
+    Ok(FirstSegment::Leftover(segments))
+}
+
+/// Says, loudly, that the first position holds a live run's UID. Nothing is deleted: the
+/// claim's seal collides with it, is refused (`ForeignSegment`) and backs off until someone
+/// removes it.
+fn not_a_leftover(ctx: &Context, run: &AgentRun, owner: &str) {
+    let note = format!(
+        "ledger segment {} carries the UID {owner} of an AgentRun that exists: it is not this run's and is not removed; the first claim waits until someone deletes it",
+        segment_name(&run.name_any(), 1)
+    );
+    tracing::warn!(run = %run_name(run), %owner, "a live run's UID on this run's first segment");
+    ctx.event(run, true, "ForeignLedgerSegment", note);
 }
 
 /// True when an AgentRun of `run`'s namespace has the UID `uid` (read from the API server: a
