@@ -13,6 +13,7 @@ pub mod ledger;
 pub mod rbac;
 pub mod status;
 pub mod telemetry;
+pub mod webhook;
 pub mod worker;
 
 /// Errors that reach the binary's `main`.

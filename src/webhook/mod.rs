@@ -1,0 +1,3 @@
+//! The admission webhook: baton checks who asks (docs/security.md).
+pub mod cert;
+pub mod rules;

@@ -1,0 +1,248 @@
+//! What the webhook admits (pure): the permissions a run's manifest borrows, the size of its
+//! spec, and who may append to a ledger or edit a run Lease. The I/O (SubjectAccessReviews,
+//! reading the run) is in `review.rs`; every refusal here names the field and the reason.
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::ResourceExt;
+use serde_json::Value;
+
+use crate::crd::RUN_UID_LABEL;
+use crate::crd::v1alpha1::{AgentRunSpec, LedgerSegment};
+use crate::fence::segment_name;
+
+/// A permission the requesting user must hold, because a field of the manifest would make
+/// baton use it on their behalf.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ask {
+    /// The field that needs it, as the user wrote it (`spec.worker.image`).
+    pub field: String,
+    pub verb: &'static str,
+    pub resource: &'static str,
+    /// The object, when the permission is on one object (a Secret); None: the namespace.
+    pub name: Option<String>,
+}
+
+impl Ask {
+    fn get_secret(field: String, name: &str) -> Ask {
+        Ask {
+            field,
+            verb: "get",
+            resource: "secrets",
+            name: Some(name.to_string()),
+        }
+    }
+
+    fn create_pods(field: &str) -> Ask {
+        Ask {
+            field: field.to_string(),
+            verb: "create",
+            resource: "pods",
+            name: None,
+        }
+    }
+
+    /// The refusal when the user lacks it.
+    pub fn refusal(&self, user: &str, namespace: &str) -> String {
+        let what = match &self.name {
+            Some(name) => format!("{} {} {name:?}", self.verb, self.resource),
+            None => format!("{} {}", self.verb, self.resource),
+        };
+        format!(
+            "{}: {user} may not {what} in namespace {namespace}, and a run does it on its \
+             creator's behalf",
+            self.field
+        )
+    }
+}
+
+/// The permissions `new` borrows. An update that leaves `agent` and `worker` as they were
+/// (an input, an approval, a stop) borrows nothing new: those were asked when they were set.
+pub fn run_asks(old: Option<&AgentRunSpec>, new: &AgentRunSpec) -> Vec<Ask> {
+    if old.is_some_and(|old| same_borrowing_fields(old, new)) {
+        return Vec::new();
+    }
+    let mut asks = Vec::new();
+    if let Some(key) = &new.agent.model.api_key_secret_ref {
+        asks.push(Ask::get_secret(
+            "spec.agent.model.apiKeySecretRef.name".into(),
+            &key.name,
+        ));
+    }
+    for (i, tool) in new.agent.tools.iter().enumerate() {
+        if let Some(secret) = tool
+            .mcp
+            .as_ref()
+            .and_then(|m| m.headers_from_secret.as_ref())
+        {
+            let field = format!("spec.agent.tools[{i}].mcp.headersFromSecret");
+            asks.push(Ask::get_secret(field, secret));
+        }
+    }
+    let worker = &new.worker;
+    let pod_fields = [
+        ("spec.worker.image", worker.image.is_some()),
+        ("spec.worker.toolsImage", worker.tools_image.is_some()),
+        (
+            "spec.worker.serviceAccountName",
+            worker.service_account_name.is_some(),
+        ),
+        (
+            "spec.worker.runtimeClassName",
+            worker.runtime_class_name.is_some(),
+        ),
+        ("spec.worker.tolerations", !worker.tolerations.is_empty()),
+    ];
+    for (field, set) in pod_fields {
+        if set {
+            asks.push(Ask::create_pods(field));
+        }
+    }
+    asks
+}
+
+fn same_borrowing_fields(old: &AgentRunSpec, new: &AgentRunSpec) -> bool {
+    old.agent == new.agent && old.worker == new.worker
+}
+
+/// A spec larger than `max` bytes (as JSON): the message names its size and largest field.
+pub fn oversized_spec(spec: &AgentRunSpec, max: usize) -> Option<String> {
+    let value = serde_json::to_value(spec).ok()?;
+    let size = value.to_string().len();
+    if size <= max {
+        return None;
+    }
+    let (field, field_size) = largest_field(&value, "spec");
+    Some(format!(
+        "spec is {size} bytes, over the limit of {max} bytes (--max-spec-bytes); its largest \
+         field is {field} ({field_size} bytes)"
+    ))
+}
+
+/// The deepest field that holds most of `value`'s bytes.
+fn largest_field(value: &Value, path: &str) -> (String, usize) {
+    let size = value.to_string().len();
+    let children: Vec<(String, &Value)> = match value {
+        Value::Object(map) => map
+            .iter()
+            .map(|(k, v)| (format!("{path}.{k}"), v))
+            .collect(),
+        Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (format!("{path}[{i}]"), v))
+            .collect(),
+        _ => Vec::new(),
+    };
+    children
+        .into_iter()
+        .map(|(p, v)| largest_field(v, &p))
+        .filter(|(_, s)| *s * 2 > size)
+        .max_by_key(|(_, s)| *s)
+        .unwrap_or((path.to_string(), size))
+}
+
+/// What the webhook knows of the run a segment or Lease claims to belong to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunFacts {
+    pub uid: String,
+    /// `status.fence`: the attempt that holds the run.
+    pub fence: i64,
+    /// The user name the run's worker pods authenticate as.
+    pub worker_user: String,
+}
+
+/// Who is asking, as far as a ledger or a run Lease is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Writer {
+    /// baton's controller: it seals a claim at the run's fence + 1 before moving the status.
+    Controller,
+    /// The identity the run's worker pods run as.
+    RunWorker,
+    /// Anyone else.
+    Other,
+}
+
+impl Writer {
+    pub fn of(user: &str, controller_users: &[String], run: Option<&RunFacts>) -> Writer {
+        if controller_users.iter().any(|c| c == user) {
+            Writer::Controller
+        } else if run.is_some_and(|r| r.worker_user == user) {
+            Writer::RunWorker
+        } else {
+            Writer::Other
+        }
+    }
+}
+
+/// Why a segment is refused, or None: admitted. `run` is the live run named by `spec.run`.
+pub fn segment_refusal(
+    seg: &LedgerSegment,
+    writer: Writer,
+    user: &str,
+    run: Option<&RunFacts>,
+) -> Option<String> {
+    let name = seg.name_any();
+    let of = &seg.spec.run;
+    let expected = segment_name(of, seg.spec.seq);
+    if name != expected {
+        return Some(format!(
+            "metadata.name: {name:?} is not the name of position {} of run {of:?} ({expected:?})",
+            seg.spec.seq
+        ));
+    }
+    let Some(run) = run else {
+        return Some(format!(
+            "spec.run: no AgentRun {of:?} exists in this namespace"
+        ));
+    };
+    let label = seg.labels().get(RUN_UID_LABEL).map(String::as_str);
+    if label != Some(run.uid.as_str()) {
+        return Some(format!(
+            "metadata.labels[{RUN_UID_LABEL}]: {label:?} is not the UID of run {of:?} ({})",
+            run.uid
+        ));
+    }
+    let ceiling = match writer {
+        Writer::Controller => run.fence + 1,
+        Writer::RunWorker => run.fence,
+        Writer::Other => {
+            return Some(format!(
+                "{user} may not append to the ledger of run {of:?}: only its worker \
+                 ({}) and baton's controller may",
+                run.worker_user
+            ));
+        }
+    };
+    (seg.spec.fence > ceiling).then(|| {
+        format!(
+            "spec.fence: {} is ahead of run {of:?}, which is at fence {} (a segment may carry \
+             at most {ceiling})",
+            seg.spec.fence, run.fence
+        )
+    })
+}
+
+/// Why an update of the run Lease of `run` is refused, or None. A run's worker renews and
+/// releases its Lease; it may not re-point it (its ownerReferences) at anything else.
+pub fn lease_refusal(old: &Lease, new: &Lease, writer: Writer, user: &str) -> Option<String> {
+    match writer {
+        Writer::Controller => None,
+        Writer::RunWorker if old.metadata.owner_references != new.metadata.owner_references => {
+            Some(format!(
+                "metadata.ownerReferences: {user} may renew or release Lease {} but not change \
+                 what owns it",
+                new.name_any()
+            ))
+        }
+        Writer::RunWorker => None,
+        Writer::Other if crate::rbac::run_of_username(user).is_some() => Some(format!(
+            "{user} is another run's worker: it may not write Lease {}",
+            new.name_any()
+        )),
+        Writer::Other => None,
+    }
+}
+
+#[cfg(test)]
+#[path = "rules_tests.rs"]
+mod tests;

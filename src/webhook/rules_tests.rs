@@ -1,0 +1,270 @@
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
+use super::*;
+use crate::crd::v1alpha1::{AgentRun, LedgerSegmentSpec, SecretKeyRef, ToolSpec};
+
+fn spec() -> AgentRunSpec {
+    AgentRun::builder("r").spec()
+}
+
+fn mcp_tool(secret: &str) -> ToolSpec {
+    serde_json::from_value(serde_json::json!({
+        "name": "search", "kind": "mcp",
+        "mcp": { "url": "http://mcp.example", "headersFromSecret": secret }
+    }))
+    .unwrap()
+}
+
+fn fields(asks: &[Ask]) -> Vec<(&str, &str, Option<&str>)> {
+    asks.iter()
+        .map(|a| (a.field.as_str(), a.resource, a.name.as_deref()))
+        .collect()
+}
+
+#[test]
+fn a_plain_run_borrows_nothing() {
+    assert_eq!(run_asks(None, &spec()), vec![]);
+}
+
+#[test]
+fn every_secret_and_pod_field_is_asked_for() {
+    let mut s = spec();
+    s.agent.model.api_key_secret_ref = Some(SecretKeyRef {
+        name: "model-key".into(),
+        key: "k".into(),
+    });
+    s.agent.tools = vec![mcp_tool("mcp-headers")];
+    s.worker.image = Some("evil:1".into());
+    s.worker.service_account_name = Some("deployer".into());
+    assert_eq!(
+        fields(&run_asks(None, &s)),
+        vec![
+            (
+                "spec.agent.model.apiKeySecretRef.name",
+                "secrets",
+                Some("model-key")
+            ),
+            (
+                "spec.agent.tools[0].mcp.headersFromSecret",
+                "secrets",
+                Some("mcp-headers")
+            ),
+            ("spec.worker.image", "pods", None),
+            ("spec.worker.serviceAccountName", "pods", None),
+        ]
+    );
+}
+
+#[test]
+fn an_update_asks_again_only_when_agent_or_worker_change() {
+    let mut old = spec();
+    old.agent.model.api_key_secret_ref = Some(SecretKeyRef {
+        name: "model-key".into(),
+        key: "k".into(),
+    });
+    let mut approved = old.clone();
+    approved.inputs.push("more".into());
+    approved.stop = true;
+    assert_eq!(run_asks(Some(&old), &approved), vec![]);
+
+    let mut redirected = old.clone();
+    redirected.agent.model.endpoint = Some("https://attacker.example".into());
+    assert_eq!(
+        fields(&run_asks(Some(&old), &redirected)),
+        vec![(
+            "spec.agent.model.apiKeySecretRef.name",
+            "secrets",
+            Some("model-key")
+        )]
+    );
+}
+
+#[test]
+fn a_refusal_names_the_field_and_the_permission() {
+    let ask = Ask::get_secret("spec.agent.model.apiKeySecretRef.name".into(), "db");
+    let text = ask.refusal("alice", "team-a");
+    assert!(
+        text.starts_with("spec.agent.model.apiKeySecretRef.name: alice may not get secrets \"db\""),
+        "{text}"
+    );
+}
+
+#[test]
+fn an_oversized_spec_names_its_largest_field() {
+    let mut s = spec();
+    assert_eq!(oversized_spec(&s, 64 * 1024), None);
+    s.agent.system_prompt = Some("x".repeat(100_000));
+    let text = oversized_spec(&s, 64 * 1024).unwrap();
+    assert!(
+        text.contains("largest field is spec.agent.systemPrompt"),
+        "{text}"
+    );
+    assert!(text.contains("over the limit of 65536 bytes"), "{text}");
+}
+
+fn facts() -> RunFacts {
+    RunFacts {
+        uid: "u-1".into(),
+        fence: 3,
+        worker_user: "system:serviceaccount:ns:baton-run-r".into(),
+    }
+}
+
+fn segment(name: &str, run: &str, fence: i64, uid: Option<&str>) -> LedgerSegment {
+    let mut seg = LedgerSegment::new(
+        name,
+        LedgerSegmentSpec {
+            run: run.into(),
+            seq: 4,
+            fence,
+            format: 1,
+            events: vec![],
+        },
+    );
+    if let Some(uid) = uid {
+        seg.metadata.labels = Some([(RUN_UID_LABEL.to_string(), uid.to_string())].into());
+    }
+    seg
+}
+
+#[test]
+fn segment_cases() {
+    let run = facts();
+    let worker = Writer::RunWorker;
+    let good = segment("r-000004", "r", 3, Some("u-1"));
+    let cases: Vec<(&str, LedgerSegment, Writer, Option<&RunFacts>, Option<&str>)> = vec![
+        (
+            "the worker at its fence",
+            good.clone(),
+            worker,
+            Some(&run),
+            None,
+        ),
+        (
+            "the controller's seal at fence + 1",
+            segment("r-000004", "r", 4, Some("u-1")),
+            Writer::Controller,
+            Some(&run),
+            None,
+        ),
+        (
+            "a worker ahead of the run",
+            segment("r-000004", "r", 4, Some("u-1")),
+            worker,
+            Some(&run),
+            Some("spec.fence"),
+        ),
+        (
+            "the controller two ahead",
+            segment("r-000004", "r", 5, Some("u-1")),
+            Writer::Controller,
+            Some(&run),
+            Some("spec.fence"),
+        ),
+        (
+            "anyone else",
+            good.clone(),
+            Writer::Other,
+            Some(&run),
+            Some("only its worker"),
+        ),
+        (
+            "a name of another run",
+            segment("victim-000004", "r", 3, Some("u-1")),
+            worker,
+            Some(&run),
+            Some("metadata.name"),
+        ),
+        (
+            "a name off by a position",
+            segment("r-000005", "r", 3, Some("u-1")),
+            worker,
+            Some(&run),
+            Some("metadata.name"),
+        ),
+        (
+            "another run's UID",
+            segment("r-000004", "r", 3, Some("u-2")),
+            worker,
+            Some(&run),
+            Some("metadata.labels"),
+        ),
+        (
+            "no UID label",
+            segment("r-000004", "r", 3, None),
+            worker,
+            Some(&run),
+            Some("metadata.labels"),
+        ),
+        (
+            "a run that does not exist",
+            good.clone(),
+            Writer::Controller,
+            None,
+            Some("spec.run"),
+        ),
+    ];
+    for (case, seg, writer, run, want) in cases {
+        let got = segment_refusal(&seg, writer, "someone", run);
+        match (want, &got) {
+            (None, None) => {}
+            (Some(field), Some(text)) if text.contains(field) => {}
+            _ => panic!("{case}: got {got:?}, want {want:?}"),
+        }
+    }
+}
+
+#[test]
+fn writers_are_told_apart() {
+    let run = facts();
+    let controller = vec!["system:serviceaccount:baton:baton".to_string()];
+    assert_eq!(
+        Writer::of("system:serviceaccount:baton:baton", &controller, Some(&run)),
+        Writer::Controller
+    );
+    assert_eq!(
+        Writer::of(&run.worker_user, &controller, Some(&run)),
+        Writer::RunWorker
+    );
+    assert_eq!(
+        Writer::of(
+            "system:serviceaccount:ns:baton-run-x",
+            &controller,
+            Some(&run)
+        ),
+        Writer::Other
+    );
+    assert_eq!(
+        Writer::of(&run.worker_user, &controller, None),
+        Writer::Other
+    );
+}
+
+fn lease(owner: &str) -> Lease {
+    let mut lease = Lease::default();
+    lease.metadata.name = Some("run.r".into());
+    lease.metadata.owner_references = Some(vec![OwnerReference {
+        api_version: "baton.dev/v1alpha1".into(),
+        kind: "AgentRun".into(),
+        name: owner.into(),
+        uid: format!("uid-{owner}"),
+        ..OwnerReference::default()
+    }]);
+    lease
+}
+
+#[test]
+fn lease_cases() {
+    let (mine, other) = (lease("r"), lease("victim"));
+    let worker = "system:serviceaccount:ns:baton-run-r";
+    let stranger = "system:serviceaccount:ns:baton-run-x";
+    assert_eq!(lease_refusal(&mine, &mine, Writer::RunWorker, worker), None);
+    let repointed = lease_refusal(&mine, &other, Writer::RunWorker, worker).unwrap();
+    assert!(
+        repointed.starts_with("metadata.ownerReferences"),
+        "{repointed}"
+    );
+    assert_eq!(lease_refusal(&mine, &other, Writer::Controller, "c"), None);
+    assert!(lease_refusal(&mine, &mine, Writer::Other, stranger).is_some());
+    assert_eq!(lease_refusal(&mine, &mine, Writer::Other, "alice"), None);
+}
