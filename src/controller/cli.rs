@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::telemetry::LogFormat;
+use crate::webhook::{TlsSettings, WebhookConfig};
 
 use super::{Config, DEFAULT_WORKER_IMAGE, Error, RolloutPolicy, default_identity};
 
@@ -40,6 +41,27 @@ pub struct ControllerArgs {
     /// Reconciles running at once.
     #[arg(long, default_value_t = super::DEFAULT_CONCURRENCY)]
     pub concurrency: u16,
+    /// Serve the admission webhook (TLS) on this address; unset: no webhook.
+    #[arg(long, requires_all = ["webhook_hosts", "controller_user"])]
+    pub webhook_addr: Option<SocketAddr>,
+    /// Secret (in the controller's namespace) holding the webhook's CA and certificate.
+    #[arg(long, default_value = "baton-webhook-tls")]
+    pub webhook_secret: String,
+    /// Names and addresses the API server reaches the webhook by (the certificate's SANs).
+    #[arg(long, value_delimiter = ',')]
+    pub webhook_hosts: Vec<String>,
+    /// ValidatingWebhookConfiguration whose caBundle the controller keeps.
+    #[arg(long)]
+    pub webhook_configuration: Option<String>,
+    /// Days a webhook certificate is valid; it is renewed with a third left.
+    #[arg(long, default_value_t = 365)]
+    pub webhook_cert_days: u64,
+    /// User names the controller authenticates as: the webhook admits their ledger seals.
+    #[arg(long, value_delimiter = ',')]
+    pub controller_user: Vec<String>,
+    /// Largest AgentRun spec the webhook admits, in bytes of JSON.
+    #[arg(long, default_value_t = crate::webhook::DEFAULT_MAX_SPEC_BYTES)]
+    pub max_spec_bytes: usize,
 }
 
 fn parse_policy(s: &str) -> Result<RolloutPolicy, String> {
@@ -64,7 +86,23 @@ impl ControllerArgs {
             rollout_policy: self.rollout_policy,
             events: true,
             concurrency: self.concurrency,
+            webhook: self.webhook(),
         }
+    }
+
+    fn webhook(&self) -> Option<WebhookConfig> {
+        Some(WebhookConfig {
+            addr: self.webhook_addr?,
+            tls: TlsSettings {
+                namespace: self.leader_namespace.clone(),
+                secret: self.webhook_secret.clone(),
+                hosts: self.webhook_hosts.clone(),
+                configuration: self.webhook_configuration.clone(),
+                lifetime: Duration::from_secs(self.webhook_cert_days.max(1) * 24 * 3600),
+            },
+            controller_users: self.controller_user.clone(),
+            max_spec_bytes: self.max_spec_bytes,
+        })
     }
 }
 

@@ -68,6 +68,8 @@ pub struct Config {
     pub events: bool,
     /// Reconciles running at once (0: unbounded).
     pub concurrency: u16,
+    /// The admission webhook this replica serves (every replica, leader or not); None: none.
+    pub webhook: Option<crate::webhook::WebhookConfig>,
 }
 
 /// Reconciles running at once by default. A claim holds its slot for about 5 API round trips
@@ -92,6 +94,7 @@ impl Default for Config {
             rollout_policy: RolloutPolicy::Handoff,
             events: true,
             concurrency: DEFAULT_CONCURRENCY,
+            webhook: None,
         }
     }
 }
@@ -120,6 +123,8 @@ pub enum Error {
     NotLeader,
     #[error("leader election failed: {0}")]
     Election(String),
+    #[error("{0}")]
+    Webhook(#[from] crate::webhook::WebhookError),
     #[error("admin server: {0}")]
     Admin(#[from] std::io::Error),
     /// The run's worker ServiceAccount, Role or RoleBinding could not be put in place.
@@ -142,6 +147,7 @@ impl Error {
             Error::NotLeader => "not_leader",
             Error::Election(_) => "election",
             Error::Admin(_) => "admin",
+            Error::Webhook(_) => "webhook",
             Error::Rbac(_) => "rbac",
             Error::LeftoverRemoved(_) => "leftover_removed",
         }

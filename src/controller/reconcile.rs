@@ -53,7 +53,8 @@ pub async fn run_until(
 ) -> Result<(), Error> {
     let (ctx, controller, pod_events, lease_events, wake_rx, events) = build(client, config);
     let ready = ctx.synced.clone();
-    tokio::spawn(mark_ready(ctx.clone(), ready.clone()));
+    let (webhook_loaded, loaded) = tokio::sync::watch::channel(ctx.config.webhook.is_none());
+    tokio::spawn(mark_ready(ctx.clone(), ready.clone(), loaded));
     let gained = leadership_gained(ctx.leadership.subscribe());
     let reconciling = controller
         .owns_stream(pod_events)
@@ -74,6 +75,7 @@ pub async fn run_until(
         _ = publishing => Ok(()),
         err = run_election(ctx.clone()) => Err(err),
         res = serve_admin(ctx.clone(), ready) => res,
+        res = serve_webhook(ctx.clone(), webhook_loaded) => res,
     };
     if outcome.is_ok() {
         step_down(&ctx).await;
@@ -342,12 +344,34 @@ async fn serve_admin(ctx: Arc<Context>, ready: Arc<AtomicBool>) -> Result<(), Er
     }
 }
 
-async fn mark_ready(ctx: Arc<Context>, ready: Arc<AtomicBool>) {
+/// The admission webhook, on every replica: the API server reaches any ready one.
+async fn serve_webhook(
+    ctx: Arc<Context>,
+    loaded: tokio::sync::watch::Sender<bool>,
+) -> Result<(), Error> {
+    match ctx.config.webhook.clone() {
+        Some(config) => Ok(crate::webhook::run(ctx.client.clone(), config, loaded).await?),
+        None => futures::future::pending().await,
+    }
+}
+
+/// Ready once the caches are synced and, with a webhook, its certificate is served (the
+/// Service sends admission reviews only to ready replicas).
+async fn mark_ready(
+    ctx: Arc<Context>,
+    ready: Arc<AtomicBool>,
+    mut webhook_loaded: tokio::sync::watch::Receiver<bool>,
+) {
     // Not the run store: the Controller's applier already waits on it, and a second waiter
     // would never be woken.
     let synced = async {
         ctx.pods.wait_until_ready().await.ok()?;
-        ctx.leases.wait_until_ready().await.ok()
+        ctx.leases.wait_until_ready().await.ok()?;
+        webhook_loaded
+            .wait_for(|loaded| *loaded)
+            .await
+            .ok()
+            .map(|_| ())
     };
     if synced.await.is_some() {
         ready.store(true, Ordering::Release);

@@ -1,3 +1,145 @@
 //! The admission webhook: baton checks who asks (docs/security.md).
+//!
+//! Served by every controller replica (not only the leader) on its own TLS port. For an
+//! AgentRun it asks the API server whether the requesting user could do themselves what the
+//! manifest makes baton do (read a Secret, create a pod); for a LedgerSegment it admits only
+//! the run's own worker or the controller, with a name, `spec.run`, UID label and fence that
+//! agree with the live run; for a run Lease it keeps the worker from re-pointing it.
+//! `rules` decides (pure), `review` reads and answers, `tls` keeps the certificate.
+
 pub mod cert;
+pub mod review;
 pub mod rules;
+pub mod tls;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::Json;
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::routing::post;
+use hyper_util::rt::TokioIo;
+use hyper_util::service::TowerToHyperService;
+use kube::Client;
+use kube::core::DynamicObject;
+use kube::core::admission::AdmissionReview;
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+
+pub use review::Reviewer;
+pub use tls::TlsSettings;
+
+/// The path the webhook configuration points at.
+pub const PATH: &str = "/validate";
+/// The largest AgentRun spec admitted by default, in bytes of JSON.
+pub const DEFAULT_MAX_SPEC_BYTES: usize = 256 * 1024;
+/// A review carries the old and the new object; a segment may be near etcd's 1.5 MiB.
+const MAX_REVIEW_BYTES: usize = 8 * 1024 * 1024;
+/// A TLS handshake that takes longer is dropped, so a silent client holds nothing for long.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often each replica checks the certificate Secret.
+const SYNC_EVERY: Duration = Duration::from_secs(30);
+
+/// Errors of the webhook.
+#[derive(Debug, thiserror::Error)]
+pub enum WebhookError {
+    #[error("webhook listener: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("webhook certificate: {0}")]
+    Cert(#[from] cert::CertError),
+    #[error("webhook TLS configuration: {0}")]
+    Tls(String),
+    #[error("webhook API call: {0}")]
+    Api(#[from] kube::Error),
+}
+
+/// How the webhook runs.
+#[derive(Debug, Clone)]
+pub struct WebhookConfig {
+    pub addr: SocketAddr,
+    pub tls: TlsSettings,
+    /// The user names baton's controller authenticates as (its seals are admitted).
+    pub controller_users: Vec<String>,
+    pub max_spec_bytes: usize,
+}
+
+/// Serves the webhook until it fails; `loaded` turns true once a certificate is served.
+pub async fn run(
+    client: Client,
+    config: WebhookConfig,
+    loaded: tokio::sync::watch::Sender<bool>,
+) -> Result<(), WebhookError> {
+    let (served_tx, served) = tokio::sync::watch::channel(None);
+    let keeping = tls::keep(client.clone(), config.tls.clone(), SYNC_EVERY, served_tx);
+    let reviewer = Reviewer {
+        client,
+        controller_users: config.controller_users.clone(),
+        max_spec_bytes: config.max_spec_bytes,
+    };
+    let mut watching = served.clone();
+    let announcing = async move {
+        if watching.wait_for(Option::is_some).await.is_ok() {
+            loaded.send_replace(true);
+        }
+        futures::future::pending::<Result<(), WebhookError>>().await
+    };
+    tokio::select! {
+        res = keeping => res,
+        res = serve(config.addr, served, reviewer) => res,
+        res = announcing => res,
+    }
+}
+
+/// Accepts connections on `addr` with the current certificate; each connection's handshake
+/// runs in its own task. Written over hyper because axum's own server has no TLS.
+async fn serve(
+    addr: SocketAddr,
+    served: tls::Served,
+    reviewer: Reviewer,
+) -> Result<(), WebhookError> {
+    let app = Router::new()
+        .route(PATH, post(validate))
+        .layer(DefaultBodyLimit::max(MAX_REVIEW_BYTES))
+        .with_state(reviewer);
+    let listener = TcpListener::bind(addr).await?;
+    tracing::info!(%addr, "admission webhook listening");
+    loop {
+        let (tcp, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(err) => {
+                tracing::warn!(%err, "webhook accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        // Not yet loaded: the connection is dropped (the API server retries, or fails closed).
+        let Some(config) = served.borrow().clone() else {
+            continue;
+        };
+        let service = TowerToHyperService::new(app.clone());
+        tokio::spawn(async move {
+            let tls = match tokio::time::timeout(
+                HANDSHAKE_TIMEOUT,
+                TlsAcceptor::from(config).accept(tcp),
+            )
+            .await
+            {
+                Ok(Ok(tls)) => tls,
+                Ok(Err(err)) => return tracing::debug!(%peer, %err, "webhook TLS handshake failed"),
+                Err(_) => return tracing::debug!(%peer, "webhook TLS handshake timed out"),
+            };
+            let http = hyper::server::conn::http1::Builder::new();
+            if let Err(err) = http.serve_connection(TokioIo::new(tls), service).await {
+                tracing::debug!(%peer, %err, "webhook connection ended");
+            }
+        });
+    }
+}
+
+async fn validate(
+    State(reviewer): State<Reviewer>,
+    Json(review): Json<AdmissionReview<DynamicObject>>,
+) -> Json<AdmissionReview<DynamicObject>> {
+    Json(reviewer.answer(review).await)
+}

@@ -7,7 +7,8 @@
 //! - `restart`: a controller that dies between the steps of a claim completes it;
 //! - `trust`: nothing deleted or replaced on a guess; a Lease speaks only for its own run;
 //! - `terminal`: a terminal claim decided on a stale view of the run is a claim like any other;
-//! - `threads`: thread admission.
+//! - `threads`: thread admission;
+//! - `webhook`: baton's admission webhook refuses what the requesting user could not do.
 
 #[path = "../controller_support/mod.rs"]
 mod controller_support;
@@ -22,3 +23,4 @@ mod restart;
 mod terminal;
 mod threads;
 mod trust;
+mod webhook;

@@ -1,0 +1,204 @@
+//! One admission review: reads what the rules need (the run a segment or Lease names, the
+//! requesting user's permissions) and answers. The rules themselves are in `rules.rs`.
+
+use k8s_openapi::api::authentication::v1::UserInfo;
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{Api, PostParams};
+use kube::core::DynamicObject;
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
+use kube::{Client, ResourceExt};
+use serde::de::DeserializeOwned;
+
+use super::rules::{self, Ask, RunFacts, Writer};
+use crate::crd::v1alpha1::{AgentRun, AgentRunSpec, LedgerSegment};
+use crate::rbac::{SA_USERNAME_PREFIX, pod_service_account};
+
+/// Why a request is not admitted.
+#[derive(Debug, thiserror::Error)]
+pub enum ReviewError {
+    /// A rule refuses it; the message names the field.
+    #[error("{0}")]
+    Refused(String),
+    /// The object is not what its kind says.
+    #[error("{kind} does not parse: {error}")]
+    Malformed {
+        kind: &'static str,
+        error: serde_json::Error,
+    },
+    /// The check itself could not be made (the API server did not answer): refused, as
+    /// `failurePolicy: Fail` would.
+    #[error("baton's webhook could not check this request: {0}")]
+    Api(#[from] kube::Error),
+}
+
+/// Answers admission reviews for AgentRuns, LedgerSegments and run Leases.
+#[derive(Clone)]
+pub struct Reviewer {
+    pub client: Client,
+    /// The user names baton's controller authenticates as.
+    pub controller_users: Vec<String>,
+    /// The largest AgentRun spec admitted, in bytes of JSON.
+    pub max_spec_bytes: usize,
+}
+
+impl Reviewer {
+    /// The answer to `review`.
+    pub async fn answer(
+        &self,
+        review: AdmissionReview<DynamicObject>,
+    ) -> AdmissionReview<DynamicObject> {
+        let request: AdmissionRequest<DynamicObject> = match review.try_into() {
+            Ok(request) => request,
+            Err(_) => return AdmissionResponse::invalid("no request in the review").into_review(),
+        };
+        let response = AdmissionResponse::from(&request);
+        match self.check(&request).await {
+            Ok(()) => response.into_review(),
+            Err(err) => {
+                let user = request.user_info.username.as_deref().unwrap_or("?");
+                tracing::info!(%user, resource = %request.resource.resource, name = %request.name, %err, "refused");
+                forbidden(response, err).into_review()
+            }
+        }
+    }
+
+    async fn check(&self, request: &AdmissionRequest<DynamicObject>) -> Result<(), ReviewError> {
+        let namespace = request.namespace.clone().unwrap_or_default();
+        match (request.resource.resource.as_str(), &request.operation) {
+            ("agentruns", Operation::Create | Operation::Update) => {
+                let new: AgentRun = typed(request.object.as_ref(), "AgentRun")?;
+                let old: Option<AgentRun> = request
+                    .old_object
+                    .as_ref()
+                    .map(|o| typed(Some(o), "AgentRun"))
+                    .transpose()?;
+                self.check_run(
+                    &request.user_info,
+                    &namespace,
+                    old.map(|r| r.spec).as_ref(),
+                    &new.spec,
+                )
+                .await
+            }
+            ("ledgersegments", Operation::Create) => {
+                let seg: LedgerSegment = typed(request.object.as_ref(), "LedgerSegment")?;
+                let run = self.run_facts(&namespace, &seg.spec.run).await?;
+                let user = username(&request.user_info);
+                let writer = Writer::of(user, &self.controller_users, run.as_ref());
+                refused(rules::segment_refusal(&seg, writer, user, run.as_ref()))
+            }
+            ("leases", Operation::Update) => {
+                let new: Lease = typed(request.object.as_ref(), "Lease")?;
+                let old: Lease = typed(request.old_object.as_ref(), "Lease")?;
+                let name = new.name_any();
+                let Some(run) = crate::fence::run_of_lease(&name) else {
+                    return Ok(());
+                };
+                let run = self.run_facts(&namespace, run).await?;
+                let user = username(&request.user_info);
+                let writer = Writer::of(user, &self.controller_users, run.as_ref());
+                refused(rules::lease_refusal(&old, &new, writer, user))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    async fn check_run(
+        &self,
+        user: &UserInfo,
+        namespace: &str,
+        old: Option<&AgentRunSpec>,
+        new: &AgentRunSpec,
+    ) -> Result<(), ReviewError> {
+        refused(rules::oversized_spec(new, self.max_spec_bytes))?;
+        let asks = rules::run_asks(old, new);
+        let answers =
+            futures::future::try_join_all(asks.iter().map(|ask| self.may(user, namespace, ask)))
+                .await?;
+        let missing: Vec<String> = asks
+            .iter()
+            .zip(answers)
+            .filter(|(_, allowed)| !allowed)
+            .map(|(ask, _)| ask.refusal(username(user), namespace))
+            .collect();
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(ReviewError::Refused(missing.join("; ")))
+        }
+    }
+
+    /// Whether `user` holds `ask` themselves (a SubjectAccessReview on their behalf).
+    async fn may(&self, user: &UserInfo, namespace: &str, ask: &Ask) -> Result<bool, ReviewError> {
+        let review = SubjectAccessReview {
+            spec: SubjectAccessReviewSpec {
+                user: user.username.clone(),
+                groups: user.groups.clone(),
+                uid: user.uid.clone(),
+                extra: user.extra.clone(),
+                resource_attributes: Some(ResourceAttributes {
+                    namespace: Some(namespace.to_string()),
+                    verb: Some(ask.verb.to_string()),
+                    group: Some(String::new()),
+                    resource: Some(ask.resource.to_string()),
+                    name: ask.name.clone(),
+                    ..ResourceAttributes::default()
+                }),
+                ..SubjectAccessReviewSpec::default()
+            },
+            ..SubjectAccessReview::default()
+        };
+        let api = Api::<SubjectAccessReview>::all(self.client.clone());
+        let answer = api.create(&PostParams::default(), &review).await?;
+        Ok(answer.status.is_some_and(|s| s.allowed))
+    }
+
+    /// The live run `name` of `namespace`, read from the API server (not a cache: a worker's
+    /// first append may follow its claim by milliseconds).
+    async fn run_facts(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<RunFacts>, ReviewError> {
+        let api = Api::<AgentRun>::namespaced(self.client.clone(), namespace);
+        let Some(run) = api.get_opt(name).await? else {
+            return Ok(None);
+        };
+        Ok(Some(RunFacts {
+            uid: run.uid().unwrap_or_default(),
+            fence: run.status.as_ref().map_or(0, |s| s.fence),
+            worker_user: format!(
+                "{SA_USERNAME_PREFIX}{namespace}:{}",
+                pod_service_account(&run)
+            ),
+        }))
+    }
+}
+
+fn username(user: &UserInfo) -> &str {
+    user.username.as_deref().unwrap_or("")
+}
+
+fn refused(refusal: Option<String>) -> Result<(), ReviewError> {
+    refusal.map_or(Ok(()), |text| Err(ReviewError::Refused(text)))
+}
+
+fn typed<K: DeserializeOwned>(
+    object: Option<&DynamicObject>,
+    kind: &'static str,
+) -> Result<K, ReviewError> {
+    let value =
+        serde_json::to_value(object).map_err(|error| ReviewError::Malformed { kind, error })?;
+    serde_json::from_value(value).map_err(|error| ReviewError::Malformed { kind, error })
+}
+
+/// A refusal the API server reports as 403 Forbidden, with baton's message.
+fn forbidden(response: AdmissionResponse, err: ReviewError) -> AdmissionResponse {
+    let mut response = response.deny(err.to_string());
+    response.result.code = 403;
+    response.result.reason = "Forbidden".into();
+    response
+}

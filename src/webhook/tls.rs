@@ -1,0 +1,177 @@
+//! Keeps the webhook's certificate: one Secret shared by every replica (created by the first,
+//! renewed by whichever sees it expiring, each write a compare-and-swap), the CA in the
+//! webhook configuration's `caBundle`, and the serving configuration reloaded when the Secret
+//! changes. Written by hand because no library here both issues and rotates a webhook's own
+//! certificate without cert-manager.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, ObjectMeta, PostParams};
+use kube::{Client, ResourceExt};
+use rustls::ServerConfig;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::sync::watch;
+
+use super::WebhookError;
+use super::cert::{self, Bundle};
+use crate::crd::MANAGED_BY_LABEL;
+
+/// Where the certificate lives and what it must name.
+#[derive(Debug, Clone)]
+pub struct TlsSettings {
+    /// Namespace and name of the Secret.
+    pub namespace: String,
+    pub secret: String,
+    /// DNS names and addresses the API server reaches the webhook by.
+    pub hosts: Vec<String>,
+    /// The ValidatingWebhookConfiguration whose `caBundle` must trust the CA, if any.
+    pub configuration: Option<String>,
+    /// Validity of a certificate; it is renewed with a third of it left.
+    pub lifetime: Duration,
+}
+
+/// The serving configuration, once the certificate is loaded.
+pub type Served = watch::Receiver<Option<Arc<ServerConfig>>>;
+
+/// Loads the certificate (issuing it if none), then checks it every `every`, forever.
+pub async fn keep(
+    client: Client,
+    settings: TlsSettings,
+    every: Duration,
+    served: watch::Sender<Option<Arc<ServerConfig>>>,
+) -> Result<(), WebhookError> {
+    let mut loaded_version = None;
+    loop {
+        match sync(&client, &settings).await {
+            Ok((version, bundle)) if loaded_version.as_ref() != Some(&version) => {
+                served.send_replace(Some(server_config(&bundle)?));
+                tracing::info!(secret = %settings.secret, %version, "webhook certificate loaded");
+                loaded_version = Some(version);
+            }
+            Ok(_) => {}
+            Err(err) => tracing::warn!(%err, "webhook certificate not synced; trying again"),
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// One pass: the Secret's bundle (issued or renewed if needed) and its resourceVersion.
+async fn sync(client: &Client, s: &TlsSettings) -> Result<(String, Bundle), WebhookError> {
+    let api = Api::<Secret>::namespaced(client.clone(), &s.namespace);
+    let now = now();
+    let lifetime = s.lifetime.as_secs() as i64;
+    let current = api.get_opt(&s.secret).await?;
+    let stored = current.as_ref().map(|secret| stored_bundle(secret));
+    let (secret, bundle) = match (current, stored) {
+        (Some(secret), Some(Ok(bundle)))
+            if cert::renewal(&bundle, &s.hosts, now, lifetime).is_none() =>
+        {
+            (secret, bundle)
+        }
+        (current, stored) => {
+            let previous = stored.and_then(Result::ok).map(|b| b.ca_pem);
+            let bundle = cert::issue(&s.hosts, now, lifetime, previous)?;
+            // Trusted before it is served: a replica may load it as soon as the Secret changes.
+            trust(client, s, &bundle).await?;
+            let secret = write(&api, s, current, &bundle).await?;
+            tracing::info!(secret = %s.secret, hosts = ?s.hosts, "webhook certificate issued");
+            (secret, bundle)
+        }
+    };
+    trust(client, s, &bundle).await?;
+    Ok((secret.resource_version().unwrap_or_default(), bundle))
+}
+
+fn stored_bundle(secret: &Secret) -> Result<Bundle, cert::CertError> {
+    let data = secret
+        .data
+        .iter()
+        .flatten()
+        .map(|(k, v)| (k.clone(), v.0.clone()))
+        .collect();
+    cert::from_secret(&data, secret.annotations())
+}
+
+/// Creates the Secret, or replaces the one read (resourceVersion precondition). A replica that
+/// loses either race gets an error and reads the winner's next pass.
+async fn write(
+    api: &Api<Secret>,
+    s: &TlsSettings,
+    current: Option<Secret>,
+    bundle: &Bundle,
+) -> Result<Secret, WebhookError> {
+    let (data, annotations) = cert::to_secret(bundle);
+    let mut secret = current.unwrap_or_else(|| Secret {
+        metadata: ObjectMeta {
+            name: Some(s.secret.clone()),
+            namespace: Some(s.namespace.clone()),
+            labels: Some([(MANAGED_BY_LABEL.to_string(), "baton".to_string())].into()),
+            ..ObjectMeta::default()
+        },
+        type_: Some("kubernetes.io/tls".into()),
+        ..Secret::default()
+    });
+    secret.data = Some(data.into_iter().map(|(k, v)| (k, ByteString(v))).collect());
+    secret.annotations_mut().extend(annotations);
+    let params = PostParams::default();
+    Ok(match secret.resource_version() {
+        Some(_) => api.replace(&s.secret, &params, &secret).await?,
+        None => api.create(&params, &secret).await?,
+    })
+}
+
+/// Makes every webhook of the configuration trust `bundle`'s CAs (resourceVersion precondition).
+async fn trust(client: &Client, s: &TlsSettings, bundle: &Bundle) -> Result<(), WebhookError> {
+    let Some(name) = &s.configuration else {
+        return Ok(());
+    };
+    let api = Api::<ValidatingWebhookConfiguration>::all(client.clone());
+    let mut configuration = api.get(name).await?;
+    let wanted = ByteString(cert::trusted_cas(bundle).join("\n").into_bytes());
+    let mut changed = false;
+    for webhook in configuration.webhooks.iter_mut().flatten() {
+        let present = webhook
+            .client_config
+            .ca_bundle
+            .as_ref()
+            .map(|b| String::from_utf8_lossy(&b.0).into_owned());
+        if !present.is_some_and(|p| cert::ca_bundle_covers(&p, bundle)) {
+            webhook.client_config.ca_bundle = Some(wanted.clone());
+            changed = true;
+        }
+    }
+    if changed {
+        api.replace(name, &PostParams::default(), &configuration)
+            .await?;
+        tracing::info!(configuration = %name, "webhook caBundle updated");
+    }
+    Ok(())
+}
+
+/// The TLS configuration serving `bundle`.
+pub fn server_config(bundle: &Bundle) -> Result<Arc<ServerConfig>, WebhookError> {
+    let certs = CertificateDer::pem_slice_iter(bundle.cert_pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| WebhookError::Tls(e.to_string()))?;
+    let key = PrivateKeyDer::from_pem_slice(bundle.key_pem.as_bytes())
+        .map_err(|e| WebhookError::Tls(e.to_string()))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| WebhookError::Tls(e.to_string()))?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|e| WebhookError::Tls(e.to_string()))?;
+    Ok(Arc::new(config))
+}
+
+fn now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}

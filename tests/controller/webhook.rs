@@ -1,0 +1,476 @@
+//! baton's admission webhook against the real API server: each test plays the attacker for
+//! real (a user with only AgentRun rights, impersonated as `kubectl --as=` does, or another
+//! run's worker with its own ServiceAccount token) and first shows the attack succeeding in a
+//! namespace the webhook does not watch, so each fails without it.
+//!
+//! The webhook runs in this process on 127.0.0.1, reached by URL; it issues its own
+//! certificate and writes its CA into the configuration's caBundle, as it does in the chart.
+
+use std::time::{Duration, Instant};
+
+use crate::controller_support::*;
+use crate::rbac_support::{client_with_token, mint_token};
+use baton::crd::v1alpha1::{AgentRun, LEDGER_FORMAT_VERSION, LedgerSegment, LedgerSegmentSpec};
+use baton::crd::{MANAGED_BY_LABEL, RUN_UID_LABEL};
+use baton::fence::segment_name;
+use baton::webhook::{TlsSettings, WebhookConfig};
+use k8s_openapi::api::admissionregistration::v1::{
+    RuleWithOperations, ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
+};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Api, Client, Config, Resource, ResourceExt};
+use serde_json::json;
+
+/// The label that puts a test namespace under the test's webhook configuration.
+const WATCHED: &str = "baton.dev/webhook-test";
+/// A user with AgentRun rights only, and one who may also read the Secret and create pods.
+const MALLORY: &str = "mallory";
+const ALICE: &str = "alice";
+
+/// A namespace watched by a webhook served from this process.
+struct Watched {
+    ns: TestNamespace,
+    configuration: String,
+    webhook: tokio::task::JoinHandle<()>,
+}
+
+impl Watched {
+    async fn new(test: &str) -> Watched {
+        let ns = TestNamespace::new(test).await;
+        let label = json!({ "metadata": { "labels": { WATCHED: ns.name } } });
+        Api::<Namespace>::all(ns.client.clone())
+            .patch(&ns.name, &PatchParams::default(), &Patch::Merge(&label))
+            .await
+            .expect("labelling the namespace");
+        let port = free_port();
+        let configuration = format!("baton-{}", ns.name);
+        Api::<ValidatingWebhookConfiguration>::all(ns.client.clone())
+            .create(
+                &PostParams::default(),
+                &webhook_configuration(&configuration, &ns.name, port),
+            )
+            .await
+            .expect("creating the webhook configuration");
+        let config = WebhookConfig {
+            addr: ([127, 0, 0, 1], port).into(),
+            tls: TlsSettings {
+                namespace: ns.name.clone(),
+                secret: "baton-webhook-tls".into(),
+                hosts: vec!["127.0.0.1".into()],
+                configuration: Some(configuration.clone()),
+                lifetime: Duration::from_secs(24 * 3600),
+            },
+            controller_users: vec!["admin".into()],
+            max_spec_bytes: baton::webhook::DEFAULT_MAX_SPEC_BYTES,
+        };
+        let (loaded_tx, mut loaded) = tokio::sync::watch::channel(false);
+        let client = ns.client.clone();
+        let webhook = tokio::spawn(async move {
+            if let Err(err) = baton::webhook::run(client, config, loaded_tx).await {
+                eprintln!("webhook stopped: {err}");
+            }
+        });
+        tokio::time::timeout(T, loaded.wait_for(|l| *l))
+            .await
+            .expect("the webhook loads its certificate")
+            .unwrap();
+        users(&ns).await;
+        let watched = Watched {
+            ns,
+            configuration,
+            webhook,
+        };
+        watched.wait_answering().await;
+        watched
+    }
+
+    /// Until the API server trusts the CA it was just given, a review fails closed.
+    async fn wait_answering(&self) {
+        let deadline = Instant::now() + T;
+        let probe = AgentRun::builder("probe").input("x").build();
+        loop {
+            let params = PostParams {
+                dry_run: true,
+                ..PostParams::default()
+            };
+            match self.ns.api::<AgentRun>().create(&params, &probe).await {
+                Ok(_) => return,
+                Err(err) => assert!(
+                    Instant::now() < deadline,
+                    "the webhook never answered: {err}"
+                ),
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    async fn cleanup(self) {
+        self.webhook.abort();
+        let _ = Api::<ValidatingWebhookConfiguration>::all(self.ns.client.clone())
+            .delete(&self.configuration, &DeleteParams::default())
+            .await;
+        self.ns.cleanup().await;
+    }
+}
+
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    listener.local_addr().unwrap().port()
+}
+
+/// The chart's three webhooks, pointed at 127.0.0.1 and at the test's namespace only.
+fn webhook_configuration(name: &str, namespace: &str, port: u16) -> ValidatingWebhookConfiguration {
+    let hook = |hook: &str,
+                group: &str,
+                resource: &str,
+                operations: &[&str],
+                object: Option<LabelSelector>| {
+        ValidatingWebhook {
+            name: format!("{hook}.baton.dev"),
+            admission_review_versions: vec!["v1".into()],
+            side_effects: "None".into(),
+            failure_policy: Some("Fail".into()),
+            timeout_seconds: Some(5),
+            client_config: WebhookClientConfig {
+                url: Some(format!("https://127.0.0.1:{port}{}", baton::webhook::PATH)),
+                ..WebhookClientConfig::default()
+            },
+            namespace_selector: Some(LabelSelector {
+                match_labels: Some([(WATCHED.to_string(), namespace.to_string())].into()),
+                ..LabelSelector::default()
+            }),
+            object_selector: object,
+            rules: Some(vec![RuleWithOperations {
+                api_groups: Some(vec![group.into()]),
+                api_versions: Some(vec!["*".into()]),
+                resources: Some(vec![resource.into()]),
+                operations: Some(operations.iter().map(|o| o.to_string()).collect()),
+                scope: Some("Namespaced".into()),
+            }]),
+            ..ValidatingWebhook::default()
+        }
+    };
+    let managed = LabelSelector {
+        match_labels: Some([(MANAGED_BY_LABEL.to_string(), "baton".to_string())].into()),
+        ..LabelSelector::default()
+    };
+    ValidatingWebhookConfiguration {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
+        webhooks: Some(vec![
+            hook(
+                "runs",
+                "baton.dev",
+                "agentruns",
+                &["CREATE", "UPDATE"],
+                None,
+            ),
+            hook("segments", "baton.dev", "ledgersegments", &["CREATE"], None),
+            hook(
+                "leases",
+                "coordination.k8s.io",
+                "leases",
+                &["UPDATE"],
+                Some(managed),
+            ),
+        ]),
+    }
+}
+
+/// Mallory may do anything with AgentRuns and nothing else; Alice may also read the Secrets
+/// and create pods. A Secret `model-key` exists.
+async fn users(ns: &TestNamespace) {
+    let rule = |resources: &[&str], group: &str| PolicyRule {
+        api_groups: Some(vec![group.into()]),
+        resources: Some(resources.iter().map(|r| r.to_string()).collect()),
+        verbs: vec!["*".into()],
+        ..PolicyRule::default()
+    };
+    let runs = rule(&["agentruns"], "baton.dev");
+    let more = vec![runs.clone(), rule(&["secrets", "pods"], "")];
+    for (user, rules) in [(MALLORY, vec![runs]), (ALICE, more)] {
+        let role = Role {
+            metadata: ObjectMeta {
+                name: Some(user.into()),
+                ..ObjectMeta::default()
+            },
+            rules: Some(rules),
+        };
+        ns.api::<Role>()
+            .create(&PostParams::default(), &role)
+            .await
+            .unwrap();
+        let binding = RoleBinding {
+            metadata: ObjectMeta {
+                name: Some(user.into()),
+                ..ObjectMeta::default()
+            },
+            role_ref: RoleRef {
+                api_group: "rbac.authorization.k8s.io".into(),
+                kind: "Role".into(),
+                name: user.into(),
+            },
+            subjects: Some(vec![Subject {
+                kind: "User".into(),
+                name: user.into(),
+                api_group: Some("rbac.authorization.k8s.io".into()),
+                ..Subject::default()
+            }]),
+        };
+        ns.api::<RoleBinding>()
+            .create(&PostParams::default(), &binding)
+            .await
+            .unwrap();
+    }
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some("model-key".into()),
+            ..ObjectMeta::default()
+        },
+        string_data: Some([("key".to_string(), "sk-secret".to_string())].into()),
+        ..Secret::default()
+    };
+    ns.api::<Secret>()
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+}
+
+/// A client for the same API server acting as `user` (`kubectl --as=user`).
+async fn as_user(user: &str) -> Client {
+    let mut config = Config::infer().await.expect("kubeconfig");
+    config.auth_info.impersonate = Some(user.into());
+    Client::try_from(config).expect("an impersonating client")
+}
+
+/// The run a proxy attack makes: the model key sent to an endpoint of the attacker's choice.
+fn key_proxy(name: &str) -> AgentRun {
+    let mut run = AgentRun::builder(name).input("hi").build();
+    run.spec.agent.model.endpoint = Some("https://attacker.invalid/v1".into());
+    run.spec.agent.model.api_key_secret_ref = Some(baton::crd::v1alpha1::SecretKeyRef {
+        name: "model-key".into(),
+        key: "key".into(),
+    });
+    run
+}
+
+async fn create_as(user: &str, namespace: &str, run: &AgentRun) -> Result<AgentRun, kube::Error> {
+    Api::<AgentRun>::namespaced(as_user(user).await, namespace)
+        .create(&PostParams::default(), run)
+        .await
+}
+
+fn refusal(result: Result<impl std::fmt::Debug, kube::Error>) -> String {
+    match result {
+        Err(kube::Error::Api(status)) if status.code == 403 => status.message.clone(),
+        other => panic!("expected a 403 refusal, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_user_who_may_not_read_a_secret_cannot_lend_it_to_a_run() {
+    // Without the webhook, Mallory's run would send the key wherever she likes.
+    let open = TestNamespace::new("webhook-open").await;
+    users(&open).await;
+    create_as(MALLORY, &open.name, &key_proxy("proxy"))
+        .await
+        .expect("unwatched: admitted");
+    open.cleanup().await;
+
+    let w = Watched::new("webhook-secret").await;
+    let text = refusal(create_as(MALLORY, &w.ns.name, &key_proxy("proxy")).await);
+    assert!(
+        text.contains(
+            "spec.agent.model.apiKeySecretRef.name: mallory may not get secrets \"model-key\""
+        ),
+        "{text}"
+    );
+    let mut mcp = AgentRun::builder("mcp").input("hi").build();
+    mcp.spec.agent.tools = vec![
+        serde_json::from_value(json!({
+            "name": "search", "kind": "mcp",
+            "mcp": { "url": "https://attacker.invalid/mcp", "headersFromSecret": "model-key" }
+        }))
+        .unwrap(),
+    ];
+    let text = refusal(create_as(MALLORY, &w.ns.name, &mcp).await);
+    assert!(
+        text.contains("spec.agent.tools[0].mcp.headersFromSecret"),
+        "{text}"
+    );
+
+    // Alice may read it: her run is admitted. Mallory may still add an input to it, but not
+    // point it somewhere else.
+    create_as(ALICE, &w.ns.name, &key_proxy("alices"))
+        .await
+        .expect("alice may");
+    let runs = Api::<AgentRun>::namespaced(as_user(MALLORY).await, &w.ns.name);
+    let input = json!({ "spec": { "inputs": ["and then?"] } });
+    runs.patch("alices", &PatchParams::default(), &Patch::Merge(&input))
+        .await
+        .expect("an input borrows nothing");
+    let redirect =
+        json!({ "spec": { "agent": { "model": { "endpoint": "https://elsewhere.invalid" } } } });
+    let text = refusal(
+        runs.patch("alices", &PatchParams::default(), &Patch::Merge(&redirect))
+            .await,
+    );
+    assert!(text.contains("apiKeySecretRef"), "{text}");
+    w.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_user_without_pod_rights_cannot_choose_the_workers_identity_or_image() {
+    let w = Watched::new("webhook-pods").await;
+    for (field, patch) in [
+        (
+            "spec.worker.serviceAccountName",
+            json!({ "serviceAccountName": "deployer" }),
+        ),
+        ("spec.worker.image", json!({ "image": "attacker/worker:1" })),
+    ] {
+        let mut run = AgentRun::builder("override").input("hi").build();
+        run.spec.worker = serde_json::from_value(patch).unwrap();
+        let text = refusal(create_as(MALLORY, &w.ns.name, &run).await);
+        assert!(
+            text.contains(&format!("{field}: mallory may not create pods")),
+            "{text}"
+        );
+        let mut alices = run.clone();
+        alices.metadata.name = Some(format!("alice-{}", field.len()));
+        create_as(ALICE, &w.ns.name, &alices)
+            .await
+            .expect("alice may create pods");
+    }
+    let mut big = AgentRun::builder("big").input("hi").build();
+    big.spec.agent.system_prompt = Some("x".repeat(300 * 1024));
+    let text = refusal(create_as(ALICE, &w.ns.name, &big).await);
+    assert!(
+        text.contains("largest field is spec.agent.systemPrompt"),
+        "{text}"
+    );
+    w.cleanup().await;
+}
+
+/// A worker identity: a client with run `run`'s ServiceAccount token.
+async fn worker_of(ns: &TestNamespace, run: &str) -> Client {
+    let token = mint_token(&ns.client, &ns.name, &format!("baton-run-{run}")).await;
+    client_with_token(&token).await
+}
+
+fn forged(name: &str, run: &str, seq: i64, fence: i64, uid: &str) -> LedgerSegment {
+    let mut seg = LedgerSegment::new(
+        name,
+        LedgerSegmentSpec {
+            run: run.into(),
+            seq,
+            fence,
+            format: LEDGER_FORMAT_VERSION,
+            events: vec![],
+        },
+    );
+    seg.metadata.labels = Some([(RUN_UID_LABEL.to_string(), uid.to_string())].into());
+    seg
+}
+
+/// Another run's worker cannot write the victim's ledger, under its name or its own; the
+/// victim's own worker can, at its fence and not beyond.
+#[tokio::test]
+async fn only_a_runs_own_worker_appends_to_its_ledger() {
+    let open = TestNamespace::new("webhook-open-ledger").await;
+    let _c = start(&open.client, config(&open.name));
+    let v = create(&open, long_lease_run("victim")).await;
+    create(&open, long_lease_run("other")).await;
+    wait_lease(&open, "other", "other-w1", 1, T).await;
+    let next = ledger(&open, "victim").await.len() as i64 + 1;
+    let seg = forged(
+        &segment_name("victim", next),
+        "victim",
+        next,
+        1,
+        &v.uid().unwrap(),
+    );
+    Api::<LedgerSegment>::namespaced(worker_of(&open, "other").await, &open.name)
+        .create(&PostParams::default(), &seg)
+        .await
+        .expect("unwatched: RBAC lets any worker of the namespace append anywhere");
+    drop(_c);
+    open.cleanup().await;
+
+    let w = Watched::new("webhook-ledger").await;
+    let _c = start(&w.ns.client, config(&w.ns.name));
+    let victim = create(&w.ns, long_lease_run("victim")).await;
+    create(&w.ns, long_lease_run("other")).await;
+    wait_lease(&w.ns, "victim", "victim-w1", 1, T).await;
+    wait_lease(&w.ns, "other", "other-w1", 1, T).await;
+    let uid = victim.uid().unwrap();
+    let next = ledger(&w.ns, "victim").await.len() as i64 + 1;
+    let other = Api::<LedgerSegment>::namespaced(worker_of(&w.ns, "other").await, &w.ns.name);
+    let params = PostParams::default();
+    let attempts = [
+        (
+            "the victim's name",
+            forged(&segment_name("victim", next), "victim", next, 1, &uid),
+            "only its worker",
+        ),
+        (
+            "its own name",
+            forged(&segment_name("other", 7), "victim", 7, 1, &uid),
+            "metadata.name",
+        ),
+        (
+            "its own run, the victim's UID",
+            forged(&segment_name("other", 7), "other", 7, 1, &uid),
+            "metadata.labels",
+        ),
+    ];
+    for (case, seg, why) in attempts {
+        let text = refusal(other.create(&params, &seg).await);
+        assert!(text.contains(why), "{case}: {text}");
+    }
+    let own = Api::<LedgerSegment>::namespaced(worker_of(&w.ns, "victim").await, &w.ns.name);
+    let ahead = forged(&segment_name("victim", next), "victim", next, 2, &uid);
+    assert!(refusal(own.create(&params, &ahead).await).contains("spec.fence"));
+    own.create(
+        &params,
+        &forged(&segment_name("victim", next), "victim", next, 1, &uid),
+    )
+    .await
+    .expect("the run's own worker appends at its fence");
+    drop(_c);
+    w.cleanup().await;
+}
+
+/// A worker renews its Lease but cannot re-point it at another run.
+#[tokio::test]
+async fn a_worker_may_renew_but_not_repoint_its_lease() {
+    let w = Watched::new("webhook-lease").await;
+    let _c = start(&w.ns.client, config(&w.ns.name));
+    let victim = create(&w.ns, long_lease_run("victim")).await;
+    create(&w.ns, long_lease_run("other")).await;
+    wait_lease(&w.ns, "other", "other-w1", 1, T).await;
+    let leases: Api<Lease> = Api::namespaced(worker_of(&w.ns, "other").await, &w.ns.name);
+    let mut own = leases.get("run.other").await.unwrap();
+    own.annotations_mut().insert("touched".into(), "1".into());
+    let mut own = leases
+        .replace("run.other", &PostParams::default(), &own)
+        .await
+        .expect("a worker updates its own Lease");
+    let mut pointed = victim.controller_owner_ref(&()).unwrap();
+    pointed.block_owner_deletion = None;
+    own.metadata.owner_references = Some(vec![pointed]);
+    let text = refusal(
+        leases
+            .replace("run.other", &PostParams::default(), &own)
+            .await,
+    );
+    assert!(text.contains("metadata.ownerReferences"), "{text}");
+    drop(_c);
+    w.cleanup().await;
+}
