@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::helm_support::{CHART, helm, of_kind, one, render, yaml_docs};
+use crate::helm_support::{CHART, helm, named, of_kind, one, render, yaml_docs};
 use kube::ResourceExt;
 use serde_json::{Value, json};
 
@@ -96,7 +96,7 @@ fn the_controller_runs_two_replicas_with_election_probes_and_a_pdb() {
         pdb["spec"]["selector"]["matchLabels"],
         deploy["spec"]["selector"]["matchLabels"]
     );
-    let svc = one(&objects, "Service");
+    let svc = named(&objects, "Service", "baton-metrics");
     assert_eq!(svc["spec"]["ports"][0]["targetPort"], "admin");
     assert!(
         of_kind(&objects, "ServiceMonitor").is_empty(),
@@ -177,7 +177,7 @@ fn rules_of(role: &Value) -> Rules {
 #[test]
 fn the_controller_gets_exactly_the_verbs_it_uses() {
     let objects = render(json!({}), &[]).unwrap();
-    let role = one(&objects, "ClusterRole");
+    let role = named(&objects, "ClusterRole", "baton-controller");
     let expected: Rules = [
         ("baton.dev", "agentruns", "get list watch delete"),
         ("baton.dev", "agentruns/status", "get update"),
@@ -208,7 +208,7 @@ fn the_controller_gets_exactly_the_verbs_it_uses() {
     })
     .collect();
     assert_eq!(rules_of(role), expected);
-    let binding = one(&objects, "ClusterRoleBinding");
+    let binding = named(&objects, "ClusterRoleBinding", "baton-controller");
     assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"]);
     assert_eq!(
         binding["subjects"][0],
@@ -221,7 +221,7 @@ fn the_controller_holds_every_permission_it_grants_a_worker() {
     // The API server lets a subject create a Role only with permissions it holds (no
     // `escalate` needed): every worker rule must be covered by the controller's ClusterRole.
     let objects = render(json!({}), &[]).unwrap();
-    let held = rules_of(one(&objects, "ClusterRole"));
+    let held = rules_of(named(&objects, "ClusterRole", "baton-controller"));
     for rule in baton::rbac::worker_rules("any-run") {
         for group in rule.api_groups.unwrap_or_default() {
             for resource in rule.resources.clone().unwrap_or_default() {
@@ -243,7 +243,10 @@ fn the_controller_holds_every_permission_it_grants_a_worker() {
 #[test]
 fn one_namespace_mode_binds_only_there_and_in_the_release_namespace() {
     let objects = render(ci_values(), &[]).unwrap();
-    assert!(of_kind(&objects, "ClusterRoleBinding").is_empty());
+    // Only the webhook's, for SubjectAccessReviews: reviews come from every namespace.
+    let cluster_wide: Vec<&Value> = of_kind(&objects, "ClusterRoleBinding");
+    assert_eq!(cluster_wide.len(), 1);
+    assert_eq!(cluster_wide[0]["metadata"]["name"], "baton-webhook");
     let namespaces: BTreeSet<&str> = of_kind(&objects, "RoleBinding")
         .iter()
         .map(|b| b["metadata"]["namespace"].as_str().unwrap())
@@ -279,6 +282,72 @@ fn one_namespace_mode_binds_only_there_and_in_the_release_namespace() {
         assert!(pod.labels().contains_key(key), "worker pods lack {key}");
     }
     assert_eq!(spec["namespaceSelector"]["matchNames"], json!(["agents"]));
+}
+
+#[test]
+fn the_webhook_is_served_by_every_replica_behind_a_service() {
+    let objects = render(json!({}), &[]).unwrap();
+    let svc = named(&objects, "Service", "baton-webhook");
+    assert_eq!(svc["spec"]["ports"][0]["targetPort"], "webhook");
+    let deploy = one(&objects, "Deployment");
+    let c = &deploy["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(
+        svc["spec"]["selector"],
+        deploy["spec"]["selector"]["matchLabels"]
+    );
+    assert!(
+        c["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["name"] == "webhook" && p["containerPort"] == 9443)
+    );
+    let args = c["args"].to_string();
+    for want in [
+        "--webhook-addr=0.0.0.0:9443",
+        "--webhook-hosts=baton-webhook.baton-system.svc,",
+        "--webhook-configuration=baton",
+        "--controller-user=system:serviceaccount:baton-system:baton",
+    ] {
+        assert!(args.contains(want), "missing {want} in {args}");
+    }
+    let config = one(&objects, "ValidatingWebhookConfiguration");
+    let hooks = config["webhooks"].as_array().unwrap();
+    let resources: Vec<&str> = hooks
+        .iter()
+        .map(|h| h["rules"][0]["resources"][0].as_str().unwrap())
+        .collect();
+    assert_eq!(resources, ["agentruns", "ledgersegments", "leases"]);
+    for hook in hooks {
+        assert_eq!(hook["failurePolicy"], "Fail");
+        assert_eq!(
+            hook["clientConfig"]["service"],
+            json!({"name": "baton-webhook", "namespace": "baton-system", "path": baton::webhook::PATH, "port": 443})
+        );
+        assert!(
+            hook["clientConfig"].get("caBundle").is_none(),
+            "the controller keeps the caBundle"
+        );
+    }
+    assert_eq!(
+        hooks[2]["objectSelector"]["matchLabels"][baton::crd::MANAGED_BY_LABEL],
+        "baton"
+    );
+    let role = named(&objects, "ClusterRole", "baton-webhook");
+    assert_eq!(
+        role["rules"][0]["resources"],
+        json!(["subjectaccessreviews"])
+    );
+    assert_eq!(role["rules"][1]["resourceNames"], json!(["baton"]));
+    let secrets = named(&objects, "Role", "baton-webhook");
+    assert_eq!(
+        secrets["rules"][1]["resourceNames"],
+        json!(["baton-webhook-tls"])
+    );
+
+    let off = render(json!({"webhook": {"enabled": false}}), &[]).unwrap();
+    assert!(of_kind(&off, "ValidatingWebhookConfiguration").is_empty());
+    assert!(!one(&off, "Deployment").to_string().contains("--webhook"));
 }
 
 #[test]

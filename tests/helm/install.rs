@@ -28,8 +28,13 @@ impl Release {
     fn install(ns: &TestNamespace) -> Self {
         // Unique per test run: the ClusterRole and its binding are cluster-scoped.
         let name = format!("baton-{}", ns.name.rsplit('-').next().unwrap());
-        let values =
-            serde_json::json!({"image": {"repository": "baton", "tag": "dev"}}).to_string();
+        // No webhook: the local control plane runs no pods to serve it, and its configuration is
+        // cluster-wide (the webhook is proven on the real node, tests/node_e2e.rs).
+        let values = serde_json::json!({
+            "image": {"repository": "baton", "tag": "dev"},
+            "webhook": {"enabled": false},
+        })
+        .to_string();
         let args = [
             "install",
             CHART,

@@ -78,6 +78,14 @@ pub fn of_kind<'a>(objects: &'a [(String, Value)], kind: &str) -> Vec<&'a Value>
         .collect()
 }
 
+/// The object of `kind` named `name`.
+pub fn named<'a>(objects: &'a [(String, Value)], kind: &str, name: &str) -> &'a Value {
+    of_kind(objects, kind)
+        .into_iter()
+        .find(|o| o["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} named {name}"))
+}
+
 /// The one object of `kind`.
 pub fn one<'a>(objects: &'a [(String, Value)], kind: &str) -> &'a Value {
     let found = of_kind(objects, kind);
