@@ -117,6 +117,30 @@ pub async fn fenced_update(
     Err(StatusError::Conflict { run: name.into() })
 }
 
+/// The most of an output the status holds: a run's status is read by every watcher of runs
+/// (the controller caches it whole), so a long answer stays in the ledger only.
+pub const OUTPUT_CAP_BYTES: usize = 32 * 1024;
+
+/// Sets `status.output` to `output`, cut at [`OUTPUT_CAP_BYTES`] on a character boundary, and
+/// says whether it was cut.
+pub fn set_output(status: &mut AgentRunStatus, output: Option<String>) {
+    let Some(mut text) = output else {
+        status.output = None;
+        status.output_truncated = false;
+        return;
+    };
+    let cut = text.len() > OUTPUT_CAP_BYTES;
+    if cut {
+        let mut end = OUTPUT_CAP_BYTES;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+    status.output = Some(text);
+    status.output_truncated = cut;
+}
+
 /// Sets a condition in the Kubernetes convention: `lastTransitionTime` moves only when the
 /// status changes.
 pub fn set_condition(
@@ -167,4 +191,27 @@ pub mod condition {
     /// Set at the end: True when the run Succeeded, False otherwise (the reason says why):
     /// `kubectl wait --for=condition=Succeeded` waits for a success with any kubectl.
     pub const SUCCEEDED: &str = "Succeeded";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_output_is_cut_at_the_cap_on_a_character_boundary() {
+        let mut status = AgentRunStatus::default();
+        set_output(&mut status, Some("short".into()));
+        assert_eq!(
+            (status.output.as_deref(), status.output_truncated),
+            (Some("short"), false)
+        );
+        // 'é' is two bytes: the cap falls inside one, so the cut moves back a byte.
+        let long = format!("a{}", "é".repeat(OUTPUT_CAP_BYTES));
+        set_output(&mut status, Some(long));
+        let kept = status.output.clone().unwrap();
+        assert!(status.output_truncated);
+        assert_eq!(kept.len(), OUTPUT_CAP_BYTES - 1);
+        set_output(&mut status, None);
+        assert_eq!((status.output, status.output_truncated), (None, false));
+    }
 }

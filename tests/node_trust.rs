@@ -155,21 +155,34 @@ async fn node_webhook_refuses_what_the_asker_could_not_do_themselves() {
         "only its worker",
     );
 
-    let repoint = serde_json::json!({ "metadata": { "ownerReferences": [{
-        "apiVersion": "baton.dev/v1alpha1", "kind": "AgentRun", "name": "victim",
-        "uid": victim.uid().unwrap()
-    }] } })
-    .to_string();
-    let lease_patch = kubectl(&[
-        &format!("--as={other_worker}"),
+    // The worker may get and update its Lease (no patch): it reads it and replaces it with
+    // the owner reference pointing at the victim.
+    let as_worker = format!("--as={other_worker}");
+    let lease = kubectl(&[
+        &as_worker,
         "-n",
         &env.ns,
-        "patch",
+        "get",
         "lease",
         "run.other",
-        "--type=merge",
-        "-p",
-        &repoint,
+        "-o",
+        "json",
+    ])
+    .expect("a worker reads its own Lease");
+    let mut lease: serde_json::Value = serde_json::from_str(&lease).unwrap();
+    lease["metadata"]["ownerReferences"] = serde_json::json!([{
+        "apiVersion": "baton.dev/v1alpha1", "kind": "AgentRun", "name": "victim",
+        "uid": victim.uid().unwrap()
+    }]);
+    let path = env.dir.join("lease.json");
+    std::fs::write(&path, lease.to_string()).unwrap();
+    let lease_patch = kubectl(&[
+        &as_worker,
+        "-n",
+        &env.ns,
+        "replace",
+        "-f",
+        path.to_str().unwrap(),
     ]);
     refused(lease_patch, "metadata.ownerReferences");
 

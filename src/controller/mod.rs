@@ -11,6 +11,7 @@ pub mod admin;
 mod admission;
 mod apply;
 mod backoff;
+mod bounds;
 mod claim;
 pub mod cli;
 mod close;

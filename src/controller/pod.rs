@@ -17,16 +17,16 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMapProjection, Container, ContainerPort, DownwardAPIProjection,
-    DownwardAPIVolumeFile, EmptyDirVolumeSource, EnvVar, EnvVarSource, KeyToPath,
-    ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec,
-    PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec, ProjectedVolumeSource,
-    SeccompProfile, SecretKeySelector, SecretVolumeSource, SecurityContext,
-    ServiceAccountTokenProjection, Volume, VolumeMount, VolumeProjection,
-    VolumeResourceRequirements,
+    DownwardAPIVolumeFile, EnvVar, EnvVarSource, KeyToPath, ObjectFieldSelector,
+    PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource, Pod,
+    PodSecurityContext, PodSpec, ProjectedVolumeSource, SeccompProfile, SecretKeySelector,
+    SecretVolumeSource, SecurityContext, ServiceAccountTokenProjection, Volume, VolumeMount,
+    VolumeProjection, VolumeResourceRequirements,
 };
 use kube::api::ObjectMeta;
 use kube::{Resource, ResourceExt};
 
+use super::bounds::{self, bounded_empty_dir};
 use crate::crd::v1alpha1::{AgentRun, WorkspaceAccessMode};
 use crate::crd::{FENCE_LABEL, MANAGED_BY_LABEL, RUN_LABEL, env};
 use crate::fence::{label_value, worker_pod_name, workspace_claim_name};
@@ -229,7 +229,7 @@ fn tools_container(run: &AgentRun, image: &str) -> Container {
             plain("TMPDIR", SCRATCH_DIR),
             plain("HOME", WORKSPACE_DIR),
         ]),
-        resources: worker.tools_resources.clone(),
+        resources: Some(bounds::tools_resources(worker)),
         security_context: Some(container_security_context(TOOLS_UID)),
         volume_mounts: Some(vec![
             mount(volume::EXECUTOR, EXECUTOR_DIR, true),
@@ -294,14 +294,6 @@ fn secret_volume(name: &str, secret: &str) -> Volume {
     }
 }
 
-fn empty_dir(name: &str) -> Volume {
-    Volume {
-        name: name.into(),
-        empty_dir: Some(EmptyDirVolumeSource::default()),
-        ..Volume::default()
-    }
-}
-
 fn volumes(run: &AgentRun) -> Vec<Volume> {
     let workspace = match &run.spec.workspace {
         Some(_) => Volume {
@@ -312,15 +304,18 @@ fn volumes(run: &AgentRun) -> Vec<Volume> {
             }),
             ..Volume::default()
         },
-        None => empty_dir(volume::WORKSPACE),
+        None => bounded_empty_dir(
+            volume::WORKSPACE,
+            &bounds::workspace_limit(&run.spec.worker),
+        ),
     };
     let headers =
         mcp_header_secrets(run).map(|(volume, _, secret)| secret_volume(&volume, &secret));
     [
-        empty_dir(volume::WORKER_TMP),
-        empty_dir(volume::TOOLS_TMP),
-        empty_dir(volume::EXECUTOR),
-        empty_dir(volume::SOCKET),
+        bounded_empty_dir(volume::WORKER_TMP, bounds::WORKER_TMP_LIMIT),
+        bounded_empty_dir(volume::TOOLS_TMP, bounds::TOOLS_TMP_LIMIT),
+        bounded_empty_dir(volume::EXECUTOR, bounds::EXECUTOR_LIMIT),
+        bounded_empty_dir(volume::SOCKET, bounds::SOCKET_LIMIT),
         workspace,
         api_access_volume(),
     ]

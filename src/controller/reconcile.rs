@@ -149,7 +149,7 @@ fn build(client: Client, config: Config) -> Built {
             scoped::<AgentRun>(&client, &ctx.config),
             watcher::Config::default(),
         )
-        .modify(strip_metadata),
+        .modify(slim_run),
     )
     .inspect_ok(move |event| prune_memory(&pruning, event))
     .applied_objects();
@@ -245,6 +245,19 @@ fn strip_metadata<K: Resource>(obj: &mut K) {
 }
 
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// A run as the controller decides on it: the user's texts (the input, later inputs, the
+/// system prompt, approval reasons) are the worker's to read, not the controller's, and are
+/// most of a large spec. Only the number of inputs is kept: a new one wakes the run. (Status
+/// writes go to the status subresource, which never takes a spec from its request.)
+fn slim_run(run: &mut AgentRun) {
+    strip_metadata(run);
+    let spec = &mut run.spec;
+    spec.input.clear();
+    spec.inputs.iter_mut().for_each(String::clear);
+    spec.agent.system_prompt = None;
+    spec.approvals.iter_mut().for_each(|a| a.reason = None);
+}
 
 /// A worker pod as the controller needs it: metadata, containers' names and images, phase.
 fn slim_pod(pod: &mut Pod) {

@@ -70,7 +70,7 @@ pub fn closed(run: &AgentRun, close: &Close, fence: i64, replay: &Replay) -> Age
     s.failed_attempts += i32::from(close.failed);
     s.worker = None;
     let salvage = replay.salvage();
-    s.output = (!salvage.is_empty()).then_some(salvage);
+    crate::status::set_output(&mut s, (!salvage.is_empty()).then_some(salvage));
     s.output_partial = replay.final_output.is_none();
     s.steps = s.steps.max(replay.last_step());
     record_unknown(&mut s, replay);

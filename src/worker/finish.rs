@@ -179,7 +179,7 @@ pub fn phase_change(
     status.phase = phase;
     status.outcome = outcome;
     if output.is_some() {
-        status.output = output;
+        crate::status::set_output(status, output);
     }
     status.reason = Some(reason);
     status.message = Some(message);

@@ -44,11 +44,13 @@ use serde::{Deserialize, Serialize};
 )]
 #[serde(rename_all = "camelCase")]
 pub struct AgentRunSpec {
-    /// The user message that starts the turn.
-    #[schemars(length(min = 1))]
+    /// The user message that starts the turn (at most 64 Ki characters).
+    #[schemars(length(min = 1, max = 65536))]
     pub input: String,
-    /// Later user messages, append-only: answers to a run that is `WaitingInput`.
+    /// Later user messages, append-only: answers to a run that is `WaitingInput` (at most
+    /// 256, each at most 64 Ki characters).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 256), inner(length(max = 65536)))]
     pub inputs: Vec<String>,
     /// Decisions on tool calls that wait for approval, append-only (`baton approve`,
     /// `baton deny`). Each names the step and the call it decides, so it can never apply to
@@ -197,15 +199,17 @@ fn default_max_attempts() -> i32 {
 pub struct AgentSpec {
     /// The model that drives the agent.
     pub model: ModelSpec,
-    /// System prompt given to the model before the user's input.
+    /// System prompt given to the model before the user's input (at most 128 Ki characters).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 131072))]
     pub system_prompt: Option<String>,
     /// Maximum number of tool steps in the turn; the run fails with `MaxStepsExceeded` past it.
     #[serde(default = "default_max_steps")]
     #[schemars(range(min = 1, max = 100000))]
     pub max_steps: i32,
-    /// Tools the model may call.
+    /// Tools the model may call (at most 128).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 128))]
     pub tools: Vec<ToolSpec>,
     /// Whether tool calls wait for approval, for every tool that does not say itself
     /// (`tools[].approval`). `askUser` never waits: it is a human gate already.
@@ -487,9 +491,14 @@ pub struct WorkerSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1))]
     pub tools_image: Option<String>,
-    /// Compute resources of the tools container.
+    /// Compute resources of the tools container. Unset: baton's bounded defaults (a memory
+    /// and an ephemeral-storage limit, small requests; see docs/architecture.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tools_resources: Option<ResourceRequirements>,
+    /// Size limit of `/workspace` when it is an `emptyDir` (no `spec.workspace`); the kubelet
+    /// evicts a pod whose workspace outgrows it. Default 4Gi.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace_size_limit: Option<k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
     /// RuntimeClass of the worker pod, e.g. one for gVisor or Kata, to put the tools behind
     /// a sandboxed kernel as well.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -615,6 +624,10 @@ pub struct AgentRunStatus {
     /// True when `output` is a partial salvage rather than a final answer.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub output_partial: bool,
+    /// True when `output` is cut at the status cap (32 KiB); the whole text is in the ledger
+    /// (`baton transcript`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub output_truncated: bool,
     /// The phase a `Finishing` run ends in (`Succeeded` or `Failed`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outcome: Option<Phase>,
