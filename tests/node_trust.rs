@@ -8,8 +8,8 @@
 mod e2e_support;
 mod node_support;
 
-use baton::crd::v1alpha1::{AgentRun, Phase};
-use e2e_support::Script;
+use baton::crd::v1alpha1::{AgentRun, Phase, ScriptToolCall, ScriptTurn};
+use e2e_support::{Script, run_with, shell_tool};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use kube::api::{ObjectMeta, PostParams};
@@ -192,5 +192,124 @@ async fn node_webhook_refuses_what_the_asker_could_not_do_themselves() {
     }
     env.check_invariants(&["victim".into(), "other".into()])
         .await;
+    env.finish().await;
+}
+
+/// A run of one tool turn running `command` in its tools container, then a final answer.
+fn one_command(name: &str, command: &str) -> AgentRun {
+    let turn = |text: &str, calls: Vec<ScriptToolCall>| ScriptTurn {
+        text: Some(text.into()),
+        tool_calls: calls,
+        delay_milliseconds: Some(100),
+        usage: None,
+    };
+    let call = ScriptToolCall {
+        tool: "sh".into(),
+        arguments: [("command".to_string(), command.to_string())].into(),
+    };
+    run_with(
+        name,
+        vec![turn("running it", vec![call]), turn("done", vec![])],
+        vec![shell_tool("sh")],
+    )
+}
+
+/// The pid cgroup of pod `uid` on the node (the kubelet's cgroupfs layout).
+fn pod_pid_cgroup(uid: &str) -> std::path::PathBuf {
+    let root = std::path::Path::new("/sys/fs/cgroup/pids/kubepods");
+    let wanted = format!("pod{uid}");
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if entry.file_name().to_string_lossy() == wanted {
+                return path;
+            }
+            if path.is_dir() {
+                dirs.push(path);
+            }
+        }
+    }
+    panic!("no pid cgroup for pod {uid} under {}", root.display());
+}
+
+/// A fork bomb (bounded, in case the bound is not) and a disk fill, each in its own run's
+/// tools container: the node's pid bound and the workspace's size limit stop each at its own
+/// pod; the node stays Ready and a run beside them finishes as if nothing happened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_a_fork_bomb_and_a_disk_fill_cost_their_run_its_pod_not_the_node() {
+    let env = NodeEnv::start("trust-bounds").await;
+    env.create(&env.scripted("bystander", &Script::new(6, 1500)))
+        .await;
+    let bomb = one_command(
+        "bomb",
+        "i=0; while [ $i -lt 3000 ]; do sleep 40 & i=$((i+1)); done; echo all $i started",
+    );
+    env.create(&bomb).await;
+    let (pod, _) = env.wait_worker("bomb", 1).await;
+    let uid = env.pods().get(&pod).await.unwrap().uid().unwrap();
+    let cgroup = pod_pid_cgroup(&uid);
+    let max = std::fs::read_to_string(cgroup.join("pids.max")).unwrap();
+    assert_eq!(max.trim(), "1024", "the node's podPidsLimit bounds the pod");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let events = std::fs::read_to_string(cgroup.join("pids.events")).unwrap_or_default();
+        let refused: u64 = events
+            .trim()
+            .strip_prefix("max ")
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        if refused > 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the bomb never met the bound: {events}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+
+    let mut fill = one_command(
+        "fill",
+        "dd if=/dev/zero of=/workspace/fill bs=1M count=400 2>&1; sleep 90",
+    );
+    fill.spec.worker.workspace_size_limit = Some(
+        k8s_openapi::apimachinery::pkg::api::resource::Quantity("64Mi".into()),
+    );
+    env.create(&fill).await;
+    let (filler, _) = env.wait_worker("fill", 1).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let pod = env.pods().get(&filler).await.unwrap();
+        let status = pod.status.unwrap_or_default();
+        if status.reason.as_deref() == Some("Evicted") {
+            let message = status.message.unwrap_or_default();
+            assert!(
+                message.contains("workspace") || message.contains("exceeds"),
+                "{message}"
+            );
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the filling pod was never evicted: {status:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    // The filling run goes on in a new pod (the dd step is reported, not re-run).
+    env.wait_worker("fill", 2).await;
+
+    assert_eq!(
+        env.wait_succeeded("bystander").await.phase,
+        Phase::Succeeded
+    );
+    let ready = kubectl(&[
+        "get",
+        "nodes",
+        "-o",
+        "jsonpath={.items[0].status.conditions[?(@.type==\"Ready\")].status}",
+    ])
+    .unwrap();
+    assert_eq!(ready.trim(), "True", "the node stays Ready");
     env.finish().await;
 }
