@@ -53,6 +53,10 @@ test: ## All tests: unit, then integration against a local kube-apiserver + etcd
 bench-worker: ## Figures: a 1,000-step run's API round trips per step, ledger bytes, worker memory
 	bash hack/with-control-plane.sh $(CARGO) run --release --example worker_bench
 
+.PHONY: bench-webhook
+bench-webhook: ## Figures: latency the admission webhook adds to a segment append and an AgentRun create (p50/p99)
+	bash hack/with-control-plane.sh $(CARGO) run --release --example webhook_bench
+
 .PHONY: bench-executor
 bench-executor: ## Figures: latency a tool step gets from the tools container's executor, vs running the command directly
 	$(CARGO) build --release -p baton-exec

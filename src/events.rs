@@ -4,6 +4,9 @@
 //! one step's unknown effect, and the Recorder's key holds the run's resourceVersion. At
 //! 5,000 runs its 10,000 cached Events were ~20 MiB of the controller's memory.)
 
+/// The reporting controller of a worker's Events (the controller's is `controller::CONTROLLER_NAME`).
+pub const WORKER_REPORTER: &str = "baton-worker";
+
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::events::v1::Event as K8sEvent;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};

@@ -356,7 +356,8 @@ impl Session {
             })
     }
 
-    /// The run's Events (core/v1 view, which also shows events.k8s.io Events), oldest first.
+    /// The run's Events from baton's components (core/v1 view, which also shows events.k8s.io
+    /// Events), oldest first.
     async fn events_of(&self, run: &AgentRun) -> Result<Vec<Event>, CliError> {
         let api: Api<Event> =
             Api::namespaced(self.client.clone(), &run.namespace().unwrap_or_default());
@@ -373,6 +374,7 @@ impl Session {
             .items
             .into_iter()
             .filter(|e| e.involved_object.uid.is_none() || e.involved_object.uid == uid)
+            .filter(from_baton)
             .collect();
         events.sort_by_key(event_time);
         Ok(events)
@@ -439,6 +441,22 @@ fn run_ended(event: &watcher::Event<AgentRun>, run: &AgentRun) -> bool {
     }
 }
 
+/// Whether baton's controller or a worker reported the Event: anyone who may create Events in
+/// the namespace can post one about a run, and `describe` shows only baton's. (Which worker
+/// posted it the Event cannot tell; the admission webhook does not review Events.)
+fn from_baton(e: &Event) -> bool {
+    const REPORTERS: [&str; 2] = [
+        crate::controller::CONTROLLER_NAME,
+        crate::events::WORKER_REPORTER,
+    ];
+    let reporter = e
+        .reporting_component
+        .as_deref()
+        .filter(|c| !c.is_empty())
+        .or(e.source.as_ref().and_then(|s| s.component.as_deref()));
+    reporter.is_some_and(|r| REPORTERS.contains(&r))
+}
+
 fn event_time(e: &Event) -> Option<Timestamp> {
     e.event_time
         .as_ref()
@@ -466,4 +484,28 @@ fn print_lines(out: &mut impl Write, lines: Vec<String>) -> Result<(), CliError>
     }
     out.flush()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::EventSource;
+
+    use super::*;
+
+    #[test]
+    fn describe_shows_only_batons_events() {
+        let by = |component: Option<&str>, source: Option<&str>| Event {
+            reporting_component: component.map(String::from),
+            source: source.map(|s| EventSource {
+                component: Some(s.into()),
+                ..EventSource::default()
+            }),
+            ..Event::default()
+        };
+        assert!(from_baton(&by(Some("baton-controller"), None)));
+        assert!(from_baton(&by(Some("baton-worker"), None)));
+        assert!(from_baton(&by(Some(""), Some("baton-worker"))));
+        assert!(!from_baton(&by(Some("someone-else"), Some("baton-worker"))));
+        assert!(!from_baton(&by(None, None)));
+    }
 }

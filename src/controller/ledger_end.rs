@@ -101,7 +101,8 @@ pub async fn ledger_end(ctx: &Context, run: &AgentRun, fence: i64) -> Result<Led
     {
         return Ok(end);
     }
-    let mut segments = cached_segments_of(&api, &run.name_any(), &uid).await?;
+    let (mut segments, foreign) = cached_claimants_of(&api, &run.name_any(), &uid).await?;
+    report_foreign(ctx, run, &foreign);
     segments.sort_by_key(|s| s.spec.seq);
     // Our own seal's position is not needed (0): nothing is appended.
     let tail = segments.last().map_or(0, |s| s.spec.seq);
@@ -167,11 +168,40 @@ pub async fn cached_segments_of(
     run: &str,
     uid: &str,
 ) -> Result<Vec<LedgerSegment>, Error> {
+    Ok(cached_claimants_of(api, run, uid).await?.0)
+}
+
+/// The segments that carry the run's UID label: the run's own, and the names of the others
+/// (named for another run, or claiming another in `spec.run`), which no reader folds in.
+async fn cached_claimants_of(
+    api: &Api<LedgerSegment>,
+    run: &str,
+    uid: &str,
+) -> Result<(Vec<LedgerSegment>, Vec<String>), Error> {
     let selector = format!("{RUN_UID_LABEL}={uid}");
     let params = ListParams::default().labels(&selector).match_any();
-    let mut segments = api.list(&params).await?.items;
-    segments.retain(|s| is_segment_of(s, run, uid));
-    Ok(segments)
+    let (ours, foreign): (Vec<_>, Vec<_>) = api
+        .list(&params)
+        .await?
+        .items
+        .into_iter()
+        .partition(|s| is_segment_of(s, run, uid));
+    Ok((ours, foreign.iter().map(|s| s.name_any()).collect()))
+}
+
+/// A Warning Event naming the segments that claim the run without being its own: someone
+/// wrote them (without the admission webhook, any worker of the namespace can).
+fn report_foreign(ctx: &Context, run: &AgentRun, foreign: &[String]) {
+    if foreign.is_empty() {
+        return;
+    }
+    let note = format!(
+        "ledger segments {} carry this run's UID but are not its own (their name or spec.run \
+         names another run): ignored by every reader",
+        foreign.join(", ")
+    );
+    tracing::warn!(run = %run.name_any(), ?foreign, "segments claim this run");
+    ctx.event(run, true, "ForeignLedgerSegment", note);
 }
 
 #[cfg(test)]

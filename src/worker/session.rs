@@ -157,7 +157,7 @@ impl Session {
     /// Publishes an Event about the run (best effort: a failure is logged).
     pub async fn event(&self, type_: EventType, reason: &str, action: &str, note: &str) {
         let reporter = Reporter {
-            controller: "baton-worker".into(),
+            controller: crate::events::WORKER_REPORTER.into(),
             instance: Some(self.cfg.pod.clone()),
         };
         let publisher = crate::events::Publisher::new(self.client.clone(), reporter);

@@ -114,16 +114,26 @@ async fn seeded_run(ns: &TestNamespace, name: &str) -> (AgentRun, SegmentStore) 
         "unknownEffects": [{"step": 1, "tool": "sh", "attempt": 1, "resolution": "unknown", "summary": "rm -rf build"}]
     }))
     .await;
-    warning_event(ns, &run).await;
+    warning_event(ns, &run, "unknown", "baton-worker", "UnknownEffect").await;
+    // Anyone who may create Events can post one about the run: describe leaves it out.
+    warning_event(ns, &run, "forged", "someone-else", "ForgedByAnotherParty").await;
     (run, store)
 }
 
-async fn warning_event(ns: &TestNamespace, run: &AgentRun) {
+async fn warning_event(
+    ns: &TestNamespace,
+    run: &AgentRun,
+    name: &str,
+    reporter: &str,
+    reason: &str,
+) {
     let event = Event {
         metadata: ObjectMeta {
-            name: Some(format!("{}.unknown", run.name_any())),
+            name: Some(format!("{}.{name}", run.name_any())),
             ..Default::default()
         },
+        reporting_component: Some(reporter.into()),
+        reporting_instance: Some(format!("{reporter}-1")),
         involved_object: ObjectReference {
             api_version: Some("baton.dev/v1alpha1".into()),
             kind: Some("AgentRun".into()),
@@ -133,7 +143,7 @@ async fn warning_event(ns: &TestNamespace, run: &AgentRun) {
             ..Default::default()
         },
         type_: Some("Warning".into()),
-        reason: Some("UnknownEffect".into()),
+        reason: Some(reason.into()),
         message: Some("step 1 (sh) of attempt 1: its worker died".into()),
         ..Default::default()
     };
@@ -197,6 +207,7 @@ async fn get_transcript_and_describe_show_the_run() {
     ] {
         assert!(describe.contains(want), "missing {want:?} in\n{describe}");
     }
+    assert!(!describe.contains("ForgedByAnotherParty"), "{describe}");
     ns.cleanup().await;
 }
 

@@ -176,3 +176,31 @@ async fn a_lease_of_the_runs_name_made_by_something_else_is_left_alone() {
     assert!(now.owner_references().is_empty());
     ns.cleanup().await;
 }
+
+/// Another worker's segment that claims run `v` (its UID label) under a name of its own is
+/// never folded into `v`'s ledger: a claim that lists the ledger (a controller without memory
+/// of the run) reports it in a Warning Event naming it, and goes on.
+#[tokio::test]
+async fn a_segment_that_claims_the_run_is_reported_not_folded_in() {
+    let (ns, first, victim) = started("trust-claimant", agent_run("v", 3)).await;
+    create(&ns, long_lease_run("a")).await;
+    wait_lease(&ns, "a", "a-w1", 1, T).await;
+    Api::<LedgerSegment>::namespaced(worker_of(&ns, "a").await, &ns.name)
+        .create(&PostParams::default(), &forged_segment("a-claims", &victim))
+        .await
+        .expect("without the webhook, any worker may create a segment");
+    drop(first);
+    let _second = start(&ns.client, config(&ns.name));
+    let run = wait_fence(&ns, "v", 2, Duration::from_secs(20)).await;
+    assert_eq!(status(&run).reason.as_deref(), Some("LeaseExpired"));
+    let event = wait_event(&ns, "v", "ForeignLedgerSegment", T).await;
+    let note = event.note.unwrap_or_default();
+    assert!(note.contains(&segment_name("a-claims", 1)), "{note}");
+    let seqs: Vec<i64> = ledger(&ns, "v").await.iter().map(|s| s.spec.seq).collect();
+    assert_eq!(
+        seqs,
+        (1..=seqs.len() as i64).collect::<Vec<_>>(),
+        "contiguous, its own only"
+    );
+    ns.cleanup().await;
+}

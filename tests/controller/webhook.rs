@@ -8,25 +8,19 @@
 
 use std::time::{Duration, Instant};
 
+use crate::controller_support::common::webhook::Served;
 use crate::controller_support::*;
 use crate::rbac_support::{client_with_token, mint_token};
+use baton::crd::RUN_UID_LABEL;
 use baton::crd::v1alpha1::{AgentRun, LEDGER_FORMAT_VERSION, LedgerSegment, LedgerSegmentSpec};
-use baton::crd::{MANAGED_BY_LABEL, RUN_UID_LABEL};
 use baton::fence::segment_name;
-use baton::webhook::{TlsSettings, WebhookConfig};
-use k8s_openapi::api::admissionregistration::v1::{
-    RuleWithOperations, ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
-};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client, Config, Resource, ResourceExt};
 use serde_json::json;
 
-/// The label that puts a test namespace under the test's webhook configuration.
-const WATCHED: &str = "baton.dev/webhook-test";
 /// A user with AgentRun rights only, and one who may also read the Secret and create pods.
 const MALLORY: &str = "mallory";
 const ALICE: &str = "alice";
@@ -34,56 +28,15 @@ const ALICE: &str = "alice";
 /// A namespace watched by a webhook served from this process.
 struct Watched {
     ns: TestNamespace,
-    configuration: String,
-    webhook: tokio::task::JoinHandle<()>,
+    served: Served,
 }
 
 impl Watched {
     async fn new(test: &str) -> Watched {
         let ns = TestNamespace::new(test).await;
-        let label = json!({ "metadata": { "labels": { WATCHED: ns.name } } });
-        Api::<Namespace>::all(ns.client.clone())
-            .patch(&ns.name, &PatchParams::default(), &Patch::Merge(&label))
-            .await
-            .expect("labelling the namespace");
-        let port = free_port();
-        let configuration = format!("baton-{}", ns.name);
-        Api::<ValidatingWebhookConfiguration>::all(ns.client.clone())
-            .create(
-                &PostParams::default(),
-                &webhook_configuration(&configuration, &ns.name, port),
-            )
-            .await
-            .expect("creating the webhook configuration");
-        let config = WebhookConfig {
-            addr: ([127, 0, 0, 1], port).into(),
-            tls: TlsSettings {
-                namespace: ns.name.clone(),
-                secret: "baton-webhook-tls".into(),
-                hosts: vec!["127.0.0.1".into()],
-                configuration: Some(configuration.clone()),
-                lifetime: Duration::from_secs(24 * 3600),
-            },
-            controller_users: vec!["admin".into()],
-            max_spec_bytes: baton::webhook::DEFAULT_MAX_SPEC_BYTES,
-        };
-        let (loaded_tx, mut loaded) = tokio::sync::watch::channel(false);
-        let client = ns.client.clone();
-        let webhook = tokio::spawn(async move {
-            if let Err(err) = baton::webhook::run(client, config, loaded_tx).await {
-                eprintln!("webhook stopped: {err}");
-            }
-        });
-        tokio::time::timeout(T, loaded.wait_for(|l| *l))
-            .await
-            .expect("the webhook loads its certificate")
-            .unwrap();
+        let served = Served::start(&ns.client, &ns.name, "admin").await;
         users(&ns).await;
-        let watched = Watched {
-            ns,
-            configuration,
-            webhook,
-        };
+        let watched = Watched { ns, served };
         watched.wait_answering().await;
         watched
     }
@@ -109,77 +62,8 @@ impl Watched {
     }
 
     async fn cleanup(self) {
-        self.webhook.abort();
-        let _ = Api::<ValidatingWebhookConfiguration>::all(self.ns.client.clone())
-            .delete(&self.configuration, &DeleteParams::default())
-            .await;
+        self.served.stop(&self.ns.client).await;
         self.ns.cleanup().await;
-    }
-}
-
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
-    listener.local_addr().unwrap().port()
-}
-
-/// The chart's three webhooks, pointed at 127.0.0.1 and at the test's namespace only.
-fn webhook_configuration(name: &str, namespace: &str, port: u16) -> ValidatingWebhookConfiguration {
-    let hook = |hook: &str,
-                group: &str,
-                resource: &str,
-                operations: &[&str],
-                object: Option<LabelSelector>| {
-        ValidatingWebhook {
-            name: format!("{hook}.baton.dev"),
-            admission_review_versions: vec!["v1".into()],
-            side_effects: "None".into(),
-            failure_policy: Some("Fail".into()),
-            timeout_seconds: Some(5),
-            client_config: WebhookClientConfig {
-                url: Some(format!("https://127.0.0.1:{port}{}", baton::webhook::PATH)),
-                ..WebhookClientConfig::default()
-            },
-            namespace_selector: Some(LabelSelector {
-                match_labels: Some([(WATCHED.to_string(), namespace.to_string())].into()),
-                ..LabelSelector::default()
-            }),
-            object_selector: object,
-            rules: Some(vec![RuleWithOperations {
-                api_groups: Some(vec![group.into()]),
-                api_versions: Some(vec!["*".into()]),
-                resources: Some(vec![resource.into()]),
-                operations: Some(operations.iter().map(|o| o.to_string()).collect()),
-                scope: Some("Namespaced".into()),
-            }]),
-            ..ValidatingWebhook::default()
-        }
-    };
-    let managed = LabelSelector {
-        match_labels: Some([(MANAGED_BY_LABEL.to_string(), "baton".to_string())].into()),
-        ..LabelSelector::default()
-    };
-    ValidatingWebhookConfiguration {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..ObjectMeta::default()
-        },
-        webhooks: Some(vec![
-            hook(
-                "runs",
-                "baton.dev",
-                "agentruns",
-                &["CREATE", "UPDATE"],
-                None,
-            ),
-            hook("segments", "baton.dev", "ledgersegments", &["CREATE"], None),
-            hook(
-                "leases",
-                "coordination.k8s.io",
-                "leases",
-                &["UPDATE"],
-                Some(managed),
-            ),
-        ]),
     }
 }
 

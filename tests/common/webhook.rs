@@ -1,0 +1,128 @@
+//! baton's admission webhook served from the test's own process on 127.0.0.1, for one
+//! namespace: the configuration (the chart's three webhooks, reached by URL) selects only
+//! namespaces labelled for it, so the other tests sharing the API server never meet it.
+//! Shared by `tests/controller/webhook.rs` and `examples/webhook_bench.rs`.
+
+use std::time::Duration;
+
+use baton::crd::MANAGED_BY_LABEL;
+use baton::webhook::{TlsSettings, WebhookConfig};
+use k8s_openapi::api::admissionregistration::v1::{
+    RuleWithOperations, ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
+};
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+
+/// The label that puts a namespace under a test's webhook configuration.
+pub const WATCHED: &str = "baton.dev/webhook-test";
+
+/// A webhook serving one namespace, and its configuration.
+pub struct Served {
+    pub configuration: String,
+    pub task: tokio::task::JoinHandle<()>,
+}
+
+impl Served {
+    /// Labels `namespace`, registers the configuration and serves it (the admin user acts as
+    /// the controller); returns once the certificate is loaded.
+    pub async fn start(client: &Client, namespace: &str, controller_user: &str) -> Served {
+        let label = serde_json::json!({ "metadata": { "labels": { WATCHED: namespace } } });
+        Api::<Namespace>::all(client.clone())
+            .patch(namespace, &PatchParams::default(), &Patch::Merge(&label))
+            .await
+            .expect("labelling the namespace");
+        let port = free_port();
+        let configuration = format!("baton-{namespace}");
+        Api::<ValidatingWebhookConfiguration>::all(client.clone())
+            .create(
+                &PostParams::default(),
+                &configuration_for(&configuration, namespace, port),
+            )
+            .await
+            .expect("creating the webhook configuration");
+        let config = WebhookConfig {
+            addr: ([127, 0, 0, 1], port).into(),
+            tls: TlsSettings {
+                namespace: namespace.into(),
+                secret: "baton-webhook-tls".into(),
+                hosts: vec!["127.0.0.1".into()],
+                configuration: Some(configuration.clone()),
+                lifetime: Duration::from_secs(24 * 3600),
+            },
+            controller_users: vec![controller_user.into()],
+            max_spec_bytes: baton::webhook::DEFAULT_MAX_SPEC_BYTES,
+        };
+        let (loaded_tx, mut loaded) = tokio::sync::watch::channel(false);
+        let serving = client.clone();
+        let task = tokio::spawn(async move {
+            if let Err(err) = baton::webhook::run(serving, config, loaded_tx).await {
+                eprintln!("webhook stopped: {err}");
+            }
+        });
+        tokio::time::timeout(Duration::from_secs(20), loaded.wait_for(|l| *l))
+            .await
+            .expect("the webhook loads its certificate")
+            .unwrap();
+        Served {
+            configuration,
+            task,
+        }
+    }
+
+    pub async fn stop(self, client: &Client) {
+        self.task.abort();
+        let _ = Api::<ValidatingWebhookConfiguration>::all(client.clone())
+            .delete(&self.configuration, &DeleteParams::default())
+            .await;
+    }
+}
+
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    listener.local_addr().unwrap().port()
+}
+
+/// The chart's three webhooks, pointed at 127.0.0.1 and at `namespace` only.
+fn configuration_for(name: &str, namespace: &str, port: u16) -> ValidatingWebhookConfiguration {
+    let managed = LabelSelector {
+        match_labels: Some([(MANAGED_BY_LABEL.to_string(), "baton".to_string())].into()),
+        ..LabelSelector::default()
+    };
+    let hook = |hook: &str, group: &str, resource: &str, operations: &[&str]| ValidatingWebhook {
+        name: format!("{hook}.baton.dev"),
+        admission_review_versions: vec!["v1".into()],
+        side_effects: "None".into(),
+        failure_policy: Some("Fail".into()),
+        timeout_seconds: Some(5),
+        client_config: WebhookClientConfig {
+            url: Some(format!("https://127.0.0.1:{port}{}", baton::webhook::PATH)),
+            ..WebhookClientConfig::default()
+        },
+        namespace_selector: Some(LabelSelector {
+            match_labels: Some([(WATCHED.to_string(), namespace.to_string())].into()),
+            ..LabelSelector::default()
+        }),
+        object_selector: (resource == "leases").then(|| managed.clone()),
+        rules: Some(vec![RuleWithOperations {
+            api_groups: Some(vec![group.into()]),
+            api_versions: Some(vec!["*".into()]),
+            resources: Some(vec![resource.into()]),
+            operations: Some(operations.iter().map(|o| o.to_string()).collect()),
+            scope: Some("Namespaced".into()),
+        }]),
+        ..ValidatingWebhook::default()
+    };
+    ValidatingWebhookConfiguration {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
+        webhooks: Some(vec![
+            hook("runs", "baton.dev", "agentruns", &["CREATE", "UPDATE"]),
+            hook("segments", "baton.dev", "ledgersegments", &["CREATE"]),
+            hook("leases", "coordination.k8s.io", "leases", &["UPDATE"]),
+        ]),
+    }
+}
