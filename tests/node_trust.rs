@@ -280,26 +280,37 @@ async fn node_a_fork_bomb_and_a_disk_fill_cost_their_run_its_pod_not_the_node() 
     );
     env.create(&fill).await;
     let (filler, _) = env.wait_worker("fill", 1).await;
+    // The kubelet's Event outlives the pod (the controller deletes a dead attempt's pod).
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
     loop {
-        let pod = env.pods().get(&filler).await.unwrap();
-        let status = pod.status.unwrap_or_default();
-        if status.reason.as_deref() == Some("Evicted") {
-            let message = status.message.unwrap_or_default();
+        let selector = format!("involvedObject.name={filler},reason=Evicted");
+        let events = kubectl(&[
+            "-n",
+            &env.ns,
+            "get",
+            "events",
+            "--field-selector",
+            &selector,
+            "-o",
+            "jsonpath={range .items[*]}{.message}{\"\\n\"}{end}",
+        ])
+        .unwrap_or_default();
+        if let Some(message) = events.lines().find(|l| !l.is_empty()) {
             assert!(
-                message.contains("workspace") || message.contains("exceeds"),
-                "{message}"
+                message.contains("workspace"),
+                "evicted for its workspace: {message}"
             );
             break;
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "the filling pod was never evicted: {status:?}"
+            "the filling pod {filler} was never evicted"
         );
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     }
     // The filling run goes on in a new pod (the dd step is reported, not re-run).
-    env.wait_worker("fill", 2).await;
+    env.wait_run("fill", RUN_TIMEOUT, "a second attempt", |s| s.fence >= 2)
+        .await;
 
     assert_eq!(
         env.wait_succeeded("bystander").await.phase,
