@@ -556,6 +556,11 @@ fn report(
         late.last().copied().unwrap_or(f64::NAN)
     );
     println!("controller RSS:            {:.1} MiB", rss as f64 / 1024.0);
+    // With the baseline in it: the 1,000- and 5,000-run figures side by side give the margin.
+    println!(
+        "controller RSS per run:    {:.1} KiB",
+        rss as f64 / args.runs.max(1) as f64
+    );
     println!(
         "API writes per takeover:   {:.2} (Events excluded)",
         delta("baton_api_writes_total") / takeovers
