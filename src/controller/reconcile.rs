@@ -55,6 +55,7 @@ pub async fn run_until(
     let ready = ctx.synced.clone();
     let (webhook_loaded, loaded) = tokio::sync::watch::channel(ctx.config.webhook.is_none());
     tokio::spawn(mark_ready(ctx.clone(), ready.clone(), loaded));
+    let mut webhook = spawn_webhook(&ctx, webhook_loaded);
     let gained = leadership_gained(ctx.leadership.subscribe());
     let reconciling = controller
         .owns_stream(pod_events)
@@ -75,12 +76,51 @@ pub async fn run_until(
         _ = publishing => Ok(()),
         err = run_election(ctx.clone()) => Err(err),
         res = serve_admin(ctx.clone(), ready) => res,
-        res = serve_webhook(ctx.clone(), webhook_loaded) => res,
+        res = webhook_failed(&mut webhook) => res,
     };
     if outcome.is_ok() {
         step_down(&ctx).await;
     }
+    drain_webhook(webhook).await;
     outcome
+}
+
+/// How long a stopping replica keeps answering admission reviews: the API server may still
+/// send it some until the Service's endpoints and the node's routes drop it, and every
+/// refused review (failurePolicy Fail) is a worker's append or renewal to retry.
+const WEBHOOK_DRAIN: Duration = Duration::from_secs(3);
+
+type WebhookTask = Option<tokio::task::JoinHandle<Result<(), crate::webhook::WebhookError>>>;
+
+/// The admission webhook, on every replica: the API server reaches any ready one.
+fn spawn_webhook(ctx: &Context, loaded: tokio::sync::watch::Sender<bool>) -> WebhookTask {
+    let config = ctx.config.webhook.clone()?;
+    Some(tokio::spawn(crate::webhook::run(
+        ctx.client.clone(),
+        config,
+        loaded,
+    )))
+}
+
+async fn webhook_failed(task: &mut WebhookTask) -> Result<(), Error> {
+    match task {
+        Some(handle) => match handle.await {
+            Ok(result) => Ok(result?),
+            Err(join) => Err(Error::Webhook(crate::webhook::WebhookError::Tls(format!(
+                "the webhook task ended: {join}"
+            )))),
+        },
+        None => futures::future::pending().await,
+    }
+}
+
+async fn drain_webhook(task: WebhookTask) {
+    if let Some(handle) = task {
+        if !handle.is_finished() {
+            tokio::time::sleep(WEBHOOK_DRAIN).await;
+        }
+        handle.abort();
+    }
 }
 
 /// Leadership given up on shutdown: this replica stops counting itself leader first (nothing it
@@ -353,17 +393,6 @@ async fn serve_admin(ctx: Arc<Context>, ready: Arc<AtomicBool>) -> Result<(), Er
             },
         )
         .await?),
-        None => futures::future::pending().await,
-    }
-}
-
-/// The admission webhook, on every replica: the API server reaches any ready one.
-async fn serve_webhook(
-    ctx: Arc<Context>,
-    loaded: tokio::sync::watch::Sender<bool>,
-) -> Result<(), Error> {
-    match ctx.config.webhook.clone() {
-        Some(config) => Ok(crate::webhook::run(ctx.client.clone(), config, loaded).await?),
         None => futures::future::pending().await,
     }
 }

@@ -127,12 +127,21 @@ fn segment(name: &str, run: &str, fence: i64, uid: Option<&str>) -> LedgerSegmen
     seg
 }
 
+/// A case: its name, the segment, who writes it, the run it names, the field a refusal names.
+type SegmentCase<'a> = (
+    &'a str,
+    LedgerSegment,
+    Writer,
+    Option<&'a RunFacts>,
+    Option<&'a str>,
+);
+
 #[test]
 fn segment_cases() {
     let run = facts();
     let worker = Writer::RunWorker;
     let good = segment("r-000004", "r", 3, Some("u-1"));
-    let cases: Vec<(&str, LedgerSegment, Writer, Option<&RunFacts>, Option<&str>)> = vec![
+    let cases: Vec<SegmentCase> = vec![
         (
             "the worker at its fence",
             good.clone(),

@@ -66,7 +66,7 @@ async fn sync(client: &Client, s: &TlsSettings) -> Result<(String, Bundle), Webh
     let now = now();
     let lifetime = s.lifetime.as_secs() as i64;
     let current = api.get_opt(&s.secret).await?;
-    let stored = current.as_ref().map(|secret| stored_bundle(secret));
+    let stored = current.as_ref().map(stored_bundle);
     let (secret, bundle) = match (current, stored) {
         (Some(secret), Some(Ok(bundle)))
             if cert::renewal(&bundle, &s.hosts, now, lifetime).is_none() =>
