@@ -120,6 +120,24 @@ pub fn ca_bundle_covers(ca_bundle: &str, bundle: &Bundle) -> bool {
     trusted_cas(bundle).iter().all(|ca| present.contains(ca))
 }
 
+/// Most CAs a `caBundle` keeps: the current and previous ones, and a few another replica added
+/// in a race (each replica adds, none removes another's CA that may be in use).
+const MAX_TRUSTED: usize = 4;
+
+/// The `caBundle` that trusts `bundle`'s CAs, keeping what `present` already trusts (a
+/// replica that issued in a race may be serving its own until it reads the Secret), capped at
+/// [`MAX_TRUSTED`] with the oldest dropped.
+pub fn merged_ca_bundle(present: &str, bundle: &Bundle) -> String {
+    let mut cas = trusted_cas(bundle);
+    for block in pem_blocks(present) {
+        if !cas.contains(&block) {
+            cas.push(block);
+        }
+    }
+    cas.truncate(MAX_TRUSTED);
+    cas.join("\n")
+}
+
 fn pem_blocks(text: &str) -> Vec<String> {
     const END: &str = "-----END CERTIFICATE-----";
     text.split_inclusive(END)
@@ -244,5 +262,26 @@ mod tests {
             "the previous CA is missing"
         );
         assert!(!ca_bundle_covers("", &old));
+    }
+
+    #[test]
+    fn a_merged_ca_bundle_adds_and_keeps_what_others_trust() {
+        let mine = issue(&hosts(), 0, YEAR, None).unwrap();
+        let racer = issue(&hosts(), 1, YEAR, None).unwrap();
+        let merged = merged_ca_bundle(&racer.ca_pem, &mine);
+        assert!(ca_bundle_covers(&merged, &mine) && ca_bundle_covers(&merged, &racer));
+        assert_eq!(merged_ca_bundle(&merged, &mine), merged, "nothing twice");
+        let many: Vec<Bundle> = (0..6)
+            .map(|i| issue(&hosts(), i, YEAR, None).unwrap())
+            .collect();
+        let mut present = String::new();
+        for b in &many {
+            present = merged_ca_bundle(&present, b);
+        }
+        assert_eq!(pem_blocks(&present).len(), MAX_TRUSTED);
+        assert!(
+            ca_bundle_covers(&present, many.last().unwrap()),
+            "the newest stays"
+        );
     }
 }

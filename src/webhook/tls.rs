@@ -35,6 +35,9 @@ pub struct TlsSettings {
     pub lifetime: Duration,
 }
 
+/// The first wait after a failed pass; doubled each failure in a row, up to the period.
+const RETRY_FIRST: Duration = Duration::from_millis(500);
+
 /// The serving configuration, once the certificate is loaded.
 pub type Served = watch::Receiver<Option<Arc<ServerConfig>>>;
 
@@ -46,17 +49,26 @@ pub async fn keep(
     served: watch::Sender<Option<Arc<ServerConfig>>>,
 ) -> Result<(), WebhookError> {
     let mut loaded_version = None;
+    let mut retry = RETRY_FIRST;
     loop {
-        match sync(&client, &settings).await {
-            Ok((version, bundle)) if loaded_version.as_ref() != Some(&version) => {
-                served.send_replace(Some(server_config(&bundle)?));
-                tracing::info!(secret = %settings.secret, %version, "webhook certificate loaded");
-                loaded_version = Some(version);
+        let wait = match sync(&client, &settings).await {
+            Ok((version, bundle)) => {
+                if loaded_version.as_ref() != Some(&version) {
+                    served.send_replace(Some(server_config(&bundle)?));
+                    tracing::info!(secret = %settings.secret, %version, "webhook certificate loaded");
+                    loaded_version = Some(version);
+                }
+                retry = RETRY_FIRST;
+                every
             }
-            Ok(_) => {}
-            Err(err) => tracing::warn!(%err, "webhook certificate not synced; trying again"),
-        }
-        tokio::time::sleep(every).await;
+            // A lost race (another replica wrote first) or an API error: soon, not in `every`.
+            Err(err) => {
+                tracing::warn!(%err, "webhook certificate not synced; trying again");
+                retry = (retry * 2).min(every);
+                retry
+            }
+        };
+        tokio::time::sleep(wait).await;
     }
 }
 
