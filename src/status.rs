@@ -185,6 +185,9 @@ pub mod condition {
     /// Runs with MCP tools: set when a server offers other tools than the run recorded when
     /// it started (the run goes on with the recorded ones).
     pub const MCP_TOOLS_CHANGED: &str = "McpToolsChanged";
+    /// Set when a claim met segments that carry the run's UID label but are not its own
+    /// (named for or claiming another run): they are ignored; the message names them.
+    pub const FOREIGN_SEGMENTS: &str = "ForeignLedgerSegments";
     /// True once the run is in a terminal phase, whatever it is (as a Job's `Complete`, but
     /// also for runs that failed): `kubectl wait --for=condition=Complete` waits for the end.
     pub const COMPLETE: &str = "Complete";

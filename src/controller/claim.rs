@@ -22,7 +22,7 @@ use super::access::{ensure_run_rbac, ensure_workspace};
 use super::close::{self, delete_pod};
 use super::context::{Context, SealMemory};
 use super::decide::{Claim, ClaimReason, Close, CloseReason};
-use super::ledger_end::{LedgerEnd, ledger_end};
+use super::ledger_end::{LedgerEnd, ledger_end, report_claimants};
 use super::leftovers;
 use super::observe::sight;
 use super::pod::{desired_image, worker_pod};
@@ -44,6 +44,8 @@ pub(super) struct Prepared<'a> {
     pub(super) run: &'a AgentRun,
     pub(super) holder: RunHolder,
     end: LedgerEnd,
+    /// Segments that claim the run without being its own (reported, never folded in).
+    claimants: Vec<String>,
 }
 
 /// Stage 2, sealed: `claimed{fence, pod}` is in the ledger (this pass's, or an earlier one's).
@@ -131,12 +133,22 @@ pub(super) async fn prepare<'a, T>(
     if !leftovers::cleared(ctx, run, fence).await? {
         return Ok(Break(Applied::Requeue));
     }
-    let (confirmed, end) = futures::try_join!(confirm, ledger_end(ctx, run, fence))?;
+    let (confirmed, found) = futures::try_join!(confirm, ledger_end(ctx, run, fence))?;
+    report_claimants(ctx, run, &found.claimants);
+    let (end, claimants) = (found.end, found.claimants);
     if let LedgerEnd::Closed { .. } = end {
         return close::complete_recorded(ctx, run).await.map(Break);
     }
     Ok(match confirmed {
-        Continue(confirmed) => Continue((Prepared { run, holder, end }, confirmed)),
+        Continue(confirmed) => Continue((
+            Prepared {
+                run,
+                holder,
+                end,
+                claimants,
+            },
+            confirmed,
+        )),
         Break(applied) => Break(applied),
     })
 }
@@ -186,7 +198,8 @@ async fn write_claim_status(
 ) -> Result<Stage<StatusWritten>, Error> {
     let holder = prepared.holder;
     let (fence, pod) = (holder.fence.get(), holder.pod.as_str());
-    let desired = statuses::claimed(prepared.run, claim, fence, pod);
+    let mut desired = statuses::claimed(prepared.run, claim, fence, pod);
+    statuses::note_claimants(&mut desired, &prepared.claimants);
     let Some(run) = ctx.write_status(prepared.run, desired).await? else {
         return Ok(Break(Applied::Conflict));
     };

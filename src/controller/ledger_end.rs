@@ -27,6 +27,24 @@ pub enum LedgerEnd {
     Closed { fence: i64, reason: String },
 }
 
+/// The end of a run's ledger, and the names of the segments met that claim the run (its UID
+/// label) without being its own. Only the listing path meets those; the probes read positions
+/// by the run's own segment names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Found {
+    pub end: LedgerEnd,
+    pub claimants: Vec<String>,
+}
+
+impl From<LedgerEnd> for Found {
+    fn from(end: LedgerEnd) -> Found {
+        Found {
+            end,
+            claimants: Vec::new(),
+        }
+    }
+}
+
 /// How a claim for `fence` reads one segment met on its way to the end of the ledger
 /// (None: older history, walk on), by the one ownership rule, [`verdict`].
 pub fn classify_seen(segment: &LedgerSegment, fence: i64) -> Option<LedgerEnd> {
@@ -68,9 +86,9 @@ const MAX_PROBES: i64 = 8;
 ///   each after the one before it), caught up with by the `create` the same way. (A list
 ///   filters every segment the API server caches, the costly path: profiled at about a third
 ///   of a 1.20 API server's CPU when done once per takeover.)
-pub async fn ledger_end(ctx: &Context, run: &AgentRun, fence: i64) -> Result<LedgerEnd, Error> {
+pub async fn ledger_end(ctx: &Context, run: &AgentRun, fence: i64) -> Result<Found, Error> {
     if fence == 1 {
-        return Ok(LedgerEnd::Tail(0));
+        return Ok(LedgerEnd::Tail(0).into());
     }
     let current = fence - 1;
     let api = ctx.api::<LedgerSegment>(&run.namespace().unwrap_or_default());
@@ -90,7 +108,7 @@ pub async fn ledger_end(ctx: &Context, run: &AgentRun, fence: i64) -> Result<Led
         None if reported > 0 => match cached_segment(&api, run, reported).await? {
             Some(seg) if seg.spec.fence <= current => match classify_seen(&seg, fence) {
                 None => Some(reported),
-                Some(end) => return Ok(end),
+                Some(end) => return Ok(end.into()),
             },
             _ => None,
         },
@@ -99,17 +117,15 @@ pub async fn ledger_end(ctx: &Context, run: &AgentRun, fence: i64) -> Result<Led
     if let Some(start) = start
         && let Some(end) = probe_after(&api, run, fence, start).await?
     {
-        return Ok(end);
+        return Ok(end.into());
     }
-    let (mut segments, foreign) = cached_claimants_of(&api, &run.name_any(), &uid).await?;
-    report_foreign(ctx, run, &foreign);
+    let (mut segments, claimants) = cached_claimants_of(&api, &run.name_any(), &uid).await?;
     segments.sort_by_key(|s| s.spec.seq);
     // Our own seal's position is not needed (0): nothing is appended.
     let tail = segments.last().map_or(0, |s| s.spec.seq);
-    Ok(
-        LedgerEnd::ending(ledger_verdict(Fence::new(fence), &segments), 0)
-            .unwrap_or(LedgerEnd::Tail(tail)),
-    )
+    let end = LedgerEnd::ending(ledger_verdict(Fence::new(fence), &segments), 0)
+        .unwrap_or(LedgerEnd::Tail(tail));
+    Ok(Found { end, claimants })
 }
 
 /// The positions after `start` (a known segment of an older fence), probed one by one in the
@@ -190,18 +206,26 @@ async fn cached_claimants_of(
 }
 
 /// A Warning Event naming the segments that claim the run without being its own: someone
-/// wrote them (without the admission webhook, any worker of the namespace can).
-fn report_foreign(ctx: &Context, run: &AgentRun, foreign: &[String]) {
-    if foreign.is_empty() {
+/// wrote them (without the admission webhook, any worker of the namespace can). The claim's
+/// status carries the same as a condition (`statuses::claimed`).
+pub fn report_claimants(ctx: &Context, run: &AgentRun, claimants: &[String]) {
+    if claimants.is_empty() {
         return;
     }
-    let note = format!(
+    tracing::warn!(run = %run.name_any(), ?claimants, "segments claim this run");
+    ctx.event(run, true, FOREIGN_SEGMENT, claimants_note(claimants));
+}
+
+/// The reason of the Event and of the condition.
+pub const FOREIGN_SEGMENT: &str = "ForeignLedgerSegment";
+
+/// What the Event and the condition say.
+pub fn claimants_note(claimants: &[String]) -> String {
+    format!(
         "ledger segments {} carry this run's UID but are not its own (their name or spec.run \
          names another run): ignored by every reader",
-        foreign.join(", ")
-    );
-    tracing::warn!(run = %run.name_any(), ?foreign, "segments claim this run");
-    ctx.event(run, true, "ForeignLedgerSegment", note);
+        claimants.join(", ")
+    )
 }
 
 #[cfg(test)]

@@ -129,7 +129,7 @@ fn not_a_leftover(ctx: &Context, run: &AgentRun, owner: &str) {
         segment_name(&run.name_any(), 1)
     );
     tracing::warn!(run = %run_name(run), %owner, "a live run's UID on this run's first segment");
-    ctx.event(run, true, "ForeignLedgerSegment", note);
+    ctx.event(run, true, super::ledger_end::FOREIGN_SEGMENT, note);
 }
 
 /// True when an AgentRun of `run`'s namespace has the UID `uid` (read from the API server: a

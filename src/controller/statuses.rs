@@ -61,6 +61,26 @@ pub fn claimed(run: &AgentRun, claim: Claim, fence: i64, pod: &str) -> AgentRunS
     s
 }
 
+/// Segments that claim the run without being its own, as a condition on the claim's status
+/// (set when a claim that lists the ledger meets them; it stays as the record that they were
+/// seen). Nothing when there are none.
+pub fn note_claimants(s: &mut AgentRunStatus, claimants: &[String]) {
+    if claimants.is_empty() {
+        return;
+    }
+    let note = super::ledger_end::claimants_note(claimants);
+    let generation = s.observed_generation;
+    let (c, reason) = (&mut s.conditions, super::ledger_end::FOREIGN_SEGMENT);
+    set_condition(
+        c,
+        condition::FOREIGN_SEGMENTS,
+        true,
+        reason,
+        &note,
+        generation,
+    );
+}
+
 /// The status of a terminal claim: the terminal phase at `fence`, the salvage up to the seal.
 pub fn closed(run: &AgentRun, close: &Close, fence: i64, replay: &Replay) -> AgentRunStatus {
     let (mut s, generation) = base(run);

@@ -196,6 +196,16 @@ async fn a_segment_that_claims_the_run_is_reported_not_folded_in() {
     let event = wait_event(&ns, "v", "ForeignLedgerSegment", T).await;
     let note = event.note.unwrap_or_default();
     assert!(note.contains(&segment_name("a-claims", 1)), "{note}");
+    let condition = status(&get(&ns, "v").await)
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "ForeignLedgerSegments")
+        .expect("the claim's status names them too");
+    assert_eq!(
+        (condition.status.as_str(), condition.reason.as_str()),
+        ("True", "ForeignLedgerSegment")
+    );
+    assert!(condition.message.contains(&segment_name("a-claims", 1)));
     let seqs: Vec<i64> = ledger(&ns, "v").await.iter().map(|s| s.spec.seq).collect();
     assert_eq!(
         seqs,
