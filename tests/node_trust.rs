@@ -210,6 +210,51 @@ async fn node_webhook_refuses_what_the_asker_could_not_do_themselves() {
     }
     refused(lease_patch, "metadata.ownerReferences");
 
+    // A leftover planted for a run not yet created ("later"), with a live run's UID: the
+    // webhook refuses it (no such run); without it, the readers' checks and the leftover
+    // rules keep it harmless (tests/controller/trust.rs).
+    let other_uid = env.runs().get("other").await.unwrap().uid().unwrap();
+    let planted = serde_json::json!({
+        "apiVersion": "baton.dev/v1alpha1", "kind": "LedgerSegment",
+        "metadata": { "name": "later-000001", "labels": { baton::crd::RUN_UID_LABEL: other_uid } },
+        "spec": { "run": "later", "seq": 1, "fence": 1, "events": [] }
+    });
+    refused(
+        create_as(&env, &other_worker, &planted, "planted.json"),
+        "spec.run",
+    );
+
+    // A Lease of a run's name that baton did not make: the run fails naming it; the Lease
+    // is left as it was.
+    let squatter = serde_json::json!({
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": { "name": "run.squat" },
+        "spec": { "holderIdentity": "someone-else", "leaseDurationSeconds": 3600 }
+    });
+    let path = env.dir.join("squat.json");
+    std::fs::write(&path, squatter.to_string()).unwrap();
+    kubectl(&["-n", &env.ns, "create", "-f", path.to_str().unwrap()]).expect("a foreign Lease");
+    env.create(&env.scripted("squat", &Script::new(1, 100)))
+        .await;
+    let st = env
+        .wait_run("squat", RUN_TIMEOUT, "terminal", |s| s.phase.is_terminal())
+        .await;
+    assert_eq!(
+        (st.phase, st.reason.as_deref()),
+        (Phase::Failed, Some("LeaseNotOwned")),
+        "{st:#?}"
+    );
+    let holder = kubectl(&[
+        "-n",
+        &env.ns,
+        "get",
+        "lease",
+        "run.squat",
+        "-o",
+        "jsonpath={.spec.holderIdentity}",
+    ]);
+    assert_eq!(holder.unwrap().trim(), "someone-else");
+
     for name in ["victim", "other", "plain"] {
         let st = env.wait_succeeded(name).await;
         assert_eq!(st.phase, Phase::Succeeded);
