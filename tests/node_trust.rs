@@ -8,7 +8,7 @@
 mod e2e_support;
 mod node_support;
 
-use baton::crd::v1alpha1::{AgentRun, Phase, ScriptToolCall, ScriptTurn};
+use baton::crd::v1alpha1::{AgentRun, ApprovalPolicy, Phase, ScriptToolCall, ScriptTurn};
 use e2e_support::{Script, run_with, shell_tool};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
@@ -266,21 +266,27 @@ async fn node_webhook_refuses_what_the_asker_could_not_do_themselves() {
 
 /// A run of one tool turn running `command` in its tools container, then a final answer.
 fn one_command(name: &str, command: &str) -> AgentRun {
+    commands(name, &[command])
+}
+
+/// A run of one tool turn per command, in order, then a final answer.
+fn commands(name: &str, commands: &[&str]) -> AgentRun {
     let turn = |text: &str, calls: Vec<ScriptToolCall>| ScriptTurn {
         text: Some(text.into()),
         tool_calls: calls,
         delay_milliseconds: Some(100),
         usage: None,
     };
-    let call = ScriptToolCall {
+    let call = |command: &str| ScriptToolCall {
         tool: "sh".into(),
         arguments: [("command".to_string(), command.to_string())].into(),
     };
-    run_with(
-        name,
-        vec![turn("running it", vec![call]), turn("done", vec![])],
-        vec![shell_tool("sh")],
-    )
+    let mut turns: Vec<ScriptTurn> = commands
+        .iter()
+        .map(|c| turn("running it", vec![call(c)]))
+        .collect();
+    turns.push(turn("done", vec![]));
+    run_with(name, turns, vec![shell_tool("sh")])
 }
 
 /// The pid cgroup of pod `uid` on the node (the kubelet's cgroupfs layout).
@@ -388,4 +394,84 @@ async fn node_a_fork_bomb_and_a_disk_fill_cost_their_run_its_pod_not_the_node() 
     .unwrap();
     assert_eq!(ready.trim(), "True", "the node stays Ready");
     env.finish().await;
+}
+
+/// What a human approves is what runs, on the node: a call padded past the status's 4 KiB
+/// hides its tail from `status.pendingApproval`, and `baton approve` prints the whole call
+/// from the ledger, its tail included, before it approves. And a command that leaves its
+/// process group (`setsid`) still dies with its step's timeout: no process of it outlives it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_a_padded_call_shows_its_tail_and_a_setsid_child_dies_with_its_timeout() {
+    let env = NodeEnv::start("trust-approve").await;
+    let padded = format!("echo start{}; echo PADDED-TAIL", " ".repeat(5000));
+    let mut gated = one_command("gated", &padded);
+    gated.spec.agent.tools[0].approval = Some(ApprovalPolicy::Required);
+    env.create(&gated).await;
+    let st = env
+        .wait_run("gated", RUN_TIMEOUT, "WaitingApproval", |s| {
+            s.phase == Phase::WaitingApproval
+        })
+        .await;
+    let pending = st.pending_approval.expect("status.pendingApproval");
+    assert!(
+        !pending.arguments.contains("PADDED-TAIL"),
+        "the status hides the tail"
+    );
+    let said = baton_cli(&["approve", "gated", "-n", &env.ns]).expect("baton approve");
+    assert!(
+        said.contains("PADDED-TAIL"),
+        "the whole call is shown: {said}"
+    );
+    assert_eq!(env.wait_succeeded("gated").await.phase, Phase::Succeeded);
+
+    // A marker no other process on the machine has: GNU sleep takes a fraction. The second
+    // step keeps the pod alive well past the first one's timeout, so a child that escaped
+    // the kill would still be there to find.
+    const MARK: &str = "987.654321";
+    let escape = format!("setsid sleep {MARK} & sleep 60");
+    let mut escapes = commands("escapes", &[&escape, "sleep 25"]);
+    escapes.spec.agent.tools[0].timeout_seconds = 3;
+    env.create(&escapes).await;
+    let deadline = std::time::Instant::now() + RUN_TIMEOUT;
+    let pid = loop {
+        if let Some(pid) = process_with_arg(MARK) {
+            break pid;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the setsid child never started"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    let seen = std::time::Instant::now();
+    while process_with_arg(MARK).is_some() {
+        assert!(
+            seen.elapsed() < std::time::Duration::from_secs(10),
+            "process {pid} (setsid sleep {MARK}) outlived its step's 3 s timeout"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        env.status("escapes").await.phase,
+        Phase::Running,
+        "the pod was still up when the child was gone"
+    );
+    assert_eq!(env.wait_succeeded("escapes").await.phase, Phase::Succeeded);
+    env.finish().await;
+}
+
+/// A process of the machine (the node shares its PID namespace) with `arg` in its command
+/// line.
+fn process_with_arg(arg: &str) -> Option<u32> {
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .find_map(|entry| {
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+            cmdline
+                .split(|b| *b == 0)
+                .any(|part| part == arg.as_bytes())
+                .then_some(pid)
+        })
 }
