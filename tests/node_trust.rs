@@ -289,15 +289,16 @@ fn commands(name: &str, commands: &[&str]) -> AgentRun {
     run_with(name, turns, vec![shell_tool("sh")])
 }
 
-/// The pid cgroup of pod `uid` on the node (the kubelet's cgroupfs layout).
+/// The pid cgroup of pod `uid` on the node (the kubelet's cgroupfs layout: under the v1 pids
+/// hierarchy, or the unified v2 one).
 fn pod_pid_cgroup(uid: &str) -> std::path::PathBuf {
-    let root = std::path::Path::new("/sys/fs/cgroup/pids/kubepods");
+    let roots = ["/sys/fs/cgroup/pids/kubepods", "/sys/fs/cgroup/kubepods"];
     let wanted = format!("pod{uid}");
-    let mut dirs = vec![root.to_path_buf()];
+    let mut dirs: Vec<std::path::PathBuf> = roots.iter().map(std::path::PathBuf::from).collect();
     while let Some(dir) = dirs.pop() {
         for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
             let path = entry.path();
-            if entry.file_name().to_string_lossy() == wanted {
+            if entry.file_name().to_string_lossy() == wanted && path.join("pids.max").exists() {
                 return path;
             }
             if path.is_dir() {
@@ -305,7 +306,7 @@ fn pod_pid_cgroup(uid: &str) -> std::path::PathBuf {
             }
         }
     }
-    panic!("no pid cgroup for pod {uid} under {}", root.display());
+    panic!("no pid cgroup for pod {uid} under {roots:?}");
 }
 
 /// A fork bomb (bounded, in case the bound is not) and a disk fill, each in its own run's
