@@ -106,9 +106,7 @@ async fn webhook_failed(task: &mut WebhookTask) -> Result<(), Error> {
     match task {
         Some(handle) => match handle.await {
             Ok(result) => Ok(result?),
-            Err(join) => Err(Error::Webhook(crate::webhook::WebhookError::Tls(format!(
-                "the webhook task ended: {join}"
-            )))),
+            Err(join) => Err(crate::webhook::WebhookError::Ended(join.to_string()).into()),
         },
         None => futures::future::pending().await,
     }

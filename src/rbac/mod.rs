@@ -83,10 +83,12 @@ pub fn pod_service_account(run: &AgentRun) -> String {
 
 /// The API server user name of a run's worker ServiceAccount.
 pub fn worker_username(namespace: &str, run: &str) -> String {
-    format!(
-        "{SA_USERNAME_PREFIX}{namespace}:{}",
-        worker_service_account_name(run)
-    )
+    service_account_username(namespace, &worker_service_account_name(run))
+}
+
+/// The API server user name of ServiceAccount `namespace/name`.
+pub fn service_account_username(namespace: &str, name: &str) -> String {
+    format!("{SA_USERNAME_PREFIX}{namespace}:{name}")
 }
 
 /// The `(namespace, run)` a request user name belongs to, if it is a run's worker ServiceAccount.

@@ -52,6 +52,8 @@ pub enum WebhookError {
     Tls(String),
     #[error("webhook API call: {0}")]
     Api(#[from] kube::Error),
+    #[error("the webhook's task ended: {0}")]
+    Ended(String),
 }
 
 /// How the webhook runs.

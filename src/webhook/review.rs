@@ -14,7 +14,7 @@ use serde::de::DeserializeOwned;
 
 use super::rules::{self, Ask, RunFacts, Writer};
 use crate::crd::v1alpha1::{AgentRun, AgentRunSpec, LedgerSegment};
-use crate::rbac::{SA_USERNAME_PREFIX, pod_service_account};
+use crate::rbac::{pod_service_account, service_account_username};
 
 /// Why a request is not admitted.
 #[derive(Debug, thiserror::Error)]
@@ -170,10 +170,7 @@ impl Reviewer {
         Ok(Some(RunFacts {
             uid: run.uid().unwrap_or_default(),
             fence: run.status.as_ref().map_or(0, |s| s.fence),
-            worker_user: format!(
-                "{SA_USERNAME_PREFIX}{namespace}:{}",
-                pod_service_account(&run)
-            ),
+            worker_user: service_account_username(namespace, &pod_service_account(&run)),
         }))
     }
 }
