@@ -1,63 +1,35 @@
 //! Trust boundaries on the real node (`hack/node.sh`), with baton installed by its chart and
 //! its admission webhook served by the controller pods: each attacker is played for real with
 //! `kubectl --as=` (a user holding only AgentRun rights, or another run's worker identity), and
-//! each refusal comes back through the API server from the webhook behind its Service. The same
-//! attacks succeed without the webhook (tests/controller/webhook.rs shows each in a namespace
-//! it does not watch).
+//! each refusal comes back through the API server from the webhook behind its Service. Without
+//! the webhook the Secret proxy and the forged segment succeed (tests/controller/webhook.rs
+//! shows both in a namespace it does not watch).
 
 mod e2e_support;
 mod node_support;
+mod rbac_support;
 
 use baton::crd::v1alpha1::{AgentRun, ApprovalPolicy, Phase, ScriptToolCall, ScriptTurn};
 use e2e_support::{Script, run_with, shell_tool};
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::api::rbac::v1::PolicyRule;
 use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, ResourceExt};
 use node_support::*;
+use rbac_support::grant_user;
 
 /// A user who may do anything with AgentRuns in the namespace, and nothing else.
 const MALLORY: &str = "mallory";
 
 async fn mallory_may_only_make_runs(env: &NodeEnv) {
-    let role = Role {
-        metadata: ObjectMeta {
-            name: Some(MALLORY.into()),
-            ..ObjectMeta::default()
-        },
-        rules: Some(vec![PolicyRule {
-            api_groups: Some(vec!["baton.dev".into()]),
-            resources: Some(vec!["agentruns".into()]),
-            verbs: vec!["*".into()],
-            ..PolicyRule::default()
-        }]),
+    let runs = PolicyRule {
+        api_groups: Some(vec!["baton.dev".into()]),
+        resources: Some(vec!["agentruns".into()]),
+        verbs: vec!["*".into()],
+        ..PolicyRule::default()
     };
-    let binding = RoleBinding {
-        metadata: ObjectMeta {
-            name: Some(MALLORY.into()),
-            ..ObjectMeta::default()
-        },
-        role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".into(),
-            kind: "Role".into(),
-            name: MALLORY.into(),
-        },
-        subjects: Some(vec![Subject {
-            kind: "User".into(),
-            name: MALLORY.into(),
-            api_group: Some("rbac.authorization.k8s.io".into()),
-            ..Subject::default()
-        }]),
-    };
+    grant_user(&env.client, &env.ns, MALLORY, vec![runs]).await;
     let params = PostParams::default();
-    Api::<Role>::namespaced(env.client.clone(), &env.ns)
-        .create(&params, &role)
-        .await
-        .unwrap();
-    Api::<RoleBinding>::namespaced(env.client.clone(), &env.ns)
-        .create(&params, &binding)
-        .await
-        .unwrap();
     let secret = Secret {
         metadata: ObjectMeta {
             name: Some("model-key".into()),

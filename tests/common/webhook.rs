@@ -3,9 +3,10 @@
 //! namespaces labelled for it, so the other tests sharing the API server never meet it.
 //! Shared by `tests/controller/webhook.rs` and `examples/webhook_bench.rs`.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use baton::crd::MANAGED_BY_LABEL;
+use baton::crd::v1alpha1::AgentRun;
 use baton::webhook::{TlsSettings, WebhookConfig};
 use k8s_openapi::api::admissionregistration::v1::{
     RuleWithOperations, ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
@@ -25,8 +26,8 @@ pub struct Served {
 }
 
 impl Served {
-    /// Labels `namespace`, registers the configuration and serves it (the admin user acts as
-    /// the controller); returns once the certificate is loaded.
+    /// Labels `namespace`, registers the configuration and serves it (`controller_user` acts
+    /// as the controller); returns once the API server's reviews pass through it.
     pub async fn start(client: &Client, namespace: &str, controller_user: &str) -> Served {
         let label = serde_json::json!({ "metadata": { "labels": { WATCHED: namespace } } });
         Api::<Namespace>::all(client.clone())
@@ -65,6 +66,7 @@ impl Served {
             .await
             .expect("the webhook loads its certificate")
             .unwrap();
+        wait_trusted(client, namespace).await;
         Served {
             configuration,
             task,
@@ -76,6 +78,28 @@ impl Served {
         let _ = Api::<ValidatingWebhookConfiguration>::all(client.clone())
             .delete(&self.configuration, &DeleteParams::default())
             .await;
+    }
+}
+
+/// Until the API server trusts the CA the webhook just wrote, its reviews fail closed: a
+/// dry-run create in the namespace answers once they pass.
+async fn wait_trusted(client: &Client, namespace: &str) {
+    let api = Api::<AgentRun>::namespaced(client.clone(), namespace);
+    let probe = AgentRun::builder("probe").input("x").build();
+    let params = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match api.create(&params, &probe).await {
+            Ok(_) => return,
+            Err(err) => assert!(
+                Instant::now() < deadline,
+                "the webhook never answered: {err}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 

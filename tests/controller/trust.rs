@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use crate::controller_support::*;
-use crate::rbac_support::{client_with_token, mint_token};
+use crate::rbac_support::worker_client;
 use baton::crd::v1alpha1::{
     AgentRun, LEDGER_FORMAT_VERSION, LedgerEvent, LedgerSegment, LedgerSegmentSpec, Phase,
 };
@@ -15,13 +15,7 @@ use baton::fence::segment_name;
 use baton::lease::lease_holder;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use kube::api::{ObjectMeta, PostParams};
-use kube::{Api, Client, Resource, ResourceExt};
-
-/// The worker identity of run `run`: a client with its ServiceAccount's token.
-async fn worker_of(ns: &TestNamespace, run: &str) -> Client {
-    let token = mint_token(&ns.client, &ns.name, &format!("baton-run-{run}")).await;
-    client_with_token(&token).await
-}
+use kube::{Api, Resource, ResourceExt};
 
 /// Run `v`'s worker dies after one renewal; run `a`'s worker points its own Lease's controller
 /// reference at `v` and touches it every half second. `v` is taken over all the same once its
@@ -33,7 +27,8 @@ async fn a_worker_that_points_its_lease_at_another_run_does_not_keep_it_alive() 
     wait_lease(&ns, "a", "a-w1", 1, T).await;
     FakeWorker::new(&ns, "v", 1).renew().await.unwrap();
 
-    let leases: Api<Lease> = Api::namespaced(worker_of(&ns, "a").await, &ns.name);
+    let leases: Api<Lease> =
+        Api::namespaced(worker_client(&ns.client, &ns.name, "a").await, &ns.name);
     let mut own = leases
         .get("run.a")
         .await
@@ -77,7 +72,8 @@ async fn a_planted_leftover_deletes_nothing_of_a_live_run() {
 
     create(&ns, long_lease_run("a")).await;
     wait_lease(&ns, "a", "a-w1", 1, T).await;
-    let segments: Api<LedgerSegment> = Api::namespaced(worker_of(&ns, "a").await, &ns.name);
+    let segments: Api<LedgerSegment> =
+        Api::namespaced(worker_client(&ns.client, &ns.name, "a").await, &ns.name);
     let planted = forged_segment("x", &victim);
     segments
         .create(&PostParams::default(), &planted)
@@ -185,7 +181,7 @@ async fn a_segment_that_claims_the_run_is_reported_not_folded_in() {
     let (ns, first, victim) = started("trust-claimant", agent_run("v", 3)).await;
     create(&ns, long_lease_run("a")).await;
     wait_lease(&ns, "a", "a-w1", 1, T).await;
-    Api::<LedgerSegment>::namespaced(worker_of(&ns, "a").await, &ns.name)
+    Api::<LedgerSegment>::namespaced(worker_client(&ns.client, &ns.name, "a").await, &ns.name)
         .create(&PostParams::default(), &forged_segment("a-claims", &victim))
         .await
         .expect("without the webhook, any worker may create a segment");

@@ -1,22 +1,20 @@
 //! baton's admission webhook against the real API server: each test plays the attacker for
 //! real (a user with only AgentRun rights, impersonated as `kubectl --as=` does, or another
-//! run's worker with its own ServiceAccount token) and first shows the attack succeeding in a
-//! namespace the webhook does not watch, so each fails without it.
+//! run's worker with its own ServiceAccount token). The Secret proxy and the forged segment
+//! are first shown succeeding in a namespace the webhook does not watch.
 //!
 //! The webhook runs in this process on 127.0.0.1, reached by URL; it issues its own
 //! certificate and writes its CA into the configuration's caBundle, as it does in the chart.
 
-use std::time::{Duration, Instant};
-
 use crate::controller_support::common::webhook::Served;
 use crate::controller_support::*;
-use crate::rbac_support::{client_with_token, mint_token};
+use crate::rbac_support::{grant_user, worker_client};
 use baton::crd::RUN_UID_LABEL;
 use baton::crd::v1alpha1::{AgentRun, LEDGER_FORMAT_VERSION, LedgerSegment, LedgerSegmentSpec};
 use baton::fence::segment_name;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::api::rbac::v1::PolicyRule;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client, Config, Resource, ResourceExt};
 use serde_json::json;
@@ -36,29 +34,7 @@ impl Watched {
         let ns = TestNamespace::new(test).await;
         let served = Served::start(&ns.client, &ns.name, "admin").await;
         users(&ns).await;
-        let watched = Watched { ns, served };
-        watched.wait_answering().await;
-        watched
-    }
-
-    /// Until the API server trusts the CA it was just given, a review fails closed.
-    async fn wait_answering(&self) {
-        let deadline = Instant::now() + T;
-        let probe = AgentRun::builder("probe").input("x").build();
-        loop {
-            let params = PostParams {
-                dry_run: true,
-                ..PostParams::default()
-            };
-            match self.ns.api::<AgentRun>().create(&params, &probe).await {
-                Ok(_) => return,
-                Err(err) => assert!(
-                    Instant::now() < deadline,
-                    "the webhook never answered: {err}"
-                ),
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        Watched { ns, served }
     }
 
     async fn cleanup(self) {
@@ -79,38 +55,7 @@ async fn users(ns: &TestNamespace) {
     let runs = rule(&["agentruns"], "baton.dev");
     let more = vec![runs.clone(), rule(&["secrets", "pods"], "")];
     for (user, rules) in [(MALLORY, vec![runs]), (ALICE, more)] {
-        let role = Role {
-            metadata: ObjectMeta {
-                name: Some(user.into()),
-                ..ObjectMeta::default()
-            },
-            rules: Some(rules),
-        };
-        ns.api::<Role>()
-            .create(&PostParams::default(), &role)
-            .await
-            .unwrap();
-        let binding = RoleBinding {
-            metadata: ObjectMeta {
-                name: Some(user.into()),
-                ..ObjectMeta::default()
-            },
-            role_ref: RoleRef {
-                api_group: "rbac.authorization.k8s.io".into(),
-                kind: "Role".into(),
-                name: user.into(),
-            },
-            subjects: Some(vec![Subject {
-                kind: "User".into(),
-                name: user.into(),
-                api_group: Some("rbac.authorization.k8s.io".into()),
-                ..Subject::default()
-            }]),
-        };
-        ns.api::<RoleBinding>()
-            .create(&PostParams::default(), &binding)
-            .await
-            .unwrap();
+        grant_user(&ns.client, &ns.name, user, rules).await;
     }
     let secret = Secret {
         metadata: ObjectMeta {
@@ -244,12 +189,6 @@ async fn a_user_without_pod_rights_cannot_choose_the_workers_identity_or_image()
     w.cleanup().await;
 }
 
-/// A worker identity: a client with run `run`'s ServiceAccount token.
-async fn worker_of(ns: &TestNamespace, run: &str) -> Client {
-    let token = mint_token(&ns.client, &ns.name, &format!("baton-run-{run}")).await;
-    client_with_token(&token).await
-}
-
 fn forged(name: &str, run: &str, seq: i64, fence: i64, uid: &str) -> LedgerSegment {
     let mut seg = LedgerSegment::new(
         name,
@@ -282,10 +221,13 @@ async fn only_a_runs_own_worker_appends_to_its_ledger() {
         1,
         &v.uid().unwrap(),
     );
-    Api::<LedgerSegment>::namespaced(worker_of(&open, "other").await, &open.name)
-        .create(&PostParams::default(), &seg)
-        .await
-        .expect("unwatched: RBAC lets any worker of the namespace append anywhere");
+    Api::<LedgerSegment>::namespaced(
+        worker_client(&open.client, &open.name, "other").await,
+        &open.name,
+    )
+    .create(&PostParams::default(), &seg)
+    .await
+    .expect("unwatched: RBAC lets any worker of the namespace append anywhere");
     drop(_c);
     open.cleanup().await;
 
@@ -297,7 +239,10 @@ async fn only_a_runs_own_worker_appends_to_its_ledger() {
     wait_lease(&w.ns, "other", "other-w1", 1, T).await;
     let uid = victim.uid().unwrap();
     let next = ledger(&w.ns, "victim").await.len() as i64 + 1;
-    let other = Api::<LedgerSegment>::namespaced(worker_of(&w.ns, "other").await, &w.ns.name);
+    let other = Api::<LedgerSegment>::namespaced(
+        worker_client(&w.ns.client, &w.ns.name, "other").await,
+        &w.ns.name,
+    );
     let params = PostParams::default();
     let attempts = [
         (
@@ -320,7 +265,10 @@ async fn only_a_runs_own_worker_appends_to_its_ledger() {
         let text = refusal(other.create(&params, &seg).await);
         assert!(text.contains(why), "{case}: {text}");
     }
-    let own = Api::<LedgerSegment>::namespaced(worker_of(&w.ns, "victim").await, &w.ns.name);
+    let own = Api::<LedgerSegment>::namespaced(
+        worker_client(&w.ns.client, &w.ns.name, "victim").await,
+        &w.ns.name,
+    );
     let ahead = forged(&segment_name("victim", next), "victim", next, 2, &uid);
     assert!(refusal(own.create(&params, &ahead).await).contains("spec.fence"));
     own.create(
@@ -341,7 +289,10 @@ async fn a_worker_may_renew_but_not_repoint_its_lease() {
     let victim = create(&w.ns, long_lease_run("victim")).await;
     create(&w.ns, long_lease_run("other")).await;
     wait_lease(&w.ns, "other", "other-w1", 1, T).await;
-    let leases: Api<Lease> = Api::namespaced(worker_of(&w.ns, "other").await, &w.ns.name);
+    let leases: Api<Lease> = Api::namespaced(
+        worker_client(&w.ns.client, &w.ns.name, "other").await,
+        &w.ns.name,
+    );
     let mut own = leases.get("run.other").await.unwrap();
     own.annotations_mut().insert("touched".into(), "1".into());
     let mut own = leases

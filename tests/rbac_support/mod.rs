@@ -7,6 +7,8 @@ use std::process::Command;
 
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use kube::api::{ObjectMeta, PostParams};
 use kube::config::AuthInfo;
 use kube::{Api, Client, Config};
 
@@ -117,4 +119,46 @@ pub fn check<'a>(
         namespace: namespace.to_string(),
         allowed,
     }
+}
+
+/// Gives user `user` a Role of `rules` in `namespace` (a Role and a RoleBinding named `user`):
+/// a person with exactly these rights, to impersonate (`kubectl --as=user`).
+pub async fn grant_user(client: &Client, namespace: &str, user: &str, rules: Vec<PolicyRule>) {
+    let meta = || ObjectMeta {
+        name: Some(user.into()),
+        ..ObjectMeta::default()
+    };
+    let role = Role {
+        metadata: meta(),
+        rules: Some(rules),
+    };
+    let binding = RoleBinding {
+        metadata: meta(),
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "Role".into(),
+            name: user.into(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "User".into(),
+            name: user.into(),
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            ..Subject::default()
+        }]),
+    };
+    let params = PostParams::default();
+    Api::<Role>::namespaced(client.clone(), namespace)
+        .create(&params, &role)
+        .await
+        .unwrap_or_else(|e| panic!("creating Role {namespace}/{user}: {e}"));
+    Api::<RoleBinding>::namespaced(client.clone(), namespace)
+        .create(&params, &binding)
+        .await
+        .unwrap_or_else(|e| panic!("creating RoleBinding {namespace}/{user}: {e}"));
+}
+
+/// Run `run`'s worker identity: a client with its ServiceAccount's own token.
+pub async fn worker_client(client: &Client, namespace: &str, run: &str) -> Client {
+    let sa = baton::rbac::worker_service_account_name(run);
+    client_with_token(&mint_token(client, namespace, &sa).await).await
 }
