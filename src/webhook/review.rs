@@ -97,8 +97,18 @@ impl Reviewer {
                 let Some(run) = crate::fence::run_of_lease(&name) else {
                     return Ok(());
                 };
-                let run = self.run_facts(&namespace, run).await?;
                 let user = username(&request.user_info);
+                if rules::lease_update_is_plain(
+                    &old,
+                    &new,
+                    user,
+                    &self.controller_users,
+                    &namespace,
+                    run,
+                ) {
+                    return Ok(());
+                }
+                let run = self.run_facts(&namespace, run).await?;
                 let writer = Writer::of(user, &self.controller_users, run.as_ref());
                 refused(rules::lease_refusal(&old, &new, writer, user))
             }

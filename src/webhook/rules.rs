@@ -243,6 +243,24 @@ pub fn lease_refusal(old: &Lease, new: &Lease, writer: Writer, user: &str) -> Op
     }
 }
 
+/// Whether a run Lease's update is admitted without reading its run: what owns the Lease is
+/// unchanged and the writer is the controller or the run's own default worker identity
+/// (`baton-run-<run>`). Those are the renewals, one per live run every few seconds, the
+/// webhook's busiest traffic; [`lease_refusal`] admits every one of them whatever the run
+/// says, so reading the run for them would only load the API server.
+pub fn lease_update_is_plain(
+    old: &Lease,
+    new: &Lease,
+    user: &str,
+    controller_users: &[String],
+    namespace: &str,
+    run: &str,
+) -> bool {
+    old.metadata.owner_references == new.metadata.owner_references
+        && (controller_users.iter().any(|c| c == user)
+            || user == crate::rbac::worker_username(namespace, run))
+}
+
 #[cfg(test)]
 #[path = "rules_tests.rs"]
 mod tests;

@@ -277,3 +277,28 @@ fn lease_cases() {
     assert!(lease_refusal(&mine, &mine, Writer::Other, stranger).is_some());
     assert_eq!(lease_refusal(&mine, &mine, Writer::Other, "alice"), None);
 }
+
+#[test]
+fn only_renewals_by_the_controller_or_the_runs_own_worker_skip_the_read() {
+    let (mine, other) = (lease("r"), lease("victim"));
+    let controller = vec!["system:serviceaccount:baton:baton".to_string()];
+    let plain =
+        |old, new, user: &str| lease_update_is_plain(old, new, user, &controller, "ns", "r");
+    assert!(plain(&mine, &mine, "system:serviceaccount:ns:baton-run-r"));
+    assert!(plain(&mine, &mine, &controller[0]));
+    // A re-pointing, another run's worker, a configured identity or a stranger: read the run.
+    assert!(!plain(
+        &mine,
+        &other,
+        "system:serviceaccount:ns:baton-run-r"
+    ));
+    assert!(!plain(&mine, &other, &controller[0]));
+    assert!(!plain(&mine, &mine, "system:serviceaccount:ns:baton-run-x"));
+    assert!(!plain(
+        &mine,
+        &mine,
+        "system:serviceaccount:other:baton-run-r"
+    ));
+    assert!(!plain(&mine, &mine, "system:serviceaccount:ns:deployer"));
+    assert!(!plain(&mine, &mine, "alice"));
+}
