@@ -2,15 +2,11 @@
 //! hostile party for real, another run's worker (its own ServiceAccount token, with exactly
 //! the rights baton gives it) or whoever made a Lease that is not baton's.
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use crate::controller_support::*;
-use crate::rbac_support::worker_client;
-use baton::crd::v1alpha1::{
-    AgentRun, LEDGER_FORMAT_VERSION, LedgerEvent, LedgerSegment, LedgerSegmentSpec, Phase,
-};
-use baton::crd::{MANAGED_BY_LABEL, RUN_LABEL, RUN_UID_LABEL};
+use crate::rbac_support::{forged_segment, worker_client};
+use baton::crd::v1alpha1::{LedgerEvent, LedgerSegment, Phase};
 use baton::fence::segment_name;
 use baton::lease::lease_holder;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -74,7 +70,7 @@ async fn a_planted_leftover_deletes_nothing_of_a_live_run() {
     wait_lease(&ns, "a", "a-w1", 1, T).await;
     let segments: Api<LedgerSegment> =
         Api::namespaced(worker_client(&ns.client, &ns.name, "a").await, &ns.name);
-    let planted = forged_segment("x", &victim);
+    let planted = forged_segment("x", &victim, vec![]);
     segments
         .create(&PostParams::default(), &planted)
         .await
@@ -104,29 +100,6 @@ async fn a_planted_leftover_deletes_nothing_of_a_live_run() {
     );
     wait_event(&ns, "x", "ForeignLedgerSegment", T).await;
     ns.cleanup().await;
-}
-
-/// A segment named for run `name` that claims to be `victim`'s.
-fn forged_segment(name: &str, victim: &AgentRun) -> LedgerSegment {
-    let labels = BTreeMap::from([
-        (RUN_LABEL.to_string(), name.to_string()),
-        (RUN_UID_LABEL.to_string(), victim.uid().unwrap()),
-        (MANAGED_BY_LABEL.to_string(), "baton".to_string()),
-    ]);
-    LedgerSegment {
-        metadata: ObjectMeta {
-            name: Some(segment_name(name, 1)),
-            labels: Some(labels),
-            ..ObjectMeta::default()
-        },
-        spec: LedgerSegmentSpec {
-            run: name.into(),
-            seq: 1,
-            fence: 1,
-            format: LEDGER_FORMAT_VERSION,
-            events: vec![],
-        },
-    }
 }
 
 /// A Lease `run.x` that something else made (no owner, its own holder) is never replaced: the
@@ -182,7 +155,10 @@ async fn a_segment_that_claims_the_run_is_reported_not_folded_in() {
     create(&ns, long_lease_run("a")).await;
     wait_lease(&ns, "a", "a-w1", 1, T).await;
     Api::<LedgerSegment>::namespaced(worker_client(&ns.client, &ns.name, "a").await, &ns.name)
-        .create(&PostParams::default(), &forged_segment("a-claims", &victim))
+        .create(
+            &PostParams::default(),
+            &forged_segment("a-claims", &victim, vec![]),
+        )
         .await
         .expect("without the webhook, any worker may create a segment");
     drop(first);

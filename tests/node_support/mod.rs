@@ -112,12 +112,23 @@ fn kubeconfig() -> PathBuf {
 
 /// A client for the node's API server (through the relay on 127.0.0.1).
 pub async fn client() -> Client {
+    Client::try_from(config().await).expect("building a client")
+}
+
+/// A client that acts as `user` (impersonated, as `kubectl --as=` does), with only that
+/// user's rights.
+pub async fn client_as(user: &str) -> Client {
+    let mut config = config().await;
+    config.auth_info.impersonate = Some(user.to_string());
+    Client::try_from(config).expect("building a client")
+}
+
+async fn config() -> kube::Config {
     let kc =
         kube::config::Kubeconfig::read_from(kubeconfig()).expect("reading the node's kubeconfig");
-    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+    kube::Config::from_custom_kubeconfig(kc, &Default::default())
         .await
-        .expect("loading the node's kubeconfig");
-    Client::try_from(config).expect("building a client")
+        .expect("loading the node's kubeconfig")
 }
 
 static INSTALLED: OnceCell<()> = OnceCell::const_new();
@@ -141,11 +152,19 @@ pub fn deployment_name() -> String {
     format!("{RELEASE}-controller")
 }
 
-/// The values every install on the node uses: the image imported into containerd, never pulled.
+/// The label that takes a test namespace out of the webhook's `namespaceSelector`
+/// ([`NodeEnv::start_without_webhook`]): there only the readers' own checks stand.
+pub const WITHOUT_WEBHOOK: &str = "baton.dev/test-without-webhook";
+
+/// The values every install on the node uses: the image imported into containerd, never
+/// pulled; the webhook for every namespace but those labelled [`WITHOUT_WEBHOOK`].
 pub fn values(extra: &serde_json::Value) -> serde_json::Value {
     let mut values = serde_json::json!({
         "image": {"repository": "baton", "tag": "dev", "pullPolicy": "Never"},
         "controller": {"leaderLeaseSeconds": 6},
+        "webhook": {"namespaceSelector": {"matchExpressions": [
+            {"key": WITHOUT_WEBHOOK, "operator": "DoesNotExist"}
+        ]}},
     });
     merge(&mut values, extra);
     values
@@ -385,6 +404,19 @@ pub struct NodeEnv {
 
 impl NodeEnv {
     pub async fn start(test: &str) -> Self {
+        Self::start_labelled(test, Default::default()).await
+    }
+
+    /// [`NodeEnv::start`] in a namespace the chart's webhook does not watch.
+    pub async fn start_without_webhook(test: &str) -> Self {
+        let labels = [(WITHOUT_WEBHOOK.to_string(), "true".to_string())].into();
+        Self::start_labelled(test, labels).await
+    }
+
+    async fn start_labelled(
+        test: &str,
+        labels: std::collections::BTreeMap<String, String>,
+    ) -> Self {
         let serial = serial().await;
         let client = client().await;
         installed(&client).await;
@@ -399,6 +431,7 @@ impl NodeEnv {
                 &Namespace {
                     metadata: ObjectMeta {
                         name: Some(ns.clone()),
+                        labels: Some(labels),
                         ..Default::default()
                     },
                     ..Default::default()
@@ -421,6 +454,14 @@ impl NodeEnv {
     }
 
     pub fn runs(&self) -> Api<AgentRun> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    pub fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        <K as kube::Resource>::DynamicType: Default,
+    {
         Api::namespaced(self.client.clone(), &self.ns)
     }
 

@@ -1,5 +1,6 @@
-//! Shared by the RBAC and chart tests: mint ServiceAccount tokens (TokenRequest), build a
-//! client that uses one, and ask the API server `kubectl auth can-i --as=...`.
+//! Shared by the RBAC, chart and trust tests: mint ServiceAccount tokens (TokenRequest), build
+//! a client that uses one, ask the API server `kubectl auth can-i --as=...`, and the segment a
+//! hostile worker identity forges.
 
 #![allow(dead_code)]
 
@@ -161,4 +162,35 @@ pub async fn grant_user(client: &Client, namespace: &str, user: &str, rules: Vec
 pub async fn worker_client(client: &Client, namespace: &str, run: &str) -> Client {
     let sa = baton::rbac::worker_service_account_name(run);
     client_with_token(&mint_token(client, namespace, &sa).await).await
+}
+
+/// A segment named for run `name` (position 1, fence 1) that claims to be `victim`'s by its
+/// UID label, carrying `events`: what another run's worker identity may create where no
+/// webhook checks who writes.
+pub fn forged_segment(
+    name: &str,
+    victim: &baton::crd::v1alpha1::AgentRun,
+    events: Vec<baton::crd::v1alpha1::LedgerEvent>,
+) -> baton::crd::v1alpha1::LedgerSegment {
+    use baton::crd::{MANAGED_BY_LABEL, RUN_LABEL, RUN_UID_LABEL};
+    use kube::ResourceExt;
+    let labels = std::collections::BTreeMap::from([
+        (RUN_LABEL.to_string(), name.to_string()),
+        (RUN_UID_LABEL.to_string(), victim.uid().unwrap()),
+        (MANAGED_BY_LABEL.to_string(), "baton".to_string()),
+    ]);
+    baton::crd::v1alpha1::LedgerSegment {
+        metadata: ObjectMeta {
+            name: Some(baton::fence::segment_name(name, 1)),
+            labels: Some(labels),
+            ..ObjectMeta::default()
+        },
+        spec: baton::crd::v1alpha1::LedgerSegmentSpec {
+            run: name.into(),
+            seq: 1,
+            fence: 1,
+            format: baton::crd::v1alpha1::LEDGER_FORMAT_VERSION,
+            events,
+        },
+    }
 }
