@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::telemetry::LogFormat;
-use crate::webhook::{TlsSettings, WebhookConfig};
+use crate::webhook::{CertIssuer, TlsSettings, WebhookConfig};
 
 use super::{Config, DEFAULT_WORKER_IMAGE, Error, RolloutPolicy, default_identity};
 
@@ -53,6 +53,10 @@ pub struct ControllerArgs {
     /// ValidatingWebhookConfiguration whose caBundle the controller keeps.
     #[arg(long)]
     pub webhook_configuration: Option<String>,
+    /// Who issues the webhook's certificate: `baton` (itself, keeping the caBundle too) or
+    /// `external` (cert-manager writes the Secret and the caBundle; baton serves it).
+    #[arg(long, value_enum, default_value_t = CertIssuer::Baton)]
+    pub webhook_cert_issuer: CertIssuer,
     /// Days a webhook certificate is valid; it is renewed with a third left.
     #[arg(long, default_value_t = 365)]
     pub webhook_cert_days: u64,
@@ -94,6 +98,8 @@ impl ControllerArgs {
         Some(WebhookConfig {
             addr: self.webhook_addr?,
             tls: TlsSettings {
+                issuer: self.webhook_cert_issuer,
+                check_every: crate::webhook::CHECK_EVERY,
                 namespace: self.leader_namespace.clone(),
                 secret: self.webhook_secret.clone(),
                 hosts: self.webhook_hosts.clone(),

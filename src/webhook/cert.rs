@@ -177,11 +177,7 @@ pub fn from_secret(
     data: &BTreeMap<String, Vec<u8>>,
     annotations: &BTreeMap<String, String>,
 ) -> Result<Bundle, CertError> {
-    let text = |key: &'static str| -> Result<Option<String>, CertError> {
-        data.get(key)
-            .map(|bytes| String::from_utf8(bytes.clone()).map_err(|_| CertError::NotText { key }))
-            .transpose()
-    };
+    let text = |key| text(data, key);
     let hosts = annotations.get(HOSTS_ANNOTATION).map(String::as_str);
     Ok(Bundle {
         cert_pem: text(CERT_KEY)?.ok_or(CertError::Missing(CERT_KEY))?,
@@ -201,6 +197,25 @@ pub fn from_secret(
             .and_then(|t| t.parse().ok())
             .unwrap_or(0),
     })
+}
+
+/// What a Secret someone else issues (cert-manager: `tls.crt`, `tls.key`) serves. Its CA and
+/// expiry are the issuer's to keep, so they are not read.
+pub fn served_from_secret(data: &BTreeMap<String, Vec<u8>>) -> Result<Bundle, CertError> {
+    Ok(Bundle {
+        cert_pem: text(data, CERT_KEY)?.ok_or(CertError::Missing(CERT_KEY))?,
+        key_pem: text(data, KEY_KEY)?.ok_or(CertError::Missing(KEY_KEY))?,
+        ca_pem: String::new(),
+        previous_ca_pem: None,
+        hosts: Vec::new(),
+        not_after: 0,
+    })
+}
+
+fn text(data: &BTreeMap<String, Vec<u8>>, key: &'static str) -> Result<Option<String>, CertError> {
+    data.get(key)
+        .map(|bytes| String::from_utf8(bytes.clone()).map_err(|_| CertError::NotText { key }))
+        .transpose()
 }
 
 #[cfg(test)]
@@ -248,6 +263,25 @@ mod tests {
         let bundle = from_secret(&data, &BTreeMap::new()).unwrap();
         assert_eq!(renewal(&bundle, &hosts(), 0, YEAR), Some(Renew::Hosts));
         assert_eq!(renewal(&bundle, &[], 0, YEAR), Some(Renew::Expiring));
+    }
+
+    #[test]
+    fn a_secret_issued_elsewhere_serves_its_certificate_and_key_only() {
+        let issued = issue(&hosts(), 0, YEAR, None).unwrap();
+        let (mut data, _) = to_secret(&issued);
+        data.remove(CA_KEY);
+        let served = served_from_secret(&data).unwrap();
+        assert_eq!(
+            (served.cert_pem.as_str(), served.key_pem.as_str()),
+            (issued.cert_pem.as_str(), issued.key_pem.as_str())
+        );
+        data.remove(KEY_KEY);
+        let missing = served_from_secret(&data).unwrap_err();
+        assert_eq!(missing.to_string(), "the Secret lacks tls.key");
+        data.insert(CERT_KEY.into(), vec![0xff]);
+        data.insert(KEY_KEY.into(), b"k".to_vec());
+        let garbled = served_from_secret(&data).unwrap_err();
+        assert_eq!(garbled.to_string(), "the Secret's tls.crt is not UTF-8");
     }
 
     #[test]

@@ -28,7 +28,7 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
 pub use review::Reviewer;
-pub use tls::TlsSettings;
+pub use tls::{CertIssuer, TlsSettings};
 
 /// The path the webhook configuration points at.
 pub const PATH: &str = "/validate";
@@ -39,7 +39,7 @@ const MAX_REVIEW_BYTES: usize = 8 * 1024 * 1024;
 /// A TLS handshake that takes longer is dropped, so a silent client holds nothing for long.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often each replica checks the certificate Secret.
-const SYNC_EVERY: Duration = Duration::from_secs(30);
+pub const CHECK_EVERY: Duration = Duration::from_secs(30);
 
 /// Errors of the webhook.
 #[derive(Debug, thiserror::Error)]
@@ -52,6 +52,8 @@ pub enum WebhookError {
     Tls(String),
     #[error("webhook API call: {0}")]
     Api(#[from] kube::Error),
+    #[error("webhook certificate: the Secret {0} is not there (is its issuer running?)")]
+    NoSecret(String),
     #[error("the webhook's task ended: {0}")]
     Ended(String),
 }
@@ -73,7 +75,7 @@ pub async fn run(
     loaded: tokio::sync::watch::Sender<bool>,
 ) -> Result<(), WebhookError> {
     let (served_tx, served) = tokio::sync::watch::channel(None);
-    let keeping = tls::keep(client.clone(), config.tls.clone(), SYNC_EVERY, served_tx);
+    let keeping = tls::keep(client.clone(), config.tls.clone(), served_tx);
     let reviewer = Reviewer {
         client,
         controller_users: config.controller_users.clone(),

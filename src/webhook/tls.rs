@@ -2,7 +2,8 @@
 //! renewed by whichever sees it expiring, each write a compare-and-swap), the CA in the
 //! webhook configuration's `caBundle`, and the serving configuration reloaded when the Secret
 //! changes. Written by hand because no library here both issues and rotates a webhook's own
-//! certificate without cert-manager.
+//! certificate without cert-manager. With [`CertIssuer::External`] (cert-manager) the Secret
+//! and the `caBundle` are the issuer's: baton only reads the Secret and serves what it holds.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,9 +22,20 @@ use super::WebhookError;
 use super::cert::{self, Bundle};
 use crate::crd::MANAGED_BY_LABEL;
 
+/// Who issues the webhook's certificate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CertIssuer {
+    /// baton: it issues its own CA and certificate, renews them and keeps the `caBundle`.
+    Baton,
+    /// Someone else (cert-manager) writes the Secret and keeps the `caBundle`; baton serves
+    /// what the Secret holds and reloads it when it changes.
+    External,
+}
+
 /// Where the certificate lives and what it must name.
 #[derive(Debug, Clone)]
 pub struct TlsSettings {
+    pub issuer: CertIssuer,
     /// Namespace and name of the Secret.
     pub namespace: String,
     pub secret: String,
@@ -33,6 +45,8 @@ pub struct TlsSettings {
     pub configuration: Option<String>,
     /// Validity of a certificate; it is renewed with a third of it left.
     pub lifetime: Duration,
+    /// How often the Secret is read again (a renewal, or another issuer's rotation).
+    pub check_every: Duration,
 }
 
 /// The first wait after a failed pass; doubled each failure in a row, up to the period.
@@ -41,17 +55,22 @@ const RETRY_FIRST: Duration = Duration::from_millis(500);
 /// The serving configuration, once the certificate is loaded.
 pub type Served = watch::Receiver<Option<Arc<ServerConfig>>>;
 
-/// Loads the certificate (issuing it if none), then checks it every `every`, forever.
+/// Loads the certificate (issuing it if none and baton is its issuer), then checks it every
+/// `settings.check_every`, forever.
 pub async fn keep(
     client: Client,
     settings: TlsSettings,
-    every: Duration,
     served: watch::Sender<Option<Arc<ServerConfig>>>,
 ) -> Result<(), WebhookError> {
+    let every = settings.check_every;
     let mut loaded_version = None;
     let mut retry = RETRY_FIRST;
     loop {
-        let wait = match sync(&client, &settings).await {
+        let synced = match settings.issuer {
+            CertIssuer::Baton => sync(&client, &settings).await,
+            CertIssuer::External => read_issued(&client, &settings).await,
+        };
+        let wait = match synced {
             Ok((version, bundle)) => {
                 if loaded_version.as_ref() != Some(&version) {
                     served.send_replace(Some(server_config(&bundle)?));
@@ -99,14 +118,29 @@ async fn sync(client: &Client, s: &TlsSettings) -> Result<(String, Bundle), Webh
     Ok((secret.resource_version().unwrap_or_default(), bundle))
 }
 
-fn stored_bundle(secret: &Secret) -> Result<Bundle, cert::CertError> {
-    let data = secret
+/// The bundle another issuer keeps in the Secret, and the Secret's resourceVersion. A Secret
+/// not there yet (cert-manager has not issued) is an error: the replica stays unready.
+async fn read_issued(client: &Client, s: &TlsSettings) -> Result<(String, Bundle), WebhookError> {
+    let api = Api::<Secret>::namespaced(client.clone(), &s.namespace);
+    let secret = api
+        .get_opt(&s.secret)
+        .await?
+        .ok_or_else(|| WebhookError::NoSecret(s.secret.clone()))?;
+    let bundle = cert::served_from_secret(&secret_data(&secret))?;
+    Ok((secret.resource_version().unwrap_or_default(), bundle))
+}
+
+fn secret_data(secret: &Secret) -> std::collections::BTreeMap<String, Vec<u8>> {
+    secret
         .data
         .iter()
         .flatten()
         .map(|(k, v)| (k.clone(), v.0.clone()))
-        .collect();
-    cert::from_secret(&data, secret.annotations())
+        .collect()
+}
+
+fn stored_bundle(secret: &Secret) -> Result<Bundle, cert::CertError> {
+    cert::from_secret(&secret_data(secret), secret.annotations())
 }
 
 /// Creates the Secret, or replaces the one read (resourceVersion precondition). A replica that

@@ -7,11 +7,12 @@ use std::time::{Duration, Instant};
 
 use baton::crd::MANAGED_BY_LABEL;
 use baton::crd::v1alpha1::AgentRun;
-use baton::webhook::{TlsSettings, WebhookConfig};
+use baton::webhook::{CertIssuer, TlsSettings, WebhookConfig};
+use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{
     RuleWithOperations, ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
 };
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
@@ -27,8 +28,21 @@ pub struct Served {
 
 impl Served {
     /// Labels `namespace`, registers the configuration and serves it (`controller_user` acts
-    /// as the controller); returns once the API server's reviews pass through it.
+    /// as the controller) with a certificate it issues itself; returns once the API server's
+    /// reviews pass through it.
     pub async fn start(client: &Client, namespace: &str, controller_user: &str) -> Served {
+        Self::start_with(client, namespace, controller_user, CertIssuer::Baton).await
+    }
+
+    /// [`Served::start`] with the certificate from `issuer`. With [`CertIssuer::External`] the
+    /// test is the issuer, as cert-manager would be: it writes the Secret and the caBundle
+    /// ([`issue_as_cert_manager`]) before the webhook starts.
+    pub async fn start_with(
+        client: &Client,
+        namespace: &str,
+        controller_user: &str,
+        issuer: CertIssuer,
+    ) -> Served {
         let label = serde_json::json!({ "metadata": { "labels": { WATCHED: namespace } } });
         Api::<Namespace>::all(client.clone())
             .patch(namespace, &PatchParams::default(), &Patch::Merge(&label))
@@ -43,11 +57,16 @@ impl Served {
             )
             .await
             .expect("creating the webhook configuration");
+        if issuer == CertIssuer::External {
+            issue_as_cert_manager(client, namespace, &configuration).await;
+        }
         let config = WebhookConfig {
             addr: ([127, 0, 0, 1], port).into(),
             tls: TlsSettings {
+                issuer,
+                check_every: CHECK_EVERY,
                 namespace: namespace.into(),
-                secret: "baton-webhook-tls".into(),
+                secret: SECRET.into(),
                 hosts: vec!["127.0.0.1".into()],
                 configuration: Some(configuration.clone()),
                 lifetime: Duration::from_secs(24 * 3600),
@@ -81,9 +100,65 @@ impl Served {
     }
 }
 
+/// How often the test's webhook reads its Secret again (the chart's: 30 s).
+pub const CHECK_EVERY: Duration = Duration::from_secs(1);
+
+/// The certificate Secret's name in a test namespace.
+pub const SECRET: &str = "baton-webhook-tls";
+
+/// What cert-manager and its CA injector do, played by the test: a new CA and serving
+/// certificate for 127.0.0.1 in the Secret (cert-manager's keys: `tls.crt`, `tls.key`,
+/// `ca.crt`, no annotation of baton's), and the CA alone in every webhook's caBundle. Returns
+/// the Secret's resourceVersion.
+pub async fn issue_as_cert_manager(
+    client: &Client,
+    namespace: &str,
+    configuration: &str,
+) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let bundle = baton::webhook::cert::issue(&["127.0.0.1".into()], now, 24 * 3600, None).unwrap();
+    let (data, _) = baton::webhook::cert::to_secret(&bundle);
+    let secrets = Api::<Secret>::namespaced(client.clone(), namespace);
+    let mut secret = secrets
+        .get_opt(SECRET)
+        .await
+        .unwrap()
+        .unwrap_or_else(|| Secret {
+            metadata: ObjectMeta {
+                name: Some(SECRET.into()),
+                ..ObjectMeta::default()
+            },
+            type_: Some("kubernetes.io/tls".into()),
+            ..Secret::default()
+        });
+    secret.data = Some(data.into_iter().map(|(k, v)| (k, ByteString(v))).collect());
+    let written = match secret.metadata.resource_version {
+        Some(_) => {
+            secrets
+                .replace(SECRET, &PostParams::default(), &secret)
+                .await
+        }
+        None => secrets.create(&PostParams::default(), &secret).await,
+    }
+    .expect("writing the certificate Secret");
+    let configurations = Api::<ValidatingWebhookConfiguration>::all(client.clone());
+    let mut config = configurations.get(configuration).await.unwrap();
+    for hook in config.webhooks.iter_mut().flatten() {
+        hook.client_config.ca_bundle = Some(ByteString(bundle.ca_pem.clone().into_bytes()));
+    }
+    configurations
+        .replace(configuration, &PostParams::default(), &config)
+        .await
+        .expect("injecting the CA");
+    written.metadata.resource_version.unwrap()
+}
+
 /// Until the API server trusts the CA the webhook just wrote, its reviews fail closed: a
 /// dry-run create in the namespace answers once they pass.
-async fn wait_trusted(client: &Client, namespace: &str) {
+pub async fn wait_trusted(client: &Client, namespace: &str) {
     let api = Api::<AgentRun>::namespaced(client.clone(), namespace);
     let probe = AgentRun::builder("probe").input("x").build();
     let params = PostParams {

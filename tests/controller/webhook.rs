@@ -4,14 +4,19 @@
 //! are first shown succeeding in a namespace the webhook does not watch.
 //!
 //! The webhook runs in this process on 127.0.0.1, reached by URL; it issues its own
-//! certificate and writes its CA into the configuration's caBundle, as it does in the chart.
+//! certificate and writes its CA into the configuration's caBundle, as it does in the chart,
+//! or serves one the test issues as cert-manager would.
 
-use crate::controller_support::common::webhook::Served;
+use crate::controller_support::common::webhook::{
+    CHECK_EVERY, SECRET, Served, issue_as_cert_manager, wait_trusted,
+};
 use crate::controller_support::*;
 use crate::rbac_support::{grant_user, worker_client};
 use baton::crd::RUN_UID_LABEL;
 use baton::crd::v1alpha1::{AgentRun, LEDGER_FORMAT_VERSION, LedgerSegment, LedgerSegmentSpec};
 use baton::fence::segment_name;
+use baton::webhook::CertIssuer;
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::rbac::v1::PolicyRule;
@@ -310,4 +315,48 @@ async fn a_worker_may_renew_but_not_repoint_its_lease() {
     assert!(text.contains("metadata.ownerReferences"), "{text}");
     drop(_c);
     w.cleanup().await;
+}
+
+/// cert-manager's part, played by the test, writes the certificate Secret and the caBundle.
+/// The webhook serves that certificate and writes neither; when the issuer rotates it (a new
+/// CA, the caBundle swapped to it alone), the webhook serves the new one within its check.
+#[tokio::test]
+async fn a_certificate_issued_elsewhere_is_served_and_followed_when_rotated() {
+    let ns = TestNamespace::new("webhook-external").await;
+    let served = Served::start_with(&ns.client, &ns.name, "admin", CertIssuer::External).await;
+    users(&ns).await;
+    let refused = refusal(create_as(MALLORY, &ns.name, &key_proxy("p")).await);
+    assert!(refused.contains("apiKeySecretRef"), "{refused}");
+
+    let configurations = Api::<ValidatingWebhookConfiguration>::all(ns.client.clone());
+    let ca_bundles = || async {
+        let config = configurations.get(&served.configuration).await.unwrap();
+        let hooks = config.webhooks.unwrap_or_default();
+        let bundles: Vec<_> = hooks
+            .into_iter()
+            .map(|h| h.client_config.ca_bundle)
+            .collect();
+        bundles
+    };
+    let secret = ns.api::<Secret>().get(SECRET).await.unwrap();
+    let injected = ca_bundles().await;
+    tokio::time::sleep(CHECK_EVERY * 3).await;
+    let now = ns.api::<Secret>().get(SECRET).await.unwrap();
+    assert_eq!(
+        now.resource_version(),
+        secret.resource_version(),
+        "the Secret is the issuer's"
+    );
+    assert_eq!(
+        ca_bundles().await,
+        injected,
+        "the caBundle is the injector's"
+    );
+
+    issue_as_cert_manager(&ns.client, &ns.name, &served.configuration).await;
+    wait_trusted(&ns.client, &ns.name).await;
+    let refused = refusal(create_as(MALLORY, &ns.name, &key_proxy("q")).await);
+    assert!(refused.contains("apiKeySecretRef"), "{refused}");
+    served.stop(&ns.client).await;
+    ns.cleanup().await;
 }

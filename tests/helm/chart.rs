@@ -350,6 +350,64 @@ fn the_webhook_is_served_by_every_replica_behind_a_service() {
     assert!(!one(&off, "Deployment").to_string().contains("--webhook"));
 }
 
+/// With cert-manager, the certificate is cert-manager's (into the same Secret, its CA injected
+/// into the caBundle) and the controller only reads the Secret: it may no longer write the
+/// Secret or the configuration.
+#[test]
+fn with_cert_manager_the_controller_only_serves_its_certificate() {
+    let objects = render(json!({"webhook": {"certManager": {"enabled": true}}}), &[]).unwrap();
+    let serving = named(&objects, "Certificate", "baton-webhook");
+    assert_eq!(serving["spec"]["secretName"], "baton-webhook-tls");
+    assert_eq!(
+        serving["spec"]["dnsNames"],
+        json!([
+            "baton-webhook.baton-system.svc",
+            "baton-webhook.baton-system.svc.cluster.local"
+        ])
+    );
+    assert_eq!(serving["spec"]["duration"], "8760h");
+    assert_eq!(serving["spec"]["renewBefore"], "2920h");
+    assert_eq!(
+        serving["spec"]["issuerRef"],
+        json!({"name": "baton-webhook-ca", "kind": "Issuer"})
+    );
+    assert_eq!(
+        named(&objects, "Certificate", "baton-webhook-ca")["spec"]["isCA"],
+        true
+    );
+    assert_eq!(of_kind(&objects, "Issuer").len(), 2);
+    let config = one(&objects, "ValidatingWebhookConfiguration");
+    assert_eq!(
+        config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+        "baton-system/baton-webhook"
+    );
+    let args = one(&objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+        .to_string();
+    assert!(args.contains("--webhook-cert-issuer=external"), "{args}");
+    assert!(!args.contains("--webhook-configuration"), "{args}");
+    let role = named(&objects, "ClusterRole", "baton-webhook");
+    assert_eq!(role["rules"].as_array().unwrap().len(), 1, "{role}");
+    let secrets = named(&objects, "Role", "baton-webhook");
+    assert_eq!(
+        secrets["rules"],
+        json!([{"apiGroups": [""], "resources": ["secrets"],
+                "resourceNames": ["baton-webhook-tls"], "verbs": ["get"]}])
+    );
+
+    let theirs = json!({"webhook": {"certManager": {"enabled": true,
+        "issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"}}}});
+    let objects = render(theirs, &[]).unwrap();
+    assert!(of_kind(&objects, "Issuer").is_empty());
+    assert_eq!(
+        named(&objects, "Certificate", "baton-webhook")["spec"]["issuerRef"],
+        json!({"name": "corp-ca", "kind": "ClusterIssuer"})
+    );
+    let nameless = json!({"webhook": {"certManager": {"enabled": true,
+        "issuerRef": {"kind": "ClusterIssuer"}}}});
+    let err = render(nameless, &[]).unwrap_err();
+    assert!(err.contains("issuerRef"), "{err}");
+}
+
 #[test]
 fn the_admission_policy_renders_for_servers_that_serve_it() {
     // `auto` (the default): only when the server has the API (not the local 1.20 server).

@@ -40,3 +40,9 @@ app.kubernetes.io/part-of: baton
 {{- define "baton.workerImage" -}}
 {{- default (include "baton.image" .) .Values.workerImage }}
 {{- end }}
+
+{{/* The names the API server reaches the webhook's Service by (its certificate's SANs). */}}
+{{- define "baton.webhookHosts" -}}
+{{- $svc := printf "%s-webhook" (include "baton.fullname" .) -}}
+{{ $svc }}.{{ .Release.Namespace }}.svc,{{ $svc }}.{{ .Release.Namespace }}.svc.cluster.local
+{{- end }}
