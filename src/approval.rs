@@ -9,6 +9,7 @@ use crate::crd::v1alpha1::{
     AgentRun, AgentRunSpec, AgentSpec, ApprovalDecision, ApprovalOutcome, ApprovalPolicy,
     LedgerEvent, LedgerSegment, PendingApproval, Phase, ToolKind, ToolSpec, Verdict,
 };
+use crate::fence::Fence;
 
 /// The claim reason (in the run's status) of a claim made because a wait timed out: the
 /// worker it starts denies the call by default.
@@ -17,9 +18,10 @@ pub const TIMED_OUT: &str = "ApprovalTimedOut";
 /// True when the controller claimed `run` for `fence` because its wait timed out (the status
 /// of the claim says so; the worker reads the run after the claim).
 pub fn claimed_for_timeout(run: &AgentRun, fence: i64) -> bool {
-    run.status
-        .as_ref()
-        .is_some_and(|s| s.fence == fence && s.reason.as_deref() == Some(TIMED_OUT))
+    run.status.as_ref().is_some_and(|s| {
+        crate::fence::status_names(Fence::new(s.fence), Fence::new(fence))
+            && s.reason.as_deref() == Some(TIMED_OUT)
+    })
 }
 
 /// Longest `arguments` kept in `status.pendingApproval` (the ledger holds all of them).

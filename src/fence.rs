@@ -6,6 +6,12 @@
 //! controller's `closed` seal. That rule is decided here and nowhere else: the worker's
 //! append and re-reads, the segment store's collisions, and the controller's walk to the end
 //! of the ledger all ask [`verdict`] (or [`ledger_verdict`] over a whole ledger).
+//!
+//! The fence has two more carriers, and their rules live here too: the run Lease's fence
+//! annotation ([`lease_reached`], [`lease_held`]) and the run's `status.fence`
+//! ([`status_names`], [`superseded`]); so do "first claim" ([`Fence::is_first`]), which claim
+//! follows which attempt ([`follows`]) and who may append at which fence ([`may_append_at`]). No other file compares fences (`make lint`
+//! checks it: hack/lint-fence.sh).
 
 use std::fmt;
 
@@ -37,6 +43,81 @@ impl Fence {
     pub fn of_run(run: &AgentRun) -> Self {
         Self(run.status.as_ref().map_or(0, |s| s.fence))
     }
+
+    /// The fence a segment was written under.
+    pub fn of_segment(seg: &LedgerSegment) -> Self {
+        Self(seg.spec.fence)
+    }
+
+    /// True for the fence of a run's first claim: no earlier attempt can have left a pod, a
+    /// Lease or a segment, so whatever bears the run's name is a deleted namesake's.
+    pub const fn is_first(self) -> bool {
+        self.0 == 1
+    }
+
+    /// True for a run never claimed (0): it has no attempt, pod or Lease of its own.
+    pub const fn never_claimed(self) -> bool {
+        self.0 <= 0
+    }
+
+    /// The fence of the attempt this claim follows (None for the first claim).
+    pub const fn previous(self) -> Option<Self> {
+        if self.0 > 1 {
+            Some(Self(self.0 - 1))
+        } else {
+            None
+        }
+    }
+}
+
+/// The Lease's rule: a Lease carrying `carried` has been moved for the claim of `claim` or a
+/// later one, so the claim must not move it (again).
+pub fn lease_reached(carried: Option<Fence>, claim: Fence) -> bool {
+    carried.is_some_and(|c| c >= claim)
+}
+
+/// The Lease's rule for a holder: the Lease names `holder` under exactly `fence`.
+pub fn lease_held(
+    seen_holder: Option<&str>,
+    carried: Option<Fence>,
+    holder: &str,
+    fence: Fence,
+) -> bool {
+    seen_holder == Some(holder) && carried == Some(fence)
+}
+
+/// The status's rule: the run's `status.fence` still names the attempt at `ours` (a newer
+/// claim would have moved it; nothing moves it back).
+pub fn status_names(status: Fence, ours: Fence) -> bool {
+    status == ours
+}
+
+/// The status's rule, seen from a running attempt: the run was claimed past `ours`.
+pub fn superseded(status: Fence, ours: Fence) -> bool {
+    status > ours
+}
+
+/// Who may append at which fence (the webhook's rule, docs/protocol.md "Who may write a
+/// segment"): the run's worker at most at the run's `status.fence`; the controller one
+/// above it, because a claim's seal is written before its status moves.
+pub fn may_append_at(segment: Fence, status: Fence, by_controller: bool) -> bool {
+    segment <= append_ceiling(status, by_controller)
+}
+
+/// The highest fence [`may_append_at`] admits.
+pub fn append_ceiling(status: Fence, by_controller: bool) -> Fence {
+    if by_controller { status.next() } else { status }
+}
+
+/// True when the claim of `claim` directly follows the attempt at `attempt` (a seal the
+/// controller remembers writing for `attempt` is where this claim's ledger walk starts).
+pub fn follows(claim: Fence, attempt: Fence) -> bool {
+    claim.previous() == Some(attempt)
+}
+
+/// True when `seg` was written by an attempt before the claim of `ours`.
+pub fn written_before(seg: &LedgerSegment, ours: Fence) -> bool {
+    Fence::of_segment(seg) < ours
 }
 
 impl fmt::Display for Fence {
@@ -110,7 +191,7 @@ pub fn verdict(ours: Fence, seen: &LedgerSegment, wrote: Option<&[LedgerEvent]>)
     if let Some((fence, reason)) = closed_seal(seen) {
         return Verdict::Closed { fence, reason };
     }
-    let theirs = Fence::new(seen.spec.fence);
+    let theirs = Fence::of_segment(seen);
     match theirs.cmp(&ours) {
         std::cmp::Ordering::Greater => Verdict::Newer,
         std::cmp::Ordering::Less => Verdict::Older,
@@ -155,7 +236,7 @@ pub fn salvage_end<'a>(
     }
     segments
         .into_iter()
-        .position(|s| Fence::new(s.spec.fence) == ours)
+        .position(|s| Fence::of_segment(s) == ours)
 }
 
 /// The `closed` seal a segment holds: its fence and reason.
@@ -222,133 +303,5 @@ pub fn test_segment(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::test_segment as seg;
-    use super::*;
-
-    fn closed(fence: i64) -> LedgerEvent {
-        LedgerEvent::Closed {
-            fence,
-            reason: "StopRequested".into(),
-        }
-    }
-
-    #[test]
-    fn segment_names_sort_in_ledger_order() {
-        assert_eq!(segment_name("run", 7), "run-000007");
-        assert!(segment_name("run", 10) > segment_name("run", 9));
-    }
-
-    #[test]
-    fn a_segment_is_older_own_newer_or_closed() {
-        let two = Fence::new(2);
-        let step = vec![LedgerEvent::Handoff];
-        assert_eq!(verdict(two, &seg(5, 1, step.clone()), None), Verdict::Older);
-        assert_eq!(
-            verdict(two, &seg(5, 2, step.clone()), None),
-            Verdict::OwnRetry
-        );
-        assert_eq!(verdict(two, &seg(5, 3, step.clone()), None), Verdict::Newer);
-        // A `closed` of any fence ends ownership: nothing is appended after it.
-        let sealed = Verdict::Closed {
-            fence: 1,
-            reason: "StopRequested".into(),
-        };
-        assert_eq!(verdict(two, &seg(5, 1, vec![closed(1)]), None), sealed);
-        assert!(sealed.ends_ownership() && Verdict::Newer.ends_ownership());
-        assert!(!Verdict::Older.ends_ownership() && !Verdict::OwnRetry.ends_ownership());
-    }
-
-    #[test]
-    fn a_collision_under_our_fence_is_ours_only_with_our_content() {
-        let two = Fence::new(2);
-        let ours = vec![LedgerEvent::Handoff];
-        let same = seg(5, 2, ours.clone());
-        assert_eq!(verdict(two, &same, Some(&ours)), Verdict::OwnRetry);
-        let other = seg(5, 2, vec![LedgerEvent::Stopped]);
-        assert_eq!(verdict(two, &other, Some(&ours)), Verdict::Newer);
-        assert_eq!(
-            verdict(two, &seg(5, 1, vec![]), Some(&ours)),
-            Verdict::Older
-        );
-    }
-
-    #[test]
-    fn over_a_ledger_a_close_decides_then_a_newer_fence_then_our_own() {
-        let two = Fence::new(2);
-        let history = [seg(1, 1, vec![]), seg(2, 1, vec![])];
-        assert_eq!(ledger_verdict(two, &history), Verdict::Older);
-        assert_eq!(ledger_verdict(two, &[]), Verdict::Older);
-        let resealed = [seg(1, 1, vec![]), seg(2, 2, vec![])];
-        assert_eq!(ledger_verdict(two, &resealed), Verdict::OwnRetry);
-        let taken = [seg(1, 1, vec![]), seg(2, 2, vec![]), seg(3, 3, vec![])];
-        assert_eq!(ledger_verdict(two, &taken), Verdict::Newer);
-        // A seal of our fence followed by our own `closed`: the close decides.
-        let ended = [
-            seg(1, 1, vec![]),
-            seg(2, 2, vec![]),
-            seg(3, 2, vec![closed(2)]),
-        ];
-        assert!(matches!(
-            ledger_verdict(two, &ended),
-            Verdict::Closed { fence: 2, .. }
-        ));
-    }
-
-    #[test]
-    fn a_terminal_claim_salvages_up_to_its_own_seal() {
-        let two = Fence::new(2);
-        let sealed = LedgerEvent::Claimed {
-            fence: 2,
-            pod: "r-w2".into(),
-        };
-        let step = LedgerEvent::Handoff;
-        let ledger = [
-            seg(1, 1, vec![]),
-            seg(2, 1, vec![step.clone()]),
-            seg(3, 2, vec![sealed.clone()]),
-        ];
-        assert_eq!(salvage_end(two, &ledger), Some(2));
-        // Its own `closed` record after the seal: the end was written already.
-        let recorded = [
-            seg(1, 1, vec![]),
-            seg(2, 2, vec![sealed.clone()]),
-            seg(3, 2, vec![closed(2)]),
-        ];
-        assert_eq!(salvage_end(two, &recorded), None);
-        // Taken by a newer claim, or not sealed at all: nothing to salvage for this claim.
-        let taken = [
-            seg(1, 1, vec![]),
-            seg(2, 2, vec![sealed]),
-            seg(3, 3, vec![]),
-        ];
-        assert_eq!(salvage_end(two, &taken), None);
-        assert_eq!(salvage_end(two, &[seg(1, 1, vec![step])]), None);
-    }
-
-    #[test]
-    fn a_holder_names_its_pod_and_lease() {
-        let run = AgentRun::builder("r").namespace("ns").stored("u").build();
-        let holder = RunHolder::of(&run, Fence::of_run(&run).next());
-        assert_eq!(holder.fence, Fence::new(1));
-        assert_eq!(holder.pod, "r-w1");
-        assert_eq!(holder.lease_name(), "run.r");
-        assert_eq!(
-            (holder.namespace.as_str(), holder.uid.as_str()),
-            ("ns", "u")
-        );
-    }
-
-    #[test]
-    fn a_run_lease_names_its_run() {
-        assert_eq!(run_of_lease(&run_lease_name("r")), Some("r"));
-        assert_eq!(run_of_lease("thread.t"), None);
-        assert_eq!(run_of_lease("run."), None);
-    }
-
-    #[test]
-    fn long_names_make_valid_label_values() {
-        let long = format!("{}-x", "a".repeat(62));
-        assert_eq!(label_value(&long), "a".repeat(62));
-    }
-}
+#[path = "fence_tests.rs"]
+mod tests;

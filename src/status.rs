@@ -11,7 +11,7 @@ use kube::api::PostParams;
 use kube::{Api, ResourceExt};
 
 use crate::crd::v1alpha1::{AgentRun, AgentRunStatus};
-use crate::fence::RunHolder;
+use crate::fence::{Fence, RunHolder};
 use crate::kube_util::is_conflict;
 
 /// How many times a fenced write re-reads and retries after a 409 while the fence is still ours.
@@ -101,7 +101,7 @@ pub async fn fenced_update(
             });
         }
         let mut status = run.status.clone().unwrap_or_default();
-        if status.fence != fence {
+        if !crate::fence::status_names(Fence::new(status.fence), ours.fence) {
             return Err(StatusError::FenceMoved {
                 run: name.into(),
                 ours: fence,

@@ -14,6 +14,7 @@ use super::observe::start_rollout;
 use super::statuses::{self, run_name};
 use super::writer::{Applied, Wrote};
 use crate::crd::v1alpha1::{AgentRun, AgentRunStatus};
+use crate::fence::Fence;
 
 /// Performs `action` on `run`.
 pub async fn apply(ctx: &Context, run: &AgentRun, action: &Action) -> Result<Applied, Error> {
@@ -89,7 +90,7 @@ async fn rollout_or_cleanup(
     run: &AgentRun,
     rollout: bool,
 ) -> Result<Applied, Error> {
-    let fence = run.status.as_ref().map_or(0, |s| s.fence);
+    let fence = Fence::of_run(run).get();
     if rollout {
         start_rollout(ctx, run);
         tracing::info!(run = %run_name(run), fence, "rollout: deleting the worker pod for a handoff");

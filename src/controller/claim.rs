@@ -318,15 +318,11 @@ async fn move_lease(ctx: &Context, written: StatusWritten) -> Result<Stage<Lease
         LeaseBase::Fresh => leases.get(&holder.run).await?,
     };
     let fence = holder.fence.get();
-    if current
-        .as_ref()
-        .and_then(lease_fence)
-        .is_some_and(|f| f >= fence)
-    {
+    if crate::fence::lease_reached(current.as_ref().and_then(lease_fence), holder.fence) {
         return Ok(Break(Applied::Requeue));
     }
     // The pod runs as the run's own ServiceAccount: it (and its Role) exist before the pod.
-    ensure_run_rbac(ctx, &run, fence == 1).await?;
+    ensure_run_rbac(ctx, &run, holder.fence.is_first()).await?;
     ensure_workspace(ctx, &run).await?;
     let owner = run.controller_owner_ref(&()).unwrap_or_default();
     let duration = run.spec.lease.duration_seconds;

@@ -207,7 +207,7 @@ fn announce(ctx: &Context, run: &AgentRun, close: &Close, fence: i64) {
 /// fine). A pod missing from the cache is deleted all the same: the cache may lag, and a
 /// skipped deletion would leave an old worker pod behind for good.
 pub async fn delete_pod(ctx: &Context, run: &AgentRun, fence: i64) -> Result<(), Error> {
-    if fence == 0 {
+    if Fence::new(fence).never_claimed() {
         return Ok(());
     }
     let ns = run.namespace().unwrap_or_default();
@@ -242,8 +242,9 @@ pub async fn release_run_lease(ctx: &Context, run: &AgentRun) -> Result<(), Erro
         return Ok(());
     }
     let fence = lease_fence(&lease)
-        .unwrap_or(0)
-        .max(Fence::of_run(run).get());
+        .unwrap_or_default()
+        .max(Fence::of_run(run))
+        .get();
     lease
         .annotations_mut()
         .insert(FENCE_ANNOTATION.into(), fence.to_string());

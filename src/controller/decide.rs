@@ -10,6 +10,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use crate::approval;
 use crate::crd::v1alpha1::{AgentRun, Phase};
+use crate::fence::{Fence, lease_reached};
 use crate::lease::LeaseSighting;
 use crate::rbac::{RbacError, RunRbac};
 
@@ -30,7 +31,7 @@ pub const ROLLOUT_RECHECK: Duration = Duration::from_secs(2);
 #[derive(Debug, Clone)]
 pub struct LeaseObs {
     pub holder: Option<String>,
-    pub fence: Option<i64>,
+    pub fence: Option<Fence>,
     /// When this version was first seen, on the controller's clock.
     pub sighting: LeaseSighting,
 }
@@ -493,8 +494,8 @@ fn decide_approval(obs: &Observation<'_>) -> Decision {
 }
 
 fn decide_running(obs: &Observation<'_>) -> Decision {
-    let fence = obs.run.status.as_ref().map_or(0, |s| s.fence);
-    let Some(lease) = obs.lease.as_ref().filter(|l| l.fence >= Some(fence)) else {
+    let fence = Fence::of_run(obs.run);
+    let Some(lease) = obs.lease.as_ref().filter(|l| lease_reached(l.fence, fence)) else {
         // The status claim landed; the Lease (and so the pod) is behind.
         return Decision::act(Action::CompleteClaim);
     };
@@ -751,7 +752,7 @@ fn decide_terminal(obs: &Observation<'_>) -> Decision {
 fn ended_by_terminal_claim(run: &AgentRun) -> bool {
     run.status.as_ref().is_some_and(|s| {
         s.phase.is_terminal()
-            && s.fence > 0
+            && !Fence::new(s.fence).never_claimed()
             && s.worker.is_none()
             && s.reason.as_deref().is_some_and(CloseReason::names)
     })

@@ -68,7 +68,7 @@ fn lease(state: L, fence: i64, now: Instant) -> LeaseObs {
     };
     LeaseObs {
         holder: held.then(|| format!("r-w{fence}")),
-        fence: Some(fence),
+        fence: Some(Fence::new(fence)),
         sighting: LeaseSighting {
             version: "7".into(),
             seen_at: now - Duration::from_secs(ago),

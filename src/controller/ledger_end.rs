@@ -9,7 +9,9 @@ use super::Error;
 use super::context::Context;
 use crate::crd::RUN_UID_LABEL;
 use crate::crd::v1alpha1::{AgentRun, LedgerSegment};
-use crate::fence::{Fence, Verdict, ledger_verdict, segment_name, verdict};
+use crate::fence::{
+    Fence, Verdict, follows, ledger_verdict, segment_name, verdict, written_before,
+};
 use crate::kube_util::is_not_found;
 use crate::ledger::is_segment_of;
 
@@ -87,16 +89,15 @@ const MAX_PROBES: i64 = 8;
 ///   filters every segment the API server caches, the costly path: profiled at about a third
 ///   of a 1.20 API server's CPU when done once per takeover.)
 pub async fn ledger_end(ctx: &Context, run: &AgentRun, fence: i64) -> Result<Found, Error> {
-    if fence == 1 {
+    if Fence::new(fence).is_first() {
         return Ok(LedgerEnd::Tail(0).into());
     }
-    let current = fence - 1;
     let api = ctx.api::<LedgerSegment>(&run.namespace().unwrap_or_default());
     let uid = run.uid().unwrap_or_default();
     let remembered = ctx
         .memory_of(run)
         .seal
-        .filter(|s| s.uid == uid && s.fence == current)
+        .filter(|s| s.uid == uid && follows(Fence::new(fence), Fence::new(s.fence)))
         .map(|s| s.seq);
     let reported = run
         .status
@@ -106,10 +107,12 @@ pub async fn ledger_end(ctx: &Context, run: &AgentRun, fence: i64) -> Result<Fou
     let start = match remembered {
         Some(seq) => Some(seq),
         None if reported > 0 => match cached_segment(&api, run, reported).await? {
-            Some(seg) if seg.spec.fence <= current => match classify_seen(&seg, fence) {
-                None => Some(reported),
-                Some(end) => return Ok(end.into()),
-            },
+            Some(seg) if written_before(&seg, Fence::new(fence)) => {
+                match classify_seen(&seg, fence) {
+                    None => Some(reported),
+                    Some(end) => return Ok(end.into()),
+                }
+            }
             _ => None,
         },
         None => None,

@@ -28,7 +28,7 @@ use super::ledger_end::{cached_segment_at, cached_segments_of};
 use super::statuses::run_name;
 use crate::crd::v1alpha1::{AgentRun, LedgerSegment};
 use crate::crd::{RUN_UID_LABEL, controlling_run};
-use crate::fence::{run_lease_name, segment_name, worker_pod_name};
+use crate::fence::{Fence, run_lease_name, segment_name, worker_pod_name};
 
 /// True when nothing of another run stands where the claim of `run` for `fence` will write;
 /// false when leftovers were found (and are being deleted): look again shortly.
@@ -40,7 +40,7 @@ pub async fn cleared(ctx: &Context, run: &AgentRun, fence: i64) -> Result<bool, 
         delete_leftover(ctx, &ctx.api::<Pod>(&ns), &pod).await?;
         found.push(format!("pod {}", pod.name_any()));
     }
-    if fence == 1 {
+    if Fence::new(fence).is_first() {
         if let Some(lease) = foreign_lease(ctx, run, &uid) {
             delete_leftover(ctx, &ctx.api::<Lease>(&ns), &lease).await?;
             found.push(format!("Lease {}", lease.name_any()));

@@ -14,7 +14,7 @@ use super::decide::{Admission, LeaseObs, Observation, PodState};
 use super::pod::{CONTAINER_NAME, desired_image, pod_image};
 use crate::crd::controlled_by_run;
 use crate::crd::v1alpha1::AgentRun;
-use crate::fence::{run_lease_name, worker_pod_name};
+use crate::fence::{Fence, run_lease_name, worker_pod_name};
 use crate::lease::{LeaseSighting, lease_fence, lease_holder, thread_lease_name};
 
 /// Everything decide needs about `run`, as of `now`.
@@ -67,11 +67,11 @@ fn remember_stop(ctx: &Context, run: &AgentRun, now: Instant) -> Option<Instant>
 
 /// The pod of the run's current fence, as the cache has it.
 pub fn pod_state(ctx: &Context, run: &AgentRun) -> PodState {
-    let fence = run.status.as_ref().map_or(0, |s| s.fence);
-    if fence == 0 {
+    let fence = Fence::of_run(run);
+    if fence.never_claimed() {
         return PodState::Missing;
     }
-    let name = worker_pod_name(&run.name_any(), fence);
+    let name = worker_pod_name(&run.name_any(), fence.get());
     let ns = run.namespace().unwrap_or_default();
     match ctx.pods.get(&ObjectRef::new(&name).within(&ns)) {
         Some(pod) if controlled_by_run(&*pod, &run.uid().unwrap_or_default()) => classify_pod(&pod),
@@ -212,14 +212,17 @@ fn rollouts_in_flight(ctx: &Context) -> usize {
         ctx.runs
             .get(&ObjectRef::new(name).within(ns))
             .and_then(|r| r.status.clone())
-            .is_some_and(|s| s.fence == *fence && !s.phase.is_terminal())
+            .is_some_and(|s| {
+                crate::fence::status_names(Fence::new(s.fence), Fence::new(*fence))
+                    && !s.phase.is_terminal()
+            })
     });
     rollouts.len()
 }
 
 /// Marks a rollout handoff in flight for the run at its current fence.
 pub fn start_rollout(ctx: &Context, run: &AgentRun) {
-    let fence = run.status.as_ref().map_or(0, |s| s.fence);
+    let fence = Fence::of_run(run).get();
     ctx.rollouts
         .lock()
         .expect("rollouts lock")

@@ -14,7 +14,7 @@ use super::{LeaseError, held_by, lease_fence};
 use crate::crd::{
     FENCE_ANNOTATION, MANAGED_BY_LABEL, RUN_LABEL, controlled_by_run, controlling_run,
 };
-use crate::fence::{label_value, run_lease_name};
+use crate::fence::{Fence, label_value, run_lease_name};
 use crate::kube_util::{is_conflict, is_not_found};
 
 /// How many times a write is retried on 409 while the Lease still shows our claim.
@@ -89,7 +89,7 @@ impl LeaseClient {
         for _ in 0..CONFLICT_RETRIES {
             if let Some(lease) = &current {
                 not_the_runs(lease, &owner)?;
-                if lease_fence(lease).is_some_and(|f| f >= fence) {
+                if crate::fence::lease_reached(lease_fence(lease), Fence::new(fence)) {
                     return Ok((lease.clone(), false));
                 }
             }
@@ -221,7 +221,7 @@ impl WorkerLease {
             .run_uid
             .as_ref()
             .is_some_and(|uid| !controlled_by_run(&lease, uid));
-        if other_run || !held_by(&lease, &self.holder, self.fence) {
+        if other_run || !held_by(&lease, &self.holder, Fence::new(self.fence)) {
             self.remember(None);
             return Err(self.lost(&lease));
         }
@@ -262,7 +262,7 @@ impl WorkerLease {
                 .await
             {
                 Ok(lease) => {
-                    let ours = held_by(&lease, &self.holder, self.fence);
+                    let ours = held_by(&lease, &self.holder, Fence::new(self.fence));
                     self.remember(ours.then_some(&lease));
                     return Ok(lease);
                 }
@@ -288,7 +288,7 @@ impl WorkerLease {
         LeaseError::Lost {
             name: self.name.clone(),
             holder: super::lease_holder(lease).map(Into::into),
-            fence: lease_fence(lease),
+            fence: lease_fence(lease).map(Fence::get),
             ours: self.fence,
         }
     }

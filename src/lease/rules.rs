@@ -7,6 +7,7 @@ use kube::ResourceExt;
 
 use crate::crd::FENCE_ANNOTATION;
 use crate::crd::v1alpha1::LeaseSpec;
+use crate::fence::Fence;
 
 /// Name of a thread's admission Lease.
 pub fn thread_lease_name(thread_key: &str) -> String {
@@ -14,11 +15,12 @@ pub fn thread_lease_name(thread_key: &str) -> String {
 }
 
 /// The fence a Lease carries, if any.
-pub fn lease_fence(lease: &Lease) -> Option<i64> {
+pub fn lease_fence(lease: &Lease) -> Option<Fence> {
     lease
         .annotations()
         .get(FENCE_ANNOTATION)
         .and_then(|v| v.parse().ok())
+        .map(Fence::new)
 }
 
 /// The holder a Lease names, if any.
@@ -32,8 +34,8 @@ pub fn lease_holder(lease: &Lease) -> Option<&str> {
 }
 
 /// True when the Lease names `holder` under `fence`.
-pub fn held_by(lease: &Lease, holder: &str, fence: i64) -> bool {
-    lease_holder(lease) == Some(holder) && lease_fence(lease) == Some(fence)
+pub fn held_by(lease: &Lease, holder: &str, fence: Fence) -> bool {
+    crate::fence::lease_held(lease_holder(lease), lease_fence(lease), holder, fence)
 }
 
 /// True once the holder has renewed at least once since the Lease was moved to it (the
@@ -152,9 +154,9 @@ mod tests {
     fn fence_and_holder_are_read_from_the_lease() {
         let mut l = lease("1", Some("pod-a"), true);
         l.metadata.annotations = Some([(FENCE_ANNOTATION.to_string(), "7".to_string())].into());
-        assert_eq!(lease_fence(&l), Some(7));
-        assert!(held_by(&l, "pod-a", 7));
-        assert!(!held_by(&l, "pod-a", 6));
-        assert!(!held_by(&l, "pod-b", 7));
+        assert_eq!(lease_fence(&l), Some(Fence::new(7)));
+        assert!(held_by(&l, "pod-a", Fence::new(7)));
+        assert!(!held_by(&l, "pod-a", Fence::new(6)));
+        assert!(!held_by(&l, "pod-b", Fence::new(7)));
     }
 }

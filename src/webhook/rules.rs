@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use crate::crd::RUN_UID_LABEL;
 use crate::crd::v1alpha1::{AgentRunSpec, LedgerSegment};
-use crate::fence::segment_name;
+use crate::fence::{Fence, append_ceiling, may_append_at, segment_name};
 
 /// A permission the requesting user must hold, because a field of the manifest would make
 /// baton use it on their behalf.
@@ -202,9 +202,9 @@ pub fn segment_refusal(
             run.uid
         ));
     }
-    let ceiling = match writer {
-        Writer::Controller => run.fence + 1,
-        Writer::RunWorker => run.fence,
+    let by_controller = match writer {
+        Writer::Controller => true,
+        Writer::RunWorker => false,
         Writer::Other => {
             return Some(format!(
                 "{user} may not append to the ledger of run {of:?}: only its worker \
@@ -213,11 +213,12 @@ pub fn segment_refusal(
             ));
         }
     };
-    (seg.spec.fence > ceiling).then(|| {
+    let (at, status) = (Fence::of_segment(seg), Fence::new(run.fence));
+    (!may_append_at(at, status, by_controller)).then(|| {
+        let ceiling = append_ceiling(status, by_controller);
         format!(
-            "spec.fence: {} is ahead of run {of:?}, which is at fence {} (a segment may carry \
-             at most {ceiling})",
-            seg.spec.fence, run.fence
+            "spec.fence: {at} is ahead of run {of:?}, which is at fence {status} (a segment may \
+             carry at most {ceiling})"
         )
     })
 }

@@ -13,6 +13,7 @@ use super::guard::{Interrupts, LostGuard};
 use super::holder::Holder;
 use super::metrics::{FenceRejection, RenewalFailure, WorkerMetrics};
 use crate::crd::v1alpha1::{AgentRun, LeaseSpec};
+use crate::fence::Fence;
 
 /// How renewals are paced.
 #[derive(Debug, Clone, Copy)]
@@ -132,8 +133,8 @@ pub async fn watch_run(
 }
 
 fn observe(run: &AgentRun, fence: i64, guard: &LostGuard, interrupts: &Interrupts) {
-    let current = run.status.as_ref().map(|s| s.fence).unwrap_or_default();
-    if current > fence {
+    let current = Fence::of_run(run);
+    if crate::fence::superseded(current, Fence::new(fence)) {
         guard.lose(format!("the run moved to fence {current}"));
     } else if run.spec.stop && !interrupts.stop.is_cancelled() {
         info!("stop requested");

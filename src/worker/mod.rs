@@ -293,7 +293,9 @@ pub async fn run_observed(cfg: WorkerConfig, state: AdminState) -> Exit {
 /// Pure: a worker may start only if the run is `Running` under its fence with it as the worker.
 pub fn may_start(status: Option<&AgentRunStatus>, fence: i64, pod: &str) -> bool {
     status.is_some_and(|s| {
-        s.phase == Phase::Running && s.fence == fence && s.worker.as_deref() == Some(pod)
+        s.phase == Phase::Running
+            && crate::fence::status_names(Fence::new(s.fence), Fence::new(fence))
+            && s.worker.as_deref() == Some(pod)
     })
 }
 

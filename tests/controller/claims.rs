@@ -213,7 +213,10 @@ async fn max_attempts_ends_interrupted_with_salvage_and_unknown_effects() {
         vec![(1, false), (2, false), (3, false), (3, true)]
     );
     let l = lease(&ns, "r").await.unwrap();
-    assert_eq!((lease_holder(&l), lease_fence(&l)), (None, Some(3)));
+    assert_eq!(
+        (lease_holder(&l), lease_fence(&l)),
+        (None, Some(baton::fence::Fence::new(3)))
+    );
     ns.cleanup().await;
 }
 

@@ -32,7 +32,7 @@ fn decided_on(run: &AgentRun, held: bool, renewed: bool) -> Action {
     let fence = run.status.as_ref().map_or(0, |s| s.fence);
     let lease = LeaseObs {
         holder: held.then(|| format!("r-w{fence}")),
-        fence: Some(fence),
+        fence: Some(baton::fence::Fence::new(fence)),
         sighting: LeaseSighting {
             version: "seen".into(),
             seen_at: now.checked_sub(Duration::from_secs(30)).unwrap(),

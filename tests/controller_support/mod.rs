@@ -180,7 +180,7 @@ pub async fn wait_lease(
     loop {
         if let Some(l) = lease(ns, run).await
             && lease_holder(&l) == Some(pod)
-            && lease_fence(&l) == Some(fence)
+            && lease_fence(&l) == Some(baton::fence::Fence::new(fence))
         {
             return l;
         }
