@@ -1,9 +1,13 @@
 //! `baton.dev/v1alpha1`: the AgentRun and its ledger.
 
+mod agent;
 mod agent_run;
 mod builder;
 mod ledger_segment;
+mod run_status;
 
+pub use agent::*;
 pub use agent_run::*;
 pub use builder::AgentRunBuilder;
 pub use ledger_segment::*;
+pub use run_status::*;
