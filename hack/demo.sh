@@ -59,7 +59,8 @@ PY
 grep -q "/dev/tcp/" "$work/demo.yaml" || { echo "could not point examples/demo.yaml at the effects server"; exit 1; }
 
 say "applying examples/demo.yaml and watching (kubectl get agentruns -w)"
-k -n "$ns" apply -f "$work/demo.yaml" >/dev/null
+# stderr shown: a refusal here says why (the API server names the field or the webhook).
+kubectl --request-timeout=10s -n "$ns" apply -f "$work/demo.yaml" >/dev/null
 kubectl -n "$ns" get agentruns -w 2>/dev/null &
 pids+=($!)
 
