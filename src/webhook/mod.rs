@@ -11,7 +11,6 @@ pub mod cert;
 pub mod review;
 pub mod rules;
 pub mod tls;
-mod trust;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -69,8 +68,7 @@ pub struct WebhookConfig {
     pub max_spec_bytes: usize,
 }
 
-/// Serves the webhook until it fails; `loaded` turns true once a certificate is served and
-/// the API server's reviews reach it (it trusts the CA: see `trust.rs`).
+/// Serves the webhook until it fails; `loaded` turns true once a certificate is served.
 pub async fn run(
     client: Client,
     config: WebhookConfig,
@@ -79,16 +77,13 @@ pub async fn run(
     let (served_tx, served) = tokio::sync::watch::channel(None);
     let keeping = tls::keep(client.clone(), config.tls.clone(), served_tx);
     let reviewer = Reviewer {
-        client: client.clone(),
+        client,
         controller_users: config.controller_users.clone(),
         max_spec_bytes: config.max_spec_bytes,
     };
     let mut watching = served.clone();
-    let probing = client.clone();
-    let namespace = config.tls.namespace.clone();
     let announcing = async move {
         if watching.wait_for(Option::is_some).await.is_ok() {
-            trust::wait_trusted(&probing, &namespace).await;
             loaded.send_replace(true);
         }
         futures::future::pending::<Result<(), WebhookError>>().await

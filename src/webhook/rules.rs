@@ -247,8 +247,11 @@ pub fn lease_refusal(old: &Lease, new: &Lease, writer: Writer, user: &str) -> Op
 /// Whether a run Lease's update is admitted without reading its run: what owns the Lease is
 /// unchanged and the writer is the controller or the run's own default worker identity
 /// (`baton-run-<run>`). Those are the renewals, one per live run every few seconds, the
-/// webhook's busiest traffic; [`lease_refusal`] admits every one of them whatever the run
-/// says, so reading the run for them would only load the API server.
+/// webhook's busiest traffic, so they skip the read. [`lease_refusal`] admits each of them
+/// with one exception: `baton-run-<run>` on a run whose pods use a custom ServiceAccount. No
+/// baton pod runs as that identity then; only a namespace user who may create pods (or
+/// ServiceAccount tokens) can hold it, and such a user is outside what the webhook defends
+/// (README, the threat table). Letting them renew the run's own Lease gives them nothing.
 pub fn lease_update_is_plain(
     old: &Lease,
     new: &Lease,

@@ -48,6 +48,10 @@ fn the_controller_runs_two_replicas_with_election_probes_and_a_pdb() {
     let objects = render(json!({}), &[]).unwrap();
     let deploy = one(&objects, "Deployment");
     assert_eq!(deploy["spec"]["replicas"], 2);
+    assert_eq!(
+        deploy["spec"]["minReadySeconds"], 5,
+        "the webhook reaches the API server first"
+    );
     let pod = &deploy["spec"]["template"]["spec"];
     assert_eq!(pod["serviceAccountName"], "baton");
     let c = &pod["containers"][0];
