@@ -28,11 +28,12 @@ fmt: ## Format the code
 	$(CARGO) fmt
 
 .PHONY: lint
-lint: ## rustfmt check, clippy with warnings as errors, no import circle in src/, no fence compared outside src/fence.rs
+lint: ## rustfmt check, clippy with warnings as errors, no import circle in src/, no fence compared outside src/fence.rs, shellcheck on hack/
 	$(CARGO) fmt --check
 	$(CARGO) clippy --all-targets -- -D warnings
 	python3 hack/code-figures.py --check
 	bash hack/lint-fence.sh
+	bash hack/lint-shell.sh
 
 .PHONY: code-figures
 code-figures: ## The shape of src/: import circles, functions over 50 lines, the protocol's reading set

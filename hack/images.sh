@@ -63,6 +63,8 @@ image_debian() {
   work=$(mktemp -d)
   log "debian base: mmdebstrap --variant=minbase bookworm (about 80 s)"
   # As Debian's own slim images: no documentation, man pages or translations, no apt caches.
+  # The hook's "$1" is the rootfs, expanded by mmdebstrap when it runs the hook, not here.
+  # shellcheck disable=SC2016
   mmdebstrap --quiet --variant=minbase --include=ca-certificates \
     --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
     --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/info/*' \

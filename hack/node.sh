@@ -157,7 +157,7 @@ leftover_pids() {
 remove_cgroups() {
   local ctl
   for ctl in /sys/fs/cgroup/*/kubepods; do
-    [[ -d $ctl ]] && find "$ctl" -depth -type d -exec rmdir {} + 2>/dev/null || true
+    if [[ -d $ctl ]]; then find "$ctl" -depth -type d -exec rmdir {} + 2>/dev/null || true; fi
   done
 }
 
@@ -174,7 +174,7 @@ restore_sysctls() {
   [[ -f $STATE_DIR/sysctls ]] || return 0
   local k v
   while IFS='=' read -r k v; do
-    [[ -n $k ]] && sysctl -q -w "$k=$v" >/dev/null 2>&1 || true
+    if [[ -n $k ]]; then sysctl -q -w "$k=$v" >/dev/null 2>&1 || true; fi
   done <"$STATE_DIR/sysctls"
 }
 
@@ -214,7 +214,10 @@ leftovers() {
   [[ -z $pids ]] || echo "processes: $pids"
   mounts_under "$STATE_DIR" | sed 's/^/mount: /'
   [[ ! -e $NETNS_PATH ]] || echo "network namespace: $NETNS_PATH"
-  ls -d /sys/fs/cgroup/*/kubepods 2>/dev/null | sed 's/^/cgroup: /'
+  local cgroup
+  for cgroup in /sys/fs/cgroup/*/kubepods; do
+    if [[ -e $cgroup ]]; then echo "cgroup: $cgroup"; fi
+  done
   if [[ -f $ROOT_SNAPSHOT ]]; then
     diff <(cat "$ROOT_SNAPSHOT") <(root_snapshot) | grep '^[<>]' | sed 's/^/root namespace changed: /'
   fi
