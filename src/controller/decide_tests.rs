@@ -6,6 +6,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use super::*;
 use crate::crd::v1alpha1::Phase;
+use crate::lease::LeaseSighting;
 
 const IMAGE: &str = "baton:v1";
 

@@ -17,6 +17,7 @@ pub mod cli;
 mod close;
 mod context;
 pub mod decide;
+mod decision;
 pub mod election;
 mod events;
 mod ledger_end;

@@ -1,0 +1,334 @@
+//! What the decision speaks of: the observation of one run (its Lease, pod, admission) and
+//! the decision itself (an [`Action`] and when to look again), with the reasons a claim or an
+//! end carries. Types only; `decide.rs` decides.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::jiff::Timestamp;
+
+use crate::approval;
+use crate::crd::v1alpha1::{AgentRun, Phase};
+use crate::fence::Fence;
+use crate::lease::LeaseSighting;
+
+/// The run Lease as observed.
+#[derive(Debug, Clone)]
+pub struct LeaseObs {
+    pub holder: Option<String>,
+    pub fence: Option<Fence>,
+    /// When this version was first seen, on the controller's clock.
+    pub sighting: LeaseSighting,
+}
+
+/// The worker pod of the run's current fence, as observed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PodState {
+    /// No pod object (never created, deleted, or force-deleted).
+    Missing,
+    /// Created, not (yet) running: unscheduled, pulling, starting.
+    Pending {
+        image: String,
+        /// The scheduler's word that the pod's claim is not bound (the workspace's).
+        unbound_claim: Option<String>,
+        /// Some container, init included, has started: the pod's volumes are mounted.
+        started: bool,
+    },
+    Running {
+        image: String,
+    },
+    /// Phase Succeeded or Failed: its process is gone.
+    Terminated,
+    /// Created, and the kubelet cannot start the worker container: its configuration names
+    /// something that does not exist (a Secret, a key). The kubelet's message says what.
+    Unstartable {
+        message: String,
+    },
+    /// Deletion requested (graceful): the worker may be handing off.
+    Deleting,
+}
+
+/// The run's thread admission.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Admission {
+    /// No threadKey: admitted at once.
+    NotRequired,
+    /// The thread's admission Lease names this run.
+    Held,
+    /// The thread is free and this is the oldest Pending run of it.
+    Free,
+    /// Another (live) run holds the thread, or an older Pending run is ahead.
+    Busy { holder: String },
+    /// The admission Lease names a run that is finished or gone: delete it (precondition).
+    Stale { holder: String },
+}
+
+/// How worker image rollouts are handled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RolloutPolicy {
+    /// Live runs move to the new image through a graceful handoff, a few at a time.
+    Handoff,
+    /// Live runs keep their pod until they finish.
+    Keep,
+}
+
+/// Everything `decide` looks at.
+#[derive(Debug, Clone)]
+pub struct Observation<'a> {
+    pub run: &'a AgentRun,
+    pub lease: Option<LeaseObs>,
+    pub pod: PodState,
+    pub admission: Admission,
+    /// When the controller first saw `spec.stop` set (its own clock).
+    pub stop_seen_at: Option<Instant>,
+    /// The image this run's worker should run.
+    pub desired_image: String,
+    pub rollout: RolloutPolicy,
+    /// Whether a rollout handoff may start now (fewer than the maximum in flight).
+    pub rollout_slot: bool,
+    /// The controller knows the ledger holds the `closed` record of the terminal claim that
+    /// ended the run.
+    pub close_recorded: bool,
+    pub now: Instant,
+    pub wall: Timestamp,
+}
+
+/// Why a run is claimed for a new worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ClaimReason {
+    Start,
+    LeaseExpired,
+    PodTerminated,
+    PodGone,
+    Handoff,
+    InputReceived,
+    /// `spec.approvals` holds the decision on the call the run waits on.
+    ApprovalDecided,
+    /// `approvalTimeoutSeconds` passed without a decision: the next worker denies the call.
+    ApprovalTimedOut,
+}
+
+impl ClaimReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClaimReason::Start => "Start",
+            ClaimReason::LeaseExpired => "LeaseExpired",
+            ClaimReason::PodTerminated => "PodTerminated",
+            ClaimReason::PodGone => "PodGone",
+            ClaimReason::Handoff => "Handoff",
+            ClaimReason::InputReceived => "InputReceived",
+            ClaimReason::ApprovalDecided => "ApprovalDecided",
+            ClaimReason::ApprovalTimedOut => approval::TIMED_OUT,
+        }
+    }
+
+    /// True for a takeover (the previous attempt ended by dying).
+    pub fn is_death(self) -> bool {
+        matches!(
+            self,
+            ClaimReason::LeaseExpired | ClaimReason::PodTerminated | ClaimReason::PodGone
+        )
+    }
+}
+
+/// A claim of the run for fence+1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claim {
+    pub reason: ClaimReason,
+    /// The previous attempt died: failedAttempts + 1.
+    pub failed: bool,
+}
+
+/// A terminal claim: the controller ends the run itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Close {
+    pub reason: CloseReason,
+    pub message: String,
+    /// The previous attempt died: failedAttempts + 1.
+    pub failed: bool,
+}
+
+impl Close {
+    /// The phase the run ends in.
+    pub fn phase(&self) -> Phase {
+        self.reason.phase()
+    }
+
+    /// The end a `closed` seal at `fence` records, for a claim that meets it after the
+    /// controller that wrote it stopped before the terminal status (the seal holds the reason
+    /// only: the message says where it came from).
+    pub fn recorded(reason: &str, fence: i64) -> Self {
+        let reason = CloseReason::from_seal(reason);
+        Self {
+            message: format!(
+                "the ledger was closed at fence {fence} ({}); the run ends as its seal records",
+                reason.as_str()
+            ),
+            failed: reason == CloseReason::MaxAttemptsExceeded,
+            reason,
+        }
+    }
+}
+
+/// Why the controller ends a run itself. On the wire (the `closed` seal's reason, the status
+/// reason, the Event reason) it is the name as written here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CloseReason {
+    /// `spec.stop` was set and no worker carried it out.
+    StopRequested,
+    /// The run's attempts ended by dying `maxAttempts` times.
+    MaxAttemptsExceeded,
+    /// The worker pod cannot start: a Secret it needs does not exist.
+    SecretNotFound,
+    /// The worker pod cannot start for another reason in its configuration.
+    WorkerConfigError,
+    /// The API server refuses to create the worker pod (an admission check: a RuntimeClass
+    /// that does not exist, a Pod Security level the pod does not meet, an invalid field).
+    PodRejected,
+    /// `spec.budget.deadlineSeconds` passed while the run waited for input or an approval:
+    /// no worker was there to check it.
+    DeadlineExceeded,
+    /// A Lease of the run's Lease name exists and the run does not control it: baton never
+    /// replaces a Lease it did not make for the run.
+    LeaseNotOwned,
+    /// A seal whose reason this version does not know (written by another version).
+    Unrecognized,
+}
+
+impl CloseReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CloseReason::StopRequested => "StopRequested",
+            CloseReason::MaxAttemptsExceeded => "MaxAttemptsExceeded",
+            CloseReason::SecretNotFound => "SecretNotFound",
+            CloseReason::WorkerConfigError => "WorkerConfigError",
+            CloseReason::PodRejected => "PodRejected",
+            CloseReason::DeadlineExceeded => "DeadlineExceeded",
+            CloseReason::LeaseNotOwned => "LeaseNotOwned",
+            CloseReason::Unrecognized => "LedgerClosed",
+        }
+    }
+
+    const ALL: [CloseReason; 8] = [
+        CloseReason::StopRequested,
+        CloseReason::MaxAttemptsExceeded,
+        CloseReason::SecretNotFound,
+        CloseReason::WorkerConfigError,
+        CloseReason::PodRejected,
+        CloseReason::DeadlineExceeded,
+        CloseReason::LeaseNotOwned,
+        CloseReason::Unrecognized,
+    ];
+
+    /// The reason a `closed` seal records.
+    pub fn from_seal(reason: &str) -> Self {
+        Self::ALL
+            .into_iter()
+            .find(|r| r.as_str() == reason)
+            .unwrap_or(CloseReason::Unrecognized)
+    }
+
+    /// True when `reason` (a status's) is one a terminal claim gives.
+    pub fn names(reason: &str) -> bool {
+        Self::ALL.iter().any(|r| r.as_str() == reason)
+    }
+
+    /// The phase a run closed for this reason ends in.
+    pub fn phase(self) -> Phase {
+        match self {
+            CloseReason::StopRequested => Phase::Stopped,
+            CloseReason::MaxAttemptsExceeded | CloseReason::Unrecognized => Phase::Interrupted,
+            CloseReason::SecretNotFound
+            | CloseReason::WorkerConfigError
+            | CloseReason::PodRejected
+            | CloseReason::DeadlineExceeded
+            | CloseReason::LeaseNotOwned => Phase::Failed,
+        }
+    }
+}
+
+impl std::fmt::Display for CloseReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What to do now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    Nothing,
+    /// The spec fails a rule the schema cannot express: `Failed`/`InvalidSpec`.
+    Reject {
+        message: String,
+    },
+    /// Create the thread's admission Lease.
+    Admit,
+    /// Say (condition Admitted=False) which run holds the thread.
+    Queue {
+        holder: String,
+    },
+    /// Delete an admission Lease whose holder is finished or gone.
+    ClearStaleAdmission,
+    /// Seal, status CAS, Lease move, pod creation (docs/protocol.md).
+    Claim(Claim),
+    /// The status claim landed but the Lease is behind: move it, then create the pod.
+    CompleteClaim,
+    /// A terminal claim: seal with `claimed`, the terminal status with the salvage, then the
+    /// `closed` record.
+    Close(Close),
+    /// Append the `closed` record of a terminal claim whose status landed without it.
+    RecordClose,
+    /// `Finishing` → its outcome.
+    Finish,
+    /// Terminal run whose run Lease still names a holder.
+    ReleaseLease,
+    /// Terminal run that still holds its thread.
+    ReleaseAdmission,
+    /// Delete the current pod (rollout handoff, or a zombie of a finished run).
+    DeletePod {
+        rollout: bool,
+    },
+    /// ttlSecondsAfterFinished passed.
+    DeleteRun,
+    /// Say in condition `WorkspaceReady` whether the pod has its workspace volume.
+    Workspace(WorkspaceCondition),
+}
+
+/// The `WorkspaceReady` condition as the pod shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkspaceCondition {
+    pub ready: bool,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// How long a pod of a run with a workspace may stay without any container started before
+/// the run says it waits for its volume: a ReadWriteOnce volume still attached to a lost node
+/// keeps the next pod in ContainerCreating for minutes, and that must not look like a hang.
+pub const VOLUME_PATIENCE: Duration = Duration::from_secs(60);
+
+/// An action and when to look again (None: only on a change).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub action: Action,
+    pub requeue: Option<Duration>,
+}
+
+impl Decision {
+    pub(super) fn act(action: Action) -> Self {
+        Self {
+            action,
+            requeue: None,
+        }
+    }
+
+    pub(super) fn wait(requeue: Option<Duration>) -> Self {
+        Self {
+            action: Action::Nothing,
+            requeue,
+        }
+    }
+
+    pub(super) fn wait_until(now: Instant, deadline: Instant) -> Self {
+        Self::wait(Some(deadline.saturating_duration_since(now)))
+    }
+}
