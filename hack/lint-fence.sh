@@ -2,7 +2,7 @@
 # hack/lint-fence.sh — every fence rule lives in src/fence.rs (docs/protocol.md): no other
 # source file compares fences by hand. A comparison operator next to an operand named
 # `fence` (`fence`, `s.fence`, `*fence`, `Some(fence)`, `fence.get()`, `spec.fence`) is one;
-# comments and unit-test files are not looked at, nor src/cli/render.rs, which groups the
+# comments and unit-test files are not looked at, nor src/cli/describe.rs, which groups the
 # ledger's events by attempt for display and decides nothing. Prints each one found and
 # fails; prints nothing when clean.
 set -euo pipefail
@@ -13,7 +13,7 @@ left="\\b${operand#\[\*&\]\?}[[:space:]]*(==|!=|<=|>=|<[^<=]|>[^>=])"
 right="(==|!=|<=|>=|[^-=<]<[[:space:]]|[^-=>]>[[:space:]])[[:space:]]*(Some\\()?${operand}\\b"
 
 found=$(grep -rnE --include='*.rs' "$left|$right" src \
-  | grep -vE '^src/(fence(_tests)?|cli/render)\.rs:' \
+  | grep -vE '^src/(fence(_tests)?|cli/describe)\.rs:' \
   | grep -vE '^[^:]+_tests\.rs:' \
   | grep -vE '^[^:]+:[0-9]+:[[:space:]]*//' || true)
 if [[ -n $found ]]; then

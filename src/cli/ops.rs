@@ -12,7 +12,8 @@ use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 
-use super::render::{self, Description, Transcript};
+use super::describe::{self, Description};
+use super::render::{self, Transcript};
 use super::{CliError, GetArgs, InputArgs, RunArgs, TranscriptArgs, Verb};
 use crate::approval;
 use crate::crd::RUN_UID_LABEL;
@@ -257,7 +258,7 @@ impl Session {
         let run = self.read_run(&namespace, &args.run).await?;
         let segments = self.ledger(&run).await?;
         let events = self.events_of(&run).await?;
-        let text = render::describe(&Description {
+        let text = describe::describe(&Description {
             run: &run,
             segments: &segments,
             events: &events,

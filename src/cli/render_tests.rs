@@ -3,6 +3,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
+use super::describe::*;
 use super::render::*;
 use crate::crd::v1alpha1::Resolution;
 use crate::crd::v1alpha1::{
