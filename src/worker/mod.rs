@@ -19,6 +19,7 @@ pub mod agent;
 pub mod api_count;
 pub mod appender;
 pub mod budget;
+mod config;
 pub mod finish;
 pub mod guard;
 pub mod heartbeat;
@@ -34,19 +35,18 @@ pub mod session;
 pub mod toolbox;
 pub mod tools;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use kube::{Api, Client};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{Instrument, error, info, info_span};
 
-use admin::{AdminAddr, AdminState, DEFAULT_ADMIN_ADDR};
+use admin::AdminState;
 use api_count::{ApiCounters, counted_client};
-use appender::{Appender, FlushPolicy, stats_of};
+use appender::{Appender, stats_of};
 use finish::{Exit, conclude};
 use guard::{Interrupts, LostGuard};
 use heartbeat::{RenewTiming, renew_loop, watch_run};
@@ -61,127 +61,11 @@ use tools::executor::Executor;
 use crate::crd::v1alpha1::{AgentRun, AgentRunStatus, LedgerSegment, Phase};
 use crate::fence::Fence;
 use crate::lease::LeaseError;
-use crate::ledger::{LedgerError, Replay, SEGMENT_BUDGET_BYTES};
-use crate::telemetry::{LogFormat, init_logging};
+use crate::ledger::{LedgerError, Replay};
+use crate::telemetry::init_logging;
 use holder::Holder;
 
-/// Default cap on the ledger's size: past it the run ends `Interrupted` (TranscriptTooLarge).
-pub const DEFAULT_MAX_LEDGER_BYTES: u64 = 64 * 1024 * 1024;
-
-/// `baton worker`: everything comes from the pod's environment; flags are for tests.
-#[derive(clap::Args, Clone)]
-pub struct WorkerArgs {
-    /// The run's name.
-    #[arg(long, env = crate::crd::env::RUN)]
-    pub run: String,
-    /// The run's namespace.
-    #[arg(long, env = crate::crd::env::NAMESPACE)]
-    pub namespace: String,
-    /// The fence this pod was created for.
-    #[arg(long, env = crate::crd::env::FENCE)]
-    pub fence: i64,
-    /// This pod's name: its holder identity on the run Lease.
-    #[arg(long, env = crate::crd::env::POD)]
-    pub pod: String,
-    /// The model API key (never logged or stored).
-    #[arg(long, env = crate::crd::env::MODEL_API_KEY, hide_env_values = true)]
-    pub model_api_key: Option<String>,
-    /// Ledger size cap in bytes; past it the run ends Interrupted (TranscriptTooLarge).
-    #[arg(long, default_value_t = DEFAULT_MAX_LEDGER_BYTES)]
-    pub max_ledger_bytes: u64,
-    /// Flush buffered ledger events at least this often (milliseconds).
-    #[arg(long, default_value_t = 500)]
-    pub flush_millis: u64,
-    /// Flush once this many events are buffered.
-    #[arg(long, default_value_t = 32)]
-    pub flush_events: usize,
-    /// On SIGTERM, how long a running tool may take before it is killed (seconds).
-    #[arg(long, default_value_t = 20)]
-    pub handoff_grace_seconds: u64,
-    /// Minimum spacing of progress writes to status (milliseconds).
-    #[arg(long, default_value_t = 1000)]
-    pub progress_millis: u64,
-    /// Write the API request counts (JSON) to this file at exit (used by the benchmark).
-    #[arg(long)]
-    pub stats_file: Option<PathBuf>,
-    /// Admin server (/metrics, /livez, /readyz); `none` disables it. A busy port is logged
-    /// and skipped.
-    #[arg(long, env = "BATON_ADMIN_ADDR", default_value = DEFAULT_ADMIN_ADDR)]
-    pub admin_addr: AdminAddr,
-    /// Log format.
-    #[arg(long, env = "BATON_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
-    pub log_format: LogFormat,
-    /// Serialized events per LedgerSegment, at most (tests use a small one to split events).
-    #[arg(long, hide = true, default_value_t = SEGMENT_BUDGET_BYTES)]
-    pub segment_budget_bytes: usize,
-    /// The tools container's executor socket (the pod sets it). Without one, shell tools and
-    /// probes cannot run.
-    #[arg(long, env = crate::crd::env::EXECUTOR_SOCKET)]
-    pub executor_socket: Option<PathBuf>,
-    /// How long to wait for the executor to listen (the tools container starts first).
-    #[arg(long, default_value_t = 120)]
-    pub executor_wait_seconds: u64,
-    /// Where the headers of each MCP server are mounted (`<dir>/<tool name>/<header>`): the
-    /// pod mounts each `headersFromSecret` there, in this container only.
-    #[arg(long, env = crate::crd::env::MCP_HEADERS_DIR, default_value = crate::crd::MCP_HEADERS_DIR)]
-    pub mcp_headers_dir: PathBuf,
-}
-
-/// The worker's settings.
-#[derive(Clone)]
-pub struct WorkerConfig {
-    pub run: String,
-    pub namespace: String,
-    pub fence: i64,
-    pub pod: String,
-    pub api_key: Option<String>,
-    pub max_ledger_bytes: u64,
-    pub flush: FlushPolicy,
-    pub handoff_grace: Duration,
-    pub progress_interval: Duration,
-    pub stats_file: Option<PathBuf>,
-    /// Serialized events per segment, at most.
-    pub segment_budget: usize,
-    pub executor_socket: Option<PathBuf>,
-    pub executor_wait: Duration,
-    pub mcp_headers_dir: PathBuf,
-}
-
-impl std::fmt::Debug for WorkerConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WorkerConfig")
-            .field("run", &self.run)
-            .field("namespace", &self.namespace)
-            .field("fence", &self.fence)
-            .field("pod", &self.pod)
-            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
-            .finish_non_exhaustive()
-    }
-}
-
-impl From<WorkerArgs> for WorkerConfig {
-    fn from(a: WorkerArgs) -> Self {
-        Self {
-            run: a.run,
-            namespace: a.namespace,
-            fence: a.fence,
-            pod: a.pod,
-            api_key: a.model_api_key.filter(|k| !k.is_empty()),
-            max_ledger_bytes: a.max_ledger_bytes,
-            flush: FlushPolicy {
-                interval: Duration::from_millis(a.flush_millis.max(1)),
-                max_events: a.flush_events.max(1),
-            },
-            handoff_grace: Duration::from_secs(a.handoff_grace_seconds),
-            progress_interval: Duration::from_millis(a.progress_millis),
-            stats_file: a.stats_file,
-            segment_budget: a.segment_budget_bytes.max(1024),
-            executor_socket: a.executor_socket,
-            executor_wait: Duration::from_secs(a.executor_wait_seconds),
-            mcp_headers_dir: a.mcp_headers_dir,
-        }
-    }
-}
+pub use config::{DEFAULT_MAX_LEDGER_BYTES, WorkerArgs, WorkerConfig};
 
 /// Errors that end an attempt without a decision.
 #[derive(Debug, thiserror::Error)]
@@ -513,41 +397,6 @@ async fn on_sigterm(interrupts: Interrupts) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[derive(clap::Parser)]
-    struct Cli {
-        #[command(flatten)]
-        worker: WorkerArgs,
-    }
-
-    fn parse(args: &[&str]) -> WorkerArgs {
-        use clap::Parser;
-        let base = ["baton", "--run=r", "--namespace=n", "--fence=1", "--pod=p"];
-        Cli::parse_from(base.iter().chain(args)).worker
-    }
-
-    #[test]
-    fn the_api_key_never_shows_in_debug_output() {
-        let cfg: WorkerConfig = parse(&["--model-api-key=sk-very-secret-123"]).into();
-        assert_eq!(cfg.api_key.as_deref(), Some("sk-very-secret-123"));
-        let shown = format!("{cfg:?}");
-        assert!(!shown.contains("sk-very-secret"), "{shown}");
-        assert!(shown.contains("<redacted>"), "{shown}");
-    }
-
-    #[test]
-    fn flags_default_to_text_logs_and_the_admin_port() {
-        let args = parse(&[]);
-        assert_eq!(args.log_format, LogFormat::Text);
-        assert_eq!(args.admin_addr, DEFAULT_ADMIN_ADDR.parse().unwrap());
-        let cfg: WorkerConfig = args.into();
-        assert_eq!(cfg.segment_budget, SEGMENT_BUDGET_BYTES);
-        let args = parse(&["--log-format=json", "--admin-addr=none"]);
-        assert_eq!(args.log_format, LogFormat::Json);
-        assert_eq!(args.admin_addr, AdminAddr(None));
-        let cfg: WorkerConfig = parse(&["--segment-budget-bytes=4096"]).into();
-        assert_eq!(cfg.segment_budget, 4096);
-    }
 
     #[test]
     fn only_the_named_worker_of_a_running_run_may_start() {
