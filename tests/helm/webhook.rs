@@ -1,0 +1,129 @@
+//! The chart's admission webhook, rendered: served by every controller replica behind its
+//! Service, with its certificate from the controller or from cert-manager.
+
+use crate::helm_support::{named, of_kind, one, render};
+use serde_json::json;
+
+#[test]
+fn the_webhook_is_served_by_every_replica_behind_a_service() {
+    let objects = render(json!({}), &[]).unwrap();
+    let svc = named(&objects, "Service", "baton-webhook");
+    assert_eq!(svc["spec"]["ports"][0]["targetPort"], "webhook");
+    let deploy = one(&objects, "Deployment");
+    let c = &deploy["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(
+        svc["spec"]["selector"],
+        deploy["spec"]["selector"]["matchLabels"]
+    );
+    assert!(
+        c["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["name"] == "webhook" && p["containerPort"] == 9443)
+    );
+    let args = c["args"].to_string();
+    for want in [
+        "--webhook-addr=0.0.0.0:9443",
+        "--webhook-hosts=baton-webhook.baton-system.svc,",
+        "--webhook-configuration=baton",
+        "--controller-user=system:serviceaccount:baton-system:baton",
+    ] {
+        assert!(args.contains(want), "missing {want} in {args}");
+    }
+    let config = one(&objects, "ValidatingWebhookConfiguration");
+    let hooks = config["webhooks"].as_array().unwrap();
+    let resources: Vec<&str> = hooks
+        .iter()
+        .map(|h| h["rules"][0]["resources"][0].as_str().unwrap())
+        .collect();
+    assert_eq!(resources, ["agentruns", "ledgersegments", "leases"]);
+    for hook in hooks {
+        assert_eq!(hook["failurePolicy"], "Fail");
+        assert_eq!(
+            hook["clientConfig"]["service"],
+            json!({"name": "baton-webhook", "namespace": "baton-system", "path": baton::webhook::PATH, "port": 443})
+        );
+        assert!(
+            hook["clientConfig"].get("caBundle").is_none(),
+            "the controller keeps the caBundle"
+        );
+    }
+    assert_eq!(
+        hooks[2]["objectSelector"]["matchLabels"][baton::crd::MANAGED_BY_LABEL],
+        "baton"
+    );
+    let role = named(&objects, "ClusterRole", "baton-webhook");
+    assert_eq!(
+        role["rules"][0]["resources"],
+        json!(["subjectaccessreviews"])
+    );
+    assert_eq!(role["rules"][1]["resourceNames"], json!(["baton"]));
+    let secrets = named(&objects, "Role", "baton-webhook");
+    assert_eq!(
+        secrets["rules"][1]["resourceNames"],
+        json!(["baton-webhook-tls"])
+    );
+
+    let off = render(json!({"webhook": {"enabled": false}}), &[]).unwrap();
+    assert!(of_kind(&off, "ValidatingWebhookConfiguration").is_empty());
+    assert!(!one(&off, "Deployment").to_string().contains("--webhook"));
+}
+
+/// With cert-manager, the certificate is cert-manager's (into the same Secret, its CA injected
+/// into the caBundle) and the controller only reads the Secret: it may no longer write the
+/// Secret or the configuration.
+#[test]
+fn with_cert_manager_the_controller_only_serves_its_certificate() {
+    let objects = render(json!({"webhook": {"certManager": {"enabled": true}}}), &[]).unwrap();
+    let serving = named(&objects, "Certificate", "baton-webhook");
+    assert_eq!(serving["spec"]["secretName"], "baton-webhook-tls");
+    assert_eq!(
+        serving["spec"]["dnsNames"],
+        json!([
+            "baton-webhook.baton-system.svc",
+            "baton-webhook.baton-system.svc.cluster.local"
+        ])
+    );
+    assert_eq!(serving["spec"]["duration"], "8760h");
+    assert_eq!(serving["spec"]["renewBefore"], "2920h");
+    assert_eq!(
+        serving["spec"]["issuerRef"],
+        json!({"name": "baton-webhook-ca", "kind": "Issuer"})
+    );
+    assert_eq!(
+        named(&objects, "Certificate", "baton-webhook-ca")["spec"]["isCA"],
+        true
+    );
+    assert_eq!(of_kind(&objects, "Issuer").len(), 2);
+    let config = one(&objects, "ValidatingWebhookConfiguration");
+    assert_eq!(
+        config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+        "baton-system/baton-webhook"
+    );
+    let args = one(&objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+        .to_string();
+    assert!(args.contains("--webhook-cert-issuer=external"), "{args}");
+    assert!(!args.contains("--webhook-configuration"), "{args}");
+    let role = named(&objects, "ClusterRole", "baton-webhook");
+    assert_eq!(role["rules"].as_array().unwrap().len(), 1, "{role}");
+    let secrets = named(&objects, "Role", "baton-webhook");
+    assert_eq!(
+        secrets["rules"],
+        json!([{"apiGroups": [""], "resources": ["secrets"],
+                "resourceNames": ["baton-webhook-tls"], "verbs": ["get"]}])
+    );
+
+    let theirs = json!({"webhook": {"certManager": {"enabled": true,
+        "issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"}}}});
+    let objects = render(theirs, &[]).unwrap();
+    assert!(of_kind(&objects, "Issuer").is_empty());
+    assert_eq!(
+        named(&objects, "Certificate", "baton-webhook")["spec"]["issuerRef"],
+        json!({"name": "corp-ca", "kind": "ClusterIssuer"})
+    );
+    let nameless = json!({"webhook": {"certManager": {"enabled": true,
+        "issuerRef": {"kind": "ClusterIssuer"}}}});
+    let err = render(nameless, &[]).unwrap_err();
+    assert!(err.contains("issuerRef"), "{err}");
+}
