@@ -10,6 +10,7 @@ pub mod fence;
 pub mod kube_util;
 pub mod lease;
 pub mod ledger;
+pub mod owned;
 pub mod rbac;
 pub mod status;
 pub mod telemetry;

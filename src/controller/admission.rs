@@ -8,18 +8,19 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
 use kube::api::{DeleteParams, ObjectMeta, PostParams, Preconditions};
 use kube::runtime::reflector::ObjectRef;
-use kube::{Resource, ResourceExt};
 
 use super::Error;
 use super::context::Context;
 use super::observe::oldest_pending;
 use super::statuses::run_name;
 use super::writer::{Applied, Wrote};
+use crate::crd::THREAD_KEY_ANNOTATION;
 use crate::crd::v1alpha1::AgentRun;
-use crate::crd::{MANAGED_BY_LABEL, THREAD_KEY_ANNOTATION};
 use crate::lease::{lease_holder, thread_lease_name};
+use crate::owned::{Ownership, managed_labels, owner_reference};
 
 /// Creates the thread's admission Lease naming `run`.
 pub async fn admit(ctx: &Context, run: &AgentRun) -> Result<Applied, Error> {
@@ -40,14 +41,11 @@ pub async fn admit(ctx: &Context, run: &AgentRun) -> Result<Applied, Error> {
 }
 
 fn thread_lease(run: &AgentRun, key: &str) -> Lease {
-    let owner = run.controller_owner_ref(&()).map(|mut o| {
-        o.controller = Some(false);
-        vec![o]
-    });
+    let owner = owner_reference(run, Ownership::Reference).map(|o| vec![o]);
     Lease {
         metadata: ObjectMeta {
             name: Some(thread_lease_name(key)),
-            labels: Some(BTreeMap::from([(MANAGED_BY_LABEL.into(), "baton".into())])),
+            labels: Some(managed_labels()),
             annotations: Some(BTreeMap::from([(THREAD_KEY_ANNOTATION.into(), key.into())])),
             owner_references: owner,
             ..ObjectMeta::default()

@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
 use kube::api::PostParams;
 use kube::runtime::reflector::ObjectRef;
-use kube::{Resource, ResourceExt};
 
 use super::Error;
 use super::access::{ensure_run_rbac, ensure_workspace};
@@ -33,6 +33,7 @@ use crate::fence::{Fence, RunHolder, run_lease_name, worker_pod_name};
 use crate::kube_util::{is_retry_soon, refused_for_what_it_is};
 use crate::lease::{LeaseClient, LeaseError, lease_fence, lease_holder};
 use crate::ledger::SegmentStore;
+use crate::owned::{Ownership, owner_reference};
 
 /// Where a stage of the claim leaves it: on to the next stage, or stopped (and what that
 /// came to: the caches were behind, the run changed under a write, or the run has ended).
@@ -324,7 +325,7 @@ async fn move_lease(ctx: &Context, written: StatusWritten) -> Result<Stage<Lease
     // The pod runs as the run's own ServiceAccount: it (and its Role) exist before the pod.
     ensure_run_rbac(ctx, &run, holder.fence.is_first()).await?;
     ensure_workspace(ctx, &run).await?;
-    let owner = run.controller_owner_ref(&()).unwrap_or_default();
+    let owner = owner_reference(&run, Ownership::Controller).unwrap_or_default();
     let duration = run.spec.lease.duration_seconds;
     let request = leases.move_from(&holder.run, current, owner, &holder.pod, fence, duration);
     let moved = match ctx.write_fenced("lease", request).await? {

@@ -23,13 +23,13 @@ use k8s_openapi::api::core::v1::{
     SecretVolumeSource, SecurityContext, ServiceAccountTokenProjection, Volume, VolumeMount,
     VolumeProjection, VolumeResourceRequirements,
 };
-use kube::api::ObjectMeta;
-use kube::{Resource, ResourceExt};
+use kube::ResourceExt;
 
 use super::bounds::{self, bounded_empty_dir};
 use crate::crd::v1alpha1::{AgentRun, WorkspaceAccessMode};
-use crate::crd::{FENCE_LABEL, MANAGED_BY_LABEL, RUN_LABEL, env};
-use crate::fence::{label_value, worker_pod_name, workspace_claim_name};
+use crate::crd::{FENCE_LABEL, env};
+use crate::fence::{worker_pod_name, workspace_claim_name};
+use crate::owned::{Ownership, owned_meta};
 use crate::rbac::pod_service_account;
 
 /// Grace period a worker gets to hand off on SIGTERM.
@@ -95,20 +95,14 @@ pub fn pod_image(pod: &Pod) -> String {
 /// executor's source).
 pub fn worker_pod(run: &AgentRun, fence: i64, image: &str) -> Pod {
     let name = worker_pod_name(&run.name_any(), fence);
-    let labels = BTreeMap::from([
-        (RUN_LABEL.to_string(), label_value(&run.name_any())),
-        (FENCE_LABEL.to_string(), fence.to_string()),
-        (MANAGED_BY_LABEL.to_string(), "baton".to_string()),
-    ]);
+    let mut metadata = owned_meta(run, name.clone(), Ownership::Controller);
+    metadata
+        .labels
+        .get_or_insert_with(BTreeMap::new)
+        .insert(FENCE_LABEL.to_string(), fence.to_string());
     let worker = &run.spec.worker;
     Pod {
-        metadata: ObjectMeta {
-            name: Some(name.clone()),
-            namespace: run.namespace(),
-            labels: Some(labels),
-            owner_references: run.controller_owner_ref(&()).map(|o| vec![o]),
-            ..ObjectMeta::default()
-        },
+        metadata,
         spec: Some(PodSpec {
             init_containers: Some(vec![install_container(image)]),
             // The tools container first: the kubelet starts containers in order, pulling each
@@ -148,16 +142,11 @@ pub fn workspace_claim(run: &AgentRun) -> Option<PersistentVolumeClaim> {
         .map(String::from)
         .collect();
     Some(PersistentVolumeClaim {
-        metadata: ObjectMeta {
-            name: Some(workspace_claim_name(&run.name_any())),
-            namespace: run.namespace(),
-            labels: Some(BTreeMap::from([
-                (RUN_LABEL.to_string(), label_value(&run.name_any())),
-                (MANAGED_BY_LABEL.to_string(), "baton".to_string()),
-            ])),
-            owner_references: run.controller_owner_ref(&()).map(|o| vec![o]),
-            ..ObjectMeta::default()
-        },
+        metadata: owned_meta(
+            run,
+            workspace_claim_name(&run.name_any()),
+            Ownership::Controller,
+        ),
         spec: Some(PersistentVolumeClaimSpec {
             access_modes: Some(modes),
             storage_class_name: workspace.storage_class_name.clone(),

@@ -7,14 +7,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, OwnerReference};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client, ResourceExt};
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use super::{LeaseError, held_by, lease_fence};
-use crate::crd::{
-    FENCE_ANNOTATION, MANAGED_BY_LABEL, RUN_LABEL, controlled_by_run, controlling_run,
-};
-use crate::fence::{Fence, label_value, run_lease_name};
+use crate::crd::{FENCE_ANNOTATION, controlled_by_run, controlling_run};
+use crate::fence::{Fence, run_lease_name};
 use crate::kube_util::{is_conflict, is_not_found};
 
 /// How many times a write is retried on 409 while the Lease still shows our claim.
@@ -153,10 +150,7 @@ fn moved_lease(
         metadata: ObjectMeta {
             name: Some(run_lease_name(run)),
             owner_references: Some(vec![owner]),
-            labels: Some(BTreeMap::from([
-                (RUN_LABEL.to_string(), label_value(run)),
-                (MANAGED_BY_LABEL.to_string(), "baton".to_string()),
-            ])),
+            labels: Some(crate::owned::run_labels(run)),
             ..ObjectMeta::default()
         },
         spec: None,

@@ -2,18 +2,18 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{ListParams, ObjectMeta, PostParams};
-use kube::{Api, Client, Resource, ResourceExt};
-use std::collections::BTreeMap;
+use kube::{Api, Client, ResourceExt};
 
 use super::{
     LedgerError, SEGMENT_BUDGET_BYTES, check_contiguous, encode_events, is_segment_of, lost_to,
 };
+use crate::crd::RUN_UID_LABEL;
 use crate::crd::v1alpha1::{
     AgentRun, LEDGER_FORMAT_VERSION, LedgerEvent, LedgerSegment, LedgerSegmentSpec,
 };
-use crate::crd::{MANAGED_BY_LABEL, RUN_LABEL, RUN_UID_LABEL};
-use crate::fence::{Fence, Verdict, label_value, segment_name, verdict};
+use crate::fence::{Fence, Verdict, segment_name, verdict};
 use crate::kube_util::is_already_exists;
+use crate::owned::{Ownership, owner_reference, run_labels};
 
 /// Where an append landed.
 #[derive(Debug, Clone, Default)]
@@ -41,15 +41,11 @@ impl SegmentStore {
     /// The ledger of `run` (which must have been read from the API server: it needs its UID).
     pub fn for_run(client: Client, run: &AgentRun) -> Self {
         let namespace = run.namespace().unwrap_or_default();
-        let owner = run.controller_owner_ref(&()).unwrap_or_default();
         Self {
             api: Api::namespaced(client, &namespace),
             run: run.name_any(),
             run_uid: run.uid().unwrap_or_default(),
-            owner: OwnerReference {
-                controller: Some(false),
-                ..owner
-            },
+            owner: owner_reference(run, Ownership::Reference).unwrap_or_default(),
             budget: SEGMENT_BUDGET_BYTES,
         }
     }
@@ -150,11 +146,8 @@ impl SegmentStore {
     }
 
     fn segment(&self, seq: i64, fence: i64, events: Vec<LedgerEvent>) -> LedgerSegment {
-        let labels = BTreeMap::from([
-            (RUN_LABEL.to_string(), label_value(&self.run)),
-            (RUN_UID_LABEL.to_string(), self.run_uid.clone()),
-            (MANAGED_BY_LABEL.to_string(), "baton".to_string()),
-        ]);
+        let mut labels = run_labels(&self.run);
+        labels.insert(RUN_UID_LABEL.to_string(), self.run_uid.clone());
         LedgerSegment {
             metadata: ObjectMeta {
                 name: Some(segment_name(&self.run, seq)),

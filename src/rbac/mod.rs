@@ -26,17 +26,15 @@
 //! subject grant only permissions it holds itself, and the chart's ClusterRole gives the
 //! controller every verb above (unrestricted by name).
 
-use std::collections::BTreeMap;
-
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::ResourceExt;
 use kube::api::ObjectMeta;
-use kube::{Resource, ResourceExt};
 
+use crate::crd::GROUP;
 use crate::crd::v1alpha1::AgentRun;
-use crate::crd::{GROUP, MANAGED_BY_LABEL, RUN_LABEL};
-use crate::fence::{label_value, run_lease_name};
+use crate::fence::run_lease_name;
+use crate::owned::{Ownership, owned_meta};
 
 /// Prefix of every per-run worker ServiceAccount, Role and RoleBinding name.
 pub const WORKER_SA_PREFIX: &str = "baton-run-";
@@ -145,29 +143,10 @@ fn object_meta(run: &AgentRun) -> Result<ObjectMeta, RbacError> {
         run: name.clone(),
         missing: what,
     };
-    let namespace = run.namespace().ok_or_else(|| missing("namespace"))?;
-    let owner = owner_reference(run).ok_or_else(|| missing("uid"))?;
-    Ok(ObjectMeta {
-        name: Some(worker_service_account_name(&name)),
-        namespace: Some(namespace),
-        labels: Some(BTreeMap::from([
-            (RUN_LABEL.to_string(), label_value(&name)),
-            (MANAGED_BY_LABEL.to_string(), "baton".to_string()),
-        ])),
-        owner_references: Some(vec![owner]),
-        ..ObjectMeta::default()
-    })
-}
-
-/// The run as controlling owner. `blockOwnerDeletion` stays unset: deleting the run need not
-/// wait for these objects.
-fn owner_reference(run: &AgentRun) -> Option<OwnerReference> {
-    run.uid()?;
-    let owner = run.controller_owner_ref(&())?;
-    Some(OwnerReference {
-        block_owner_deletion: None,
-        ..owner
-    })
+    run.namespace().ok_or_else(|| missing("namespace"))?;
+    run.uid().ok_or_else(|| missing("uid"))?;
+    let name = worker_service_account_name(&name);
+    Ok(owned_meta(run, name, Ownership::Controller))
 }
 
 /// The Role's rules for run `run` (see the module documentation for why each is shaped so).

@@ -20,7 +20,6 @@ use tokio::sync::watch;
 
 use super::WebhookError;
 use super::cert::{self, Bundle};
-use crate::crd::MANAGED_BY_LABEL;
 
 /// Who issues the webhook's certificate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -156,7 +155,7 @@ async fn write(
         metadata: ObjectMeta {
             name: Some(s.secret.clone()),
             namespace: Some(s.namespace.clone()),
-            labels: Some([(MANAGED_BY_LABEL.to_string(), "baton".to_string())].into()),
+            labels: Some(crate::owned::managed_labels()),
             ..ObjectMeta::default()
         },
         type_: Some("kubernetes.io/tls".into()),
