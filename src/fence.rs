@@ -10,8 +10,9 @@
 //! The fence has two more carriers, and their rules live here too: the run Lease's fence
 //! annotation ([`lease_reached`], [`lease_held`]) and the run's `status.fence`
 //! ([`status_names`], [`superseded`]); so do "first claim" ([`Fence::is_first`]), which claim
-//! follows which attempt ([`follows`]) and who may append at which fence ([`may_append_at`]). No other file compares fences (`make lint`
-//! checks it: hack/lint-fence.sh).
+//! follows which attempt ([`follows`]) and who may append at which fence
+//! ([`may_append_at`]). No other file compares fences (`make lint` checks it:
+//! hack/lint-fence.sh).
 
 use std::fmt;
 
