@@ -3,10 +3,22 @@
 
 - the import graph between files (its `use` edges) and every circle in it;
 - the functions longer than 50 lines;
-- the protocol's reading set: the files that decide who owns a run, and their lines.
+- the protocol's reading set: the files that decide who owns a run, and their lines;
+- the fence comparisons outside src/fence.rs: a comparison operator beside an operand named
+  `fence` anywhere but the fence rules' own home (docs/protocol.md: every fence rule lives
+  there). This is the one copy of that rule: hack/lint-fence.sh is `--fence`, which prints the
+  finding alone and exits 1 on any;
+- the public fields of structs holding an API client: a struct with a field whose type names a
+  kube handle that can write (`Client`, `Api<..>`, `LeaseClient`, `SegmentStore`, `Recorder`),
+  and its `pub`/`pub(crate)`/`pub(super)` fields. The aim is one writer by type: a write to the
+  API server goes through the type that owns the handle and the state beside it (the fence, the
+  run it holds), so no one reaches the raw handle, or that state, through a public field and
+  writes around the owner's rules;
+- the source files over 500 lines, in src/, tests/, examples/ and benches/.
 
-`--check` exits 1 when the import graph has a circle: `make lint` runs it, so a circle
-cannot land.
+`--check` exits 1 when the import graph has a circle, or when one of the last three figures is
+above its ceiling (the constants below): `make lint` runs it, so a circle cannot land and those
+figures can only go down.
 
 What counts as an edge: a `use` (or an inline `crate::`/`super::` path) in file A naming an
 item of file B, B being the deepest module file the path reaches. A module's own `mod.rs`
@@ -20,10 +32,40 @@ import os
 import re
 import sys
 
-SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+SRC = os.path.join(ROOT, "src")
 LONG_FUNCTION = 50
+LONG_FILE = 500
 # The files that decide ownership of a run (the fence rule): what a reader of the protocol reads.
 READING_SET = ["fence.rs", "controller/claim.rs", "worker/holder.rs"]
+
+# `--check` fails when a figure is above its ceiling. Each was set to what the code had when the
+# figure came in: a ceiling may only go down (to the figure, as the work lands), never up to let
+# code through.
+CEILING_FENCE_COMPARISONS = 0
+CEILING_PUBLIC_WRITER_FIELDS = 36
+CEILING_LONG_FILES = 5
+
+# A comparison operator beside an operand named `fence`: `fence`, `s.fence`, `*fence`,
+# `Some(fence)`, `fence.get()`, `spec.fence`. On the left the `\b` anchors the name (a leading
+# `*`/`&` does not change what is compared); on the right the character before `<`/`>` keeps out
+# `->`, `=>`, `<<`, `>>`, and the space after keeps out generics (`Option<Fence>`).
+FENCE_OPERAND = r"(?:[A-Za-z_][A-Za-z0-9_]*\.)*fence(?:\(\))?(?:\.get\(\))?"
+FENCE_COMPARISON = re.compile(
+    rf"\b{FENCE_OPERAND}\s*(?:==|!=|<=|>=|<[^<=]|>[^>=])"
+    rf"|(?:==|!=|<=|>=|[^-=<]<\s|[^-=>]>\s)\s*(?:Some\()?[*&]?{FENCE_OPERAND}\b"
+)
+FENCE_MESSAGE = (
+    "fence compared outside src/fence.rs (use its rules: lease_reached, lease_held, status_names,"
+    " superseded, follows, may_append_at, Fence::is_first/never_claimed):"
+)
+
+# The kube handles that can write. A `Client` named through another crate's path
+# (`reqwest::Client`, a model provider's HTTP client) is not one; a bare `Client` is kube's here.
+WRITER = re.compile(
+    r"(?<!::)\bClient\b|\bkube::(?:client::)?Client\b|\bApi<|\bLeaseClient\b|\bSegmentStore\b"
+    r"|\bRecorder\b"
+)
 
 
 def module_files():
@@ -220,11 +262,195 @@ def long_functions(mods):
     return sorted(found, reverse=True)
 
 
+def rust_files(*dirs):
+    """Every .rs file under the given top-level directories, as a path from the repository root."""
+    out = []
+    for top in dirs:
+        for root, _, files in os.walk(os.path.join(ROOT, top)):
+            for f in files:
+                if f.endswith(".rs"):
+                    rel = os.path.relpath(os.path.join(root, f), ROOT)
+                    out.append(rel.replace(os.sep, "/"))
+    return sorted(out)
+
+
+def read(rel):
+    with open(os.path.join(ROOT, rel)) as f:
+        return f.read()
+
+
+def fence_exempt(rel):
+    """The files the fence rule does not read: the rules' own home (src/fence.rs and its tests,
+    or src/fence/ once it is a directory), unit-test files, and src/cli/describe.rs, which groups
+    the ledger's events by attempt for display and decides nothing."""
+    return (
+        rel in ("src/fence.rs", "src/fence_tests.rs", "src/cli/describe.rs")
+        or rel.startswith("src/fence/")
+        or rel.endswith("_tests.rs")
+    )
+
+
+def fence_comparisons():
+    """`path:line: code` of every fence compared by hand. The code is read stripped, so a
+    comparison in a comment or a string (a message, not a decision) is not one."""
+    found = []
+    for rel in rust_files("src"):
+        if fence_exempt(rel):
+            continue
+        text = read(rel)
+        code = strip(text).split("\n")
+        for n, line in enumerate(text.split("\n")):
+            if FENCE_COMPARISON.search(code[n]):
+                found.append(f"{rel}:{n + 1}: {line.strip()}")
+    return found
+
+
+def item_end(code, i):
+    """The index past the item that starts at `i`: past the `;` or the `}` that ends it at its
+    own depth (`use x;`, `struct S(u8);`, `fn f() { .. }`, `mod tests { .. }`)."""
+    depth = 0
+    for j in range(i, len(code)):
+        ch = code[j]
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+            if depth == 0 and ch == "}":
+                return j + 1
+        elif ch == ";" and depth == 0:
+            return j + 1
+    return len(code)
+
+
+def bracket_end(code, i):
+    """The index past the bracket that closes the one opening at `i`."""
+    depth = 0
+    for j in range(i, len(code)):
+        if code[j] in "([{":
+            depth += 1
+        elif code[j] in ")]}":
+            depth -= 1
+            if depth == 0:
+                return j + 1
+    return len(code)
+
+
+def without_test_items(code):
+    """The code with each `#[cfg(test)]` item (a test module, a helper) blanked, lines kept:
+    what the library is built from."""
+    while True:
+        m = re.search(r"#\[cfg\(test\)\]", code)
+        if not m:
+            return code
+        end = item_end(code, m.end())
+        code = code[: m.start()] + "\n" * code[m.start() : end].count("\n") + code[end:]
+
+
+def fields(body):
+    """The fields of a struct body (inside its braces or parentheses), attributes dropped: split
+    at the commas that are not inside a type's brackets."""
+    out, depth, start = [], 0, 0
+    for i, ch in enumerate(body + ","):
+        if ch in "([{<":
+            depth += 1
+        elif ch in ")]}" or (ch == ">" and body[i - 1] != "-"):
+            depth -= 1
+        elif ch == "," and depth == 0:
+            field = re.sub(r"#\[[^\]]*\]", "", body[start:i]).strip()
+            start = i + 1
+            if field:
+                out.append(field)
+    return out
+
+
+def struct_bodies(code):
+    """(name, line, body) of every struct with fields: the body is what its first `{` or `(`
+    after the name (and its generics) encloses. A unit struct (`;` first) has none."""
+    for m in re.finditer(r"\bstruct\s+(\w+)", code):
+        depth = 0
+        for i in range(m.end(), len(code)):
+            ch = code[i]
+            if ch == "<":
+                depth += 1
+            elif ch == ">" and code[i - 1] != "-":
+                depth -= 1
+            elif depth == 0 and ch in "{(;":
+                break
+        if ch == ";":
+            continue
+        end = bracket_end(code, i)
+        yield m.group(1), code[: m.start()].count("\n") + 1, code[i + 1 : end - 1]
+
+
+def public_writer_fields():
+    """(public fields, `path:line Name`) of every struct outside tests that holds a writer and
+    has a public field. Every visibility counts: `pub(crate)` and `pub(super)` open a field to
+    the code that would write around its owner as surely as `pub` does."""
+    found = []
+    for rel in rust_files("src"):
+        if rel.endswith("_tests.rs") or rel.endswith("/tests.rs"):
+            continue
+        code = without_test_items(strip(read(rel)))
+        for struct, line, body in struct_bodies(code):
+            fs = fields(body)
+            if not any(WRITER.search(f) for f in fs):
+                continue
+            public = sum(1 for f in fs if re.match(r"pub\b", f))
+            if public:
+                found.append((public, f"{rel}:{line} {struct}"))
+    return sorted(found, key=lambda x: (-x[0], x[1]))
+
+
+def long_files():
+    """(lines, path) of every source file, code or test, over LONG_FILE lines."""
+    found = []
+    for rel in rust_files("src", "tests", "examples", "benches"):
+        with open(os.path.join(ROOT, rel)) as f:
+            lines = sum(1 for _ in f)
+        if lines > LONG_FILE:
+            found.append((lines, rel))
+    return sorted(found, key=lambda x: (-x[0], x[1]))
+
+
 def name(mod):
     return "/".join(mod) or "lib"
 
 
+def ceilinged_figures():
+    """(title, figure, ceiling, offenders) of the figures `--check` holds to a ceiling."""
+    fences = fence_comparisons()
+    writers = public_writer_fields()
+    files = long_files()
+    return [
+        ("fence comparisons outside src/fence.rs", len(fences), CEILING_FENCE_COMPARISONS, fences),
+        (
+            "public fields of structs holding an API client",
+            sum(n for n, _ in writers),
+            CEILING_PUBLIC_WRITER_FIELDS,
+            [f"{n:4d}  {where}" for n, where in writers],
+        ),
+        (
+            f"source files over {LONG_FILE} lines",
+            len(files),
+            CEILING_LONG_FILES,
+            [f"{n:4d}  {rel}" for n, rel in files],
+        ),
+    ]
+
+
+def fence_lint():
+    """`--fence` (hack/lint-fence.sh): the fence finding alone, silent when clean."""
+    found = fence_comparisons()
+    if found:
+        print(FENCE_MESSAGE, file=sys.stderr)
+        print("\n".join(found), file=sys.stderr)
+        return 1
+    return 0
+
+
 def main():
+    if "--fence" in sys.argv:
+        return fence_lint()
     mods = module_files()
     edges = graph(mods)
     found = circles(edges)
@@ -242,10 +468,24 @@ def main():
         with open(os.path.join(SRC, f)) as fh:
             total += sum(1 for _ in fh)
     print(f"protocol reading set: {len(present)} files, {total} lines ({', '.join(present)})")
-    if "--check" in sys.argv and found:
+    figures = ceilinged_figures()
+    for title, figure, _, offenders in figures:
+        print(f"{title}: {figure}")
+        for line in offenders:
+            print("  " + line)
+    if "--check" not in sys.argv:
+        return 0
+    failed = False
+    if found:
         print("the import graph of src/ has a circle", file=sys.stderr)
-        return 1
-    return 0
+        failed = True
+    for title, figure, ceiling, offenders in figures:
+        if figure > ceiling:
+            print(f"{title}: {figure}, above its ceiling of {ceiling}:", file=sys.stderr)
+            for line in offenders:
+                print("  " + line, file=sys.stderr)
+            failed = True
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
