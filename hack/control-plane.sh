@@ -141,6 +141,28 @@ install_etcd() {
   fi
 }
 
+# Building the server binaries from Debian's kubernetes source package: build_apiserver runs
+# the eight steps below in order, none in a subshell, so the `export` and `cd` between steps 2
+# and 3 hold for the steps after them, and a failing step ends the script.
+
+readonly GO_BIN=/usr/lib/go/bin/go   # Debian's golang-go
+K8S_SRC=$BUILD_DIR/gopath/src/k8s.io/kubernetes
+# Set by the steps for the ones after them: the start of the build ($SECONDS), Debian's version
+# of the kubernetes source, the upstream version in it, and the reflect2 put into its vendor tree.
+BUILD_T0=
+K8S_DEBVER=
+K8S_UPVER=
+REFLECT2_VER=
+GO_BUILD_PID=   # step 6's background `go build` while it runs, for on_exit to stop
+
+build_fail() {
+  log "---- last 40 lines of $BUILD_LOG ----"
+  tail -n 40 "$BUILD_LOG" >&2 || true
+  die "kube-apiserver build failed: $* (full log: $BUILD_LOG; re-running starts the build over cleanly)"
+}
+# build_step N DESCRIPTION
+build_step() { log "[$1/8] $2  (+$((SECONDS - BUILD_T0))s)"; printf '\n==== [%s/8] %s (%s)\n' "$1" "$2" "$(date -u +%FT%TZ)" >>"$BUILD_LOG"; }
+
 # Build kube-apiserver 1.20 from Debian's `kubernetes` source package into $BIN_CACHE.
 build_apiserver() {
   is_debian || die "no kube-apiserver found and this is not Debian: set KUBEBUILDER_ASSETS (e.g. \$(setup-envtest use -p path 1.20.x)) or TEST_ASSET_KUBE_APISERVER"
@@ -149,31 +171,54 @@ build_apiserver() {
     log "built meanwhile: $BIN_CACHE"
     return 0
   fi
-  local t0=$SECONDS
+  BUILD_T0=$SECONDS
   mkdir -p "$CACHE_DIR" "$DOWNLOAD_DIR" "$BIN_CACHE"
   : >"$BUILD_LOG"
   log "building the Kubernetes $K8S_SERIES server binaries (${SERVER_BINARIES[*]}) from Debian's kubernetes source package (one-time, ~4-7 min on 2 cores)"
   log "build log: $BUILD_LOG"
 
-  build_fail() {
-    log "---- last 40 lines of $BUILD_LOG ----"
-    tail -n 40 "$BUILD_LOG" >&2 || true
-    die "kube-apiserver build failed: $* (full log: $BUILD_LOG; re-running starts the build over cleanly)"
-  }
-  # step N/8 DESCRIPTION
-  step() { log "[$1/8] $2  (+$((SECONDS - t0))s)"; printf '\n==== [%s/8] %s (%s)\n' "$1" "$2" "$(date -u +%FT%TZ)" >>"$BUILD_LOG"; }
+  build_step 1 "build tools: golang-go, dpkg-dev, openssl"
+  install_build_tools
+  build_step 2 "deb-src entry and the kubernetes source package"
+  ensure_kubernetes_deb_src
+  fetch_kubernetes_source
 
-  step 1 "build tools: golang-go, dpkg-dev, openssl"
+  export GOPATH=$BUILD_DIR/gopath GO111MODULE=off CGO_ENABLED=0 GOFLAGS='' GOENV=off GOPROXY=off \
+    GOCACHE=$GO_BUILD_CACHE GOTOOLCHAIN=local
+  cd "$K8S_SRC"   # through the symlink, so the go tool sees the import path k8s.io/kubernetes
+
+  build_step 3 "build the vendored openapi-gen"
+  build_openapi_gen
+  build_step 4 "generate pkg/generated/openapi/zz_generated.openapi.go"
+  generate_openapi
+  build_step 5 "replace vendored github.com/modern-go/reflect2 with Debian's v1.0.2 (Go >= 1.18 fix)"
+  vendor_debian_reflect2
+  build_step 6 "go build the server binaries: ${SERVER_BINARIES[*]} (the long part, ~4-7 min)"
+  go_build_server_binaries
+  build_step 7 "check the binaries"
+  check_server_binaries
+  build_step 8 "install into $BIN_CACHE"
+  install_server_binaries
+  cd /
+  if [[ ${BATON_KEEP_BUILD:-0} != 1 ]]; then
+    rm -rf "$BUILD_DIR" "$GO_BUILD_CACHE"
+  fi
+  log "server binaries ready in $BIN_CACHE (build took $((SECONDS - BUILD_T0))s)"
+}
+
+# step 1
+install_build_tools() {
   local pkgs=()
-  [[ -x /usr/lib/go/bin/go ]] || pkgs+=(golang-go)
+  [[ -x $GO_BIN ]] || pkgs+=(golang-go)
   command -v dpkg-source >/dev/null 2>&1 || pkgs+=(dpkg-dev)
   command -v xz >/dev/null 2>&1 || pkgs+=(xz-utils)
   [[ ${#pkgs[@]} -eq 0 ]] || apt_install "${pkgs[@]}"
-  local GO=/usr/lib/go/bin/go
-  [[ -x $GO ]] || build_fail "Debian's go ($GO) missing after installing golang-go"
-  "$GO" version >>"$BUILD_LOG" 2>&1
+  [[ -x $GO_BIN ]] || build_fail "Debian's go ($GO_BIN) missing after installing golang-go"
+  "$GO_BIN" version >>"$BUILD_LOG" 2>&1
+}
 
-  step 2 "deb-src entry and the kubernetes source package"
+# step 2, first half: a deb-src entry, unless apt already knows the kubernetes source package.
+ensure_kubernetes_deb_src() {
   if ! apt-cache showsrc kubernetes 2>/dev/null | grep '^Package: kubernetes' >/dev/null; then
     local codename uri
     codename=$(sed -n 's/^VERSION_CODENAME=//p' /etc/os-release 2>/dev/null | tr -d '"' || true)
@@ -196,6 +241,11 @@ EOF
     apt-cache showsrc kubernetes 2>/dev/null | grep '^Package: kubernetes' >/dev/null \
       || build_fail "apt-get source kubernetes: no source package found even with the deb-src entry"
   fi
+}
+
+# step 2, second half: download and unpack the source into a new build tree at $K8S_SRC; sets
+# K8S_DEBVER and K8S_UPVER.
+fetch_kubernetes_source() {
   # Start from a clean build tree every time: a half-finished one is never reused.
   rm -rf "$BUILD_DIR"
   mkdir -p "$BUILD_DIR/gopath/src/k8s.io" "$BUILD_DIR/bin"
@@ -204,7 +254,6 @@ EOF
   local dsc
   dsc=$(newest "$DOWNLOAD_DIR" 'kubernetes_*.dsc')
   [[ -n $dsc ]] || build_fail "no kubernetes .dsc downloaded"
-  local SRC=$BUILD_DIR/gopath/src/k8s.io/kubernetes
   if ! dpkg-source -x "$dsc" "$BUILD_DIR/kubernetes-src" >>"$BUILD_LOG" 2>&1; then
     # A corrupt download: fetch again once.
     rm -f "$DOWNLOAD_DIR"/kubernetes_*
@@ -216,22 +265,21 @@ EOF
     dpkg-source -x "$dsc" "$BUILD_DIR/kubernetes-src" >>"$BUILD_LOG" 2>&1 || build_fail "dpkg-source -x $dsc"
   fi
   # GOPATH mode, as Kubernetes 1.20's own build does: the tree at $GOPATH/src/k8s.io/kubernetes.
-  ln -s "$BUILD_DIR/kubernetes-src" "$SRC"
-  local debver upver
-  debver=$(basename "$dsc" .dsc); debver=${debver#kubernetes_}
-  upver=${debver%-*}; upver=${upver##*really}      # 1.20.5+really1.20.2-1.1+deb12u1 -> 1.20.2
-  [[ $upver == "$K8S_SERIES".* ]] || build_fail "Debian's kubernetes source is $debver, expected $K8S_SERIES.x"
-  log "      source: kubernetes $debver (upstream v$upver)"
+  ln -s "$BUILD_DIR/kubernetes-src" "$K8S_SRC"
+  K8S_DEBVER=$(basename "$dsc" .dsc); K8S_DEBVER=${K8S_DEBVER#kubernetes_}
+  K8S_UPVER=${K8S_DEBVER%-*}; K8S_UPVER=${K8S_UPVER##*really}      # 1.20.5+really1.20.2-1.1+deb12u1 -> 1.20.2
+  [[ $K8S_UPVER == "$K8S_SERIES".* ]] || build_fail "Debian's kubernetes source is $K8S_DEBVER, expected $K8S_SERIES.x"
+  log "      source: kubernetes $K8S_DEBVER (upstream v$K8S_UPVER)"
+}
 
-  export GOPATH=$BUILD_DIR/gopath GO111MODULE=off CGO_ENABLED=0 GOFLAGS='' GOENV=off GOPROXY=off \
-    GOCACHE=$GO_BUILD_CACHE GOTOOLCHAIN=local
-  cd "$SRC"   # through the symlink, so the go tool sees the import path k8s.io/kubernetes
-
-  step 3 "build the vendored openapi-gen"
-  "$GO" build -o "$BUILD_DIR/bin/openapi-gen" ./vendor/k8s.io/kube-openapi/cmd/openapi-gen >>"$BUILD_LOG" 2>&1 \
+# step 3 (this and the steps after it run in $K8S_SRC)
+build_openapi_gen() {
+  "$GO_BIN" build -o "$BUILD_DIR/bin/openapi-gen" ./vendor/k8s.io/kube-openapi/cmd/openapi-gen >>"$BUILD_LOG" 2>&1 \
     || build_fail "go build openapi-gen"
+}
 
-  step 4 "generate pkg/generated/openapi/zz_generated.openapi.go"
+# step 4
+generate_openapi() {
   # Same package set as the upstream Makefile.generated_files (KUBE target): every dir with a
   # file that has a '// +k8s:' tag and mentions '+k8s:openapi-gen=', staging seen as vendor/,
   # minus code-generator and sample-apiserver.
@@ -258,8 +306,10 @@ EOF
   [[ -s pkg/generated/openapi/zz_generated.openapi.go ]] || build_fail "openapi-gen produced no zz_generated.openapi.go"
   # Upstream fails on unknown API-rule violations; here they are only informational.
   diff "$BUILD_DIR/api-rule-violations.report" api/api-rules/violation_exceptions.list >>"$BUILD_LOG" 2>&1 || true
+}
 
-  step 5 "replace vendored github.com/modern-go/reflect2 with Debian's v1.0.2 (Go >= 1.18 fix)"
+# step 5; sets REFLECT2_VER.
+vendor_debian_reflect2() {
   local deb
   deb=$(newest "$DOWNLOAD_DIR" 'golang-github-modern-go-reflect2-dev_*.deb')
   if [[ -z $deb ]] || ! dpkg-deb --info "$deb" >/dev/null 2>&1; then
@@ -269,20 +319,21 @@ EOF
     deb=$(newest "$DOWNLOAD_DIR" 'golang-github-modern-go-reflect2-dev_*.deb')
     [[ -n $deb ]] || build_fail "golang-github-modern-go-reflect2-dev was not downloaded"
   fi
-  local r2ver
-  r2ver=$(dpkg-deb -f "$deb" Version)
-  dpkg --compare-versions "$r2ver" ge 1.0.2 || build_fail "golang-github-modern-go-reflect2-dev is $r2ver, need >= 1.0.2"
+  REFLECT2_VER=$(dpkg-deb -f "$deb" Version)
+  dpkg --compare-versions "$REFLECT2_VER" ge 1.0.2 || build_fail "golang-github-modern-go-reflect2-dev is $REFLECT2_VER, need >= 1.0.2"
   dpkg-deb -x "$deb" "$BUILD_DIR/reflect2"
   local r2src=$BUILD_DIR/reflect2/usr/share/gocode/src/github.com/modern-go/reflect2
   local r2dst=vendor/github.com/modern-go/reflect2
   [[ -f $r2src/reflect2.go && -d $r2dst ]] || build_fail "unexpected reflect2 layout"
   rm -f "$r2dst"/*.go "$r2dst"/*.s
   cp "$r2src"/*.go "$r2src"/*.s "$r2dst"/
-  log "      reflect2 $r2ver"
+  log "      reflect2 $REFLECT2_VER"
+}
 
-  step 6 "go build the server binaries: ${SERVER_BINARIES[*]} (the long part, ~4-7 min)"
+# step 6
+go_build_server_binaries() {
   local pfx=k8s.io/kubernetes/vendor/k8s.io ldflags="-s -w" kv key val
-  for kv in "gitVersion=v$upver" "gitMajor=${upver%%.*}" "gitMinor=$(cut -d. -f2 <<<"$upver")" \
+  for kv in "gitVersion=v$K8S_UPVER" "gitMajor=${K8S_UPVER%%.*}" "gitMinor=$(cut -d. -f2 <<<"$K8S_UPVER")" \
             "gitTreeState=archive" "buildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ)"; do
     key=${kv%%=*}; val=${kv#*=}
     ldflags+=" -X $pfx/component-base/version.$key=$val -X $pfx/client-go/pkg/version.$key=$val"
@@ -292,7 +343,7 @@ EOF
   for name in "${SERVER_BINARIES[@]}"; do cmds+=("./cmd/$name"); done
   # One `go build` of all five shares their common packages (one compile, not five).
   # providerless drops the in-tree cloud providers, dockerless the dockershim: neither is used.
-  "$GO" build -v -tags providerless,dockerless -o "$BUILD_DIR/bin/" -ldflags "$ldflags" "${cmds[@]}" >"$out" 2>&1 8>&- 9>&- &
+  "$GO_BIN" build -v -tags providerless,dockerless -o "$BUILD_DIR/bin/" -ldflags "$ldflags" "${cmds[@]}" >"$out" 2>&1 8>&- 9>&- &
   local gopid=$! rc=0 t1=$SECONDS next=$((SECONDS + 30))
   GO_BUILD_PID=$gopid
   while kill -0 "$gopid" 2>/dev/null; do
@@ -307,14 +358,20 @@ EOF
   cat "$out" >>"$BUILD_LOG"
   [[ $rc -eq 0 ]] || build_fail "go build ${cmds[*]} (exit $rc)"
   log "      compiled in $((SECONDS - t1))s"
+}
 
-  step 7 "check the binaries"
+# step 7
+check_server_binaries() {
+  local name
   for name in "${SERVER_BINARIES[@]}"; do
     "$BUILD_DIR/bin/$name" --version >>"$BUILD_LOG" 2>&1 || build_fail "the built $name does not run"
   done
   log "      $("$BUILD_DIR/bin/kube-apiserver" --version)"
+}
 
-  step 8 "install into $BIN_CACHE"
+# step 8
+install_server_binaries() {
+  local name
   for name in "${SERVER_BINARIES[@]}"; do
     cp "$BUILD_DIR/bin/$name" "$BIN_CACHE/.$name.tmp.$$"
     mv -f "$BIN_CACHE/.$name.tmp.$$" "$BIN_CACHE/$name"
@@ -322,18 +379,11 @@ EOF
   # The node's pause image is compiled from the same source tree's pause.c.
   cp build/pause/linux/pause.c "$BIN_CACHE/pause.c"
   cat >"$BIN_CACHE/BUILD-INFO" <<EOF
-${SERVER_BINARIES[*]} v$upver built $(date -u +%FT%TZ) by baton hack/control-plane.sh
-source: Debian kubernetes $debver (GOPATH mode, generated openapi, reflect2 $r2ver, tags providerless,dockerless)
-go: $("$GO" version)
+${SERVER_BINARIES[*]} v$K8S_UPVER built $(date -u +%FT%TZ) by baton hack/control-plane.sh
+source: Debian kubernetes $K8S_DEBVER (GOPATH mode, generated openapi, reflect2 $REFLECT2_VER, tags providerless,dockerless)
+go: $("$GO_BIN" version)
 EOF
-  cd /
-  if [[ ${BATON_KEEP_BUILD:-0} != 1 ]]; then
-    rm -rf "$BUILD_DIR" "$GO_BUILD_CACHE"
-  fi
-  log "server binaries ready in $BIN_CACHE (build took $((SECONDS - t0))s)"
 }
-
-GO_BUILD_PID=
 
 # Resolve (and if needed install) both binaries into APISERVER_BIN / ETCD_BIN.
 APISERVER_BIN=
@@ -469,15 +519,9 @@ print_ready() {
   echo "KUBECONFIG=$KUBECONFIG_PATH"
 }
 
-cmd_up() {
-  take_lock "$CP_DIR.lock" 9 "$0 up/down"
-  if [[ -f $CP_DIR/$MARKER ]] && is_up; then
-    log "control plane already up and ready"
-    print_ready
-    return 0
-  fi
-  ensure_binaries
-
+# The state dir for a new `up`: a stopped or unhealthy control plane of ours is cleaned up
+# first; a directory this script did not create is refused.
+make_state_dir() {
   if [[ -e $CP_DIR ]]; then
     if [[ -f $CP_DIR/$MARKER ]]; then
       log "found a stopped or unhealthy control plane in $CP_DIR; cleaning it up first"
@@ -491,22 +535,10 @@ cmd_up() {
   fi
   (umask 077 && mkdir -p "$CP_DIR")
   : >"$CP_DIR/$MARKER"
-  UP_IN_PROGRESS=1
+}
 
-  local etcd_port peer_port api_port token
-  etcd_port=$(choose_port "${BATON_CP_ETCD_PORT:-}" 2379 etcd-client)
-  peer_port=$(choose_port "${BATON_CP_ETCD_PEER_PORT:-}" 2380 etcd-peer "$etcd_port")
-  api_port=$(choose_port "${BATON_CP_API_PORT:-}" 6443 kube-apiserver "$etcd_port" "$peer_port")
-  [[ $etcd_port != "$peer_port" && $api_port != "$etcd_port" && $api_port != "$peer_port" ]] \
-    || die "ports must differ: etcd $etcd_port, etcd peer $peer_port, apiserver $api_port"
-  printf 'API_PORT=%s\nETCD_PORT=%s\nETCD_PEER_PORT=%s\nAPISERVER_BIN=%s\nETCD_BIN=%s\n' \
-    "$api_port" "$etcd_port" "$peer_port" "$APISERVER_BIN" "$ETCD_BIN" >"$CP_DIR/state"
-
-  gen_pki
-  token=$(openssl rand -hex 32)
-  (umask 077 && printf '%s\n' "$token" >"$CP_DIR/admin.token")
-  (umask 077 && printf '%s,admin,admin,system:masters\n' "$token" >"$CP_DIR/tokens.csv")
-
+start_etcd() { # CLIENT-PORT PEER-PORT
+  local etcd_port=$1 peer_port=$2
   local -a etcd_args=(
     --name=baton --data-dir="$CP_DIR/etcd-data"
     --listen-client-urls="http://127.0.0.1:$etcd_port" --advertise-client-urls="http://127.0.0.1:$etcd_port"
@@ -518,16 +550,20 @@ cmd_up() {
   if "$ETCD_BIN" --help 2>&1 | grep -- '--unsafe-no-fsync' >/dev/null; then etcd_args+=(--unsafe-no-fsync); fi
   case $(uname -m) in aarch64 | arm64) export ETCD_UNSUPPORTED_ARCH=arm64 ;; esac
   start_proc etcd "$ETCD_BIN" "${etcd_args[@]}"
+}
 
-  local i
+wait_for_etcd() { # CLIENT-PORT — up to 30s for its /health
+  local etcd_port=$1 i
   for ((i = 0; i < 300; i++)); do
     curl -s --max-time 2 "http://127.0.0.1:$etcd_port/health" 2>/dev/null | grep '"health":"true"' >/dev/null && break
     proc_is_ours etcd || { log "---- last 30 lines of $CP_DIR/etcd.log ----"; tail -n 30 "$CP_DIR/etcd.log" >&2; die "etcd exited during start-up"; }
     sleep 0.1
   done
   [[ $i -lt 300 ]] || { tail -n 30 "$CP_DIR/etcd.log" >&2; die "etcd not healthy after 30s"; }
+}
 
-  write_kubeconfig "$api_port" "$token"
+start_apiserver() { # API-PORT ETCD-CLIENT-PORT
+  local api_port=$1 etcd_port=$2
   start_proc kube-apiserver "$APISERVER_BIN" \
     --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$api_port" \
     --etcd-servers="http://127.0.0.1:$etcd_port" \
@@ -541,8 +577,10 @@ cmd_up() {
     --endpoint-reconciler-type=none \
     --disable-admission-plugins=ServiceAccount \
     --allow-privileged=true
+}
 
-  local t0=$SECONDS body=
+wait_for_readyz() { # T0 — the $SECONDS the wait began; gives up READY_TIMEOUT seconds after it
+  local t0=$1 body=
   log "waiting for /readyz (timeout ${READY_TIMEOUT}s)"
   while :; do
     if body=$(readyz); then break; fi
@@ -561,6 +599,40 @@ cmd_up() {
     fi
     sleep 0.25
   done
+}
+
+cmd_up() {
+  take_lock "$CP_DIR.lock" 9 "$0 up/down"
+  if [[ -f $CP_DIR/$MARKER ]] && is_up; then
+    log "control plane already up and ready"
+    print_ready
+    return 0
+  fi
+  ensure_binaries
+
+  make_state_dir
+  UP_IN_PROGRESS=1
+
+  local etcd_port peer_port api_port token
+  etcd_port=$(choose_port "${BATON_CP_ETCD_PORT:-}" 2379 etcd-client)
+  peer_port=$(choose_port "${BATON_CP_ETCD_PEER_PORT:-}" 2380 etcd-peer "$etcd_port")
+  api_port=$(choose_port "${BATON_CP_API_PORT:-}" 6443 kube-apiserver "$etcd_port" "$peer_port")
+  [[ $etcd_port != "$peer_port" && $api_port != "$etcd_port" && $api_port != "$peer_port" ]] \
+    || die "ports must differ: etcd $etcd_port, etcd peer $peer_port, apiserver $api_port"
+  printf 'API_PORT=%s\nETCD_PORT=%s\nETCD_PEER_PORT=%s\nAPISERVER_BIN=%s\nETCD_BIN=%s\n' \
+    "$api_port" "$etcd_port" "$peer_port" "$APISERVER_BIN" "$ETCD_BIN" >"$CP_DIR/state"
+
+  gen_pki
+  token=$(openssl rand -hex 32)
+  (umask 077 && printf '%s\n' "$token" >"$CP_DIR/admin.token")
+  (umask 077 && printf '%s,admin,admin,system:masters\n' "$token" >"$CP_DIR/tokens.csv")
+
+  start_etcd "$etcd_port" "$peer_port"
+  wait_for_etcd "$etcd_port"
+  write_kubeconfig "$api_port" "$token"
+  start_apiserver "$api_port" "$etcd_port"
+  local t0=$SECONDS
+  wait_for_readyz "$t0"
   UP_IN_PROGRESS=0
   log "control plane ready in $((SECONDS - t0))s after start"
   print_ready
