@@ -28,6 +28,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use baton::crd::v1alpha1::{AgentRun, LedgerSegment};
+use baton::fence::Fence;
 use baton::lease::WorkerLease;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -225,7 +226,7 @@ fn watch_runs(client: Client, ns: &str) -> Shared {
                 .applied_objects()
         );
         while let Some(Ok(run)) = stream.next().await {
-            let fence = run.status.as_ref().map_or(0, |s| s.fence);
+            let fence = run.status.as_ref().map_or(0, |s| s.fence.get());
             let mut p = out.lock().unwrap();
             if fence >= 1 {
                 p.started.insert(run.name_any());
@@ -265,7 +266,13 @@ async fn held_leases(client: &Client, ns: &str, n: usize) -> anyhow::Result<Vec<
     futures::stream::iter(0..n)
         .map(|i| {
             let name = format!("r{i}");
-            let lease = WorkerLease::new(client.clone(), ns, &name, &format!("{name}-w1"), 1);
+            let lease = WorkerLease::new(
+                client.clone(),
+                ns,
+                &name,
+                &format!("{name}-w1"),
+                Fence::new(1),
+            );
             async move { lease.verify().await.map(|_| lease) }
         })
         .buffered(64)

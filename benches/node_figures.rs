@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use baton::cli::{ApproveArgs, RunArgs, Verb};
 use baton::crd::v1alpha1::{ApprovalPolicy, LedgerEvent, Phase, ScriptToolCall, ScriptTurn};
+use baton::fence::Fence;
 use e2e_support::*;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::EvictParams;
@@ -317,8 +318,10 @@ async fn sample(env: &NodeEnv, fault: Fault, i: usize) -> Sample {
                 .await
                 .unwrap();
             signal_pid(pid, libc::SIGSTOP);
-            env.wait_run(&name, RUN_TIMEOUT, "claimed again", |s| s.fence > fence)
-                .await;
+            env.wait_run(&name, RUN_TIMEOUT, "claimed again", |s| {
+                s.fence.get() > fence
+            })
+            .await;
             claimed = t0.elapsed();
             tokio::task::spawn_blocking(|| node_sh(&["start-kubelet"]))
                 .await
@@ -487,7 +490,7 @@ async fn approval_sample(env: &NodeEnv, i: usize) -> (Duration, Duration) {
     let t0 = Instant::now();
     let (worker, _) = env
         .recorder
-        .wait_attempt_started(&name, st.fence, RUN_TIMEOUT)
+        .wait_attempt_started(&name, st.fence.get(), RUN_TIMEOUT)
         .await;
     let decided = |e: &LedgerEvent| matches!(e, LedgerEvent::ApprovalDecided { .. });
     let step = env
@@ -515,8 +518,10 @@ async fn controller_rollout(env: &NodeEnv) -> (Duration, Duration) {
     env.create(&env.scripted("during-rollout", &Script::new(1, 100)))
         .await;
     let claim = async {
-        env.wait_run("during-rollout", RUN_TIMEOUT, "claimed", |s| s.fence >= 1)
-            .await;
+        env.wait_run("during-rollout", RUN_TIMEOUT, "claimed", |s| {
+            s.fence >= Fence::new(1)
+        })
+        .await;
         created.elapsed()
     };
     let (leaderless, delayed) = tokio::join!(

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use baton::crd::v1alpha1::{AgentRun, LEDGER_FORMAT_VERSION, LedgerSegment, LedgerSegmentSpec};
 use baton::crd::{MANAGED_BY_LABEL, RUN_UID_LABEL};
+use baton::fence::Fence;
 use baton::fence::segment_name;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::Namespace;
@@ -179,7 +180,7 @@ async fn append(client: &Client, ns: &str, run: &AgentRun, seq: i64) -> anyhow::
         LedgerSegmentSpec {
             run: "r".into(),
             seq,
-            fence: 1,
+            fence: Fence::new(1),
             format: LEDGER_FORMAT_VERSION,
             events: vec![],
         },

@@ -20,6 +20,7 @@ use baton::crd::v1alpha1::{
     AgentRun, AgentRunSpec, AgentSpec, LeaseSpec, LedgerEvent, ModelSpec, ScriptToolCall,
     ScriptTurn, ToolKind, ToolSpec,
 };
+use baton::fence::Fence;
 use baton::worker::WorkerConfig;
 use baton::worker::api_count::ApiCounts;
 use baton::worker::appender::FlushPolicy;
@@ -66,7 +67,7 @@ fn config(ns: &str, pod: &str, stats_file: &std::path::Path) -> WorkerConfig {
     WorkerConfig {
         run: "bench".into(),
         namespace: ns.into(),
-        fence: 1,
+        fence: Fence::new(1),
         pod: pod.into(),
         api_key: None,
         max_ledger_bytes: baton::worker::DEFAULT_MAX_LEDGER_BYTES,

@@ -17,10 +17,9 @@ pub const TIMED_OUT: &str = "ApprovalTimedOut";
 
 /// True when the controller claimed `run` for `fence` because its wait timed out (the status
 /// of the claim says so; the worker reads the run after the claim).
-pub fn claimed_for_timeout(run: &AgentRun, fence: i64) -> bool {
+pub fn claimed_for_timeout(run: &AgentRun, fence: Fence) -> bool {
     run.status.as_ref().is_some_and(|s| {
-        crate::fence::status_names(Fence::new(s.fence), Fence::new(fence))
-            && s.reason.as_deref() == Some(TIMED_OUT)
+        crate::fence::status_names(s.fence, fence) && s.reason.as_deref() == Some(TIMED_OUT)
     })
 }
 

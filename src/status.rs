@@ -24,9 +24,12 @@ pub enum StatusError {
     #[error("run {run} is at fence {current}, not ours ({ours}): the run was lost")]
     FenceMoved {
         run: String,
-        ours: i64,
-        current: i64,
+        ours: Fence,
+        current: Fence,
     },
+    /// The run's Lease no longer names this writer (its guard saw it): the run was lost.
+    #[error("run {run}'s lease no longer names fence {ours}: the run was lost")]
+    LeaseLost { run: String, ours: Fence },
     /// The run was deleted and re-created under the same name: it is not this writer's run.
     #[error("run {run} was re-created (uid {current}, ours {ours}): the run was lost")]
     Replaced {
@@ -46,13 +49,16 @@ impl StatusError {
     pub fn is_lost(&self) -> bool {
         matches!(
             self,
-            StatusError::FenceMoved { .. } | StatusError::Replaced { .. }
+            StatusError::FenceMoved { .. }
+                | StatusError::LeaseLost { .. }
+                | StatusError::Replaced { .. }
         )
     }
 
     pub fn label(&self) -> &'static str {
         match self {
             StatusError::FenceMoved { .. } => "fence_moved",
+            StatusError::LeaseLost { .. } => "lease_lost",
             StatusError::Replaced { .. } => "replaced",
             StatusError::Conflict { .. } => "conflict",
             StatusError::Kube(_) => "kube",
@@ -89,7 +95,7 @@ pub async fn fenced_update(
     ours: &RunHolder,
     change: impl Fn(&mut AgentRunStatus),
 ) -> Result<AgentRun, StatusError> {
-    let (name, fence) = (ours.run.as_str(), ours.fence.get());
+    let (name, fence) = (ours.run.as_str(), ours.fence);
     for _ in 0..CONFLICT_RETRIES {
         let run = api.get(name).await?;
         let uid = run.uid().unwrap_or_default();
@@ -101,7 +107,7 @@ pub async fn fenced_update(
             });
         }
         let mut status = run.status.clone().unwrap_or_default();
-        if !crate::fence::status_names(Fence::new(status.fence), ours.fence) {
+        if !crate::fence::status_names(status.fence, ours.fence) {
             return Err(StatusError::FenceMoved {
                 run: name.into(),
                 ours: fence,

@@ -10,6 +10,7 @@ mod node_support;
 use std::time::{Duration, Instant};
 
 use baton::crd::v1alpha1::{LedgerEvent, Phase};
+use baton::fence::Fence;
 use e2e_support::Script;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
@@ -127,7 +128,7 @@ async fn node_worker_pod_deleted_hands_off_without_consuming_an_attempt() {
     all_succeed(&env, &run, 4).await;
     let st = env.status(&run[0]).await;
     assert_eq!(st.failed_attempts, 0, "a handoff is no death: {st:#?}");
-    assert!(st.fence >= 2);
+    assert!(st.fence >= Fence::new(2));
     let handed_off = env
         .ledger(&run[0])
         .await
@@ -358,7 +359,7 @@ async fn node_drain_hands_off_and_respects_the_pdb() {
             st.failed_attempts, 0,
             "{run}: a drain is a handoff: {st:#?}"
         );
-        assert!(st.fence >= 2, "{run} moved to a new pod");
+        assert!(st.fence >= Fence::new(2), "{run} moved to a new pod");
     }
     wait_controllers_ready(&env.client, Duration::from_secs(120)).await;
     env.finish().await;
@@ -458,7 +459,7 @@ async fn node_lost_the_run_resumes_once_the_lease_expires_and_the_zombie_writes_
 
     let st = env
         .wait_run(&run[0], Duration::from_secs(120), "claimed again", |s| {
-            s.fence >= 2
+            s.fence >= Fence::new(2)
         })
         .await;
     let claimed_after = lost_at.elapsed();

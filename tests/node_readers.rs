@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use baton::crd::v1alpha1::{AgentRun, LedgerEvent, Phase};
+use baton::fence::Fence;
 use baton::fence::segment_name;
 use e2e_support::{Effects, Script, effect_command};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -66,7 +67,7 @@ async fn node_without_the_webhook_the_readers_own_checks_stand() {
     env.signal_worker(&pod, libc::SIGSTOP).await;
     let frozen = Instant::now();
     let taken = env
-        .wait_run("v", RUN_TIMEOUT, "taken over", |s| s.fence > fence)
+        .wait_run("v", RUN_TIMEOUT, "taken over", |s| s.fence.get() > fence)
         .await;
     let touches = spoofing.stop();
     // The Lease lasts 5 s: the spoofer touched it all along the freeze.
@@ -81,7 +82,11 @@ async fn node_without_the_webhook_the_readers_own_checks_stand() {
     // A run named for the planted leftover: its first claim deletes nothing and stops there.
     env.create(&env.scripted("x", &Script::new(1, 100))).await;
     wait_event(&env, "x", "ForeignLedgerSegment").await;
-    assert_eq!(env.status("x").await.fence, 0, "x is not claimed over it");
+    assert_eq!(
+        env.status("x").await.fence,
+        Fence::new(0),
+        "x is not claimed over it"
+    );
 
     // A Lease of a run's name that baton did not make is left as it was.
     let theirs = foreign_lease(&env, "y").await;

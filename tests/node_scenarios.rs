@@ -228,7 +228,7 @@ async fn node_frozen_worker_is_taken_over_and_writes_nothing_when_thawed() {
         .expect("the worker's host PID");
     signal_pid(pid, libc::SIGSTOP);
 
-    env.wait_run(name, RUN_TIMEOUT, "taken over", |s| s.fence > fence)
+    env.wait_run(name, RUN_TIMEOUT, "taken over", |s| s.fence.get() > fence)
         .await;
     env.recorder
         .wait_attempt_started(name, fence, RUN_TIMEOUT)

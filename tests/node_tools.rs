@@ -265,7 +265,7 @@ async fn node_kill9_of_the_tools_container_resumes_with_the_step_unknown() {
     signal_pid(tools, libc::SIGKILL);
 
     let st = env.wait_succeeded(name).await;
-    assert_eq!(st.fence, 2, "resumed once, in a new pod: {st:#?}");
+    assert_eq!(st.fence.get(), 2, "resumed once, in a new pod: {st:#?}");
     assert_eq!(
         st.failed_attempts, 1,
         "the attempt without its tools died: {st:#?}"
@@ -455,7 +455,7 @@ async fn node_the_workspace_claim_survives_a_kill9_and_the_resume() {
     env.wait_effect(name, 2).await;
     env.signal_worker(&pod, libc::SIGKILL).await;
     let st = env.wait_succeeded(name).await;
-    assert_eq!(st.fence, 2, "{st:#?}");
+    assert_eq!(st.fence.get(), 2, "{st:#?}");
     let outputs = step_outputs(&env, name).await;
     let last = outputs.last().expect("step outputs");
     assert!(last.1.contains("a checkout"), "{outputs:?}");
@@ -517,7 +517,7 @@ async fn node_the_runtime_class_is_the_runs_and_a_missing_one_fails_the_run() {
         "{message}"
     );
     // One claim (fence 1) whose pod was refused, then the terminal claim's seal (fence 2).
-    assert_eq!(st.fence, 2, "no claim after the refusal: {st:#?}");
+    assert_eq!(st.fence.get(), 2, "no claim after the refusal: {st:#?}");
     let _ = classes.delete(&class, &DeleteParams::default()).await;
     env.finish().await;
 }

@@ -10,6 +10,7 @@ mod node_support;
 mod rbac_support;
 
 use baton::crd::v1alpha1::{AgentRun, ApprovalPolicy, Phase, ScriptToolCall, ScriptTurn};
+use baton::fence::Fence;
 use e2e_support::{Script, run_with, shell_tool};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::rbac::v1::PolicyRule;
@@ -351,8 +352,10 @@ async fn node_a_fork_bomb_and_a_disk_fill_cost_their_run_its_pod_not_the_node() 
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     }
     // The filling run goes on in a new pod (the dd step is reported, not re-run).
-    env.wait_run("fill", RUN_TIMEOUT, "a second attempt", |s| s.fence >= 2)
-        .await;
+    env.wait_run("fill", RUN_TIMEOUT, "a second attempt", |s| {
+        s.fence >= Fence::new(2)
+    })
+    .await;
 
     assert_eq!(
         env.wait_succeeded("bystander").await.phase,

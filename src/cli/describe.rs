@@ -8,6 +8,7 @@ use kube::ResourceExt;
 
 use super::render::{age, align, block};
 use crate::crd::v1alpha1::{AgentRun, AgentRunStatus, LedgerEvent, LedgerSegment};
+use crate::fence::Fence;
 
 /// What `describe` shows about a run.
 pub struct Description<'a> {
@@ -108,8 +109,8 @@ fn attempts_section(segments: &[LedgerSegment]) -> String {
 }
 
 /// `(fence, pod, how it ended)` for each attempt the ledger records, in order.
-pub fn attempt_history(segments: &[LedgerSegment]) -> Vec<(i64, String, String)> {
-    let mut history: Vec<(i64, String, String)> = Vec::new();
+pub fn attempt_history(segments: &[LedgerSegment]) -> Vec<(Fence, String, String)> {
+    let mut history: Vec<(Fence, String, String)> = Vec::new();
     for event in segments.iter().flat_map(|s| s.spec.events.iter()) {
         let end = match event {
             LedgerEvent::Claimed { fence, pod } => {
@@ -150,7 +151,7 @@ pub fn attempt_history(segments: &[LedgerSegment]) -> Vec<(i64, String, String)>
     history
 }
 
-fn end_last(history: &mut [(i64, String, String)], end: &str) {
+fn end_last(history: &mut [(Fence, String, String)], end: &str) {
     if let Some(last) = history.last_mut()
         && (last.2 == "running" || last.2 == "claimed")
     {

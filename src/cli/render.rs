@@ -10,6 +10,7 @@ use kube::ResourceExt;
 use crate::crd::v1alpha1::{
     AgentRun, AgentRunStatus, ApprovalOutcome, LedgerEvent, LedgerSegment, ProbeOutcome, Role,
 };
+use crate::fence::Fence;
 
 // === the `get` table ===
 
@@ -149,7 +150,7 @@ impl Transcript {
         }
     }
 
-    fn event(&mut self, fence: i64, event: &LedgerEvent, lines: &mut Vec<String>) {
+    fn event(&mut self, fence: Fence, event: &LedgerEvent, lines: &mut Vec<String>) {
         use LedgerEvent as E;
         match event {
             E::ModelDelta { text } => return self.streamed.push_str(text),
@@ -189,7 +190,7 @@ pub fn transcript(segments: &[LedgerSegment]) -> String {
 
 /// The lines of one (complete) event, written under `fence`.
 fn event_lines(
-    fence: i64,
+    fence: Fence,
     event: &LedgerEvent,
     tools: &std::collections::BTreeMap<i64, String>,
 ) -> Vec<String> {

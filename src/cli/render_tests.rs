@@ -10,6 +10,7 @@ use crate::crd::v1alpha1::{
     AgentRun, AgentRunStatus, LedgerEvent, LedgerSegment, Phase, ProbeOutcome, Role, UnknownEffect,
 };
 use crate::fence::test_segment as seg;
+use crate::fence::{CloseReason, Fence};
 
 fn now() -> Timestamp {
     "2025-01-01T12:00:00Z".parse().unwrap()
@@ -29,7 +30,7 @@ fn unknown(step: i64, tool: &str) -> UnknownEffect {
     UnknownEffect {
         step,
         tool: tool.into(),
-        attempt: 1,
+        attempt: Fence::new(1),
         resolution: Resolution::Unknown,
         summary: "rm -rf /tmp/x".into(),
     }
@@ -86,7 +87,7 @@ fn ledger() -> Vec<LedgerSegment> {
             1,
             1,
             vec![E::Claimed {
-                fence: 1,
+                fence: Fence::new(1),
                 pod: "r-w1".into(),
             }],
         ),
@@ -95,7 +96,7 @@ fn ledger() -> Vec<LedgerSegment> {
             1,
             vec![
                 E::AttemptStarted {
-                    fence: 1,
+                    fence: Fence::new(1),
                     pod: "r-w1".into(),
                 },
                 E::Message {
@@ -134,7 +135,7 @@ fn ledger() -> Vec<LedgerSegment> {
             3,
             2,
             vec![E::Claimed {
-                fence: 2,
+                fence: Fence::new(2),
                 pod: "r-w2".into(),
             }],
         ),
@@ -143,12 +144,12 @@ fn ledger() -> Vec<LedgerSegment> {
             2,
             vec![
                 E::AttemptStarted {
-                    fence: 2,
+                    fence: Fence::new(2),
                     pod: "r-w2".into(),
                 },
                 E::StepUnknown {
                     step: 2,
-                    attempt: 1,
+                    attempt: Fence::new(1),
                 },
                 E::StepProbed {
                     step: 2,
@@ -161,7 +162,7 @@ fn ledger() -> Vec<LedgerSegment> {
             5,
             3,
             vec![E::Claimed {
-                fence: 3,
+                fence: Fence::new(3),
                 pod: "r-w3".into(),
             }],
         ),
@@ -170,7 +171,7 @@ fn ledger() -> Vec<LedgerSegment> {
             3,
             vec![
                 E::AttemptStarted {
-                    fence: 3,
+                    fence: Fence::new(3),
                     pod: "r-w3".into(),
                 },
                 E::WaitingInput {
@@ -256,7 +257,7 @@ fn attempt_history_says_how_each_attempt_ended() {
     let history = attempt_history(&ledger());
     let ends: Vec<(i64, &str, &str)> = history
         .iter()
-        .map(|(f, p, e)| (*f, p.as_str(), e.as_str()))
+        .map(|(f, p, e)| (f.get(), p.as_str(), e.as_str()))
         .collect();
     assert_eq!(
         ends,
@@ -273,7 +274,7 @@ fn attempt_history_says_how_each_attempt_ended() {
 #[test]
 fn attempt_history_ends_the_last_attempt_at_a_terminal_claim() {
     let claimed = |fence: i64| LedgerEvent::Claimed {
-        fence,
+        fence: Fence::new(fence),
         pod: format!("r-w{fence}"),
     };
     let ledger = [
@@ -282,7 +283,7 @@ fn attempt_history_ends_the_last_attempt_at_a_terminal_claim() {
             2,
             1,
             vec![LedgerEvent::AttemptStarted {
-                fence: 1,
+                fence: Fence::new(1),
                 pod: "r-w1".into(),
             }],
         ),
@@ -291,8 +292,8 @@ fn attempt_history_ends_the_last_attempt_at_a_terminal_claim() {
             4,
             2,
             vec![LedgerEvent::Closed {
-                fence: 2,
-                reason: "MaxAttemptsExceeded".into(),
+                fence: Fence::new(2),
+                reason: CloseReason::MaxAttemptsExceeded,
             }],
         ),
     ];
@@ -300,7 +301,7 @@ fn attempt_history_ends_the_last_attempt_at_a_terminal_claim() {
     assert_eq!(
         history,
         [(
-            1,
+            Fence::new(1),
             "r-w1".to_string(),
             "closed by the controller".to_string()
         )]
@@ -312,7 +313,7 @@ fn describe_lists_phase_attempts_unknown_effects_conditions_and_events() {
     let status = AgentRunStatus {
         phase: Phase::Succeeded,
         attempt: 3,
-        fence: 3,
+        fence: Fence::new(3),
         failed_attempts: 1,
         unknown_effects: vec![unknown(2, "shell")],
         output: Some("Done.".into()),

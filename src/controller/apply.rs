@@ -90,10 +90,10 @@ async fn rollout_or_cleanup(
     run: &AgentRun,
     rollout: bool,
 ) -> Result<Applied, Error> {
-    let fence = Fence::of_run(run).get();
+    let fence = Fence::of_run(run);
     if rollout {
         start_rollout(ctx, run);
-        tracing::info!(run = %run_name(run), fence, "rollout: deleting the worker pod for a handoff");
+        tracing::info!(run = %run_name(run), %fence, "rollout: deleting the worker pod for a handoff");
         ctx.event(
             run,
             false,

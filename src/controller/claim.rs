@@ -92,7 +92,7 @@ pub async fn claim(ctx: &Context, run: &AgentRun, claim: Claim) -> Result<Applie
     let old_pod = async {
         match claim.reason {
             ClaimReason::PodGone => Ok(()),
-            _ => delete_pod(ctx, run, Fence::of_run(run).get()).await,
+            _ => delete_pod(ctx, run, Fence::of_run(run)).await,
         }
     };
     futures::try_join!(complete(ctx, written), old_pod)?;
@@ -130,7 +130,7 @@ pub(super) async fn prepare<'a, T>(
     confirm: impl Future<Output = Result<Stage<T>, Error>>,
 ) -> Result<Stage<(Prepared<'a>, T)>, Error> {
     let holder = RunHolder::of(run, Fence::of_run(run).next());
-    let fence = holder.fence.get();
+    let fence = holder.fence;
     if !leftovers::cleared(ctx, run, fence).await? {
         return Ok(Break(Applied::Requeue));
     }
@@ -164,7 +164,7 @@ pub(super) async fn seal<'a>(
     prepared: Prepared<'a>,
 ) -> Result<Stage<Sealed<'a>>, Error> {
     let (run, holder) = (prepared.run, &prepared.holder);
-    let fence = holder.fence.get();
+    let fence = holder.fence;
     let tail = match prepared.end {
         LedgerEnd::Tail(tail) => tail,
         LedgerEnd::Sealed(seq) => {
@@ -198,7 +198,7 @@ async fn write_claim_status(
     lease: LeaseBase,
 ) -> Result<Stage<StatusWritten>, Error> {
     let holder = prepared.holder;
-    let (fence, pod) = (holder.fence.get(), holder.pod.as_str());
+    let (fence, pod) = (holder.fence, holder.pod.as_str());
     let mut desired = statuses::claimed(prepared.run, claim, fence, pod);
     statuses::note_claimants(&mut desired, &prepared.claimants);
     let Some(run) = ctx.write_status(prepared.run, desired).await? else {
@@ -207,7 +207,7 @@ async fn write_claim_status(
     Ok(Continue(StatusWritten { run, holder, lease }))
 }
 
-fn remember_seal(ctx: &Context, run: &AgentRun, fence: i64, seq: i64) {
+fn remember_seal(ctx: &Context, run: &AgentRun, fence: Fence, seq: i64) {
     if seq < 1 {
         return;
     }
@@ -261,7 +261,7 @@ async fn confirm_trigger(
             Ok(Continue(LeaseBase::Read(Some(Box::new(fresh)))))
         }
         ClaimReason::PodGone => {
-            let name = worker_pod_name(&run.name_any(), Fence::of_run(run).get());
+            let name = worker_pod_name(&run.name_any(), Fence::of_run(run));
             let pod = ctx.api::<Pod>(&ns).get_opt(&name).await?;
             Ok(match pod {
                 None => Continue(LeaseBase::Cached),
@@ -288,7 +288,7 @@ pub(super) async fn confirm_current(ctx: &Context, run: &AgentRun) -> Result<Sta
 }
 
 fn record_claim(ctx: &Context, run: &AgentRun, claim: Claim, holder: &RunHolder) {
-    let (fence, pod) = (holder.fence.get(), holder.pod.as_str());
+    let (fence, pod) = (holder.fence, holder.pod.as_str());
     let reason = claim.reason.as_str();
     ctx.metrics.claim(reason, claim.reason.is_death());
     if claim.reason == ClaimReason::LeaseExpired
@@ -297,7 +297,7 @@ fn record_claim(ctx: &Context, run: &AgentRun, claim: Claim, holder: &RunHolder)
         let late = Instant::now().saturating_duration_since(s.deadline(&run.spec.lease));
         ctx.metrics.takeover_lateness(late.as_secs_f64());
     }
-    tracing::info!(run = %run_name(run), fence, pod, reason, "claimed");
+    tracing::info!(run = %run_name(run), %fence, pod, reason, "claimed");
     let note = format!("attempt {fence} claimed for pod {pod} ({reason})");
     ctx.event(
         run,
@@ -318,7 +318,7 @@ async fn move_lease(ctx: &Context, written: StatusWritten) -> Result<Stage<Lease
         LeaseBase::Cached => cached_lease(ctx, &run),
         LeaseBase::Fresh => leases.get(&holder.run).await?,
     };
-    let fence = holder.fence.get();
+    let fence = holder.fence;
     if crate::fence::lease_reached(current.as_ref().and_then(lease_fence), holder.fence) {
         return Ok(Break(Applied::Requeue));
     }
@@ -352,7 +352,7 @@ async fn move_lease(ctx: &Context, written: StatusWritten) -> Result<Stage<Lease
 async fn create_pod(ctx: &Context, moved: LeaseMoved) -> Result<(), Error> {
     let LeaseMoved { run, holder } = moved;
     let image = desired_image(&run, &ctx.config.worker_image);
-    let pod = worker_pod(&run, holder.fence.get(), &image);
+    let pod = worker_pod(&run, holder.fence, &image);
     let created = create_pod_patiently(ctx, &holder.namespace, &pod).await;
     if let Err(Error::Kube(err)) = &created
         && let Some(message) = refused_for_what_it_is(err)

@@ -47,17 +47,17 @@ pub async fn end(
         // Taken by a newer claim, or ended and recorded meanwhile: the CAS would be lost too.
         return Ok(Applied::Conflict);
     };
-    let record = record_events(&replay, fence, close.reason.as_str());
+    let record = record_events(&replay, fence, close.reason);
     for event in &record {
-        replay.apply(fence.get(), event);
+        replay.apply(fence, event);
     }
-    let desired = statuses::closed(run, close, fence.get(), &replay);
+    let desired = statuses::closed(run, close, fence, &replay);
     let Some(updated) = ctx.write_status(run, desired).await? else {
         return Ok(Applied::Conflict);
     };
-    announce(ctx, run, close, fence.get());
+    announce(ctx, run, close, fence);
     append_record(ctx, run, &store, replay.tail, fence, record).await?;
-    let previous = Fence::of_run(run).get();
+    let previous = Fence::of_run(run);
     after_end(ctx, run, &updated, previous).await
 }
 
@@ -73,7 +73,7 @@ async fn up_to_seal(store: &SegmentStore, fence: Fence) -> Result<Option<Replay>
 
 /// What a terminal claim records after its seal: `stepUnknown` for every step still open (its
 /// worker may have run it), then `closed{fence}`.
-fn record_events(replay: &Replay, fence: Fence, reason: &str) -> Vec<LedgerEvent> {
+fn record_events(replay: &Replay, fence: Fence, reason: CloseReason) -> Vec<LedgerEvent> {
     let unknown = replay
         .open_steps()
         .into_iter()
@@ -81,10 +81,7 @@ fn record_events(replay: &Replay, fence: Fence, reason: &str) -> Vec<LedgerEvent
             step: s.step,
             attempt: s.attempt,
         });
-    let closed = LedgerEvent::Closed {
-        fence: fence.get(),
-        reason: reason.into(),
-    };
+    let closed = LedgerEvent::Closed { fence, reason };
     unknown.chain(std::iter::once(closed)).collect()
 }
 
@@ -99,7 +96,7 @@ async fn append_record(
     record: Vec<LedgerEvent>,
 ) -> Result<(), Error> {
     let appended = ctx
-        .write_fenced("seal", store.append(seal, fence.get(), record))
+        .write_fenced("seal", store.append(seal, fence, record))
         .await?;
     match appended {
         Err(err) if !err.is_lost() => return Err(err.into()),
@@ -114,7 +111,7 @@ async fn after_end(
     ctx: &Context,
     run: &AgentRun,
     updated: &AgentRun,
-    previous: i64,
+    previous: Fence,
 ) -> Result<Applied, Error> {
     release_run_lease(ctx, updated).await?;
     admission::release(ctx, updated).await?;
@@ -142,9 +139,9 @@ pub async fn record_closed(ctx: &Context, run: &AgentRun) -> Result<Applied, Err
         ctx.remember(run, |m| m.close_recorded = true);
         return Ok(Applied::Done);
     };
-    let reason = status.and_then(|s| s.reason.as_deref()).unwrap_or_default();
+    let reason = CloseReason::named(status.and_then(|s| s.reason.as_deref()).unwrap_or_default());
     let record = record_events(&replay, fence, reason);
-    tracing::info!(run = %run_name(run), fence = fence.get(), "recording the end in the ledger");
+    tracing::info!(run = %run_name(run), %fence, "recording the end in the ledger");
     append_record(ctx, run, &store, replay.tail, fence, record).await?;
     Ok(Applied::Done)
 }
@@ -174,7 +171,7 @@ pub async fn complete_recorded(ctx: &Context, run: &AgentRun) -> Result<Applied,
         // The cache showed a record the API server does not have: look again.
         return Ok(Applied::Requeue);
     };
-    let close = Close::recorded(&reason, fence);
+    let close = Close::recorded(reason, fence);
     let replay = fold(&segments)?;
     let desired = statuses::closed(run, &close, fence, &replay);
     let Some(updated) = ctx.write_status(run, desired).await? else {
@@ -182,7 +179,7 @@ pub async fn complete_recorded(ctx: &Context, run: &AgentRun) -> Result<Applied,
     };
     announce(ctx, run, &close, fence);
     ctx.remember(run, |m| m.close_recorded = true);
-    after_end(ctx, run, &updated, Fence::of_run(run).get()).await
+    after_end(ctx, run, &updated, Fence::of_run(run)).await
 }
 
 /// The ledger folded. `extend` (not `from_segments`): a chunked event still being written by
@@ -193,12 +190,12 @@ fn fold(segments: &[LedgerSegment]) -> Result<Replay, Error> {
     Ok(replay)
 }
 
-fn announce(ctx: &Context, run: &AgentRun, close: &Close, fence: i64) {
+fn announce(ctx: &Context, run: &AgentRun, close: &Close, fence: Fence) {
     if close.reason == CloseReason::MaxAttemptsExceeded {
         ctx.metrics.give_up();
     }
     let phase = close.phase();
-    tracing::info!(run = %run_name(run), fence, %phase, reason = %close.reason, "ended");
+    tracing::info!(run = %run_name(run), %fence, %phase, reason = %close.reason, "ended");
     let note = format!("{phase} at fence {fence}: {}", close.message);
     ctx.event(run, true, close.reason.as_str(), note);
 }
@@ -206,8 +203,8 @@ fn announce(ctx: &Context, run: &AgentRun, close: &Close, fence: i64) {
 /// Deletes the worker pod of `fence` unless the cache shows it already being deleted (404 is
 /// fine). A pod missing from the cache is deleted all the same: the cache may lag, and a
 /// skipped deletion would leave an old worker pod behind for good.
-pub async fn delete_pod(ctx: &Context, run: &AgentRun, fence: i64) -> Result<(), Error> {
-    if Fence::new(fence).never_claimed() {
+pub async fn delete_pod(ctx: &Context, run: &AgentRun, fence: Fence) -> Result<(), Error> {
+    if fence.never_claimed() {
         return Ok(());
     }
     let ns = run.namespace().unwrap_or_default();

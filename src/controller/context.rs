@@ -17,6 +17,7 @@ use super::election::Leadership;
 use super::events::{self, Queued};
 use super::metrics::Metrics;
 use crate::crd::v1alpha1::AgentRun;
+use crate::fence::Fence;
 use crate::lease::LeaseSighting;
 
 /// What the controller remembers about one run, on its own clock.
@@ -52,7 +53,7 @@ impl RunMemory {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SealMemory {
     pub uid: String,
-    pub fence: i64,
+    pub fence: Fence,
     pub seq: i64,
 }
 
@@ -89,7 +90,7 @@ pub struct Context {
     pub leases: Store<Lease>,
     pub memory: Mutex<HashMap<RunKey, RunMemory>>,
     /// Runs whose pod was deleted for a rollout, with the fence it was deleted at.
-    pub rollouts: Mutex<HashSet<(RunKey, i64)>>,
+    pub rollouts: Mutex<HashSet<(RunKey, Fence)>>,
     pub leadership: Arc<Leadership>,
     pub metrics: Arc<Metrics>,
     /// Events waiting to be published (None: Events are off).

@@ -430,7 +430,7 @@ fn decide_terminal(obs: &Observation<'_>) -> Decision {
 fn ended_by_terminal_claim(run: &AgentRun) -> bool {
     run.status.as_ref().is_some_and(|s| {
         s.phase.is_terminal()
-            && !Fence::new(s.fence).never_claimed()
+            && !s.fence.never_claimed()
             && s.worker.is_none()
             && s.reason.as_deref().is_some_and(CloseReason::names)
     })

@@ -333,7 +333,7 @@ fn a_run_ended_by_a_terminal_claim_gets_its_record_once() {
     assert_eq!(decide(&o).action, Action::Nothing);
     let mut refused = r.clone();
     let s = refused.status.as_mut().unwrap();
-    (s.fence, s.reason) = (0, Some("InvalidSpec".into()));
+    (s.fence, s.reason) = (Fence::new(0), Some("InvalidSpec".into()));
     assert_eq!(
         decide(&obs(&refused, None, PodState::Missing, now)).action,
         Action::Nothing

@@ -298,13 +298,13 @@ fn a_close_reason_is_read_back_from_its_seal_with_the_phase_it_ends_in() {
         (WorkerConfigError, Phase::Failed),
         (PodRejected, Phase::Failed),
     ] {
-        assert_eq!(CloseReason::from_seal(reason.as_str()), reason);
-        let recorded = Close::recorded(reason.as_str(), 3);
+        assert_eq!(CloseReason::named(reason.as_str()), reason);
+        let recorded = Close::recorded(reason, Fence::new(3));
         assert_eq!((recorded.reason, recorded.phase()), (reason, phase));
         assert!(recorded.message.contains("fence 3"));
     }
     // A reason another version wrote still ends the run, as an interrupted one.
-    let unknown = Close::recorded("SomethingNew", 2);
+    let unknown = Close::recorded(CloseReason::named("SomethingNew"), Fence::new(2));
     assert_eq!(unknown.reason, Unrecognized);
     assert_eq!(unknown.phase(), Phase::Interrupted);
 }

@@ -8,6 +8,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::approval;
 use crate::crd::v1alpha1::{AgentRun, Phase};
+pub use crate::fence::CloseReason;
 use crate::fence::Fence;
 use crate::lease::LeaseSighting;
 
@@ -156,8 +157,7 @@ impl Close {
     /// The end a `closed` seal at `fence` records, for a claim that meets it after the
     /// controller that wrote it stopped before the terminal status (the seal holds the reason
     /// only: the message says where it came from).
-    pub fn recorded(reason: &str, fence: i64) -> Self {
-        let reason = CloseReason::from_seal(reason);
+    pub fn recorded(reason: CloseReason, fence: Fence) -> Self {
         Self {
             message: format!(
                 "the ledger was closed at fence {fence} ({}); the run ends as its seal records",
@@ -169,69 +169,9 @@ impl Close {
     }
 }
 
-/// Why the controller ends a run itself. On the wire (the `closed` seal's reason, the status
-/// reason, the Event reason) it is the name as written here.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum CloseReason {
-    /// `spec.stop` was set and no worker carried it out.
-    StopRequested,
-    /// The run's attempts ended by dying `maxAttempts` times.
-    MaxAttemptsExceeded,
-    /// The worker pod cannot start: a Secret it needs does not exist.
-    SecretNotFound,
-    /// The worker pod cannot start for another reason in its configuration.
-    WorkerConfigError,
-    /// The API server refuses to create the worker pod (an admission check: a RuntimeClass
-    /// that does not exist, a Pod Security level the pod does not meet, an invalid field).
-    PodRejected,
-    /// `spec.budget.deadlineSeconds` passed while the run waited for input or an approval:
-    /// no worker was there to check it.
-    DeadlineExceeded,
-    /// A Lease of the run's Lease name exists and the run does not control it: baton never
-    /// replaces a Lease it did not make for the run.
-    LeaseNotOwned,
-    /// A seal whose reason this version does not know (written by another version).
-    Unrecognized,
-}
-
+// The reason itself lives with the seal that records it (`crate::fence`); the phase it ends a
+// run in is the controller's business, so that part is here.
 impl CloseReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CloseReason::StopRequested => "StopRequested",
-            CloseReason::MaxAttemptsExceeded => "MaxAttemptsExceeded",
-            CloseReason::SecretNotFound => "SecretNotFound",
-            CloseReason::WorkerConfigError => "WorkerConfigError",
-            CloseReason::PodRejected => "PodRejected",
-            CloseReason::DeadlineExceeded => "DeadlineExceeded",
-            CloseReason::LeaseNotOwned => "LeaseNotOwned",
-            CloseReason::Unrecognized => "LedgerClosed",
-        }
-    }
-
-    const ALL: [CloseReason; 8] = [
-        CloseReason::StopRequested,
-        CloseReason::MaxAttemptsExceeded,
-        CloseReason::SecretNotFound,
-        CloseReason::WorkerConfigError,
-        CloseReason::PodRejected,
-        CloseReason::DeadlineExceeded,
-        CloseReason::LeaseNotOwned,
-        CloseReason::Unrecognized,
-    ];
-
-    /// The reason a `closed` seal records.
-    pub fn from_seal(reason: &str) -> Self {
-        Self::ALL
-            .into_iter()
-            .find(|r| r.as_str() == reason)
-            .unwrap_or(CloseReason::Unrecognized)
-    }
-
-    /// True when `reason` (a status's) is one a terminal claim gives.
-    pub fn names(reason: &str) -> bool {
-        Self::ALL.iter().any(|r| r.as_str() == reason)
-    }
-
     /// The phase a run closed for this reason ends in.
     pub fn phase(self) -> Phase {
         match self {
@@ -243,12 +183,6 @@ impl CloseReason {
             | CloseReason::DeadlineExceeded
             | CloseReason::LeaseNotOwned => Phase::Failed,
         }
-    }
-}
-
-impl std::fmt::Display for CloseReason {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 

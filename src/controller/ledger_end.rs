@@ -10,7 +10,7 @@ use super::context::Context;
 use crate::crd::RUN_UID_LABEL;
 use crate::crd::v1alpha1::{AgentRun, LedgerSegment};
 use crate::fence::{
-    Fence, Verdict, follows, ledger_verdict, segment_name, verdict, written_before,
+    CloseReason, Fence, Verdict, follows, ledger_verdict, segment_name, verdict, written_before,
 };
 use crate::kube_util::is_not_found;
 use crate::ledger::is_segment_of;
@@ -26,7 +26,7 @@ pub enum LedgerEnd {
     Lost,
     /// A `closed` seal: the run ended at `fence` for `reason`, perhaps without its terminal
     /// status (the controller that sealed it stopped first): the claim completes that end.
-    Closed { fence: i64, reason: String },
+    Closed { fence: Fence, reason: CloseReason },
 }
 
 /// The end of a run's ledger, and the names of the segments met that claim the run (its UID
@@ -49,8 +49,8 @@ impl From<LedgerEnd> for Found {
 
 /// How a claim for `fence` reads one segment met on its way to the end of the ledger
 /// (None: older history, walk on), by the one ownership rule, [`verdict`].
-pub fn classify_seen(segment: &LedgerSegment, fence: i64) -> Option<LedgerEnd> {
-    LedgerEnd::ending(verdict(Fence::new(fence), segment, None), segment.spec.seq)
+pub fn classify_seen(segment: &LedgerSegment, fence: Fence) -> Option<LedgerEnd> {
+    LedgerEnd::ending(verdict(fence, segment, None), segment.spec.seq)
 }
 
 impl LedgerEnd {
@@ -88,8 +88,8 @@ const MAX_PROBES: i64 = 8;
 ///   each after the one before it), caught up with by the `create` the same way. (A list
 ///   filters every segment the API server caches, the costly path: profiled at about a third
 ///   of a 1.20 API server's CPU when done once per takeover.)
-pub async fn ledger_end(ctx: &Context, run: &AgentRun, fence: i64) -> Result<Found, Error> {
-    if Fence::new(fence).is_first() {
+pub async fn ledger_end(ctx: &Context, run: &AgentRun, fence: Fence) -> Result<Found, Error> {
+    if fence.is_first() {
         return Ok(LedgerEnd::Tail(0).into());
     }
     let api = ctx.api::<LedgerSegment>(&run.namespace().unwrap_or_default());
@@ -97,7 +97,7 @@ pub async fn ledger_end(ctx: &Context, run: &AgentRun, fence: i64) -> Result<Fou
     let remembered = ctx
         .memory_of(run)
         .seal
-        .filter(|s| s.uid == uid && follows(Fence::new(fence), Fence::new(s.fence)))
+        .filter(|s| s.uid == uid && follows(fence, s.fence))
         .map(|s| s.seq);
     let reported = run
         .status
@@ -107,12 +107,10 @@ pub async fn ledger_end(ctx: &Context, run: &AgentRun, fence: i64) -> Result<Fou
     let start = match remembered {
         Some(seq) => Some(seq),
         None if reported > 0 => match cached_segment(&api, run, reported).await? {
-            Some(seg) if written_before(&seg, Fence::new(fence)) => {
-                match classify_seen(&seg, fence) {
-                    None => Some(reported),
-                    Some(end) => return Ok(end.into()),
-                }
-            }
+            Some(seg) if written_before(&seg, fence) => match classify_seen(&seg, fence) {
+                None => Some(reported),
+                Some(end) => return Ok(end.into()),
+            },
             _ => None,
         },
         None => None,
@@ -126,8 +124,8 @@ pub async fn ledger_end(ctx: &Context, run: &AgentRun, fence: i64) -> Result<Fou
     segments.sort_by_key(|s| s.spec.seq);
     // Our own seal's position is not needed (0): nothing is appended.
     let tail = segments.last().map_or(0, |s| s.spec.seq);
-    let end = LedgerEnd::ending(ledger_verdict(Fence::new(fence), &segments), 0)
-        .unwrap_or(LedgerEnd::Tail(tail));
+    let end =
+        LedgerEnd::ending(ledger_verdict(fence, &segments), 0).unwrap_or(LedgerEnd::Tail(tail));
     Ok(Found { end, claimants })
 }
 
@@ -137,7 +135,7 @@ pub async fn ledger_end(ctx: &Context, run: &AgentRun, fence: i64) -> Result<Fou
 async fn probe_after(
     api: &Api<LedgerSegment>,
     run: &AgentRun,
-    fence: i64,
+    fence: Fence,
     start: i64,
 ) -> Result<Option<LedgerEnd>, Error> {
     let mut sealed = None;
@@ -241,35 +239,44 @@ mod tests {
     #[test]
     fn a_claim_walks_past_older_fences_and_stops_at_its_own_a_newer_or_a_close() {
         let step = LedgerEvent::ModelDelta { text: "x".into() };
-        assert_eq!(classify_seen(&seg(4, 2, vec![step.clone()]), 3), None);
+        assert_eq!(
+            classify_seen(&seg(4, 2, vec![step.clone()]), Fence::new(3)),
+            None
+        );
         let own = LedgerEvent::Claimed {
-            fence: 3,
+            fence: Fence::new(3),
             pod: "r-w3".into(),
         };
         assert_eq!(
-            classify_seen(&seg(5, 3, vec![own]), 3),
+            classify_seen(&seg(5, 3, vec![own]), Fence::new(3)),
             Some(LedgerEnd::Sealed(5))
         );
         assert_eq!(
-            classify_seen(&seg(5, 4, vec![step]), 3),
+            classify_seen(&seg(5, 4, vec![step]), Fence::new(3)),
             Some(LedgerEnd::Lost)
         );
         let closed = LedgerEvent::Closed {
-            fence: 3,
-            reason: "StopRequested".into(),
+            fence: Fence::new(3),
+            reason: CloseReason::StopRequested,
         };
         let ended = |fence| {
             Some(LedgerEnd::Closed {
-                fence,
-                reason: "StopRequested".into(),
+                fence: Fence::new(fence),
+                reason: CloseReason::StopRequested,
             })
         };
         let closed_at = |fence| LedgerEvent::Closed {
-            fence,
-            reason: "StopRequested".into(),
+            fence: Fence::new(fence),
+            reason: CloseReason::StopRequested,
         };
-        assert_eq!(classify_seen(&seg(5, 3, vec![closed]), 3), ended(3));
+        assert_eq!(
+            classify_seen(&seg(5, 3, vec![closed]), Fence::new(3)),
+            ended(3)
+        );
         // Even a `closed` of an older fence ends the walk: nothing is appended after it.
-        assert_eq!(classify_seen(&seg(5, 2, vec![closed_at(2)]), 3), ended(2));
+        assert_eq!(
+            classify_seen(&seg(5, 2, vec![closed_at(2)]), Fence::new(3)),
+            ended(2)
+        );
     }
 }

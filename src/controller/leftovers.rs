@@ -32,7 +32,7 @@ use crate::fence::{Fence, run_lease_name, segment_name, worker_pod_name};
 
 /// True when nothing of another run stands where the claim of `run` for `fence` will write;
 /// false when leftovers were found (and are being deleted): look again shortly.
-pub async fn cleared(ctx: &Context, run: &AgentRun, fence: i64) -> Result<bool, Error> {
+pub async fn cleared(ctx: &Context, run: &AgentRun, fence: Fence) -> Result<bool, Error> {
     let uid = run.uid().unwrap_or_default();
     let ns = run.namespace().unwrap_or_default();
     let mut found = Vec::new();
@@ -40,7 +40,7 @@ pub async fn cleared(ctx: &Context, run: &AgentRun, fence: i64) -> Result<bool, 
         delete_leftover(ctx, &ctx.api::<Pod>(&ns), &pod).await?;
         found.push(format!("pod {}", pod.name_any()));
     }
-    if Fence::new(fence).is_first() {
+    if fence.is_first() {
         if let Some(lease) = foreign_lease(ctx, run, &uid) {
             delete_leftover(ctx, &ctx.api::<Lease>(&ns), &lease).await?;
             found.push(format!("Lease {}", lease.name_any()));
@@ -65,13 +65,13 @@ pub async fn cleared(ctx: &Context, run: &AgentRun, fence: i64) -> Result<bool, 
         run.name_any(),
         found.join(", ")
     );
-    tracing::info!(run = %run_name(run), fence, leftovers = %found.join(", "), "leftovers");
+    tracing::info!(run = %run_name(run), %fence, leftovers = %found.join(", "), "leftovers");
     ctx.event(run, false, "RemovingLeftovers", note);
     Ok(false)
 }
 
 /// The pod the claim for `fence` will create, if the cache has one owned by another run.
-fn foreign_pod(ctx: &Context, run: &AgentRun, uid: &str, fence: i64) -> Option<Pod> {
+fn foreign_pod(ctx: &Context, run: &AgentRun, uid: &str, fence: Fence) -> Option<Pod> {
     let name = worker_pod_name(&run.name_any(), fence);
     let ns = run.namespace().unwrap_or_default();
     let pod = ctx.pods.get(&ObjectRef::new(&name).within(&ns))?;

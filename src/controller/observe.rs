@@ -71,7 +71,7 @@ pub fn pod_state(ctx: &Context, run: &AgentRun) -> PodState {
     if fence.never_claimed() {
         return PodState::Missing;
     }
-    let name = worker_pod_name(&run.name_any(), fence.get());
+    let name = worker_pod_name(&run.name_any(), fence);
     let ns = run.namespace().unwrap_or_default();
     match ctx.pods.get(&ObjectRef::new(&name).within(&ns)) {
         Some(pod) if controlled_by_run(&*pod, &run.uid().unwrap_or_default()) => classify_pod(&pod),
@@ -212,17 +212,14 @@ fn rollouts_in_flight(ctx: &Context) -> usize {
         ctx.runs
             .get(&ObjectRef::new(name).within(ns))
             .and_then(|r| r.status.clone())
-            .is_some_and(|s| {
-                crate::fence::status_names(Fence::new(s.fence), Fence::new(*fence))
-                    && !s.phase.is_terminal()
-            })
+            .is_some_and(|s| crate::fence::status_names(s.fence, *fence) && !s.phase.is_terminal())
     });
     rollouts.len()
 }
 
 /// Marks a rollout handoff in flight for the run at its current fence.
 pub fn start_rollout(ctx: &Context, run: &AgentRun) {
-    let fence = Fence::of_run(run).get();
+    let fence = Fence::of_run(run);
     ctx.rollouts
         .lock()
         .expect("rollouts lock")

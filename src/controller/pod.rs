@@ -28,6 +28,7 @@ use kube::ResourceExt;
 use super::bounds::{self, bounded_empty_dir};
 use crate::crd::v1alpha1::{AgentRun, WorkspaceAccessMode};
 use crate::crd::{FENCE_LABEL, env};
+use crate::fence::Fence;
 use crate::fence::{worker_pod_name, workspace_claim_name};
 use crate::owned::{Ownership, owned_meta};
 use crate::rbac::pod_service_account;
@@ -93,7 +94,7 @@ pub fn pod_image(pod: &Pod) -> String {
 
 /// The worker pod for attempt `fence` of `run`; `image` is baton's (the worker's, and the
 /// executor's source).
-pub fn worker_pod(run: &AgentRun, fence: i64, image: &str) -> Pod {
+pub fn worker_pod(run: &AgentRun, fence: Fence, image: &str) -> Pod {
     let name = worker_pod_name(&run.name_any(), fence);
     let mut metadata = owned_meta(run, name.clone(), Ownership::Controller);
     metadata
@@ -230,7 +231,7 @@ fn tools_container(run: &AgentRun, image: &str) -> Container {
     }
 }
 
-fn worker_container(run: &AgentRun, fence: i64, pod: &str, image: &str) -> Container {
+fn worker_container(run: &AgentRun, fence: Fence, pod: &str, image: &str) -> Container {
     Container {
         name: CONTAINER_NAME.into(),
         image: Some(image.into()),
@@ -409,7 +410,7 @@ fn container_security_context(uid: i64) -> SecurityContext {
     }
 }
 
-fn worker_env(run: &AgentRun, fence: i64, pod: &str) -> Vec<EnvVar> {
+fn worker_env(run: &AgentRun, fence: Fence, pod: &str) -> Vec<EnvVar> {
     let mut vars = vec![
         plain(env::RUN, run.name_any()),
         plain(env::NAMESPACE, run.namespace().unwrap_or_default()),

@@ -37,7 +37,7 @@ fn env_names(c: &Container) -> Vec<&str> {
 
 #[test]
 fn the_pod_carries_name_labels_owner_and_env() {
-    let pod = worker_pod(&run(), 3, "img:1");
+    let pod = worker_pod(&run(), Fence::new(3), "img:1");
     assert_eq!(pod.name_any(), "r1-w3");
     assert_eq!(pod.labels()[FENCE_LABEL], "3");
     assert_eq!(pod.owner_references()[0].uid, "u-1");
@@ -58,7 +58,7 @@ fn the_pod_carries_name_labels_owner_and_env() {
 
 #[test]
 fn the_pod_declares_the_workers_metrics_port() {
-    let spec = worker_pod(&run(), 1, "img").spec.unwrap();
+    let spec = worker_pod(&run(), Fence::new(1), "img").spec.unwrap();
     let ports = container(&spec, CONTAINER_NAME).ports.clone().unwrap();
     let admin: std::net::SocketAddr = crate::worker::admin::DEFAULT_ADMIN_ADDR.parse().unwrap();
     assert_eq!(ports[0].name.as_deref(), Some(METRICS_PORT_NAME));
@@ -68,16 +68,16 @@ fn the_pod_declares_the_workers_metrics_port() {
 #[test]
 fn the_pod_runs_as_the_runs_own_service_account_unless_the_run_names_one() {
     let mut r = run();
-    let spec = worker_pod(&r, 1, "img").spec.unwrap();
+    let spec = worker_pod(&r, Fence::new(1), "img").spec.unwrap();
     assert_eq!(spec.service_account_name.as_deref(), Some("baton-run-r1"));
     r.spec.worker.service_account_name = Some("custom".into());
-    let spec = worker_pod(&r, 1, "img").spec.unwrap();
+    let spec = worker_pod(&r, Fence::new(1), "img").spec.unwrap();
     assert_eq!(spec.service_account_name.as_deref(), Some("custom"));
 }
 
 #[test]
 fn every_container_is_restricted_and_the_tools_run_as_another_user() {
-    let spec = worker_pod(&run(), 1, "img").spec.unwrap();
+    let spec = worker_pod(&run(), Fence::new(1), "img").spec.unwrap();
     let pod_sc = spec.security_context.clone().unwrap();
     assert_eq!(pod_sc.run_as_non_root, Some(true));
     assert_eq!(pod_sc.seccomp_profile.unwrap().type_, "RuntimeDefault");
@@ -100,7 +100,7 @@ fn every_container_is_restricted_and_the_tools_run_as_another_user() {
 
 #[test]
 fn only_the_worker_container_holds_a_token_or_the_model_key() {
-    let spec = worker_pod(&run(), 1, "img").spec.unwrap();
+    let spec = worker_pod(&run(), Fence::new(1), "img").spec.unwrap();
     assert_eq!(spec.automount_service_account_token, Some(false));
     let worker = container(&spec, CONTAINER_NAME);
     assert!(mounts(worker).contains(&(volume::API_ACCESS, API_ACCESS_DIR)));
@@ -141,7 +141,7 @@ fn an_mcp_servers_headers_secret_is_mounted_in_the_worker_container_only() {
     }))
     .unwrap();
     r.spec.agent.tools.push(server);
-    let spec = worker_pod(&r, 1, "img").spec.unwrap();
+    let spec = worker_pod(&r, Fence::new(1), "img").spec.unwrap();
     let worker = container(&spec, CONTAINER_NAME);
     let at = "/baton/mcp-headers/files";
     let volume = mounts(worker)
@@ -169,7 +169,7 @@ fn an_mcp_servers_headers_secret_is_mounted_in_the_worker_container_only() {
 #[test]
 fn the_tools_container_runs_the_executor_in_the_runs_tools_image() {
     let mut r = run();
-    let spec = worker_pod(&r, 1, "baton:1").spec.unwrap();
+    let spec = worker_pod(&r, Fence::new(1), "baton:1").spec.unwrap();
     let tools = container(&spec, TOOLS_CONTAINER_NAME);
     assert_eq!(
         tools.image.as_deref(),
@@ -192,12 +192,15 @@ fn the_tools_container_runs_the_executor_in_the_runs_tools_image() {
     assert!(mounts(tools).contains(&(volume::TOOLS_TMP, SCRATCH_DIR)));
     r.spec.worker.tools_image = Some("debian:12".into());
     r.spec.worker.runtime_class_name = Some("gvisor".into());
-    let spec = worker_pod(&r, 1, "baton:1").spec.unwrap();
+    let spec = worker_pod(&r, Fence::new(1), "baton:1").spec.unwrap();
     assert_eq!(
         container(&spec, TOOLS_CONTAINER_NAME).image.as_deref(),
         Some("debian:12")
     );
-    assert_eq!(pod_image(&worker_pod(&r, 1, "baton:1")), "baton:1");
+    assert_eq!(
+        pod_image(&worker_pod(&r, Fence::new(1), "baton:1")),
+        "baton:1"
+    );
     assert_eq!(spec.runtime_class_name.as_deref(), Some("gvisor"));
 }
 
@@ -212,10 +215,10 @@ fn the_workspace_is_the_runs_claim_when_it_asks_for_one() {
             .cloned()
             .unwrap()
     };
-    let spec = worker_pod(&r, 1, "img").spec.unwrap();
+    let spec = worker_pod(&r, Fence::new(1), "img").spec.unwrap();
     assert!(workspace(&spec).empty_dir.is_some());
     r.spec.workspace = Some(serde_json::from_value(serde_json::json!({"size": "1Gi"})).unwrap());
-    let spec = worker_pod(&r, 2, "img").spec.unwrap();
+    let spec = worker_pod(&r, Fence::new(2), "img").spec.unwrap();
     let claim = workspace(&spec).persistent_volume_claim.unwrap();
     assert_eq!(claim.claim_name, "r1-workspace");
     let made = workspace_claim(&r).unwrap();

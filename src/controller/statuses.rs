@@ -8,6 +8,7 @@ use super::decide::{Claim, ClaimReason, Close, WorkspaceCondition};
 use super::validate::INVALID_SPEC;
 use crate::crd::v1alpha1::Resolution;
 use crate::crd::v1alpha1::{AgentRun, AgentRunStatus, LedgerStats, Phase, UnknownEffect};
+use crate::fence::Fence;
 use crate::ledger::Replay;
 use crate::status::{condition, set_condition};
 
@@ -22,11 +23,11 @@ fn base(run: &AgentRun) -> (AgentRunStatus, Option<i64>) {
 }
 
 /// The status of a claim for `fence` (docs/protocol.md): Running, the new fence and pod.
-pub fn claimed(run: &AgentRun, claim: Claim, fence: i64, pod: &str) -> AgentRunStatus {
+pub fn claimed(run: &AgentRun, claim: Claim, fence: Fence, pod: &str) -> AgentRunStatus {
     let (mut s, generation) = base(run);
     s.phase = Phase::Running;
     s.fence = fence;
-    s.attempt = fence;
+    s.attempt = fence.get();
     s.failed_attempts += i32::from(claim.failed);
     s.worker = Some(pod.into());
     // A waiting call is decided (or its wait timed out) by the worker this claim starts: it
@@ -82,11 +83,11 @@ pub fn note_claimants(s: &mut AgentRunStatus, claimants: &[String]) {
 }
 
 /// The status of a terminal claim: the terminal phase at `fence`, the salvage up to the seal.
-pub fn closed(run: &AgentRun, close: &Close, fence: i64, replay: &Replay) -> AgentRunStatus {
+pub fn closed(run: &AgentRun, close: &Close, fence: Fence, replay: &Replay) -> AgentRunStatus {
     let (mut s, generation) = base(run);
     s.usage = Some(replay.usage.clone());
     s.fence = fence;
-    s.attempt = fence;
+    s.attempt = fence.get();
     s.failed_attempts += i32::from(close.failed);
     s.worker = None;
     let salvage = replay.salvage();

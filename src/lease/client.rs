@@ -43,7 +43,7 @@ impl LeaseClient {
         run: &str,
         owner: OwnerReference,
         holder: &str,
-        fence: i64,
+        fence: Fence,
         duration_seconds: i32,
     ) -> Result<Lease, LeaseError> {
         let current = self.get(run).await?;
@@ -64,7 +64,7 @@ impl LeaseClient {
         current: Option<Lease>,
         owner: OwnerReference,
         holder: &str,
-        fence: i64,
+        fence: Fence,
         duration_seconds: i32,
     ) -> Result<Option<Lease>, LeaseError> {
         let (lease, moved) = self
@@ -80,13 +80,13 @@ impl LeaseClient {
         mut current: Option<Lease>,
         owner: OwnerReference,
         holder: &str,
-        fence: i64,
+        fence: Fence,
         duration_seconds: i32,
     ) -> Result<(Lease, bool), LeaseError> {
         for _ in 0..CONFLICT_RETRIES {
             if let Some(lease) = &current {
                 not_the_runs(lease, &owner)?;
-                if crate::fence::lease_reached(lease_fence(lease), Fence::new(fence)) {
+                if crate::fence::lease_reached(lease_fence(lease), fence) {
                     return Ok((lease.clone(), false));
                 }
             }
@@ -143,7 +143,7 @@ fn moved_lease(
     run: &str,
     owner: OwnerReference,
     holder: &str,
-    fence: i64,
+    fence: Fence,
     duration_seconds: i32,
 ) -> Lease {
     let mut lease = current.unwrap_or_else(|| Lease {
@@ -163,7 +163,7 @@ fn moved_lease(
         lease_duration_seconds: Some(duration_seconds),
         acquire_time: Some(MicroTime(Timestamp::now())),
         renew_time: None,
-        lease_transitions: Some(fence as i32),
+        lease_transitions: Some(fence.get() as i32),
         ..K8sLeaseSpec::default()
     });
     lease
@@ -175,7 +175,7 @@ pub struct WorkerLease {
     api: Api<Lease>,
     name: String,
     holder: String,
-    fence: i64,
+    fence: Fence,
     /// The UID of the run the Lease must belong to, once known.
     run_uid: Option<String>,
     /// The Lease as this worker last read or wrote it, while it named us under our fence
@@ -184,7 +184,7 @@ pub struct WorkerLease {
 }
 
 impl WorkerLease {
-    pub fn new(client: Client, namespace: &str, run: &str, holder: &str, fence: i64) -> Self {
+    pub fn new(client: Client, namespace: &str, run: &str, holder: &str, fence: Fence) -> Self {
         Self {
             api: Api::namespaced(client, namespace),
             name: run_lease_name(run),
@@ -215,7 +215,7 @@ impl WorkerLease {
             .run_uid
             .as_ref()
             .is_some_and(|uid| !controlled_by_run(&lease, uid));
-        if other_run || !held_by(&lease, &self.holder, Fence::new(self.fence)) {
+        if other_run || !held_by(&lease, &self.holder, self.fence) {
             self.remember(None);
             return Err(self.lost(&lease));
         }
@@ -256,7 +256,7 @@ impl WorkerLease {
                 .await
             {
                 Ok(lease) => {
-                    let ours = held_by(&lease, &self.holder, Fence::new(self.fence));
+                    let ours = held_by(&lease, &self.holder, self.fence);
                     self.remember(ours.then_some(&lease));
                     return Ok(lease);
                 }
@@ -282,12 +282,12 @@ impl WorkerLease {
         LeaseError::Lost {
             name: self.name.clone(),
             holder: super::lease_holder(lease).map(Into::into),
-            fence: lease_fence(lease).map(Fence::get),
+            fence: lease_fence(lease),
             ours: self.fence,
         }
     }
 
-    pub fn fence(&self) -> i64 {
+    pub fn fence(&self) -> Fence {
         self.fence
     }
 }

@@ -9,6 +9,8 @@ mod rules;
 pub use client::{LeaseClient, WorkerLease};
 pub use rules::*;
 
+use crate::fence::Fence;
+
 /// Errors of the lease edge.
 #[derive(Debug, thiserror::Error)]
 pub enum LeaseError {
@@ -17,8 +19,8 @@ pub enum LeaseError {
     Lost {
         name: String,
         holder: Option<String>,
-        fence: Option<i64>,
-        ours: i64,
+        fence: Option<Fence>,
+        ours: Fence,
     },
     /// The Lease does not exist.
     #[error("lease {name} not found")]

@@ -15,6 +15,8 @@ pub use replay::{
 pub use store::{Appended, SegmentStore};
 
 use crate::crd::v1alpha1::LedgerSegment;
+#[cfg(test)]
+use crate::fence::CloseReason;
 use crate::fence::{Fence, Verdict, verdict};
 
 /// Errors of the ledger.
@@ -24,10 +26,14 @@ pub enum LedgerError {
     #[error(
         "ledger position {seq} holds fence {theirs}, newer than ours ({ours}): the run was lost"
     )]
-    Superseded { seq: i64, ours: i64, theirs: i64 },
+    Superseded {
+        seq: i64,
+        ours: Fence,
+        theirs: Fence,
+    },
     /// The run was closed by the controller: nothing may be appended.
     #[error("ledger is closed at position {seq} (fence {fence})")]
-    Closed { seq: i64, fence: i64 },
+    Closed { seq: i64, fence: Fence },
     /// Segments are not contiguous from 1.
     #[error("ledger has a gap: expected position {expected}, found {found}")]
     Gap { expected: i64, found: i64 },
@@ -98,9 +104,9 @@ pub fn check_contiguous(segments: &[LedgerSegment]) -> Result<(), LedgerError> {
 
 /// After any re-read: refuses to go on if the segments end this writer's ownership (the
 /// verdict of [`crate::fence`]: a newer fence or a `closed` seal).
-pub fn check_still_owner(segments: &[LedgerSegment], fence: i64) -> Result<(), LedgerError> {
+pub fn check_still_owner(segments: &[LedgerSegment], fence: Fence) -> Result<(), LedgerError> {
     for seg in segments {
-        let verdict = verdict(Fence::new(fence), seg, None);
+        let verdict = verdict(fence, seg, None);
         if verdict.ends_ownership() {
             return Err(lost_to(seg, verdict, fence));
         }
@@ -109,7 +115,7 @@ pub fn check_still_owner(segments: &[LedgerSegment], fence: i64) -> Result<(), L
 }
 
 /// The error for a verdict that ended ownership at `seg`: a `closed` seal, else a newer owner.
-pub(crate) fn lost_to(seg: &LedgerSegment, verdict: Verdict, ours: i64) -> LedgerError {
+pub(crate) fn lost_to(seg: &LedgerSegment, verdict: Verdict, ours: Fence) -> LedgerError {
     match verdict {
         Verdict::Closed { fence, .. } => LedgerError::Closed {
             seq: seg.spec.seq,
@@ -161,20 +167,24 @@ mod tests {
     #[test]
     fn a_newer_fence_or_a_closed_ledger_ends_ownership() {
         let older = [seg(1, 1, vec![]), seg(2, 2, vec![])];
-        assert!(check_still_owner(&older, 2).is_ok());
+        assert!(check_still_owner(&older, Fence::new(2)).is_ok());
         assert!(matches!(
-            check_still_owner(&older, 1),
+            check_still_owner(&older, Fence::new(1)),
             Err(LedgerError::Superseded { seq: 2, .. })
         ));
         let closed = [seg(
             1,
             1,
             vec![LedgerEvent::Closed {
-                fence: 1,
-                reason: "x".into(),
+                fence: Fence::new(1),
+                reason: CloseReason::StopRequested,
             }],
         )];
-        assert!(check_still_owner(&closed, 1).unwrap_err().is_lost());
+        assert!(
+            check_still_owner(&closed, Fence::new(1))
+                .unwrap_err()
+                .is_lost()
+        );
     }
 
     #[test]

@@ -11,6 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use crate::crd::v1alpha1::{
     ApprovalOutcome, LedgerEvent, LedgerSegment, McpToolRecord, ProbeOutcome, Role, RunUsage,
 };
+use crate::fence::Fence;
 
 /// What the model is told about a step whose worker died while it ran.
 pub const UNKNOWN_EFFECT_NOTICE: &str = "The worker running this step died before its result was recorded. \
@@ -68,7 +69,7 @@ pub struct ReplayedStep {
     pub input: String,
     pub idempotent: bool,
     /// The fence of the attempt that recorded the intent.
-    pub attempt: i64,
+    pub attempt: Fence,
     /// True once a `stepUnknown` was recorded, even if a later result resolved it.
     pub was_unknown: bool,
     /// True once a human's approval of this very call was recorded (it waited, and was let
@@ -84,12 +85,10 @@ pub struct Replay {
     pub steps: BTreeMap<i64, ReplayedStep>,
     /// Position of the last segment (0 for an empty ledger).
     pub tail: i64,
-    /// Highest fence in the ledger.
-    pub max_fence: i64,
     /// Number of events, chunks counted once per piece.
     pub events: i64,
     /// The fences of the attempts that started, in order.
-    pub attempts: Vec<i64>,
+    pub attempts: Vec<Fence>,
     pub final_output: Option<String>,
     pub failure: Option<(String, String)>,
     pub stopped: bool,
@@ -98,8 +97,6 @@ pub struct Replay {
     /// Number of `spec.inputs` entries consumed.
     pub inputs_consumed: i64,
     pub handoffs: i64,
-    /// Set when the controller closed the ledger: `(fence, reason)`.
-    pub closed: Option<(i64, String)>,
     /// Model text streamed since the last recorded assistant message (a dead attempt's
     /// partial answer: never promoted to a message, only salvaged).
     pub streamed_tail: String,
@@ -137,7 +134,6 @@ impl Replay {
                 });
             }
             self.tail = seg.spec.seq;
-            self.max_fence = self.max_fence.max(seg.spec.fence);
             for event in &seg.spec.events {
                 self.events += 1;
                 // One writer writes a chunked event's chunks at consecutive positions with
@@ -170,7 +166,7 @@ impl Replay {
     }
 
     /// Folds one event written under `fence`.
-    pub fn apply(&mut self, fence: i64, event: &LedgerEvent) {
+    pub fn apply(&mut self, fence: Fence, event: &LedgerEvent) {
         match event {
             LedgerEvent::AttemptStarted { fence, .. } => {
                 self.attempts.push(*fence);
@@ -247,10 +243,7 @@ impl Replay {
             }
             LedgerEvent::Stopped => self.stopped = true,
             LedgerEvent::Claimed { .. } => {}
-            LedgerEvent::Closed { fence, reason } => {
-                self.count_cut_call();
-                self.closed = Some((*fence, reason.clone()))
-            }
+            LedgerEvent::Closed { .. } => self.count_cut_call(),
             LedgerEvent::Chunk { .. } => {}
         }
     }
@@ -281,7 +274,7 @@ impl Replay {
 
     fn apply_intent(
         &mut self,
-        fence: i64,
+        fence: Fence,
         step: i64,
         tool: &str,
         call_id: &str,

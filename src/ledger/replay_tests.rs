@@ -25,7 +25,7 @@ fn assistant(text: &str) -> LedgerEvent {
 fn an_intent_without_a_result_is_an_open_step() {
     let r = Replay::from_segments(&[seg(1, 1, vec![assistant("working"), intent(1)])]).unwrap();
     assert_eq!(r.open_steps().len(), 1);
-    assert_eq!(r.open_steps()[0].attempt, 1);
+    assert_eq!(r.open_steps()[0].attempt, Fence::new(1));
     assert_eq!(r.last_step(), 1);
 }
 
@@ -38,7 +38,7 @@ fn an_unknown_step_tells_the_model_and_a_later_result_replaces_the_notice() {
             2,
             vec![LedgerEvent::StepUnknown {
                 step: 1,
-                attempt: 1,
+                attempt: Fence::new(1),
             }],
         ),
     ];
@@ -129,14 +129,14 @@ fn a_new_attempt_discards_the_streamed_tail() {
             2,
             2,
             vec![LedgerEvent::AttemptStarted {
-                fence: 2,
+                fence: Fence::new(2),
                 pod: "p".into(),
             }],
         ),
     ];
     let r = Replay::from_segments(&segments).unwrap();
     assert_eq!(r.streamed_tail, "");
-    assert_eq!(r.attempts, vec![2]);
+    assert_eq!(r.attempts, vec![Fence::new(2)]);
 }
 
 #[test]
@@ -173,7 +173,6 @@ fn final_waiting_and_inputs_are_honoured() {
     assert_eq!(r.inputs_consumed, 1);
     assert_eq!(r.final_output.as_deref(), Some("done"));
     assert_eq!(r.salvage(), "done");
-    assert_eq!(r.max_fence, 2);
 }
 
 #[test]
@@ -186,20 +185,6 @@ fn a_gap_is_refused() {
             found: 3
         }
     ));
-}
-
-#[test]
-fn a_closed_ledger_records_its_seal() {
-    let r = Replay::from_segments(&[seg(
-        1,
-        4,
-        vec![LedgerEvent::Closed {
-            fence: 4,
-            reason: "MaxAttemptsExceeded".into(),
-        }],
-    )])
-    .unwrap();
-    assert_eq!(r.closed, Some((4, "MaxAttemptsExceeded".into())));
 }
 
 /// A worker killed (or superseded) between the chunks of an event too large for one segment:
@@ -224,7 +209,7 @@ fn a_chunked_event_its_writer_never_finished_is_dropped_and_the_ledger_replays()
         next,
         2,
         vec![LedgerEvent::Claimed {
-            fence: 2,
+            fence: Fence::new(2),
             pod: "r-w2".into(),
         }],
     ));
@@ -277,7 +262,7 @@ fn delta(text: &str) -> LedgerEvent {
 
 fn started(fence: i64) -> LedgerEvent {
     LedgerEvent::AttemptStarted {
-        fence,
+        fence: Fence::new(fence),
         pod: format!("r-w{fence}"),
     }
 }

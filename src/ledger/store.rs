@@ -87,7 +87,7 @@ impl SegmentStore {
     pub async fn append(
         &self,
         tail: i64,
-        fence: i64,
+        fence: Fence,
         events: Vec<LedgerEvent>,
     ) -> Result<Appended, LedgerError> {
         let mut appended = Appended {
@@ -103,7 +103,7 @@ impl SegmentStore {
     async fn append_group(
         &self,
         appended: &mut Appended,
-        fence: i64,
+        fence: Fence,
         events: Vec<LedgerEvent>,
     ) -> Result<(), LedgerError> {
         loop {
@@ -118,7 +118,7 @@ impl SegmentStore {
                 Err(err) if is_already_exists(&err) => {
                     let existing = self.api.get(&segment_name(&self.run, seq)).await?;
                     self.check_ours(&existing)?;
-                    match verdict(Fence::new(fence), &existing, Some(&events)) {
+                    match verdict(fence, &existing, Some(&events)) {
                         Verdict::OwnRetry => {
                             appended.tail = seq;
                             appended.written.push(existing);
@@ -145,7 +145,7 @@ impl SegmentStore {
         Ok(())
     }
 
-    fn segment(&self, seq: i64, fence: i64, events: Vec<LedgerEvent>) -> LedgerSegment {
+    fn segment(&self, seq: i64, fence: Fence, events: Vec<LedgerEvent>) -> LedgerSegment {
         let mut labels = run_labels(&self.run);
         labels.insert(RUN_UID_LABEL.to_string(), self.run_uid.clone());
         LedgerSegment {

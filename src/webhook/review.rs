@@ -14,6 +14,7 @@ use serde::de::DeserializeOwned;
 
 use super::rules::{self, Ask, RunFacts, Writer};
 use crate::crd::v1alpha1::{AgentRun, AgentRunSpec, LedgerSegment};
+use crate::fence::Fence;
 use crate::rbac::{pod_service_account, service_account_username};
 
 /// Why a request is not admitted.
@@ -179,7 +180,7 @@ impl Reviewer {
         };
         Ok(Some(RunFacts {
             uid: run.uid().unwrap_or_default(),
-            fence: run.status.as_ref().map_or(0, |s| s.fence),
+            fence: Fence::of_run(&run),
             worker_user: service_account_username(namespace, &pod_service_account(&run)),
         }))
     }

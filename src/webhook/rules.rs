@@ -146,7 +146,7 @@ fn largest_field(value: &Value, path: &str) -> (String, usize) {
 pub struct RunFacts {
     pub uid: String,
     /// `status.fence`: the attempt that holds the run.
-    pub fence: i64,
+    pub fence: Fence,
     /// The user name the run's worker pods authenticate as.
     pub worker_user: String,
 }
@@ -213,7 +213,7 @@ pub fn segment_refusal(
             ));
         }
     };
-    let (at, status) = (Fence::of_segment(seg), Fence::new(run.fence));
+    let (at, status) = (Fence::of_segment(seg), run.fence);
     (!may_append_at(at, status, by_controller)).then(|| {
         let ceiling = append_ceiling(status, by_controller);
         format!(

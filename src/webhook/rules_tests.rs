@@ -105,7 +105,7 @@ fn an_oversized_spec_names_its_largest_field() {
 fn facts() -> RunFacts {
     RunFacts {
         uid: "u-1".into(),
-        fence: 3,
+        fence: Fence::new(3),
         worker_user: "system:serviceaccount:ns:baton-run-r".into(),
     }
 }
@@ -116,7 +116,7 @@ fn segment(name: &str, run: &str, fence: i64, uid: Option<&str>) -> LedgerSegmen
         LedgerSegmentSpec {
             run: run.into(),
             seq: 4,
-            fence,
+            fence: Fence::new(fence),
             format: 1,
             events: vec![],
         },

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use super::admin::{AdminAddr, DEFAULT_ADMIN_ADDR};
 use super::appender::FlushPolicy;
+use crate::fence::Fence;
 use crate::ledger::SEGMENT_BUDGET_BYTES;
 use crate::telemetry::LogFormat;
 
@@ -23,7 +24,7 @@ pub struct WorkerArgs {
     pub namespace: String,
     /// The fence this pod was created for.
     #[arg(long, env = crate::crd::env::FENCE)]
-    pub fence: i64,
+    pub fence: Fence,
     /// This pod's name: its holder identity on the run Lease.
     #[arg(long, env = crate::crd::env::POD)]
     pub pod: String,
@@ -76,7 +77,7 @@ pub struct WorkerArgs {
 pub struct WorkerConfig {
     pub run: String,
     pub namespace: String,
-    pub fence: i64,
+    pub fence: Fence,
     pub pod: String,
     pub api_key: Option<String>,
     pub max_ledger_bytes: u64,

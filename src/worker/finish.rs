@@ -246,10 +246,9 @@ async fn write_phase(s: &Session, ending: &Ending) -> Result<(), StatusError> {
     for delay_ms in [0u64, 200, 1000, 3000] {
         tokio::time::sleep(Duration::from_millis(delay_ms)).await;
         if s.guard.is_lost() {
-            return Err(StatusError::FenceMoved {
+            return Err(StatusError::LeaseLost {
                 run: name,
                 ours: s.fence(),
-                current: -1,
             });
         }
         let change = |st: &mut AgentRunStatus| phase_change(st, ending, &salvage, &p, &ledger);
@@ -278,11 +277,12 @@ async fn release(s: &mut Session) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fence::Fence;
 
     fn change(ending: Ending, salvage: &str) -> AgentRunStatus {
         let mut st = AgentRunStatus {
             phase: Phase::Running,
-            fence: 2,
+            fence: Fence::new(2),
             ..Default::default()
         };
         phase_change(

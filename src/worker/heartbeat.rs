@@ -113,7 +113,7 @@ pub async fn renew_once(
 pub async fn watch_run(
     api: Api<AgentRun>,
     name: String,
-    fence: i64,
+    fence: Fence,
     guard: LostGuard,
     interrupts: Interrupts,
 ) {
@@ -132,9 +132,9 @@ pub async fn watch_run(
     }
 }
 
-fn observe(run: &AgentRun, fence: i64, guard: &LostGuard, interrupts: &Interrupts) {
+fn observe(run: &AgentRun, fence: Fence, guard: &LostGuard, interrupts: &Interrupts) {
     let current = Fence::of_run(run);
-    if crate::fence::superseded(current, Fence::new(fence)) {
+    if crate::fence::superseded(current, fence) {
         guard.lose(format!("the run moved to fence {current}"));
     } else if run.spec.stop && !interrupts.stop.is_cancelled() {
         info!("stop requested");

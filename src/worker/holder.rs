@@ -41,8 +41,8 @@ impl Holder {
             pod: pod.to_string(),
             ..RunHolder::of(run, fence)
         };
-        let lease = WorkerLease::new(client.clone(), &id.namespace, &id.run, pod, fence.get())
-            .of_run(&id.uid);
+        let lease =
+            WorkerLease::new(client.clone(), &id.namespace, &id.run, pod, fence).of_run(&id.uid);
         Self {
             runs: Api::namespaced(client.clone(), &id.namespace),
             store: SegmentStore::for_run(client, run).with_budget(segment_budget),
@@ -55,8 +55,8 @@ impl Holder {
         &self.id
     }
 
-    pub fn fence(&self) -> i64 {
-        self.id.fence.get()
+    pub fn fence(&self) -> Fence {
+        self.id.fence
     }
 
     /// The ledger as it stands, refused (lost) if it shows a newer owner or a close.

@@ -314,6 +314,7 @@ const MODEL_OUTCOMES: [&str; 3] = ["ok", "retryable", "permanent"];
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fence::Fence;
 
     fn exercised() -> WorkerMetrics {
         let m = WorkerMetrics::new();
@@ -385,14 +386,17 @@ mod tests {
     fn ledger_errors_map_to_fence_rejections() {
         let superseded = LedgerError::Superseded {
             seq: 3,
-            ours: 1,
-            theirs: 2,
+            ours: Fence::new(1),
+            theirs: Fence::new(2),
         };
         assert_eq!(
             FenceRejection::of_ledger(&superseded),
             Some(FenceRejection::LedgerSuperseded)
         );
-        let closed = LedgerError::Closed { seq: 3, fence: 2 };
+        let closed = LedgerError::Closed {
+            seq: 3,
+            fence: Fence::new(2),
+        };
         assert_eq!(
             FenceRejection::of_ledger(&closed),
             Some(FenceRejection::LedgerClosed)

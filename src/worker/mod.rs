@@ -153,7 +153,7 @@ pub async fn run(cfg: WorkerConfig) -> Exit {
 /// Runs one attempt, counting into `state.metrics` and raising `state.ready` once the
 /// attempt holds the run and has replayed its ledger.
 pub async fn run_observed(cfg: WorkerConfig, state: AdminState) -> Exit {
-    let span = info_span!("worker", run = %cfg.run, fence = cfg.fence, pod = %cfg.pod);
+    let span = info_span!("worker", run = %cfg.run, fence = %cfg.fence, pod = %cfg.pod);
     let counters = Arc::new(ApiCounters::default());
     let stats_file = cfg.stats_file.clone();
     let tools = connect_tools(&cfg).instrument(span.clone()).await;
@@ -175,10 +175,10 @@ pub async fn run_observed(cfg: WorkerConfig, state: AdminState) -> Exit {
 }
 
 /// Pure: a worker may start only if the run is `Running` under its fence with it as the worker.
-pub fn may_start(status: Option<&AgentRunStatus>, fence: i64, pod: &str) -> bool {
+pub fn may_start(status: Option<&AgentRunStatus>, fence: Fence, pod: &str) -> bool {
     status.is_some_and(|s| {
         s.phase == Phase::Running
-            && crate::fence::status_names(Fence::new(s.fence), Fence::new(fence))
+            && crate::fence::status_names(s.fence, fence)
             && s.worker.as_deref() == Some(pod)
     })
 }
@@ -246,7 +246,7 @@ async fn start_check(
         client.clone(),
         &run,
         &cfg.pod,
-        Fence::new(cfg.fence),
+        cfg.fence,
         cfg.segment_budget,
     );
     match holder.verify_lease().await {
@@ -402,18 +402,18 @@ mod tests {
     fn only_the_named_worker_of_a_running_run_may_start() {
         let status = AgentRunStatus {
             phase: Phase::Running,
-            fence: 3,
+            fence: Fence::new(3),
             worker: Some("r-w3".into()),
             ..Default::default()
         };
-        assert!(may_start(Some(&status), 3, "r-w3"));
-        assert!(!may_start(Some(&status), 2, "r-w3"));
-        assert!(!may_start(Some(&status), 3, "r-w2"));
+        assert!(may_start(Some(&status), Fence::new(3), "r-w3"));
+        assert!(!may_start(Some(&status), Fence::new(2), "r-w3"));
+        assert!(!may_start(Some(&status), Fence::new(3), "r-w2"));
         let finishing = AgentRunStatus {
             phase: Phase::Finishing,
             ..status
         };
-        assert!(!may_start(Some(&finishing), 3, "r-w3"));
-        assert!(!may_start(None, 3, "r-w3"));
+        assert!(!may_start(Some(&finishing), Fence::new(3), "r-w3"));
+        assert!(!may_start(None, Fence::new(3), "r-w3"));
     }
 }

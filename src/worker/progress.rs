@@ -107,12 +107,13 @@ pub async fn progress_loop(
 mod tests {
     use super::*;
     use crate::crd::v1alpha1::Resolution;
+    use crate::fence::Fence;
 
     fn effect(step: i64, resolution: Resolution) -> UnknownEffect {
         UnknownEffect {
             step,
             tool: "sh".into(),
-            attempt: 1,
+            attempt: Fence::new(1),
             resolution,
             summary: String::new(),
         }

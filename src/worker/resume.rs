@@ -5,6 +5,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::approval::{self, Settlement};
 use crate::crd::v1alpha1::{AgentRunSpec, AgentSpec, ProbeOutcome, ToolKind, ToolSpec};
+use crate::fence::Fence;
 use crate::ledger::{Replay, ReplayedStep, StepState};
 
 use super::toolbox::Toolbox;
@@ -17,7 +18,7 @@ pub struct Reconcile {
     pub tool: String,
     pub input: String,
     /// The attempt (fence) that started the step.
-    pub attempt: i64,
+    pub attempt: Fence,
     /// Append `stepUnknown` first (the step was open: intent without result).
     pub mark_unknown: bool,
     pub then: Then,

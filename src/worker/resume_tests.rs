@@ -44,14 +44,14 @@ fn intent(step: i64, tool: &str, idempotent: bool) -> LedgerEvent {
 fn replay(events: &[LedgerEvent]) -> Replay {
     let mut r = Replay::default();
     r.apply(
-        1,
+        Fence::new(1),
         &LedgerEvent::Message {
             role: Role::User,
             content: "go".into(),
         },
     );
     for e in events {
-        r.apply(1, e);
+        r.apply(Fence::new(1), e);
     }
     r
 }
@@ -80,7 +80,7 @@ fn an_open_non_idempotent_step_is_marked_unknown_and_not_rerun() {
     assert_eq!(p.reconcile.len(), 1);
     assert!(p.reconcile[0].mark_unknown);
     assert_eq!(p.reconcile[0].then, Then::Nothing);
-    assert_eq!(p.reconcile[0].attempt, 1);
+    assert_eq!(p.reconcile[0].attempt, Fence::new(1));
 }
 
 #[test]
@@ -148,7 +148,7 @@ fn finished_steps_need_nothing_and_unknown_ones_stay_unknown() {
         intent(2, "sh", false),
         LedgerEvent::StepUnknown {
             step: 2,
-            attempt: 1,
+            attempt: Fence::new(1),
         },
     ];
     assert!(
@@ -164,7 +164,7 @@ fn a_probe_that_found_not_applied_is_asked_again_after_a_death() {
         intent(1, "probed", false),
         LedgerEvent::StepUnknown {
             step: 1,
-            attempt: 1,
+            attempt: Fence::new(1),
         },
         LedgerEvent::StepProbed {
             step: 1,

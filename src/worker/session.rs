@@ -22,6 +22,7 @@ use super::toolbox::{ToolEntry, Toolbox};
 use super::tools::mcp::McpServers;
 use super::tools::{ToolEnv, Tools};
 use crate::crd::v1alpha1::{AgentRun, AgentRunSpec, LedgerEvent, LedgerStats, UnknownEffect};
+use crate::fence::Fence;
 use crate::ledger::Replay;
 
 /// One attempt at a run.
@@ -65,15 +66,15 @@ impl Session {
         &self.run.spec
     }
 
-    pub fn fence(&self) -> i64 {
-        self.cfg.fence
+    pub fn fence(&self) -> Fence {
+        self.holder.fence()
     }
 
     pub fn tool_env(&self, step: i64) -> ToolEnv {
         ToolEnv {
             run: self.cfg.run.clone(),
             run_uid: self.run.uid().unwrap_or_default(),
-            fence: self.cfg.fence,
+            fence: self.holder.fence(),
             step,
         }
     }
@@ -92,7 +93,7 @@ impl Session {
             }
         }
         for event in &all {
-            self.replay.apply(self.cfg.fence, event);
+            self.replay.apply(self.holder.fence(), event);
         }
         self.publish_usage();
         Ok(())
@@ -110,7 +111,7 @@ impl Session {
 
     /// Buffers an event for the next flush and folds it into the replay at once.
     pub fn buffer(&mut self, event: LedgerEvent) {
-        self.replay.apply(self.cfg.fence, &event);
+        self.replay.apply(self.holder.fence(), &event);
         self.appender.buffer(event);
     }
 

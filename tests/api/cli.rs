@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use crate::common::TestNamespace;
 use baton::crd::v1alpha1::{AgentRun, LedgerEvent, Role};
+use baton::fence::Fence;
 use baton::ledger::SegmentStore;
 use k8s_openapi::api::core::v1::{Event, ObjectReference};
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
@@ -73,11 +74,11 @@ async fn seeded_run(ns: &TestNamespace, name: &str) -> (AgentRun, SegmentStore) 
     let store = SegmentStore::for_run(ns.client.clone(), &run);
     let first = vec![
         LedgerEvent::Claimed {
-            fence: 1,
+            fence: Fence::new(1),
             pod: format!("{name}-w1"),
         },
         LedgerEvent::AttemptStarted {
-            fence: 1,
+            fence: Fence::new(1),
             pod: format!("{name}-w1"),
         },
         LedgerEvent::Message {
@@ -92,22 +93,22 @@ async fn seeded_run(ns: &TestNamespace, name: &str) -> (AgentRun, SegmentStore) 
             idempotent: false,
         },
     ];
-    let tail = store.append(0, 1, first).await.unwrap().tail;
+    let tail = store.append(0, Fence::new(1), first).await.unwrap().tail;
     let second = vec![
         LedgerEvent::Claimed {
-            fence: 2,
+            fence: Fence::new(2),
             pod: format!("{name}-w2"),
         },
         LedgerEvent::AttemptStarted {
-            fence: 2,
+            fence: Fence::new(2),
             pod: format!("{name}-w2"),
         },
         LedgerEvent::StepUnknown {
             step: 1,
-            attempt: 1,
+            attempt: Fence::new(1),
         },
     ];
-    store.append(tail, 2, second).await.unwrap();
+    store.append(tail, Fence::new(2), second).await.unwrap();
     set_status(ns, name, serde_json::json!({
         "phase": "Running", "attempt": 2, "fence": 2, "failedAttempts": 1, "steps": 1,
         "worker": format!("{name}-w2"), "unknownEffectCount": 1,
@@ -364,7 +365,7 @@ async fn transcript_follow_prints_new_segments_until_the_run_ends() {
             output: "All tidy.".into(),
         },
     ];
-    store.append(2, 2, events).await.unwrap();
+    store.append(2, Fence::new(2), events).await.unwrap();
     tokio::time::sleep(Duration::from_secs(1)).await;
     set_status(&ns, "f", serde_json::json!({"phase": "Succeeded"})).await;
     let out = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
@@ -465,7 +466,7 @@ async fn the_transcript_shows_control_and_bidi_characters_instead_of_obeying_the
     let hostile = "done\u{1b}[2J\u{1b}]0;owned\u{7} rm -rf \u{202E}txt.exe";
     let events = vec![
         LedgerEvent::Claimed {
-            fence: 1,
+            fence: Fence::new(1),
             pod: "r-w1".into(),
         },
         LedgerEvent::Message {
@@ -474,7 +475,7 @@ async fn the_transcript_shows_control_and_bidi_characters_instead_of_obeying_the
         },
     ];
     SegmentStore::for_run(ns.client.clone(), &run)
-        .append(0, 1, events)
+        .append(0, Fence::new(1), events)
         .await
         .unwrap();
     let printed = ok(&["transcript", "r", "-n", &ns.name]);
@@ -519,7 +520,7 @@ async fn approve_shows_the_whole_call_from_the_ledger_or_refuses() {
         idempotent: false,
     };
     SegmentStore::for_run(ns.client.clone(), &run)
-        .append(0, 1, vec![intent])
+        .append(0, Fence::new(1), vec![intent])
         .await
         .unwrap();
     set_status(&ns, "p", waiting(&shown)).await;

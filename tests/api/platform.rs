@@ -10,6 +10,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use baton::crd::v1alpha1::*;
+use baton::fence::Fence;
 use baton::kube_util::{is_already_exists, is_conflict};
 use baton::ledger::{LedgerError, SegmentStore};
 use baton::status::{StatusError, cas_status};
@@ -59,17 +60,17 @@ async fn a_status_write_with_a_stale_resource_version_gets_409() {
         .unwrap();
     let first = AgentRunStatus {
         phase: Phase::Running,
-        fence: 1,
+        fence: Fence::new(1),
         attempt: 1,
         ..Default::default()
     };
     let updated = cas_status(&runs, &run, first).await.unwrap();
-    assert_eq!(updated.status.as_ref().unwrap().fence, 1);
+    assert_eq!(updated.status.as_ref().unwrap().fence, Fence::new(1));
 
     // A second writer still holding the first read must be refused, not overwrite.
     let stale = AgentRunStatus {
         phase: Phase::Handoff,
-        fence: 1,
+        fence: Fence::new(1),
         ..Default::default()
     };
     let err = cas_status(&runs, &run, stale).await.unwrap_err();
@@ -90,7 +91,7 @@ async fn creating_a_segment_whose_name_exists_gets_already_exists() {
         LedgerSegmentSpec {
             run: "run".into(),
             seq: 1,
-            fence: 1,
+            fence: Fence::new(1),
             format: 1,
             events: vec![LedgerEvent::Handoff],
         },
@@ -303,33 +304,37 @@ async fn fenced_append_follows_the_protocol_on_a_real_server() {
 
     // Fence 1 appends at 1; a retry of the same write at 1 is its own, and succeeds.
     let started = vec![LedgerEvent::AttemptStarted {
-        fence: 1,
+        fence: Fence::new(1),
         pod: "ledger-w1".into(),
     }];
-    assert_eq!(store.append(0, 1, started.clone()).await.unwrap().tail, 1);
-    let retried = store.append(0, 1, started).await.unwrap();
+    assert_eq!(
+        store
+            .append(0, Fence::new(1), started.clone())
+            .await
+            .unwrap()
+            .tail,
+        1
+    );
+    let retried = store.append(0, Fence::new(1), started).await.unwrap();
     assert_eq!((retried.tail, retried.slipped.len()), (1, 0));
 
     // The controller seals for fence 2 at position 2.
     let seal = vec![LedgerEvent::Claimed {
-        fence: 2,
+        fence: Fence::new(2),
         pod: "ledger-w2".into(),
     }];
-    store.append(1, 2, seal).await.unwrap();
+    store.append(1, Fence::new(2), seal).await.unwrap();
 
     // The old owner's next append collides with the seal: it lost the run.
     let late = vec![LedgerEvent::ModelDelta {
         text: "zombie".into(),
     }];
-    let err = store.append(1, 1, late).await.unwrap_err();
+    let err = store.append(1, Fence::new(1), late).await.unwrap_err();
     assert!(
         matches!(
             err,
-            LedgerError::Superseded {
-                seq: 2,
-                ours: 1,
-                theirs: 2
-            }
+            LedgerError::Superseded { seq: 2, ours, theirs }
+                if ours == Fence::new(1) && theirs == Fence::new(2)
         ),
         "got {err:?}"
     );
@@ -337,12 +342,12 @@ async fn fenced_append_follows_the_protocol_on_a_real_server() {
 
     // A writer with a newer fence that thought the tail was 1 replays what slipped in.
     let appended = store
-        .append(1, 3, vec![LedgerEvent::Handoff])
+        .append(1, Fence::new(3), vec![LedgerEvent::Handoff])
         .await
         .unwrap();
     assert_eq!(appended.tail, 3);
     assert_eq!(appended.slipped.len(), 1);
-    assert_eq!(appended.slipped[0].spec.fence, 2);
+    assert_eq!(appended.slipped[0].spec.fence, Fence::new(2));
 
     let all = store.list().await.unwrap();
     assert_eq!(
@@ -368,7 +373,7 @@ async fn an_event_too_large_for_one_segment_is_split_and_replayed_whole() {
     let big = "y".repeat(20_000);
     let events = vec![
         LedgerEvent::AttemptStarted {
-            fence: 1,
+            fence: Fence::new(1),
             pod: "big-w1".into(),
         },
         LedgerEvent::Message {
@@ -376,7 +381,7 @@ async fn an_event_too_large_for_one_segment_is_split_and_replayed_whole() {
             content: big.clone(),
         },
     ];
-    let appended = store.append(0, 1, events).await.unwrap();
+    let appended = store.append(0, Fence::new(1), events).await.unwrap();
     assert!(
         appended.tail > 2,
         "split over several segments, got {}",

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use crate::common::TestNamespace;
 use crate::rbac_support::{assert_checks, check, client_with_token, mint_token};
 use baton::crd::v1alpha1::{AgentRun, LedgerEvent, LedgerSegment, LedgerSegmentSpec};
+use baton::fence::Fence;
 use baton::rbac::{RunRbac, worker_username};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
@@ -53,7 +54,7 @@ fn segment(run: &AgentRun, seq: i64) -> LedgerSegment {
         LedgerSegmentSpec {
             run: run.name_any(),
             seq,
-            fence: 1,
+            fence: Fence::new(1),
             format: 1,
             events: vec![LedgerEvent::Handoff],
         },
@@ -261,7 +262,7 @@ async fn ledger_is_append_only(worker: &Client, ns: &TestNamespace, a: &AgentRun
         .await
         .expect("list the namespace's ledger");
     let mut changed = created.clone();
-    changed.spec.fence = 9;
+    changed.spec.fence = Fence::new(9);
     assert_forbidden(
         segments
             .replace(&created.name_any(), &PostParams::default(), &changed)

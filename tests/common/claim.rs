@@ -6,7 +6,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::{Api, Client, Resource};
 
 use baton::crd::v1alpha1::{AgentRun, LedgerEvent, LedgerSegment, Phase};
-use baton::fence::worker_pod_name;
+use baton::fence::{Fence, worker_pod_name};
 use baton::lease::LeaseClient;
 use baton::ledger::SegmentStore;
 use baton::status::{StatusError, cas_status};
@@ -25,6 +25,7 @@ pub async fn claim_because(
     fence: i64,
     reason: Option<&str>,
 ) -> String {
+    let fence = Fence::new(fence);
     let runs: Api<AgentRun> = Api::namespaced(client.clone(), namespace);
     let pod = worker_pod_name(name, fence);
     let run = runs.get(name).await.expect("reading the run to claim");
@@ -39,7 +40,7 @@ pub async fn claim_because(
 }
 
 /// Appends `claimed{fence, pod}` at the ledger's tail + 1.
-async fn seal(client: &Client, run: &AgentRun, fence: i64, pod: &str) {
+async fn seal(client: &Client, run: &AgentRun, fence: Fence, pod: &str) {
     let store = SegmentStore::for_run(client.clone(), run);
     let tail = store.list().await.expect("listing the ledger").len() as i64;
     let event = LedgerEvent::Claimed {
@@ -55,7 +56,7 @@ async fn seal(client: &Client, run: &AgentRun, fence: i64, pod: &str) {
 async fn claim_status(
     runs: &Api<AgentRun>,
     name: &str,
-    fence: i64,
+    fence: Fence,
     pod: &str,
     reason: Option<&str>,
 ) {
@@ -64,7 +65,7 @@ async fn claim_status(
         let mut status = run.status.clone().unwrap_or_default();
         status.phase = Phase::Running;
         status.fence = fence;
-        status.attempt = fence;
+        status.attempt = fence.get();
         status.worker = Some(pod.to_string());
         status.pending_approval = None;
         if let Some(reason) = reason {
@@ -94,6 +95,11 @@ pub async fn segments(client: &Client, namespace: &str, name: &str) -> Vec<Ledge
 pub fn events(segments: &[LedgerSegment]) -> Vec<(i64, LedgerEvent)> {
     segments
         .iter()
-        .flat_map(|s| s.spec.events.iter().map(move |e| (s.spec.fence, e.clone())))
+        .flat_map(|s| {
+            s.spec
+                .events
+                .iter()
+                .map(move |e| (s.spec.fence.get(), e.clone()))
+        })
         .collect()
 }

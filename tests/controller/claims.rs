@@ -4,6 +4,7 @@ use std::time::{Duration, Instant};
 
 use crate::controller_support::*;
 use baton::crd::v1alpha1::{LedgerEvent, Phase};
+use baton::fence::Fence;
 use baton::lease::{lease_fence, lease_holder};
 use baton::status::StatusError;
 use k8s_openapi::api::core::v1::Pod;
@@ -16,7 +17,7 @@ async fn start_claims_fence_one_with_lease_pod_and_seal() {
     create(&ns, agent_run("r", 10)).await;
     let run = wait_fence(&ns, "r", 1, T).await;
     let s = status(&run);
-    assert_eq!((s.fence, s.attempt, s.failed_attempts), (1, 1, 0));
+    assert_eq!((s.fence.get(), s.attempt, s.failed_attempts), (1, 1, 0));
     assert_eq!(s.worker.as_deref(), Some("r-w1"));
     wait_lease(&ns, "r", "r-w1", 1, T).await;
     let pod = wait_pod(&ns, "r-w1", T).await;
@@ -44,7 +45,7 @@ async fn a_steady_renewal_is_one_write_until_someone_else_writes_the_lease() {
     let (ns, _c, _) = started("ctl-renew", long_lease_run("r")).await;
     let counters = std::sync::Arc::new(ApiCounters::default());
     let client = counted_client(counters.clone()).await.unwrap();
-    let lease = WorkerLease::new(client, &ns.name, "r", "r-w1", 1);
+    let lease = WorkerLease::new(client, &ns.name, "r", "r-w1", Fence::new(1));
     lease.verify().await.unwrap();
     for _ in 0..3 {
         lease.renew().await.unwrap();
@@ -72,7 +73,7 @@ async fn expiry_takeover_moves_the_fence_by_one_and_fences_out_the_zombie() {
     zombie.resume().await;
     zombie
         .append(vec![LedgerEvent::AttemptStarted {
-            fence: 1,
+            fence: Fence::new(1),
             pod: "r-w1".into(),
         }])
         .await
@@ -81,7 +82,7 @@ async fn expiry_takeover_moves_the_fence_by_one_and_fences_out_the_zombie() {
     // The worker stops renewing (paused): the lease expires on the controller's clock.
     let run = wait_fence(&ns, "r", 2, T).await;
     let s = status(&run);
-    assert_eq!((s.fence, s.attempt, s.failed_attempts), (2, 2, 1));
+    assert_eq!((s.fence.get(), s.attempt, s.failed_attempts), (2, 2, 1));
     assert_eq!(s.reason.as_deref(), Some("LeaseExpired"));
     wait_lease(&ns, "r", "r-w2", 2, T).await;
     wait_pod(&ns, "r-w2", T).await;
@@ -92,7 +93,7 @@ async fn expiry_takeover_moves_the_fence_by_one_and_fences_out_the_zombie() {
         .await
         .unwrap_err();
     assert!(
-        matches!(refused, StatusError::FenceMoved { current: 2, .. }),
+        matches!(refused, StatusError::FenceMoved { current, .. } if current.get() == 2),
         "{refused:?}"
     );
     let collided = zombie
@@ -104,14 +105,14 @@ async fn expiry_takeover_moves_the_fence_by_one_and_fences_out_the_zombie() {
     assert!(
         matches!(
             collided,
-            baton::ledger::LedgerError::Superseded { theirs: 2, .. }
+            baton::ledger::LedgerError::Superseded { theirs, .. } if theirs.get() == 2
         ),
         "{collided:?}"
     );
     // The new worker renews: the fence stays at 2 (exactly one claim for one expiry).
     let next = FakeWorker::new(&ns, "r", 2);
     next.renew_for(4, Duration::from_millis(700)).await;
-    assert_eq!(status(&get(&ns, "r").await).fence, 2);
+    assert_eq!(status(&get(&ns, "r").await).fence, Fence::new(2));
     assert_eq!(seals(&ledger(&ns, "r").await), vec![(1, false), (2, false)]);
     // Every claim has its Event, naming its fence; a takeover's is a Warning.
     let start = wait_event(&ns, "r", "ClaimedStart", T).await;
@@ -194,7 +195,7 @@ async fn max_attempts_ends_interrupted_with_salvage_and_unknown_effects() {
     let s = status(&run);
     assert_eq!(s.phase, Phase::Interrupted);
     assert_eq!(s.reason.as_deref(), Some("MaxAttemptsExceeded"));
-    assert_eq!((s.fence, s.failed_attempts), (3, 2));
+    assert_eq!((s.fence.get(), s.failed_attempts), (3, 2));
     assert!(
         s.output
             .as_deref()
@@ -237,7 +238,7 @@ async fn handoff_is_claimed_at_once_and_costs_no_attempt() {
     let run = wait_fence(&ns, "r", 2, Duration::from_secs(10)).await;
     assert!(t0.elapsed() < Duration::from_secs(10));
     let s = status(&run);
-    assert_eq!((s.fence, s.failed_attempts), (2, 0));
+    assert_eq!((s.fence.get(), s.failed_attempts), (2, 0));
     assert_eq!(s.reason.as_deref(), Some("Handoff"));
     wait_pod(&ns, "r-w2", T).await;
     ns.cleanup().await;
@@ -362,7 +363,7 @@ async fn a_stop_no_worker_carries_out_ends_the_run_stopped() {
     renewing.abort();
     let s = status(&run);
     assert_eq!(s.phase, Phase::Stopped);
-    assert_eq!(s.fence, 2);
+    assert_eq!(s.fence, Fence::new(2));
     assert_eq!(
         seals(&ledger_recorded(&ns, "r").await),
         vec![(1, false), (2, false), (2, true)]

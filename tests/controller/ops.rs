@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use crate::controller_support::*;
 use baton::crd::v1alpha1::{AgentRun, Phase};
+use baton::fence::Fence;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
 
 /// A free loopback port for the admin server.
@@ -51,7 +52,14 @@ async fn wait_http_ok(addr: std::net::SocketAddr, path: &str) -> String {
 
 /// Plays a worker that finishes run `name` at fence 1.
 async fn finish_as_worker(ns: &TestNamespace, name: &str) {
-    wait_lease(ns, name, &baton::fence::worker_pod_name(name, 1), 1, T).await;
+    wait_lease(
+        ns,
+        name,
+        &baton::fence::worker_pod_name(name, Fence::new(1)),
+        1,
+        T,
+    )
+    .await;
     let mut w = FakeWorker::new(ns, name, 1);
     w.resume().await;
     w.renew().await.unwrap();
@@ -143,7 +151,7 @@ async fn a_run_recreated_under_a_deleted_runs_name_starts_clean() {
 
     let run = wait_fence(&ns, "r", 1, T).await;
     let s = status(&run);
-    assert_eq!((s.fence, s.attempt, s.failed_attempts), (1, 1, 0));
+    assert_eq!((s.fence.get(), s.attempt, s.failed_attempts), (1, 1, 0));
     let owned_by_new =
         |owners: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference]| {
             owners.iter().any(|o| o.uid == new_uid)
@@ -205,7 +213,8 @@ async fn a_run_recreated_under_a_deleted_runs_name_starts_clean() {
         matches!(refused, StatusError::Replaced { .. }),
         "{refused:?}"
     );
-    let lease = WorkerLease::new(ns.client.clone(), &ns.name, "r", "r-w1", 1).of_run(&old_uid);
+    let lease =
+        WorkerLease::new(ns.client.clone(), &ns.name, "r", "r-w1", Fence::new(1)).of_run(&old_uid);
     assert!(lease.renew().await.unwrap_err().is_lost());
     assert_eq!(
         status(&crate::controller_support::get(&ns, "r").await).phase,
@@ -287,7 +296,14 @@ async fn the_memory_of_runs_deleted_by_a_user_is_dropped() {
         create(&ns, long_lease_run(name)).await;
     }
     for name in &names {
-        wait_lease(&ns, name, &baton::fence::worker_pod_name(name, 1), 1, T).await;
+        wait_lease(
+            &ns,
+            name,
+            &baton::fence::worker_pod_name(name, Fence::new(1)),
+            1,
+            T,
+        )
+        .await;
     }
     let before = remembered_runs(addr).await;
     assert_eq!(before, 5, "one entry per live run");

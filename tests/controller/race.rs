@@ -38,7 +38,7 @@ async fn two_controllers_without_election_make_one_claim_per_expiry() {
     for i in 0..n {
         let name = format!("r{i}");
         let s = status(&get(&ns, &name).await);
-        assert_eq!((s.fence, s.failed_attempts), (2, 1), "{name}");
+        assert_eq!((s.fence.get(), s.failed_attempts), (2, 1), "{name}");
         assert_eq!(
             seals(&ledger(&ns, &name).await),
             vec![(1, false), (2, false)],

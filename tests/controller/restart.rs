@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use crate::controller_support::*;
 use baton::crd::v1alpha1::{AgentRun, LedgerEvent, Phase};
+use baton::fence::{CloseReason, Fence};
 use baton::lease::{LeaseClient, lease_holder};
 use baton::ledger::SegmentStore;
 use baton::status::cas_status;
@@ -13,14 +14,14 @@ use kube::{Resource, ResourceExt};
 /// Does the first steps of a claim for fence 1 by hand, as a controller that then died.
 async fn partial_claim(ns: &TestNamespace, name: &str, move_lease: bool) -> AgentRun {
     let run = create(ns, agent_run(name, 4)).await;
-    let pod = baton::fence::worker_pod_name(name, 1);
+    let pod = baton::fence::worker_pod_name(name, Fence::new(1));
     let store = SegmentStore::for_run(ns.client.clone(), &run);
     store
         .append(
             0,
-            1,
+            Fence::new(1),
             vec![LedgerEvent::Claimed {
-                fence: 1,
+                fence: Fence::new(1),
                 pod: pod.clone(),
             }],
         )
@@ -28,14 +29,14 @@ async fn partial_claim(ns: &TestNamespace, name: &str, move_lease: bool) -> Agen
         .unwrap();
     let mut status = status(&run);
     status.phase = Phase::Running;
-    status.fence = 1;
+    status.fence = Fence::new(1);
     status.attempt = 1;
     status.worker = Some(pod.clone());
     let run = cas_status(&ns.api(), &run, status).await.unwrap();
     if move_lease {
         let owner = run.controller_owner_ref(&()).unwrap();
         LeaseClient::new(ns.client.clone(), &ns.name)
-            .move_to(name, owner, &pod, 1, 3)
+            .move_to(name, owner, &pod, Fence::new(1), 3)
             .await
             .unwrap();
     }
@@ -49,7 +50,7 @@ async fn status_ahead_of_the_lease_is_completed_with_the_same_fence() {
     let _c = start(&ns.client, config(&ns.name));
     wait_lease(&ns, "r", "r-w1", 1, T).await;
     wait_pod(&ns, "r-w1", T).await;
-    assert_eq!(status(&get(&ns, "r").await).fence, 1);
+    assert_eq!(status(&get(&ns, "r").await).fence, Fence::new(1));
     ns.cleanup().await;
 }
 
@@ -92,7 +93,7 @@ async fn restarting_the_controller_repeatedly_never_makes_two_pods_per_fence() {
     for i in 0..4 {
         let name = format!("r{i}");
         wait_run(&ns, &name, Duration::from_secs(40), |s| {
-            s.fence >= 2 || s.phase.is_terminal()
+            s.fence >= Fence::new(2) || s.phase.is_terminal()
         })
         .await;
     }
@@ -127,10 +128,10 @@ async fn a_closed_seal_without_its_status_ends_the_run_as_the_seal_records() {
     let sealed = SegmentStore::for_run(ns.client.clone(), &run)
         .append(
             1,
-            2,
+            Fence::new(2),
             vec![LedgerEvent::Closed {
-                fence: 2,
-                reason: "StopRequested".into(),
+                fence: Fence::new(2),
+                reason: CloseReason::StopRequested,
             }],
         )
         .await
@@ -142,7 +143,7 @@ async fn a_closed_seal_without_its_status_ends_the_run_as_the_seal_records() {
     let s = status(&run);
     assert_eq!(s.phase, Phase::Stopped);
     assert_eq!(s.reason.as_deref(), Some("StopRequested"));
-    assert_eq!(s.fence, 2, "the end is at the seal's fence");
+    assert_eq!(s.fence, Fence::new(2), "the end is at the seal's fence");
     let complete = s.conditions.iter().find(|c| c.type_ == "Complete");
     assert_eq!(complete.map(|c| c.status.as_str()), Some("True"));
     let released = async {

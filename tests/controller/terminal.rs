@@ -12,6 +12,7 @@ use baton::controller::decide::{
 };
 use baton::controller::testing::{self, Applied};
 use baton::crd::v1alpha1::{AgentRun, LedgerEvent, LedgerStats, Phase, Resolution, UnknownEffect};
+use baton::fence::Fence;
 use baton::lease::{LeaseSighting, lease_holder};
 use baton::ledger::SegmentStore;
 use baton::status::cas_status;
@@ -29,10 +30,10 @@ fn one_attempt_run() -> AgentRun {
 /// on its clock for longer than any allowance.
 fn decided_on(run: &AgentRun, held: bool, renewed: bool) -> Action {
     let now = Instant::now();
-    let fence = run.status.as_ref().map_or(0, |s| s.fence);
+    let fence = Fence::of_run(run);
     let lease = LeaseObs {
         holder: held.then(|| format!("r-w{fence}")),
-        fence: Some(baton::fence::Fence::new(fence)),
+        fence: Some(fence),
         sighting: LeaseSighting {
             version: "seen".into(),
             seen_at: now.checked_sub(Duration::from_secs(30)).unwrap(),
@@ -75,7 +76,7 @@ async fn finish(ns: &TestNamespace, fence: i64) {
     let mut w = FakeWorker::new(ns, "r", fence);
     w.resume().await;
     w.renew().await.unwrap();
-    let pod = w.pod.clone();
+    let (fence, pod) = (w.fence, w.pod.clone());
     w.finish(vec![LedgerEvent::AttemptStarted { fence, pod }])
         .await;
 }
@@ -84,10 +85,18 @@ async fn finish(ns: &TestNamespace, fence: i64) {
 /// attempt), the next worker finishes, and the run succeeds, with one seal per fence.
 async fn claimed_again_as_the_handoff_and_succeeds(ns: &TestNamespace) {
     let _c = start(&ns.client, config(&ns.name));
-    let run = wait_run(ns, "r", T, |s| s.fence >= 2 || s.phase.is_terminal()).await;
+    let run = wait_run(ns, "r", T, |s| {
+        s.fence >= Fence::new(2) || s.phase.is_terminal()
+    })
+    .await;
     let s = status(&run);
     assert_eq!(
-        (s.phase, s.fence, s.failed_attempts, s.reason.as_deref()),
+        (
+            s.phase,
+            s.fence.get(),
+            s.failed_attempts,
+            s.reason.as_deref()
+        ),
         (Phase::Running, 2, 0, Some("Handoff")),
         "a handed-off run is claimed again, not ended: {s:#?}"
     );
@@ -117,9 +126,12 @@ async fn a_give_up_decided_on_a_stale_copy_of_a_handed_off_run_becomes_its_hando
     w1.resume().await;
     w1.renew().await.unwrap();
     let pod = w1.pod.clone();
-    w1.append(vec![LedgerEvent::AttemptStarted { fence: 1, pod }])
-        .await
-        .unwrap();
+    w1.append(vec![LedgerEvent::AttemptStarted {
+        fence: Fence::new(1),
+        pod,
+    }])
+    .await
+    .unwrap();
     let stale = get(&ns, "r").await;
     hand_off(&mut w1).await;
 
@@ -152,9 +164,12 @@ async fn a_give_up_on_a_paused_worker_that_hands_off_before_the_seal_becomes_its
     let wakes = async {
         w1.resume().await;
         let pod = w1.pod.clone();
-        w1.append(vec![LedgerEvent::AttemptStarted { fence: 1, pod }])
-            .await
-            .unwrap();
+        w1.append(vec![LedgerEvent::AttemptStarted {
+            fence: Fence::new(1),
+            pod,
+        }])
+        .await
+        .unwrap();
         hand_off(&mut w1).await;
     };
     let ctx = testing::detached(ns.client.clone());
@@ -199,10 +214,14 @@ async fn seal_as_the_controller(ns: &TestNamespace) -> i64 {
     let store = SegmentStore::for_run(ns.client.clone(), &run);
     let tail = store.list().await.unwrap().len() as i64;
     let claimed = LedgerEvent::Claimed {
-        fence: 2,
+        fence: Fence::new(2),
         pod: "r-w2".into(),
     };
-    store.append(tail, 2, vec![claimed]).await.unwrap().tail
+    store
+        .append(tail, Fence::new(2), vec![claimed])
+        .await
+        .unwrap()
+        .tail
 }
 
 /// The run ended exactly once, with its salvage: Interrupted at fence 2, one failed attempt,
@@ -212,7 +231,12 @@ async fn ended_once_with_its_salvage(ns: &TestNamespace) {
     let run = wait_run(ns, "r", T, |s| s.phase.is_terminal()).await;
     let s = status(&run);
     assert_eq!(
-        (s.phase, s.fence, s.failed_attempts, s.reason.as_deref()),
+        (
+            s.phase,
+            s.fence.get(),
+            s.failed_attempts,
+            s.reason.as_deref()
+        ),
         (Phase::Interrupted, 2, 1, Some("MaxAttemptsExceeded")),
         "{s:#?}"
     );
@@ -235,8 +259,8 @@ async fn ended_once_with_its_salvage(ns: &TestNamespace) {
             record.as_slice(),
             [
                 LedgerEvent::StepUnknown { step: 1, .. },
-                LedgerEvent::Closed { fence: 2, .. }
-            ]
+                LedgerEvent::Closed { fence, .. }
+            ] if fence.get() == 2
         ),
         "{record:?}"
     );
@@ -264,14 +288,14 @@ async fn a_terminal_claim_stopped_after_its_status_gets_its_record_from_the_next
     let run = get(&ns, "r").await;
     let mut s = status(&run);
     s.phase = Phase::Interrupted;
-    (s.fence, s.attempt, s.failed_attempts, s.worker) = (2, 2, 1, None);
+    (s.fence, s.attempt, s.failed_attempts, s.worker) = (Fence::new(2), 2, 1, None);
     s.reason = Some("MaxAttemptsExceeded".into());
     s.output = Some("partial answer".into());
     s.output_partial = true;
     s.unknown_effects = vec![UnknownEffect {
         step: 1,
         tool: "sh".into(),
-        attempt: 1,
+        attempt: Fence::new(1),
         resolution: Resolution::Unknown,
         summary: "sh rm -rf /tmp/x".into(),
     }];

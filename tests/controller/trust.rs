@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use crate::controller_support::*;
 use crate::rbac_support::{forged_segment, worker_client};
 use baton::crd::v1alpha1::{LedgerEvent, LedgerSegment, Phase};
+use baton::fence::Fence;
 use baton::fence::segment_name;
 use baton::lease::lease_holder;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -60,9 +61,12 @@ async fn a_planted_leftover_deletes_nothing_of_a_live_run() {
     w.resume().await;
     w.renew().await.unwrap();
     let pod = w.pod.clone();
-    w.append(vec![LedgerEvent::AttemptStarted { fence: 1, pod }])
-        .await
-        .unwrap();
+    w.append(vec![LedgerEvent::AttemptStarted {
+        fence: Fence::new(1),
+        pod,
+    }])
+    .await
+    .unwrap();
     let before = ledger(&ns, "v").await;
     assert_eq!(before.len(), 2);
 
@@ -95,7 +99,7 @@ async fn a_planted_leftover_deletes_nothing_of_a_live_run() {
     );
     assert_eq!(
         status(&get(&ns, "x").await).fence,
-        0,
+        Fence::new(0),
         "x is not claimed over it"
     );
     wait_event(&ns, "x", "ForeignLedgerSegment", T).await;

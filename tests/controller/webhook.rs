@@ -14,7 +14,7 @@ use crate::controller_support::*;
 use crate::rbac_support::{grant_user, worker_client};
 use baton::crd::RUN_UID_LABEL;
 use baton::crd::v1alpha1::{AgentRun, LEDGER_FORMAT_VERSION, LedgerSegment, LedgerSegmentSpec};
-use baton::fence::segment_name;
+use baton::fence::{Fence, segment_name};
 use baton::webhook::CertIssuer;
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -200,7 +200,7 @@ fn forged(name: &str, run: &str, seq: i64, fence: i64, uid: &str) -> LedgerSegme
         LedgerSegmentSpec {
             run: run.into(),
             seq,
-            fence,
+            fence: Fence::new(fence),
             format: LEDGER_FORMAT_VERSION,
             events: vec![],
         },

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use baton::controller::{self, Config};
 use baton::crd::v1alpha1::{AgentRun, AgentRunStatus, LedgerEvent, LedgerSegment, Phase};
+use baton::fence::Fence;
 use baton::lease::{LeaseClient, WorkerLease, lease_fence, lease_holder};
 use baton::ledger::{Appended, LedgerError, SegmentStore};
 use baton::status::{StatusError, fenced_update};
@@ -126,7 +127,7 @@ pub async fn wait_run(
 
 pub async fn wait_fence(ns: &TestNamespace, name: &str, fence: i64, timeout: Duration) -> AgentRun {
     wait_run(ns, name, timeout, |s| {
-        s.fence >= fence && s.phase == Phase::Running
+        s.fence.get() >= fence && s.phase == Phase::Running
     })
     .await
 }
@@ -239,7 +240,7 @@ pub async fn mark_pod_running(ns: &TestNamespace, name: &str) {
 pub struct FakeWorker {
     pub run: String,
     pub pod: String,
-    pub fence: i64,
+    pub fence: Fence,
     pub lease: WorkerLease,
     pub tail: i64,
     ns: String,
@@ -248,6 +249,7 @@ pub struct FakeWorker {
 
 impl FakeWorker {
     pub fn new(ns: &TestNamespace, run: &str, fence: i64) -> Self {
+        let fence = Fence::new(fence);
         let pod = baton::fence::worker_pod_name(run, fence);
         Self {
             run: run.into(),
@@ -324,7 +326,7 @@ impl FakeWorker {
         let run = self.runs().get(&self.run).await?;
         fenced_update(
             &self.runs(),
-            &baton::fence::RunHolder::of(&run, baton::fence::Fence::new(self.fence)),
+            &baton::fence::RunHolder::of(&run, self.fence),
             change,
         )
         .await
@@ -336,7 +338,7 @@ impl FakeWorker {
 pub fn died_mid_step(fence: i64, pod: &str) -> Vec<LedgerEvent> {
     vec![
         LedgerEvent::AttemptStarted {
-            fence,
+            fence: Fence::new(fence),
             pod: pod.into(),
         },
         LedgerEvent::Message {
@@ -385,8 +387,8 @@ pub fn seals(segments: &[LedgerSegment]) -> Vec<(i64, bool)> {
         .iter()
         .flat_map(|s| s.spec.events.iter())
         .filter_map(|e| match e {
-            LedgerEvent::Claimed { fence, .. } => Some((*fence, false)),
-            LedgerEvent::Closed { fence, .. } => Some((*fence, true)),
+            LedgerEvent::Claimed { fence, .. } => Some((fence.get(), false)),
+            LedgerEvent::Closed { fence, .. } => Some((fence.get(), true)),
             _ => None,
         })
         .collect()

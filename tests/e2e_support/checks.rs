@@ -2,6 +2,7 @@
 //! recorder saw, the field manager of every worker segment, the model turns made again.
 
 use baton::crd::v1alpha1::{AgentRunStatus, LedgerEvent, LedgerSegment};
+use baton::fence::Fence;
 use kube::ResourceExt;
 
 use super::recorder::Recorded;
@@ -18,8 +19,8 @@ pub fn check_ledger(
         assert_eq!(s.spec.seq, i as i64 + 1, "{name}: ledger not contiguous");
     }
     // No write from a stale fence after a seal; nothing at all after `closed`.
-    let mut sealed: Option<(i64, i64, bool)> = None; // (seq, fence, closed)
-    let mut last_seal = 0;
+    let mut sealed: Option<(i64, Fence, bool)> = None; // (seq, fence, closed)
+    let mut last_seal = Fence::default();
     for s in segments {
         if let Some((seq, fence, closed)) = sealed {
             assert!(
@@ -82,12 +83,12 @@ pub fn check_ledger(
 /// after the end"): a claim sealed `claimed{f+1}` after the worker of `f` had appended its
 /// ending, and then lost its status CAS to that worker's own status write. The seal is the
 /// ledger's last segment, nothing of fence f+1 follows it, and no pod or Lease moved for it.
-fn inert_last_seal(st: &AgentRunStatus, segments: &[LedgerSegment], last_seal: i64) -> bool {
+fn inert_last_seal(st: &AgentRunStatus, segments: &[LedgerSegment], last_seal: Fence) -> bool {
     let Some((last, before)) = segments.split_last() else {
         return false;
     };
     let is_that_seal = last.spec.events.iter().any(
-        |e| matches!(e, LedgerEvent::Claimed { fence, .. } if *fence == last_seal && *fence == st.fence + 1),
+        |e| matches!(e, LedgerEvent::Claimed { fence, .. } if *fence == last_seal && *fence == st.fence.next()),
     );
     let ended_before = before.iter().any(|s| {
         s.spec.fence == st.fence

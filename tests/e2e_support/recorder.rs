@@ -64,7 +64,7 @@ impl Recorder {
                                 spec,
                                 at: Instant::now(),
                                 run: seg.spec.run.clone(),
-                                fence: seg.spec.fence,
+                                fence: seg.spec.fence.get(),
                                 seq: seg.spec.seq,
                                 events: seg.spec.events.clone(),
                             },

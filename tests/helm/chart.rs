@@ -2,6 +2,7 @@
 //! hack/helm.py): restricted pods, exactly the controller's RBAC, the admission policy
 //! render-checked for Kubernetes >= 1.30, values validated by the schema, CRDs in sync.
 
+use baton::fence::Fence;
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::helm_support::{CHART, helm, named, of_kind, one, render, yaml_docs};
@@ -268,7 +269,7 @@ fn one_namespace_mode_binds_only_there_and_in_the_release_namespace() {
     assert_eq!(monitor["metadata"]["labels"]["release"], "prom");
     // Worker pods: the port name and labels the controller gives them, in the watched namespace.
     let workers = one(&objects, "PodMonitor");
-    let pod = baton::controller::pod::worker_pod(&sample_run(), 1, "img");
+    let pod = baton::controller::pod::worker_pod(&sample_run(), Fence::new(1), "img");
     let spec = &workers["spec"];
     assert_eq!(
         spec["podMetricsEndpoints"][0]["port"],

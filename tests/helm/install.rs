@@ -10,6 +10,7 @@ use crate::common::TestNamespace;
 use crate::helm_support::{CHART, helm};
 use crate::rbac_support::{assert_checks, check, client_with_token, mint_token};
 use baton::crd::v1alpha1::{AgentRun, Phase};
+use baton::fence::Fence;
 use baton::rbac::RunRbac;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -309,7 +310,7 @@ async fn a_controller_holding_only_the_charts_token_claims_a_run_for_its_own_ide
     let run = ns.api::<AgentRun>().get("full").await.unwrap();
     let status = run.status.clone().unwrap_or_default();
     assert_eq!(status.phase, Phase::Running, "{status:?}");
-    assert_eq!(status.fence, 1, "{status:?}");
+    assert_eq!(status.fence, Fence::new(1), "{status:?}");
     assert!(
         !metrics.to_lowercase().contains("forbidden"),
         "a forbidden error:\n{metrics}"

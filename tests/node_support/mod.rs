@@ -290,11 +290,11 @@ impl NodeEnv {
         loop {
             let st = self.status(name).await;
             if st.phase == Phase::Running
-                && st.fence >= min_fence
+                && st.fence.get() >= min_fence
                 && let Some(pod) = st.worker.clone()
                 && self.container_pid(&pod).await.is_some()
             {
-                return (pod, st.fence);
+                return (pod, st.fence.get());
             }
             assert!(
                 Instant::now() < deadline,

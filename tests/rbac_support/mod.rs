@@ -4,6 +4,7 @@
 
 #![allow(dead_code)]
 
+use baton::fence::Fence;
 use std::process::Command;
 
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
@@ -188,7 +189,7 @@ pub fn forged_segment(
         spec: baton::crd::v1alpha1::LedgerSegmentSpec {
             run: name.into(),
             seq: 1,
-            fence: 1,
+            fence: Fence::new(1),
             format: baton::crd::v1alpha1::LEDGER_FORMAT_VERSION,
             events,
         },

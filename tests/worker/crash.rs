@@ -10,6 +10,7 @@ use crate::common::TestNamespace;
 use crate::common::claim::{claim, events, segments};
 use crate::common::worker_proc::*;
 use baton::crd::v1alpha1::{AgentRun, LeaseSpec, LedgerEvent, LedgerSegment, Phase, Role};
+use baton::fence::Fence;
 use kube::api::PostParams;
 use kube::{Api, ResourceExt};
 
@@ -134,14 +135,19 @@ async fn crash_and_resume(boundary: Boundary) {
         assert_eq!(st.unknown_effect_count, 1, "{:?}", st.unknown_effects);
         let e = &st.unknown_effects[0];
         assert_eq!(
-            (e.step, e.tool.as_str(), e.attempt, e.resolution.as_str()),
+            (
+                e.step,
+                e.tool.as_str(),
+                e.attempt.get(),
+                e.resolution.as_str()
+            ),
             (1, "sh", 1, "unknown")
         );
         assert!(evs.iter().any(|(f, e)| *f == 2
             && *e
                 == LedgerEvent::StepUnknown {
                     step: 1,
-                    attempt: 1
+                    attempt: Fence::new(1)
                 }));
         assert!(
             !evs.iter()
@@ -155,11 +161,11 @@ async fn crash_and_resume(boundary: Boundary) {
     // attemptStarted right after the seal, before any other write of fence 2.
     let seal = evs
         .iter()
-        .position(|(_, e)| matches!(e, LedgerEvent::Claimed { fence: 2, .. }))
+        .position(|(_, e)| matches!(e, LedgerEvent::Claimed { fence, .. } if fence.get() == 2))
         .unwrap();
     assert!(matches!(
         evs[seal + 1].1,
-        LedgerEvent::AttemptStarted { fence: 2, .. }
+        LedgerEvent::AttemptStarted { fence, .. } if fence.get() == 2
     ));
     // The dead attempt's streamed text is not promoted: one assistant message per turn.
     let assistant = evs

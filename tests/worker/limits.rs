@@ -14,6 +14,7 @@ use crate::{EXIT_TIMEOUT, create, status};
 use baton::crd::v1alpha1::{
     AgentRun, LeaseSpec, LedgerEvent, LedgerSegment, ModelSpec, Phase, Provider,
 };
+use baton::fence::Fence;
 use baton::ledger::{Replay, ReplayedMessage, event_bytes};
 
 /// A shell command that prints `n` copies of `c` (no newline).
@@ -303,7 +304,11 @@ async fn a_chunked_event_its_writer_never_finished_does_not_stop_the_resume() {
     assert!(groups.len() > 2);
     let mut tail = segments(&ns.client, &ns.name, "torn").await.len() as i64;
     for group in &groups[..groups.len() - 1] {
-        tail = store.append(tail, 1, group.clone()).await.unwrap().tail;
+        tail = store
+            .append(tail, Fence::new(1), group.clone())
+            .await
+            .unwrap()
+            .tail;
     }
 
     let pod2 = claim(&ns.client, &ns.name, "torn", 2).await;

@@ -11,6 +11,7 @@ use baton::crd::v1alpha1::{
     AgentRun, AgentRunStatus, LeaseSpec, LedgerEvent, Phase, ProbeSpec, ScriptToolCall, ScriptTurn,
     ToolKind, ToolSpec,
 };
+use baton::fence::Fence;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 
@@ -53,7 +54,7 @@ async fn worker_zombie_writes_nothing_after_the_claim_and_exits() {
     let segs = segments(&ns.client, &ns.name, "zombie").await;
     let late: Vec<_> = segs
         .iter()
-        .filter(|s| s.spec.seq > seal && s.spec.fence == 1)
+        .filter(|s| s.spec.seq > seal && s.spec.fence == Fence::new(1))
         .collect();
     assert!(
         late.is_empty(),
@@ -61,7 +62,7 @@ async fn worker_zombie_writes_nothing_after_the_claim_and_exits() {
     );
     let st = status(&ns, "zombie").await;
     assert_eq!(
-        (st.phase, st.outcome, st.fence),
+        (st.phase, st.outcome, st.fence.get()),
         (Phase::Finishing, Some(Phase::Succeeded), 2)
     );
     assert_eq!(st.unknown_effect_count, 1);

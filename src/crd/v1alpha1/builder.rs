@@ -13,6 +13,7 @@
 //! assert_eq!(run.spec.max_attempts, 3);
 //! ```
 
+use crate::fence::value::Fence;
 use std::collections::BTreeMap;
 
 use super::{AgentRun, AgentRunSpec, AgentRunStatus, Phase, ScriptTurn, ToolSpec};
@@ -112,7 +113,7 @@ impl AgentRunBuilder {
     pub fn at(mut self, phase: Phase, fence: i64, failed: i32) -> Self {
         self.run.status = Some(AgentRunStatus {
             phase,
-            fence,
+            fence: Fence::new(fence),
             attempt: fence,
             failed_attempts: failed,
             ..AgentRunStatus::default()
@@ -152,7 +153,7 @@ mod tests {
         assert_eq!(run.spec.agent.model.script[0].text.as_deref(), Some("done"));
         let status = run.status.unwrap();
         assert_eq!(
-            (status.fence, status.attempt, status.failed_attempts),
+            (status.fence.get(), status.attempt, status.failed_attempts),
             (3, 3, 1)
         );
         let default = AgentRun::builder("d").build();

@@ -8,6 +8,9 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::fence::CloseReason;
+use crate::fence::value::Fence;
+
 /// The ledger format this build writes. Every worker reads all formats up to this one.
 pub const LEDGER_FORMAT_VERSION: i32 = 1;
 
@@ -41,7 +44,7 @@ pub struct LedgerSegmentSpec {
     pub seq: i64,
     /// Fencing token of the writer.
     #[schemars(range(min = 1))]
-    pub fence: i64,
+    pub fence: Fence,
     /// Ledger format version of the events.
     #[serde(default = "default_format")]
     #[schemars(range(min = 1))]
@@ -130,7 +133,7 @@ pub enum ApprovalOutcome {
 )]
 pub enum LedgerEvent {
     /// A worker with this fence started (its first write).
-    AttemptStarted { fence: i64, pod: String },
+    AttemptStarted { fence: Fence, pod: String },
     /// A transcript message.
     Message { role: Role, content: String },
     /// Streamed model text. Never promoted to a message if its attempt dies.
@@ -179,7 +182,7 @@ pub enum LedgerEvent {
         is_error: bool,
     },
     /// The step's worker died while it ran: its effect is unknown.
-    StepUnknown { step: i64, attempt: i64 },
+    StepUnknown { step: i64, attempt: Fence },
     /// A probe's finding for an unknown step.
     StepProbed { step: i64, outcome: ProbeOutcome },
     /// A user input consumed by the run (index into `spec.inputs`, from 0).
@@ -195,9 +198,9 @@ pub enum LedgerEvent {
     /// The run was stopped on request.
     Stopped,
     /// Seal: the controller claimed the run for `fence`; older owners' appends collide from here.
-    Claimed { fence: i64, pod: String },
+    Claimed { fence: Fence, pod: String },
     /// Seal: the controller ended the run; nothing may be appended after it.
-    Closed { fence: i64, reason: String },
+    Closed { fence: Fence, reason: CloseReason },
     /// A piece of an event too large for one segment; `total` pieces rebuild its JSON.
     Chunk {
         index: i64,

@@ -4,6 +4,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::fence::value::Fence;
+
 /// Where a run is in its life.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
 pub enum Phase {
@@ -78,7 +80,7 @@ pub struct AgentRunStatus {
     pub failed_attempts: i32,
     /// The fencing token of the current owner. Only a writer holding it may write.
     #[serde(default)]
-    pub fence: i64,
+    pub fence: Fence,
     /// The worker pod of the current attempt.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worker: Option<String>,
@@ -162,8 +164,8 @@ pub struct UnknownEffect {
     pub step: i64,
     /// Tool the step called.
     pub tool: String,
-    /// The attempt that started the step.
-    pub attempt: i64,
+    /// The attempt (its fence) that started the step.
+    pub attempt: Fence,
     /// What was done about it: `unknown`, `applied` (probe), `notApplied` (probe, then re-run),
     /// `rerun` (idempotent).
     pub resolution: Resolution,

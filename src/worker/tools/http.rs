@@ -105,6 +105,7 @@ async fn send(request: reqwest::RequestBuilder) -> ToolOutput {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fence::Fence;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     /// A one-shot HTTP server that answers `body` and hands back the request it got.
@@ -129,7 +130,7 @@ mod tests {
         ToolEnv {
             run: "r".into(),
             run_uid: "uid".into(),
-            fence: 2,
+            fence: Fence::new(2),
             step: 5,
         }
     }

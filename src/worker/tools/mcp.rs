@@ -233,7 +233,7 @@ impl McpServer {
 fn meta(env: &ToolEnv) -> JsonObject {
     let mut meta = JsonObject::new();
     meta.insert("dev.baton/run".into(), env.run.clone().into());
-    meta.insert("dev.baton/fence".into(), env.fence.into());
+    meta.insert("dev.baton/fence".into(), env.fence.get().into());
     meta.insert("dev.baton/step".into(), env.step.into());
     meta.insert(
         "dev.baton/idempotencyKey".into(),
@@ -307,6 +307,7 @@ pub async fn call_target(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fence::Fence;
 
     fn dir(tag: &str) -> std::path::PathBuf {
         let d = std::env::temp_dir().join(format!("baton-mcp-unit-{tag}-{}", std::process::id()));
@@ -373,7 +374,7 @@ mod tests {
         let env = ToolEnv {
             run: "r".into(),
             run_uid: "u".into(),
-            fence: 3,
+            fence: Fence::new(3),
             step: 7,
         };
         let m = meta(&env);

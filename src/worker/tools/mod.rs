@@ -25,6 +25,7 @@ use super::toolbox::ToolEntry;
 
 use crate::crd::env;
 use crate::crd::v1alpha1::{ToolKind, ToolSpec};
+use crate::fence::Fence;
 
 /// Bytes of tool output kept, at most; the rest is dropped and marked.
 pub const OUTPUT_CAP_BYTES: usize = 64 * 1024;
@@ -34,7 +35,7 @@ pub const OUTPUT_CAP_BYTES: usize = 64 * 1024;
 pub struct ToolEnv {
     pub run: String,
     pub run_uid: String,
-    pub fence: i64,
+    pub fence: Fence,
     pub step: i64,
 }
 
@@ -166,7 +167,7 @@ mod tests {
         let env = ToolEnv {
             run: "r".into(),
             run_uid: "u-1".into(),
-            fence: 3,
+            fence: Fence::new(3),
             step: 7,
         };
         assert_eq!(env.idempotency_key(), "u-1/7");

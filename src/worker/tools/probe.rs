@@ -64,12 +64,13 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fence::Fence;
 
     fn env() -> ToolEnv {
         ToolEnv {
             run: "r".into(),
             run_uid: "u".into(),
-            fence: 2,
+            fence: Fence::new(2),
             step: 9,
         }
     }

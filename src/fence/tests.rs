@@ -5,8 +5,8 @@ use super::*;
 
 fn closed(fence: i64) -> LedgerEvent {
     LedgerEvent::Closed {
-        fence,
-        reason: "StopRequested".into(),
+        fence: Fence::new(fence),
+        reason: CloseReason::StopRequested,
     }
 }
 
@@ -28,8 +28,8 @@ fn a_segment_is_older_own_newer_or_closed() {
     assert_eq!(verdict(two, &seg(5, 3, step.clone()), None), Verdict::Newer);
     // A `closed` of any fence ends ownership: nothing is appended after it.
     let sealed = Verdict::Closed {
-        fence: 1,
-        reason: "StopRequested".into(),
+        fence: Fence::new(1),
+        reason: CloseReason::StopRequested,
     };
     assert_eq!(verdict(two, &seg(5, 1, vec![closed(1)]), None), sealed);
     assert!(sealed.ends_ownership() && Verdict::Newer.ends_ownership());
@@ -68,7 +68,7 @@ fn over_a_ledger_a_close_decides_then_a_newer_fence_then_our_own() {
     ];
     assert!(matches!(
         ledger_verdict(two, &ended),
-        Verdict::Closed { fence: 2, .. }
+        Verdict::Closed { fence, .. } if fence == Fence::new(2)
     ));
 }
 
@@ -76,7 +76,7 @@ fn over_a_ledger_a_close_decides_then_a_newer_fence_then_our_own() {
 fn a_terminal_claim_salvages_up_to_its_own_seal() {
     let two = Fence::new(2);
     let sealed = LedgerEvent::Claimed {
-        fence: 2,
+        fence: Fence::new(2),
         pod: "r-w2".into(),
     };
     let step = LedgerEvent::Handoff;

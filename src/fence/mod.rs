@@ -14,60 +14,25 @@
 //! ([`may_append_at`]). No other file compares fences (`make lint` checks it:
 //! hack/lint-fence.sh).
 
-use std::fmt;
+mod reason;
+pub mod value;
+
+pub use reason::CloseReason;
+pub use value::Fence;
 
 use kube::ResourceExt;
 
 use crate::crd::v1alpha1::{AgentRun, LedgerEvent, LedgerSegment};
 
-/// A fence: the attempt number a claim hands out, strictly increasing per run. 0 means the
-/// run was never claimed. (On the wire it is a plain integer: the Lease's annotation, the
-/// run's `status.fence`, a segment's `spec.fence`.)
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Fence(i64);
-
 impl Fence {
-    pub const fn new(value: i64) -> Self {
-        Self(value)
-    }
-
-    pub const fn get(self) -> i64 {
-        self.0
-    }
-
-    /// The fence the next claim hands out.
-    pub const fn next(self) -> Self {
-        Self(self.0 + 1)
-    }
-
     /// The fence a run's status is at.
     pub fn of_run(run: &AgentRun) -> Self {
-        Self(run.status.as_ref().map_or(0, |s| s.fence))
+        run.status.as_ref().map_or(Fence::default(), |s| s.fence)
     }
 
     /// The fence a segment was written under.
     pub fn of_segment(seg: &LedgerSegment) -> Self {
-        Self(seg.spec.fence)
-    }
-
-    /// True for the fence of a run's first claim: no earlier attempt can have left a pod, a
-    /// Lease or a segment, so whatever bears the run's name is a deleted namesake's.
-    pub const fn is_first(self) -> bool {
-        self.0 == 1
-    }
-
-    /// True for a run never claimed (0): it has no attempt, pod or Lease of its own.
-    pub const fn never_claimed(self) -> bool {
-        self.0 <= 0
-    }
-
-    /// The fence of the attempt this claim follows (None for the first claim).
-    pub const fn previous(self) -> Option<Self> {
-        if self.0 > 1 {
-            Some(Self(self.0 - 1))
-        } else {
-            None
-        }
+        seg.spec.fence
     }
 }
 
@@ -121,12 +86,6 @@ pub fn written_before(seg: &LedgerSegment, ours: Fence) -> bool {
     Fence::of_segment(seg) < ours
 }
 
-impl fmt::Display for Fence {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
 /// Who holds a run: the run (by namespace, name and UID: a run re-created under the same
 /// name is another run), the pod of the attempt and its fence. The worker's every fenced
 /// write carries it; the controller derives the objects of an attempt from it.
@@ -145,7 +104,7 @@ impl RunHolder {
         let name = run.name_any();
         Self {
             namespace: run.namespace().unwrap_or_default(),
-            pod: worker_pod_name(&name, fence.get()),
+            pod: worker_pod_name(&name, fence),
             uid: run.uid().unwrap_or_default(),
             run: name,
             fence,
@@ -172,7 +131,7 @@ pub enum Verdict {
     /// may be appended. A worker has lost the run. The record follows the terminal status;
     /// a claim that meets one completes the end it records (a no-op unless an earlier
     /// version wrote it before that status: docs/protocol.md, "The terminal claim").
-    Closed { fence: i64, reason: String },
+    Closed { fence: Fence, reason: CloseReason },
 }
 
 impl Verdict {
@@ -241,9 +200,9 @@ pub fn salvage_end<'a>(
 }
 
 /// The `closed` seal a segment holds: its fence and reason.
-fn closed_seal(seg: &LedgerSegment) -> Option<(i64, String)> {
+fn closed_seal(seg: &LedgerSegment) -> Option<(Fence, CloseReason)> {
     seg.spec.events.iter().find_map(|e| match e {
-        LedgerEvent::Closed { fence, reason } => Some((*fence, reason.clone())),
+        LedgerEvent::Closed { fence, reason } => Some((*fence, *reason)),
         _ => None,
     })
 }
@@ -269,7 +228,7 @@ pub fn run_of_lease(lease_name: &str) -> Option<&str> {
 }
 
 /// The worker pod of attempt `fence`: one name per fence, so a fence never has two pods.
-pub fn worker_pod_name(run: &str, fence: i64) -> String {
+pub fn worker_pod_name(run: &str, fence: Fence) -> String {
     format!("{run}-w{fence}")
 }
 
@@ -296,7 +255,7 @@ pub fn test_segment(
         crate::crd::v1alpha1::LedgerSegmentSpec {
             run: "r".into(),
             seq,
-            fence,
+            fence: Fence::new(fence),
             format: 1,
             events,
         },
@@ -304,5 +263,4 @@ pub fn test_segment(
 }
 
 #[cfg(test)]
-#[path = "fence_tests.rs"]
 mod tests;

@@ -1,0 +1,93 @@
+//! Why the controller sealed a run's ledger `closed`: the reason the seal records, the
+//! terminal status carries and a later claim completes. Apart from the rules (`super`) so the
+//! wire types can carry it.
+
+use std::fmt;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// Why the controller ends a run itself. On the wire (the `closed` seal's reason, the status
+/// reason, the Event reason) it is the name as written here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CloseReason {
+    /// `spec.stop` was set and no worker carried it out.
+    StopRequested,
+    /// The run's attempts ended by dying `maxAttempts` times.
+    MaxAttemptsExceeded,
+    /// The worker pod cannot start: a Secret it needs does not exist.
+    SecretNotFound,
+    /// The worker pod cannot start for another reason in its configuration.
+    WorkerConfigError,
+    /// The API server refuses to create the worker pod (an admission check: a RuntimeClass
+    /// that does not exist, a Pod Security level the pod does not meet, an invalid field).
+    PodRejected,
+    /// `spec.budget.deadlineSeconds` passed while the run waited for input or an approval:
+    /// no worker was there to check it.
+    DeadlineExceeded,
+    /// A Lease of the run's Lease name exists and the run does not control it: baton never
+    /// replaces a Lease it did not make for the run.
+    LeaseNotOwned,
+    /// A seal whose reason this version does not know (written by another version). It reads
+    /// as `LedgerClosed`; the seal itself is never rewritten, so nothing is lost.
+    Unrecognized,
+}
+
+impl CloseReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CloseReason::StopRequested => "StopRequested",
+            CloseReason::MaxAttemptsExceeded => "MaxAttemptsExceeded",
+            CloseReason::SecretNotFound => "SecretNotFound",
+            CloseReason::WorkerConfigError => "WorkerConfigError",
+            CloseReason::PodRejected => "PodRejected",
+            CloseReason::DeadlineExceeded => "DeadlineExceeded",
+            CloseReason::LeaseNotOwned => "LeaseNotOwned",
+            CloseReason::Unrecognized => "LedgerClosed",
+        }
+    }
+
+    const ALL: [CloseReason; 8] = [
+        CloseReason::StopRequested,
+        CloseReason::MaxAttemptsExceeded,
+        CloseReason::SecretNotFound,
+        CloseReason::WorkerConfigError,
+        CloseReason::PodRejected,
+        CloseReason::DeadlineExceeded,
+        CloseReason::LeaseNotOwned,
+        CloseReason::Unrecognized,
+    ];
+
+    /// The reason a name on the wire stands for (`Unrecognized` for one this version does not
+    /// know).
+    pub fn named(reason: &str) -> Self {
+        Self::ALL
+            .into_iter()
+            .find(|r| r.as_str() == reason)
+            .unwrap_or(CloseReason::Unrecognized)
+    }
+
+    /// True when `reason` (a status's) is one a terminal claim gives.
+    pub fn names(reason: &str) -> bool {
+        Self::ALL.iter().any(|r| r.as_str() == reason)
+    }
+}
+
+impl fmt::Display for CloseReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+// By hand rather than derived: an unknown name must read as `Unrecognized`, not fail the whole
+// segment (a newer version's seal still ends the run for this one).
+impl Serialize for CloseReason {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for CloseReason {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(Self::named(&String::deserialize(d)?))
+    }
+}
