@@ -34,9 +34,9 @@ pub async fn serve(addr: SocketAddr, state: AdminState) -> std::io::Result<()> {
 async fn metrics(
     State(state): State<AdminState>,
 ) -> (StatusCode, [(&'static str, &'static str); 1], String) {
-    let runs = state.ctx.runs.state();
-    state.ctx.metrics.remembered_runs(state.ctx.remembered());
-    let body = state.ctx.metrics.render(runs.iter().map(|r| r.as_ref()));
+    let runs = state.ctx.run_cache().state();
+    state.ctx.metrics().remembered_runs(state.ctx.remembered());
+    let body = state.ctx.metrics().render(runs.iter().map(|r| r.as_ref()));
     (
         StatusCode::OK,
         [(

@@ -112,6 +112,6 @@ async fn delete_thread_lease(
 fn wake_next(ctx: &Context, run: &AgentRun, key: &str) {
     let ns = run.namespace().unwrap_or_default();
     if let Some(next) = oldest_pending(ctx, &ns, key) {
-        let _ = ctx.wake.unbounded_send(ObjectRef::new(&next).within(&ns));
+        let _ = ctx.wake().unbounded_send(ObjectRef::new(&next).within(&ns));
     }
 }

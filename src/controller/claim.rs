@@ -31,8 +31,7 @@ use super::writer::Applied;
 use crate::crd::v1alpha1::{AgentRun, LedgerEvent};
 use crate::fence::{Fence, RunHolder, run_lease_name, worker_pod_name};
 use crate::kube_util::{is_retry_soon, refused_for_what_it_is};
-use crate::lease::{LeaseClient, LeaseError, lease_fence, lease_holder};
-use crate::ledger::SegmentStore;
+use crate::lease::{LeaseError, lease_fence, lease_holder};
 use crate::owned::{Ownership, owner_reference};
 
 /// Where a stage of the claim leaves it: on to the next stage, or stopped (and what that
@@ -85,7 +84,7 @@ pub async fn claim(ctx: &Context, run: &AgentRun, claim: Claim) -> Result<Applie
         Continue(written) => written,
         Break(applied) => return Ok(applied),
     };
-    ctx.metrics.claim_api(started.elapsed().as_secs_f64());
+    ctx.metrics().claim_api(started.elapsed().as_secs_f64());
     record_claim(ctx, run, claim, &written.holder);
     // The old pod's deletion does not wait for the new one (the fence, not the deletion,
     // protects the run). A pod confirmed gone is not deleted again.
@@ -178,7 +177,7 @@ pub(super) async fn seal<'a>(
         fence,
         pod: holder.pod.clone(),
     }];
-    let store = SegmentStore::for_run(ctx.client.clone(), run);
+    let store = ctx.segments(run);
     let appended = match ctx
         .write_fenced("seal", store.append(tail, fence, seal))
         .await?
@@ -240,9 +239,7 @@ async fn confirm_trigger(
     let ns = run.namespace().unwrap_or_default();
     match reason {
         ClaimReason::LeaseExpired => {
-            let fresh = LeaseClient::new(ctx.client.clone(), &ns)
-                .get(&run.name_any())
-                .await?;
+            let fresh = ctx.lease_edge(&ns).get(&run.name_any()).await?;
             let Some(fresh) = fresh else {
                 return Ok(Continue(LeaseBase::Read(None)));
             };
@@ -290,12 +287,12 @@ pub(super) async fn confirm_current(ctx: &Context, run: &AgentRun) -> Result<Sta
 fn record_claim(ctx: &Context, run: &AgentRun, claim: Claim, holder: &RunHolder) {
     let (fence, pod) = (holder.fence, holder.pod.as_str());
     let reason = claim.reason.as_str();
-    ctx.metrics.claim(reason, claim.reason.is_death());
+    ctx.metrics().claim(reason, claim.reason.is_death());
     if claim.reason == ClaimReason::LeaseExpired
         && let Some(s) = ctx.memory_of(run).sighting
     {
         let late = Instant::now().saturating_duration_since(s.deadline(&run.spec.lease));
-        ctx.metrics.takeover_lateness(late.as_secs_f64());
+        ctx.metrics().takeover_lateness(late.as_secs_f64());
     }
     tracing::info!(run = %run_name(run), %fence, pod, reason, "claimed");
     let note = format!("attempt {fence} claimed for pod {pod} ({reason})");
@@ -312,7 +309,7 @@ fn record_claim(ctx: &Context, run: &AgentRun, claim: Claim, holder: &RunHolder)
 /// neither is it when the move finds the Lease moved by someone else meanwhile.
 async fn move_lease(ctx: &Context, written: StatusWritten) -> Result<Stage<LeaseMoved>, Error> {
     let StatusWritten { run, holder, lease } = written;
-    let leases = LeaseClient::new(ctx.client.clone(), &holder.namespace);
+    let leases = ctx.lease_edge(&holder.namespace);
     let current = match lease {
         LeaseBase::Read(read) => read.map(|l| *l),
         LeaseBase::Cached => cached_lease(ctx, &run),
@@ -351,7 +348,7 @@ async fn move_lease(ctx: &Context, written: StatusWritten) -> Result<Stage<Lease
 /// Stage 5: the attempt's pod, created by the pass that moved the Lease to it.
 async fn create_pod(ctx: &Context, moved: LeaseMoved) -> Result<(), Error> {
     let LeaseMoved { run, holder } = moved;
-    let image = desired_image(&run, &ctx.config.worker_image);
+    let image = desired_image(&run, &ctx.config().worker_image);
     let pod = worker_pod(&run, holder.fence, &image);
     let created = create_pod_patiently(ctx, &holder.namespace, &pod).await;
     if let Err(Error::Kube(err)) = &created
@@ -407,7 +404,7 @@ async fn create_pod_patiently(ctx: &Context, ns: &str, pod: &Pod) -> Result<(), 
 fn cached_lease(ctx: &Context, run: &AgentRun) -> Option<Lease> {
     let ns = run.namespace().unwrap_or_default();
     let name = run_lease_name(&run.name_any());
-    ctx.leases
+    ctx.lease_cache()
         .get(&ObjectRef::new(&name).within(&ns))
         .map(|l| (*l).clone())
 }

@@ -42,7 +42,7 @@ pub async fn end(
     fence: Fence,
     close: &Close,
 ) -> Result<Applied, Error> {
-    let store = SegmentStore::for_run(ctx.client.clone(), run);
+    let store = ctx.segments(run);
     let Some(mut replay) = up_to_seal(&store, fence).await? else {
         // Taken by a newer claim, or ended and recorded meanwhile: the CAS would be lost too.
         return Ok(Applied::Conflict);
@@ -133,7 +133,7 @@ pub async fn record_closed(ctx: &Context, run: &AgentRun) -> Result<Applied, Err
         ctx.remember(run, |m| m.close_recorded = true);
         return Ok(Applied::Done);
     }
-    let store = SegmentStore::for_run(ctx.client.clone(), run);
+    let store = ctx.segments(run);
     let Some(replay) = up_to_seal(&store, fence).await? else {
         // Recorded already (or, from an older version, nothing of this fence to record).
         ctx.remember(run, |m| m.close_recorded = true);
@@ -164,7 +164,7 @@ async fn recorded_at(ctx: &Context, run: &AgentRun, fence: Fence, at: i64) -> Re
 /// wrote (it sealed with `closed` before the status) may stand without its status: the run
 /// ends as it records, whatever decided the claim, or every later claim would meet it.
 pub async fn complete_recorded(ctx: &Context, run: &AgentRun) -> Result<Applied, Error> {
-    let store = SegmentStore::for_run(ctx.client.clone(), run);
+    let store = ctx.segments(run);
     let segments = store.list().await?;
     let Verdict::Closed { fence, reason } = ledger_verdict(Fence::of_run(run).next(), &segments)
     else {
@@ -192,7 +192,7 @@ fn fold(segments: &[LedgerSegment]) -> Result<Replay, Error> {
 
 fn announce(ctx: &Context, run: &AgentRun, close: &Close, fence: Fence) {
     if close.reason == CloseReason::MaxAttemptsExceeded {
-        ctx.metrics.give_up();
+        ctx.metrics().give_up();
     }
     let phase = close.phase();
     tracing::info!(run = %run_name(run), %fence, %phase, reason = %close.reason, "ended");
@@ -211,7 +211,7 @@ pub async fn delete_pod(ctx: &Context, run: &AgentRun, fence: Fence) -> Result<(
     let name = worker_pod_name(&run.name_any(), fence);
     let cached = kube::runtime::reflector::ObjectRef::<Pod>::new(&name).within(&ns);
     if ctx
-        .pods
+        .pod_cache()
         .get(&cached)
         .is_some_and(|p| p.metadata.deletion_timestamp.is_some())
     {

@@ -18,7 +18,8 @@ use super::events::{self, Queued};
 use super::metrics::Metrics;
 use crate::crd::v1alpha1::AgentRun;
 use crate::fence::Fence;
-use crate::lease::LeaseSighting;
+use crate::lease::{LeaseClient, LeaseSighting};
+use crate::ledger::SegmentStore;
 
 /// What the controller remembers about one run, on its own clock.
 #[derive(Debug, Clone, Default)]
@@ -81,28 +82,113 @@ pub fn run_key(run: &AgentRun) -> RunKey {
     (run.namespace().unwrap_or_default(), run.name_any())
 }
 
-/// Shared by every reconcile.
-pub struct Context {
-    pub client: Client,
-    pub config: Config,
+/// The watch caches the controller reads instead of the API server.
+pub struct Caches {
     pub runs: Store<AgentRun>,
     pub pods: Store<Pod>,
     pub leases: Store<Lease>,
-    pub memory: Mutex<HashMap<RunKey, RunMemory>>,
+}
+
+/// Shared by every reconcile. Its fields are private: the client is reached only through
+/// the writers (`Context::write*`, the [`SegmentStore`] and [`LeaseClient`] it hands out), the
+/// rest through read accessors.
+pub struct Context {
+    client: Client,
+    config: Config,
+    caches: Caches,
+    memory: Mutex<HashMap<RunKey, RunMemory>>,
     /// Runs whose pod was deleted for a rollout, with the fence it was deleted at.
-    pub rollouts: Mutex<HashSet<(RunKey, Fence)>>,
-    pub leadership: Arc<Leadership>,
-    pub metrics: Arc<Metrics>,
+    rollouts: Mutex<HashSet<(RunKey, Fence)>>,
+    leadership: Arc<Leadership>,
+    metrics: Arc<Metrics>,
     /// Events waiting to be published (None: Events are off).
-    pub events: Option<tokio::sync::mpsc::Sender<Queued>>,
+    events: Option<tokio::sync::mpsc::Sender<Queued>>,
     /// Set once the run, pod and Lease caches have synced (one waiter: kube's
     /// `Store::wait_until_ready` wakes only the last of several concurrent waiters).
-    pub synced: Arc<std::sync::atomic::AtomicBool>,
+    synced: Arc<std::sync::atomic::AtomicBool>,
     /// Wakes a run at once (the next run of a thread, when the thread is released).
-    pub wake: UnboundedSender<ObjectRef<AgentRun>>,
+    wake: UnboundedSender<ObjectRef<AgentRun>>,
 }
 
 impl Context {
+    /// A context with nothing remembered yet; `synced` says whether the caches count as
+    /// synced from the start (a detached test controller's empty ones do).
+    pub fn new(
+        client: Client,
+        config: Config,
+        caches: Caches,
+        leadership: Leadership,
+        events: Option<tokio::sync::mpsc::Sender<Queued>>,
+        wake: UnboundedSender<ObjectRef<AgentRun>>,
+        synced: bool,
+    ) -> Self {
+        Self {
+            client,
+            config,
+            caches,
+            memory: Default::default(),
+            rollouts: Default::default(),
+            leadership: Arc::new(leadership),
+            metrics: Arc::new(Metrics::new()),
+            events,
+            synced: Arc::new(std::sync::atomic::AtomicBool::new(synced)),
+            wake,
+        }
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    pub fn run_cache(&self) -> &Store<AgentRun> {
+        &self.caches.runs
+    }
+
+    pub fn pod_cache(&self) -> &Store<Pod> {
+        &self.caches.pods
+    }
+
+    pub fn lease_cache(&self) -> &Store<Lease> {
+        &self.caches.leases
+    }
+
+    pub fn leadership(&self) -> &Arc<Leadership> {
+        &self.leadership
+    }
+
+    pub fn synced(&self) -> &Arc<std::sync::atomic::AtomicBool> {
+        &self.synced
+    }
+
+    pub fn rollouts(&self) -> &Mutex<HashSet<(RunKey, Fence)>> {
+        &self.rollouts
+    }
+
+    pub fn wake(&self) -> &UnboundedSender<ObjectRef<AgentRun>> {
+        &self.wake
+    }
+
+    /// The run's ledger, for the controller's seals and salvage reads.
+    pub fn segments(&self, run: &AgentRun) -> SegmentStore {
+        SegmentStore::for_run(self.client.clone(), run)
+    }
+
+    /// The Lease edge in `namespace`: the claim's moves and reads of run Leases.
+    pub fn lease_edge(&self, namespace: &str) -> LeaseClient {
+        LeaseClient::new(self.client.clone(), namespace)
+    }
+
+    /// Records a sighting of the run Lease `lease` of the run at `key` with `uid`.
+    pub fn sight(&self, key: RunKey, uid: &str, lease: &Lease, now: Instant) {
+        let mut memory = self.memory.lock().expect("memory lock");
+        let m = memory_for(&mut memory, key, Some(uid));
+        m.sighting = Some(LeaseSighting::observe(m.sighting.as_ref(), lease, now));
+    }
+
     pub fn runs_api(&self, run: &AgentRun) -> Api<AgentRun> {
         Api::namespaced(self.client.clone(), &run.namespace().unwrap_or_default())
     }
@@ -158,7 +244,8 @@ impl Context {
 
     /// True when the run cache holds the run `ns/name` (with UID `uid`, when one is given).
     pub fn caches_run(&self, ns: &str, name: &str, uid: Option<&str>) -> bool {
-        self.runs
+        self.caches
+            .runs
             .get(&ObjectRef::new(name).within(ns))
             .is_some_and(|run| uid.is_none() || run.uid().as_deref() == uid)
     }

@@ -74,7 +74,7 @@ pub async fn cleared(ctx: &Context, run: &AgentRun, fence: Fence) -> Result<bool
 fn foreign_pod(ctx: &Context, run: &AgentRun, uid: &str, fence: Fence) -> Option<Pod> {
     let name = worker_pod_name(&run.name_any(), fence);
     let ns = run.namespace().unwrap_or_default();
-    let pod = ctx.pods.get(&ObjectRef::new(&name).within(&ns))?;
+    let pod = ctx.pod_cache().get(&ObjectRef::new(&name).within(&ns))?;
     let other = controlling_run(&*pod).is_some_and(|owner| owner.uid != uid);
     other.then(|| (*pod).clone())
 }
@@ -83,7 +83,7 @@ fn foreign_pod(ctx: &Context, run: &AgentRun, uid: &str, fence: Fence) -> Option
 fn foreign_lease(ctx: &Context, run: &AgentRun, uid: &str) -> Option<Lease> {
     let ns = run.namespace().unwrap_or_default();
     let name = run_lease_name(&run.name_any());
-    let lease = ctx.leases.get(&ObjectRef::new(&name).within(&ns))?;
+    let lease = ctx.lease_cache().get(&ObjectRef::new(&name).within(&ns))?;
     let other = controlling_run(&*lease).is_some_and(|owner| owner.uid != uid);
     other.then(|| (*lease).clone())
 }

@@ -35,7 +35,7 @@ mod writer;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-pub use context::Context;
+pub use context::{Caches, Context};
 pub use decide::RolloutPolicy;
 pub use reconcile::{run, run_until};
 

@@ -21,7 +21,7 @@ use crate::lease::{LeaseSighting, lease_fence, lease_holder, thread_lease_name};
 pub fn observe<'a>(ctx: &Context, run: &'a AgentRun, now: Instant) -> Observation<'a> {
     let ns = run.namespace().unwrap_or_default();
     let lease = ctx
-        .leases
+        .lease_cache()
         .get(&ObjectRef::new(&run_lease_name(&run.name_any())).within(&ns));
     let lease = lease.map(|l| sight(ctx, run, &l, now));
     let stop_seen_at = remember_stop(ctx, run, now);
@@ -32,9 +32,9 @@ pub fn observe<'a>(ctx: &Context, run: &'a AgentRun, now: Instant) -> Observatio
         pod: pod_state(ctx, run),
         admission: admission(ctx, run),
         stop_seen_at,
-        desired_image: desired_image(run, &ctx.config.worker_image),
-        rollout: ctx.config.rollout_policy,
-        rollout_slot: in_flight < ctx.config.max_concurrent_handoffs,
+        desired_image: desired_image(run, &ctx.config().worker_image),
+        rollout: ctx.config().rollout_policy,
+        rollout_slot: in_flight < ctx.config().max_concurrent_handoffs,
         close_recorded: ctx.memory_of(run).close_recorded,
         now,
         wall: Timestamp::now(),
@@ -73,7 +73,7 @@ pub fn pod_state(ctx: &Context, run: &AgentRun) -> PodState {
     }
     let name = worker_pod_name(&run.name_any(), fence);
     let ns = run.namespace().unwrap_or_default();
-    match ctx.pods.get(&ObjectRef::new(&name).within(&ns)) {
+    match ctx.pod_cache().get(&ObjectRef::new(&name).within(&ns)) {
         Some(pod) if controlled_by_run(&*pod, &run.uid().unwrap_or_default()) => classify_pod(&pod),
         _ => PodState::Missing,
     }
@@ -161,7 +161,7 @@ pub fn admission(ctx: &Context, run: &AgentRun) -> Admission {
     };
     let ns = run.namespace().unwrap_or_default();
     let lease_ref = ObjectRef::new(&thread_lease_name(key)).within(&ns);
-    match ctx.leases.get(&lease_ref) {
+    match ctx.lease_cache().get(&lease_ref) {
         Some(lease) => held_admission(ctx, run, &lease),
         None => match oldest_pending(ctx, &ns, key) {
             Some(first) if first != run.name_any() => Admission::Busy { holder: first },
@@ -178,7 +178,7 @@ fn held_admission(ctx: &Context, run: &AgentRun, lease: &Lease) -> Admission {
     }
     let ns = run.namespace().unwrap_or_default();
     let live = ctx
-        .runs
+        .run_cache()
         .get(&ObjectRef::new(&holder).within(&ns))
         .filter(|h| h.uid() == holder_uid)
         .is_some_and(|h| !h.status.as_ref().is_some_and(|s| s.phase.is_terminal()));
@@ -191,7 +191,7 @@ fn held_admission(ctx: &Context, run: &AgentRun, lease: &Lease) -> Admission {
 
 /// The oldest Pending run of a thread (creation time, then name).
 pub fn oldest_pending(ctx: &Context, ns: &str, key: &str) -> Option<String> {
-    ctx.runs
+    ctx.run_cache()
         .state()
         .iter()
         .filter(|r| r.namespace().as_deref() == Some(ns))
@@ -207,9 +207,9 @@ pub fn oldest_pending(ctx: &Context, ns: &str, key: &str) -> Option<String> {
 
 /// Rollout handoffs still in flight; finished ones (the run moved past that fence) are dropped.
 fn rollouts_in_flight(ctx: &Context) -> usize {
-    let mut rollouts = ctx.rollouts.lock().expect("rollouts lock");
+    let mut rollouts = ctx.rollouts().lock().expect("rollouts lock");
     rollouts.retain(|((ns, name), fence)| {
-        ctx.runs
+        ctx.run_cache()
             .get(&ObjectRef::new(name).within(ns))
             .and_then(|r| r.status.clone())
             .is_some_and(|s| crate::fence::status_names(s.fence, *fence) && !s.phase.is_terminal())
@@ -220,7 +220,7 @@ fn rollouts_in_flight(ctx: &Context) -> usize {
 /// Marks a rollout handoff in flight for the run at its current fence.
 pub fn start_rollout(ctx: &Context, run: &AgentRun) {
     let fence = Fence::of_run(run);
-    ctx.rollouts
+    ctx.rollouts()
         .lock()
         .expect("rollouts lock")
         .insert((run_key(run), fence));

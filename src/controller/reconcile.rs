@@ -18,18 +18,16 @@ use tokio::sync::watch;
 use super::admin::{self, AdminState};
 use super::apply::apply;
 use super::backoff::ErrorClass;
-use super::context::{Context, memory_for};
+use super::context::{Caches, Context};
 use super::decide::{Action, decide};
 use super::election::{self, Leadership};
 use super::events::{self, Queued};
-use super::metrics::Metrics;
 use super::observe::observe;
 use super::writer::Applied;
 use super::{CONTROLLER_NAME, Config, Error};
 use crate::crd::v1alpha1::AgentRun;
 use crate::crd::{MANAGED_BY_LABEL, controlling_run};
 use crate::fence::run_of_lease;
-use crate::lease::LeaseSighting;
 
 /// How many times one reconcile re-reads and re-decides after a conflict.
 const MAX_REDECIDE: usize = 4;
@@ -51,12 +49,13 @@ pub async fn run_until(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> Result<(), Error> {
-    let (ctx, controller, pod_events, lease_events, wake_rx, events) = build(client, config);
-    let ready = ctx.synced.clone();
-    let (webhook_loaded, loaded) = tokio::sync::watch::channel(ctx.config.webhook.is_none());
+    let (ctx, controller, pod_events, lease_events, wake_rx, events) =
+        build(client.clone(), config);
+    let ready = ctx.synced().clone();
+    let (webhook_loaded, loaded) = tokio::sync::watch::channel(ctx.config().webhook.is_none());
     tokio::spawn(mark_ready(ctx.clone(), ready.clone(), loaded));
-    let mut webhook = spawn_webhook(&ctx, webhook_loaded);
-    let gained = leadership_gained(ctx.leadership.subscribe());
+    let mut webhook = spawn_webhook(&client, &ctx, webhook_loaded);
+    let gained = leadership_gained(ctx.leadership().subscribe());
     let reconciling = controller
         .owns_stream(pod_events)
         .owns_stream(lease_events)
@@ -67,19 +66,19 @@ pub async fn run_until(
         .for_each(|_| futures::future::ready(()));
     let publishing = async {
         if let Some((queue, publisher)) = events {
-            events::publish(queue, publisher, &ctx.metrics).await;
+            events::publish(queue, publisher, ctx.metrics()).await;
         }
         futures::future::pending::<()>().await
     };
     let outcome = tokio::select! {
         _ = reconciling => Ok(()),
         _ = publishing => Ok(()),
-        err = run_election(ctx.clone()) => Err(err),
+        err = run_election(client.clone(), ctx.clone()) => Err(err),
         res = serve_admin(ctx.clone(), ready) => res,
         res = webhook_failed(&mut webhook) => res,
     };
     if outcome.is_ok() {
-        step_down(&ctx).await;
+        step_down(&client, &ctx).await;
     }
     drain_webhook(webhook).await;
     outcome
@@ -93,10 +92,14 @@ const WEBHOOK_DRAIN: Duration = Duration::from_secs(3);
 type WebhookTask = Option<tokio::task::JoinHandle<Result<(), crate::webhook::WebhookError>>>;
 
 /// The admission webhook, on every replica: the API server reaches any ready one.
-fn spawn_webhook(ctx: &Context, loaded: tokio::sync::watch::Sender<bool>) -> WebhookTask {
-    let config = ctx.config.webhook.clone()?;
+fn spawn_webhook(
+    client: &Client,
+    ctx: &Context,
+    loaded: tokio::sync::watch::Sender<bool>,
+) -> WebhookTask {
+    let config = ctx.config().webhook.clone()?;
     Some(tokio::spawn(crate::webhook::run(
-        ctx.client.clone(),
+        client.clone(),
         config,
         loaded,
     )))
@@ -123,13 +126,13 @@ async fn drain_webhook(task: WebhookTask) {
 
 /// Leadership given up on shutdown: this replica stops counting itself leader first (nothing it
 /// still runs may write), then frees the Lease for the others.
-async fn step_down(ctx: &Context) {
-    if !ctx.config.leader_election {
+async fn step_down(client: &Client, ctx: &Context) {
+    if !ctx.config().leader_election {
         return;
     }
-    ctx.leadership.resign();
-    let c = &ctx.config;
-    match election::release(ctx.client.clone(), &c.leader_namespace, &c.identity).await {
+    ctx.leadership().resign();
+    let c = ctx.config();
+    match election::release(client.clone(), &c.leader_namespace, &c.identity).await {
         Ok(true) => tracing::info!("shutting down: leadership released"),
         Ok(false) => tracing::info!("shutting down: was not leading"),
         Err(err) => {
@@ -164,27 +167,28 @@ fn build(client: Client, config: Config) -> Built {
         Leadership::always()
     };
     let (events, queue) = event_queue(&client, &config);
-    let ctx = Arc::new(Context {
-        client: client.clone(),
+    let caches = Caches {
         runs: runs.clone(),
         pods,
         leases,
-        memory: Default::default(),
-        rollouts: Default::default(),
-        leadership: Arc::new(leadership),
-        metrics: Arc::new(Metrics::new()),
+    };
+    let ctx = Context::new(
+        client.clone(),
+        config,
+        caches,
+        leadership,
         events,
         wake,
-        synced: Arc::new(AtomicBool::new(false)),
-        config,
-    });
+        false,
+    );
+    let ctx = Arc::new(ctx);
     // The caches keep only what the controller reads: no managedFields anywhere (a large
     // share of every object), and of a pod only its phase, owner, labels and worker image.
     let pruning = ctx.clone();
     let run_events = reflector(
         run_writer,
         watcher(
-            scoped::<AgentRun>(&client, &ctx.config),
+            scoped::<AgentRun>(&client, ctx.config()),
             watcher::Config::default(),
         )
         .modify(slim_run),
@@ -192,8 +196,8 @@ fn build(client: Client, config: Config) -> Built {
     .inspect_ok(move |event| prune_memory(&pruning, event))
     .applied_objects();
     let controller = Controller::for_stream(run_events, runs)
-        .with_config(controller::Config::default().concurrency(ctx.config.concurrency));
-    let pods = watcher(scoped::<Pod>(&client, &ctx.config), wc.clone()).modify(slim_pod);
+        .with_config(controller::Config::default().concurrency(ctx.config().concurrency));
+    let pods = watcher(scoped::<Pod>(&client, ctx.config()), wc.clone()).modify(slim_pod);
     let pod_events = reflector(pod_writer, pods)
         .default_backoff()
         .touched_objects()
@@ -211,7 +215,7 @@ fn lease_events(
 ) -> std::pin::Pin<Box<dyn Stream<Item = Result<Lease, watcher::Error>> + Send>> {
     reflector(
         writer,
-        watcher(scoped::<Lease>(client, &ctx.config), wc).modify(strip_metadata),
+        watcher(scoped::<Lease>(client, ctx.config()), wc).modify(strip_metadata),
     )
     .default_backoff()
     .inspect_ok(move |event| match event {
@@ -269,9 +273,7 @@ fn sight_on_arrival(ctx: &Context, lease: &Lease) {
     }
     let key = (ns, run.to_string());
     let now = Instant::now();
-    let mut memory = ctx.memory.lock().expect("memory lock");
-    let m = memory_for(&mut memory, key, Some(owner.uid.as_str()));
-    m.sighting = Some(LeaseSighting::observe(m.sighting.as_ref(), lease, now));
+    ctx.sight(key, owner.uid.as_str(), lease, now);
 }
 
 fn strip_metadata<K: Resource>(obj: &mut K) {
@@ -365,24 +367,24 @@ fn leadership_gained(rx: watch::Receiver<bool>) -> impl Stream<Item = ()> + Send
     })
 }
 
-async fn run_election(ctx: Arc<Context>) -> Error {
-    if !ctx.config.leader_election {
+async fn run_election(client: Client, ctx: Arc<Context>) -> Error {
+    if !ctx.config().leader_election {
         return futures::future::pending().await;
     }
-    let c = &ctx.config;
+    let c = ctx.config();
     let result = election::run(
-        ctx.client.clone(),
+        client,
         &c.leader_namespace,
         &c.identity,
         c.leader_lease,
-        &ctx.leadership,
+        ctx.leadership(),
     )
     .await;
     Error::Election(format!("{result:?}"))
 }
 
 async fn serve_admin(ctx: Arc<Context>, ready: Arc<AtomicBool>) -> Result<(), Error> {
-    match ctx.config.admin_addr {
+    match ctx.config().admin_addr {
         Some(addr) => Ok(admin::serve(
             addr,
             AdminState {
@@ -405,8 +407,8 @@ async fn mark_ready(
     // Not the run store: the Controller's applier already waits on it, and a second waiter
     // would never be woken.
     let synced = async {
-        ctx.pods.wait_until_ready().await.ok()?;
-        ctx.leases.wait_until_ready().await.ok()?;
+        ctx.pod_cache().wait_until_ready().await.ok()?;
+        ctx.lease_cache().wait_until_ready().await.ok()?;
         webhook_loaded
             .wait_for(|loaded| *loaded)
             .await
@@ -421,7 +423,7 @@ async fn mark_ready(
 async fn reconcile(run: Arc<AgentRun>, ctx: Arc<Context>) -> Result<Requeue, Error> {
     let started = Instant::now();
     let result = reconcile_run(&run, &ctx).await;
-    ctx.metrics.reconciled(started.elapsed().as_secs_f64());
+    ctx.metrics().reconciled(started.elapsed().as_secs_f64());
     if result.is_ok() {
         ctx.reconcile_passed(&run);
     }
@@ -430,10 +432,10 @@ async fn reconcile(run: Arc<AgentRun>, ctx: Arc<Context>) -> Result<Requeue, Err
 
 /// observe → decide → apply; on a conflict the run is re-read and decided again.
 async fn reconcile_run(run: &AgentRun, ctx: &Context) -> Result<Requeue, Error> {
-    if !ctx.leadership.is_leader(Instant::now()) {
+    if !ctx.leadership().is_leader(Instant::now()) {
         return Ok(Requeue::await_change());
     }
-    if !ctx.synced.load(Ordering::Acquire) {
+    if !ctx.synced().load(Ordering::Acquire) {
         return Ok(Requeue::requeue(SOON));
     }
     if run.resource_version().is_some()
@@ -469,7 +471,7 @@ async fn reconcile_run(run: &AgentRun, ctx: &Context) -> Result<Requeue, Error> 
 /// A failed reconcile is tried again after a backoff by the class of its error, doubling with
 /// each failure of the run in a row ([`ErrorClass::backoff`]).
 fn error_policy(run: Arc<AgentRun>, err: &Error, ctx: Arc<Context>) -> Requeue {
-    ctx.metrics.error(err.label());
+    ctx.metrics().error(err.label());
     if matches!(err, Error::NotLeader) {
         return Requeue::await_change();
     }

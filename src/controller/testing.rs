@@ -5,17 +5,14 @@
 
 use std::future::Future;
 use std::ops::ControlFlow::{Break, Continue};
-use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 
 use kube::Client;
 use kube::runtime::reflector;
 
 use super::claim::{Sealed, confirm_current, prepare, seal};
-use super::context::Context;
+use super::context::{Caches, Context};
 use super::decide::{Action, Close};
 use super::election::Leadership;
-use super::metrics::Metrics;
 use super::{Config, Error};
 use crate::crd::v1alpha1::AgentRun;
 
@@ -24,24 +21,25 @@ pub use super::writer::Applied;
 /// A controller with empty caches that always leads and publishes no Events.
 pub fn detached(client: Client) -> Context {
     let (wake, _) = futures::channel::mpsc::unbounded();
-    Context {
-        client,
+    let caches = Caches {
         runs: reflector::store().0,
         pods: reflector::store().0,
         leases: reflector::store().0,
-        memory: Default::default(),
-        rollouts: Default::default(),
-        leadership: Arc::new(Leadership::always()),
-        metrics: Arc::new(Metrics::new()),
-        events: None,
-        synced: Arc::new(AtomicBool::new(true)),
+    };
+    let config = Config {
+        leader_election: false,
+        events: false,
+        ..Config::default()
+    };
+    Context::new(
+        client,
+        config,
+        caches,
+        Leadership::always(),
+        None,
         wake,
-        config: Config {
-            leader_election: false,
-            events: false,
-            ..Config::default()
-        },
-    }
+        true,
+    )
 }
 
 /// Applies `action`, decided on `run` (perhaps a stale copy), with the controller's own code.

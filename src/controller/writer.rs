@@ -66,7 +66,7 @@ pub enum Applied {
 impl Context {
     /// Refuses when this replica does not lead: called right before every write, here only.
     fn check_leader(&self) -> Result<(), Error> {
-        if self.leadership.is_leader(Instant::now()) {
+        if self.leadership().is_leader(Instant::now()) {
             Ok(())
         } else {
             Err(Error::NotLeader)
@@ -84,7 +84,7 @@ impl Context {
         self.check_leader()?;
         let wrote = Wrote::classify(request.await)?;
         if let Wrote::Written(_) = wrote {
-            self.metrics.api_write(kind);
+            self.metrics().api_write(kind);
         }
         Ok(wrote)
     }
@@ -100,7 +100,7 @@ impl Context {
         self.check_leader()?;
         let answer = request.await;
         if answer.is_ok() {
-            self.metrics.api_write(kind);
+            self.metrics().api_write(kind);
         }
         Ok(answer)
     }

@@ -231,3 +231,28 @@ fn a_claim_follows_the_attempt_just_before_it() {
     assert_eq!(append_ceiling(f(2), true), f(3));
     assert_eq!(append_ceiling(f(2), false), f(2));
 }
+
+#[test]
+fn the_fence_and_the_seals_reason_are_plain_on_the_wire() {
+    let seal = LedgerEvent::Closed {
+        fence: Fence::new(3),
+        reason: CloseReason::StopRequested,
+    };
+    let json = serde_json::to_value(&seal).unwrap();
+    assert_eq!(
+        json,
+        serde_json::json!({"type": "closed", "fence": 3, "reason": "StopRequested"})
+    );
+    assert_eq!(serde_json::from_value::<LedgerEvent>(json).unwrap(), seal);
+    // A reason a newer version wrote still reads: the seal ends the run all the same.
+    let newer = serde_json::json!({"type": "closed", "fence": 4, "reason": "SomethingNew"});
+    assert_eq!(
+        serde_json::from_value::<LedgerEvent>(newer).unwrap(),
+        LedgerEvent::Closed {
+            fence: Fence::new(4),
+            reason: CloseReason::Unrecognized,
+        }
+    );
+    assert!("x7".parse::<Fence>().is_err());
+    assert_eq!(" 7".parse::<Fence>(), Ok(Fence::new(7)));
+}

@@ -76,11 +76,11 @@ pub async fn run(
 ) -> Result<(), WebhookError> {
     let (served_tx, served) = tokio::sync::watch::channel(None);
     let keeping = tls::keep(client.clone(), config.tls.clone(), served_tx);
-    let reviewer = Reviewer {
+    let reviewer = Reviewer::new(
         client,
-        controller_users: config.controller_users.clone(),
-        max_spec_bytes: config.max_spec_bytes,
-    };
+        config.controller_users.clone(),
+        config.max_spec_bytes,
+    );
     let mut watching = served.clone();
     let announcing = async move {
         if watching.wait_for(Option::is_some).await.is_ok() {

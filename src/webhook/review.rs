@@ -38,14 +38,22 @@ pub enum ReviewError {
 /// Answers admission reviews for AgentRuns, LedgerSegments and run Leases.
 #[derive(Clone)]
 pub struct Reviewer {
-    pub client: Client,
+    client: Client,
     /// The user names baton's controller authenticates as.
-    pub controller_users: Vec<String>,
+    controller_users: Vec<String>,
     /// The largest AgentRun spec admitted, in bytes of JSON.
-    pub max_spec_bytes: usize,
+    max_spec_bytes: usize,
 }
 
 impl Reviewer {
+    pub fn new(client: Client, controller_users: Vec<String>, max_spec_bytes: usize) -> Self {
+        Self {
+            client,
+            controller_users,
+            max_spec_bytes,
+        }
+    }
+
     /// The answer to `review`.
     pub async fn answer(
         &self,

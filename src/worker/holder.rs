@@ -8,11 +8,18 @@
 //! - `renew_lease` / `release_lease`: a CAS on the Lease that checks holder and fence;
 //! - `update_status`: re-reads the run and writes only while it is the same run (UID) at the
 //!   same fence.
+//!
+//! Its one unfenced write is an Event about the run (`publish_event`, best effort): Events are
+//! notes for people, never read back.
 
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::{Api, Client};
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::runtime::events::{Event, EventType, Reporter};
+use kube::{Api, Client, Resource};
+use tracing::warn;
 
 use crate::crd::v1alpha1::{AgentRun, AgentRunStatus, LedgerEvent, LedgerSegment};
+use crate::events::{Publisher, WORKER_REPORTER};
 use crate::fence::{Fence, RunHolder};
 use crate::lease::{LeaseError, WorkerLease};
 use crate::ledger::{Appended, LedgerError, SegmentStore, check_still_owner};
@@ -25,6 +32,9 @@ pub struct Holder {
     runs: Api<AgentRun>,
     store: SegmentStore,
     lease: WorkerLease,
+    events: Publisher,
+    /// The run, as Events refer to it.
+    regarding: ObjectReference,
 }
 
 impl Holder {
@@ -43,8 +53,14 @@ impl Holder {
         };
         let lease =
             WorkerLease::new(client.clone(), &id.namespace, &id.run, pod, fence).of_run(&id.uid);
+        let reporter = Reporter {
+            controller: WORKER_REPORTER.into(),
+            instance: Some(pod.into()),
+        };
         Self {
             runs: Api::namespaced(client.clone(), &id.namespace),
+            events: Publisher::new(client.clone(), reporter),
+            regarding: run.object_ref(&()),
             store: SegmentStore::for_run(client, run).with_budget(segment_budget),
             lease,
             id,
@@ -96,5 +112,20 @@ impl Holder {
         change: impl Fn(&mut AgentRunStatus),
     ) -> Result<AgentRun, StatusError> {
         fenced_update(&self.runs, &self.id, change).await
+    }
+
+    /// An Event about the run (best effort: a failure is logged). `note` is cut to 1,000
+    /// characters, the API server's limit.
+    pub async fn publish_event(&self, type_: EventType, reason: &str, action: &str, note: &str) {
+        let event = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note.chars().take(1000).collect()),
+            action: action.into(),
+            secondary: None,
+        };
+        if let Err(err) = self.events.publish(&event, &self.regarding).await {
+            warn!(error = %err, reason, "publishing an Event");
+        }
     }
 }

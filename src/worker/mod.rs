@@ -215,7 +215,7 @@ async fn attempt(
     let timing = RenewTiming::from_spec(&run.spec.lease);
     let guard = LostGuard::new(renewed_at, timing.duration);
     let interrupts = Interrupts::default();
-    let parts = (client, runs, run, holder);
+    let parts = (runs, run, holder);
     let s = open_session(cfg, parts, tools, (guard, interrupts), counters, metrics).await?;
     let Some(mut s) = s else {
         return Ok(Exit::Lost);
@@ -260,7 +260,7 @@ async fn start_check(
 /// newer owner or a close, so the run is lost.
 async fn open_session(
     cfg: WorkerConfig,
-    (client, runs, run, holder): (Client, Api<AgentRun>, AgentRun, Holder),
+    (runs, run, holder): (Api<AgentRun>, AgentRun, Holder),
     tools: Tools,
     (guard, interrupts): (LostGuard, Interrupts),
     counters: Arc<ApiCounters>,
@@ -307,8 +307,6 @@ async fn open_session(
     let toolbox = Toolbox::new(&run.spec, &replay.mcp_tools);
     Ok(Some(Session {
         cfg,
-        client,
-        runs,
         run,
         holder,
         appender,

@@ -3,11 +3,10 @@
 
 use std::sync::Arc;
 
-use kube::runtime::events::{Event, EventType, Reporter};
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::ResourceExt;
+use kube::runtime::events::EventType;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tracing::warn;
 
 use super::WorkerConfig;
 use super::api_count::ApiCounters;
@@ -28,8 +27,6 @@ use crate::ledger::Replay;
 /// One attempt at a run.
 pub struct Session {
     pub cfg: WorkerConfig,
-    pub client: Client,
-    pub runs: Api<AgentRun>,
     /// The run as read at start (its spec drives the attempt).
     pub run: AgentRun,
     /// The attempt's hold on the run: its only way to write the ledger, Lease and status.
@@ -157,20 +154,6 @@ impl Session {
 
     /// Publishes an Event about the run (best effort: a failure is logged).
     pub async fn event(&self, type_: EventType, reason: &str, action: &str, note: &str) {
-        let reporter = Reporter {
-            controller: crate::events::WORKER_REPORTER.into(),
-            instance: Some(self.cfg.pod.clone()),
-        };
-        let publisher = crate::events::Publisher::new(self.client.clone(), reporter);
-        let event = Event {
-            type_,
-            reason: reason.into(),
-            note: Some(note.chars().take(1000).collect()),
-            action: action.into(),
-            secondary: None,
-        };
-        if let Err(err) = publisher.publish(&event, &self.run.object_ref(&())).await {
-            warn!(error = %err, reason, "publishing an Event");
-        }
+        self.holder.publish_event(type_, reason, action, note).await;
     }
 }
