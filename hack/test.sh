@@ -13,17 +13,32 @@ echo "==> checking generated files"
 cargo run -q -- crd --dir crds --check
 cargo run -q -- crd --dir charts/baton/crds --check
 
+# The phase a test runs in is chosen by its test target (tests/<name>.rs or
+# tests/<name>/main.rs): a target named node_* needs the real node and runs only there;
+# every other target runs against the local control plane.
+bed_targets=()
+node_targets=()
+for path in tests/*.rs tests/*/main.rs; do
+  target=${path#tests/}
+  target=${target%/main.rs}
+  target=${target%.rs}
+  if [[ $target == node_* ]]; then
+    node_targets+=(--test "$target")
+  else
+    bed_targets+=(--test "$target")
+  fi
+done
+
 rc=0
 # The worker tests run a real executor beside each worker process (tests/common/worker_proc.rs).
 cargo build -q -p baton-exec
 echo "==> unit and integration tests against the local control plane"
 # Benchmarks are not tests: they print figures (make bench-*). Every test binary runs even
-# after one fails (--no-fail-fast). The node's scenarios run next, on the node.
-bash hack/with-control-plane.sh cargo test --no-fail-fast --workspace --lib --bins --tests -- --skip node_ "$@" || rc=$?
+# after one fails (--no-fail-fast). The node's targets run next, on the node.
+bash hack/with-control-plane.sh cargo test --no-fail-fast --workspace --lib --bins "${bed_targets[@]}" -- "$@" || rc=$?
 
 echo "==> end-to-end tests on the real node"
-# Every test named node_* (tests/node_e2e.rs, tests/node_chaos.rs) runs here and only here.
-bash hack/with-node.sh cargo test --no-fail-fast --tests -- node_ "$@" || rc=$?
+bash hack/with-node.sh cargo test --no-fail-fast "${node_targets[@]}" -- "$@" || rc=$?
 
 echo "==> the node recovers from a run that was killed midway, and leaves nothing when stopped"
 bash hack/node-recovery-test.sh || rc=$?
