@@ -4,7 +4,7 @@
 - the import graph between files (its `use` edges) and every circle in it;
 - the functions longer than 50 lines;
 - the protocol's reading set: the files that decide who owns a run, and their lines;
-- the fence comparisons outside src/fence.rs: a comparison operator beside an operand named
+- the fence comparisons outside src/fence/: a comparison operator beside an operand named
   `fence` anywhere but the fence rules' own home (docs/protocol.md: every fence rule lives
   there). This is the one copy of that rule: hack/lint-fence.sh is `--fence`, which prints the
   finding alone and exits 1 on any;
@@ -43,7 +43,7 @@ READING_SET = ["fence/mod.rs", "fence/value.rs", "controller/claim.rs", "worker/
 # figure came in: a ceiling may only go down (to the figure, as the work lands), never up to let
 # code through.
 CEILING_FENCE_COMPARISONS = 0
-CEILING_PUBLIC_WRITER_FIELDS = 36
+CEILING_PUBLIC_WRITER_FIELDS = 0
 CEILING_LONG_FILES = 5
 
 # A comparison operator beside an operand named `fence`: `fence`, `s.fence`, `*fence`,
@@ -56,7 +56,7 @@ FENCE_COMPARISON = re.compile(
     rf"|(?:==|!=|<=|>=|[^-=<]<\s|[^-=>]>\s)\s*(?:Some\()?[*&]?{FENCE_OPERAND}\b"
 )
 FENCE_MESSAGE = (
-    "fence compared outside src/fence.rs (use its rules: lease_reached, lease_held, status_names,"
+    "fence compared outside src/fence/ (use its rules: lease_reached, lease_held, status_names,"
     " superseded, follows, may_append_at, Fence::is_first/never_claimed):"
 )
 
@@ -280,11 +280,11 @@ def read(rel):
 
 
 def fence_exempt(rel):
-    """The files the fence rule does not read: the rules' own home (src/fence.rs and its tests,
-    or src/fence/ once it is a directory), unit-test files, and src/cli/describe.rs, which groups
-    the ledger's events by attempt for display and decides nothing."""
+    """The files the fence rule does not read: the rules' own home (src/fence/, its tests
+    included), unit-test files, and src/cli/describe.rs, which groups the ledger's events by
+    attempt for display and decides nothing."""
     return (
-        rel in ("src/fence.rs", "src/fence_tests.rs", "src/cli/describe.rs")
+        rel == "src/cli/describe.rs"
         or rel.startswith("src/fence/")
         or rel.endswith("_tests.rs")
     )
@@ -422,7 +422,7 @@ def ceilinged_figures():
     writers = public_writer_fields()
     files = long_files()
     return [
-        ("fence comparisons outside src/fence.rs", len(fences), CEILING_FENCE_COMPARISONS, fences),
+        ("fence comparisons outside src/fence/", len(fences), CEILING_FENCE_COMPARISONS, fences),
         (
             "public fields of structs holding an API client",
             sum(n for n, _ in writers),
