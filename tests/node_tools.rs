@@ -2,86 +2,25 @@
 //! of their own, in the run's tools image, through baton's executor, with no token and no key
 //! to reach; a kill -9 of either container leaves the step unknown and never run twice; stop
 //! and SIGTERM kill a running command; a workspace claim survives the pod.
+//! The tests' shared helpers are in tests/node_tools_support/.
 
 mod e2e_support;
 mod node_support;
+mod node_tools_support;
 
-use std::time::{Duration, Instant};
-
-use baton::crd::v1alpha1::{AgentRun, LedgerEvent, Phase, ScriptToolCall, ScriptTurn};
+use baton::crd::v1alpha1::{AgentRun, Phase};
 use e2e_support::{Effects, effect_command, run_with, shell_tool};
 use k8s_openapi::api::core::v1::{PersistentVolume, Secret};
-use kube::api::{DeleteParams, ListParams, LogParams, PostParams};
+use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, ResourceExt};
 use node_support::*;
+use node_tools_support::{
+    all_logs, answer, effect_then_marker, provide_volume, step_outputs, turn, wait_tools_gone,
+    wait_workspace_ready,
+};
 
 /// A plain user image: Debian's static busybox alone (hack/images.sh busybox), no libc, no baton.
 const BUSYBOX: &str = "busybox:baton";
-
-fn turn(text: &str, command: &str) -> ScriptTurn {
-    ScriptTurn {
-        text: Some(text.into()),
-        tool_calls: vec![ScriptToolCall {
-            tool: "sh".into(),
-            arguments: [("command".to_string(), command.to_string())].into(),
-        }],
-        delay_milliseconds: Some(200),
-        usage: None,
-    }
-}
-
-fn answer(text: &str) -> ScriptTurn {
-    ScriptTurn {
-        text: Some(text.into()),
-        ..ScriptTurn::default()
-    }
-}
-
-/// Every step's recorded output, in step order.
-async fn step_outputs(env: &NodeEnv, name: &str) -> Vec<(i64, String)> {
-    env.ledger(name)
-        .await
-        .iter()
-        .flat_map(|s| s.spec.events.clone())
-        .filter_map(|e| match e {
-            LedgerEvent::StepResult { step, output, .. } => Some((step, output)),
-            _ => None,
-        })
-        .collect()
-}
-
-/// The effect of `turn`, then `seconds` of sleep, then a second effect under turn `100 + turn`:
-/// that one lands only if the command was not killed.
-fn effect_then_marker(sink: &str, run: &str, turn: usize, seconds: u64) -> String {
-    let (host, port) = sink.rsplit_once(':').expect("host:port");
-    let marker = 100 + turn;
-    format!(
-        "{}; sleep {seconds}; bash -c 'echo \"{run} {marker} $BATON_STEP $BATON_FENCE\" > /dev/tcp/{host}/{port}'",
-        effect_command(sink, run, turn, 0)
-    )
-}
-
-/// Every log line of both containers of every pod of the run.
-async fn all_logs(env: &NodeEnv, name: &str) -> String {
-    let mut out = String::new();
-    let pods = env.pods().list(&ListParams::default()).await.unwrap();
-    for pod in pods
-        .items
-        .iter()
-        .filter(|p| p.name_any().starts_with(&format!("{name}-w")))
-    {
-        for container in ["worker", "tools", "install-executor"] {
-            let params = LogParams {
-                container: Some(container.into()),
-                ..LogParams::default()
-            };
-            if let Ok(text) = env.pods().logs(&pod.name_any(), &params).await {
-                out.push_str(&text);
-            }
-        }
-    }
-    out
-}
 
 /// A tool that looks everywhere a tool could look for the model key or an API token: its
 /// environment, every process it can see through /proc, the ServiceAccount paths, the files
@@ -284,18 +223,6 @@ async fn node_kill9_of_the_tools_container_resumes_with_the_step_unknown() {
     env.finish().await;
 }
 
-/// Waits until the pod's tools container is no longer running.
-async fn wait_tools_gone(env: &NodeEnv, pod: &str) {
-    let deadline = Instant::now() + RUN_TIMEOUT;
-    while env.container_pid_of(pod, "tools").await.is_some() {
-        assert!(
-            Instant::now() < deadline,
-            "the tools container of {pod} still runs"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 /// spec.stop kills the running command itself: its container is gone and the command never
 /// got past its sleep.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -362,60 +289,6 @@ async fn node_sigterm_kills_the_running_command_and_hands_off() {
     assert_eq!(effects.count(name, 2), 1);
     env.check_invariants(&[name.to_string()]).await;
     env.finish().await;
-}
-
-/// A PersistentVolume the test provides (the bed has no provisioner): a host directory, in a
-/// storage class of the test's own so that only this test's claim binds it.
-async fn provide_volume(env: &NodeEnv, class: &str) -> std::path::PathBuf {
-    let dir = env.dir.join("pv");
-    std::fs::create_dir_all(&dir).unwrap();
-    // hostPath volumes keep their host permissions (fsGroup does not apply): open to the
-    // tools user.
-    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
-    let pv: PersistentVolume = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": class},
-        "spec": {
-            "capacity": {"storage": "64Mi"},
-            "accessModes": ["ReadWriteOnce"],
-            "storageClassName": class,
-            "persistentVolumeReclaimPolicy": "Retain",
-            "hostPath": {"path": dir.display().to_string(), "type": "Directory"},
-        },
-    }))
-    .unwrap();
-    Api::<PersistentVolume>::all(env.client.clone())
-        .create(&PostParams::default(), &pv)
-        .await
-        .expect("creating the test's PersistentVolume");
-    dir
-}
-
-/// The run's `WorkspaceReady` condition, as (status, reason).
-async fn workspace_ready(env: &NodeEnv, name: &str) -> Option<(String, String)> {
-    let st = env.status(name).await;
-    st.conditions
-        .iter()
-        .find(|c| c.type_ == "WorkspaceReady")
-        .map(|c| (c.status.clone(), c.reason.clone()))
-}
-
-async fn wait_workspace_ready(env: &NodeEnv, name: &str, want: (&str, &str)) {
-    let deadline = Instant::now() + RUN_TIMEOUT;
-    loop {
-        let now = workspace_ready(env, name).await;
-        if now
-            .as_ref()
-            .is_some_and(|(s, r)| (s.as_str(), r.as_str()) == want)
-        {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "WorkspaceReady is {now:?}, not {want:?}: {:#?}",
-            env.status(name).await
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 /// spec.workspace: the run's own claim, mounted in every attempt's tools container. While no

@@ -3,7 +3,7 @@
 //! - `platform`: the API server behaviour the protocol relies on (409 on stale writes,
 //!   AlreadyExists on create, schema validation of bad manifests, the fenced append);
 //! - `rbac`: per-run least privilege, checked with `kubectl auth can-i` and a minted token;
-//! - `cli`: the `baton` and `kubectl baton` verbs.
+//! - `cli`: the `baton` and `kubectl baton` verbs (its helpers in `cli_support`).
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -11,5 +11,6 @@ mod common;
 mod rbac_support;
 
 mod cli;
+mod cli_support;
 mod platform;
 mod rbac;

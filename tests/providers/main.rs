@@ -1,12 +1,13 @@
 //! The model providers against local servers speaking their APIs (no network). One test
 //! binary (each file is a module): `anthropic` (the Messages API) and `openai` (Chat
-//! Completions).
+//! Completions, its shared helpers and stream fixtures in `openai_support`).
 
 #[path = "../providers_support/mod.rs"]
 mod server;
 
 mod anthropic;
 mod openai;
+mod openai_support;
 
 /// The tools as the worker offers them to the model.
 fn offered(tools: Vec<baton::crd::v1alpha1::ToolSpec>) -> Vec<baton::worker::toolbox::ModelTool> {

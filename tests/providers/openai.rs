@@ -1,103 +1,21 @@
 //! The OpenAI-compatible provider against a local server speaking Chat Completions.
+//! The tests' shared helpers and stream fixtures are in `openai_support`.
 
 use std::time::{Duration, Instant};
 
+use crate::openai_support::{
+    KEY, assert_no_key, complete, data, drain, fast_retries, finish, model, parallel_calls_stream,
+    request, text_chunk, text_stream,
+};
 use crate::server::{Reply, Server, answer_tool_calls, calls_of, split_every};
-use baton::crd::v1alpha1::{ModelSpec, Provider, ToolKind, ToolSpec};
+use baton::crd::v1alpha1::{ModelSpec, Provider};
 use baton::ledger::{ReplayedMessage, ToolCallRecord};
+use baton::worker::model::ModelError;
 use baton::worker::model::openai::OpenAiModel;
-use baton::worker::model::retry::{RetryPolicy, with_retries};
-use baton::worker::model::{ModelError, ModelRequest, ModelTurn};
-use serde_json::{Value, json};
-use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+use baton::worker::model::retry::with_retries;
+use serde_json::json;
+use tokio::sync::mpsc::unbounded_channel;
 use tokio_util::sync::CancellationToken;
-
-const KEY: &str = "sk-test-9f8e7d6c5b4a39281706f5e4d3c2b1a0";
-
-fn model(server: &Server) -> OpenAiModel {
-    let spec = ModelSpec {
-        provider: Provider::Openai,
-        name: Some("gpt-test".into()),
-        endpoint: Some(format!("{}/v1", server.url)),
-        ..ModelSpec::default()
-    };
-    OpenAiModel::new(&spec, Some(format!("{KEY}\n"))).unwrap()
-}
-
-fn tool(name: &str, kind: ToolKind) -> ToolSpec {
-    serde_json::from_value(json!({"name": name, "kind": kind})).unwrap()
-}
-
-use crate::offered;
-
-fn request(messages: Vec<ReplayedMessage>) -> ModelRequest {
-    ModelRequest {
-        system_prompt: Some("You are terse.".into()),
-        messages,
-        tools: offered(vec![
-            tool("sh", ToolKind::Shell),
-            tool("fetch", ToolKind::Http),
-            tool("ask", ToolKind::AskUser),
-        ]),
-    }
-}
-
-fn data(chunk: Value) -> String {
-    format!("data: {chunk}\n\n")
-}
-
-fn text_chunk(text: &str) -> String {
-    data(
-        json!({"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": null}]}),
-    )
-}
-
-fn finish(reason: &str) -> String {
-    data(json!({"choices": [{"index": 0, "delta": {}, "finish_reason": reason}]}))
-}
-
-/// A text answer, its SSE stream split every 7 characters.
-fn text_stream(words: &[&str]) -> Vec<String> {
-    let mut stream: String = words.iter().map(|w| text_chunk(w)).collect();
-    stream.push_str(&finish("stop"));
-    stream.push_str("data: [DONE]\n\n");
-    split_every(&stream, 7)
-}
-
-async fn complete(
-    model: &OpenAiModel,
-    request: &ModelRequest,
-) -> (Result<ModelTurn, ModelError>, String) {
-    let (tx, mut rx) = unbounded_channel();
-    let result = model.complete(request, &tx).await;
-    (result, drain(&mut rx))
-}
-
-fn drain(rx: &mut UnboundedReceiver<String>) -> String {
-    let mut streamed = String::new();
-    while let Ok(piece) = rx.try_recv() {
-        streamed.push_str(&piece);
-    }
-    streamed
-}
-
-fn fast_retries() -> RetryPolicy {
-    RetryPolicy {
-        max_attempts: 4,
-        base_delay: Duration::from_millis(1),
-        max_delay: Duration::from_millis(5),
-        ..RetryPolicy::default()
-    }
-}
-
-fn assert_no_key(err: &ModelError) {
-    for shown in [err.to_string(), format!("{err:?}")] {
-        assert!(
-            !shown.contains(KEY) && !shown.contains("9f8e7d6c5b4a"),
-            "key leaked: {shown}"
-        );
-    }
-}
 
 #[tokio::test]
 async fn streams_text_and_sends_a_well_formed_request() {
@@ -205,36 +123,6 @@ async fn the_usage_chunk_is_the_turns_token_usage() {
     assert_eq!((usage.input_tokens, usage.output_tokens), (31, 7));
     let (turn, _) = complete(&model, &request(vec![ReplayedMessage::User("hi".into())])).await;
     assert_eq!(turn.unwrap().usage, None);
-}
-
-/// Two parallel calls whose fragments interleave, split across network chunks.
-fn parallel_calls_stream() -> Vec<String> {
-    let call = |index: u64, mut fields: Value| {
-        fields["index"] = index.into();
-        data(json!({"choices": [{"index": 0, "delta": {"tool_calls": [fields]}}]}))
-    };
-    let stream = [
-        data(
-            json!({"choices": [{"index": 0, "delta": {"role": "assistant", "content": "Running both."}}]}),
-        ),
-        call(
-            0,
-            json!({"id": "call_A", "type": "function", "function": {"name": "sh", "arguments": ""}}),
-        ),
-        call(0, json!({"function": {"arguments": "{\"comm"}})),
-        call(
-            1,
-            json!({"id": "call_B", "type": "function", "function": {"name": "fetch", "arguments": "{\"method\":\"GET\","}}),
-        ),
-        call(0, json!({"function": {"arguments": "and\":\"date\"}"}})),
-        call(
-            1,
-            json!({"function": {"arguments": "\"url\":\"http://x\"}"}}),
-        ),
-        finish("tool_calls"),
-        "data: [DONE]\n\n".to_string(),
-    ];
-    split_every(&stream.concat(), 11)
 }
 
 #[tokio::test]
