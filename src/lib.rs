@@ -5,15 +5,15 @@ pub mod approval;
 pub mod cli;
 pub mod controller;
 pub mod crd;
-pub mod events;
+mod events;
 pub mod fence;
 pub mod kube_util;
 pub mod lease;
 pub mod ledger;
-pub mod owned;
+mod owned;
 pub mod rbac;
 pub mod status;
-pub mod telemetry;
+mod telemetry;
 pub mod webhook;
 pub mod worker;
 

@@ -1,10 +1,10 @@
 //! The user-facing CLI verbs (`baton get|transcript|stop|input|approve|deny|describe`, also `kubectl baton
 //! ...`): argument types, errors, and the entry point. `render` is pure; `ops` does the I/O.
 
-pub mod describe;
+mod describe;
 mod neutral;
 mod ops;
-pub mod render;
+mod render;
 #[cfg(test)]
 mod render_tests;
 

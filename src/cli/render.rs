@@ -180,7 +180,9 @@ impl Transcript {
     }
 }
 
-/// Renders a whole ledger (segments in order).
+/// Renders a whole ledger (segments in order) at once: what the streamed [`Transcript`] adds up
+/// to, which the tests check (`baton transcript` streams segment by segment).
+#[cfg(test)]
 pub fn transcript(segments: &[LedgerSegment]) -> String {
     let mut t = Transcript::default();
     let mut lines: Vec<String> = segments.iter().flat_map(|s| t.segment(s)).collect();

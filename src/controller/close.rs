@@ -13,10 +13,9 @@
 //!
 //! Also here: what every end does after its status (the Lease released, the old pod deleted).
 
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
-use kube::api::{DeleteParams, PostParams};
+use kube::api::DeleteParams;
 
 use super::Error;
 use super::admission;
@@ -26,11 +25,9 @@ use super::ledger_end::cached_segment;
 use super::statuses::{self, run_name};
 use super::writer::Applied;
 use crate::crd::v1alpha1::{AgentRun, LedgerEvent, LedgerSegment};
-use crate::crd::{FENCE_ANNOTATION, controlled_by_run};
-use crate::fence::{
-    Fence, Verdict, ledger_verdict, run_lease_name, salvage_end, verdict, worker_pod_name,
-};
-use crate::lease::{lease_fence, lease_holder};
+use crate::fence::{Fence, Verdict, ledger_verdict, salvage_end, verdict, worker_pod_name};
+use crate::kube_util::{is_conflict, is_not_found};
+use crate::lease::LeaseError;
 use crate::ledger::{Replay, SegmentStore};
 
 /// Stage 3 of a terminal claim, after the claim's prepare and seal for `fence`: ONE status
@@ -228,28 +225,15 @@ pub async fn delete_pod(ctx: &Context, run: &AgentRun, fence: Fence) -> Result<(
 /// Lease moved meanwhile (Conflict) is someone else's now; a Lease gone needs no release; a
 /// Lease this run does not control is not touched.
 pub async fn release_run_lease(ctx: &Context, run: &AgentRun) -> Result<(), Error> {
-    let ns = run.namespace().unwrap_or_default();
-    let api = ctx.api::<Lease>(&ns);
-    let name = run_lease_name(&run.name_any());
-    let Some(mut lease) = api.get_opt(&name).await? else {
+    let leases = ctx.lease_edge(&run.namespace().unwrap_or_default());
+    let uid = run.uid().unwrap_or_default();
+    let name = run.name_any();
+    let Some(lease) = leases.released(&name, &uid, Fence::of_run(run)).await? else {
         return Ok(());
     };
-    if lease_holder(&lease).is_none() || !controlled_by_run(&lease, &run.uid().unwrap_or_default())
-    {
-        return Ok(());
+    match ctx.write_fenced("lease", leases.put(&lease)).await? {
+        // Moved meanwhile: someone else's now. Gone: nothing to release.
+        Err(LeaseError::Kube(err)) if is_conflict(&err) || is_not_found(&err) => Ok(()),
+        other => other.map(drop).map_err(Into::into),
     }
-    let fence = lease_fence(&lease)
-        .unwrap_or_default()
-        .max(Fence::of_run(run))
-        .get();
-    lease
-        .annotations_mut()
-        .insert(FENCE_ANNOTATION.into(), fence.to_string());
-    if let Some(spec) = lease.spec.as_mut() {
-        spec.holder_identity = None;
-    }
-    let params = PostParams::default();
-    ctx.write("lease", api.replace(&name, &params, &lease))
-        .await?;
-    Ok(())
 }

@@ -7,7 +7,7 @@
 //! every write is a compare-and-swap on what was read.
 
 mod access;
-pub mod admin;
+mod admin;
 mod admission;
 mod apply;
 mod backoff;
@@ -18,11 +18,11 @@ mod close;
 mod context;
 pub mod decide;
 mod decision;
-pub mod election;
+mod election;
 mod events;
 mod ledger_end;
 mod leftovers;
-pub mod metrics;
+mod metrics;
 mod observe;
 pub mod pod;
 mod reconcile;

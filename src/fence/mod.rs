@@ -52,6 +52,12 @@ pub fn lease_held(
     seen_holder == Some(holder) && carried == Some(fence)
 }
 
+/// The Lease's rule at a run's end: the released Lease keeps the higher of the fence it
+/// carries and the run's, so a fence on it never goes back.
+pub fn lease_released_at(carried: Option<Fence>, status: Fence) -> Fence {
+    carried.unwrap_or_default().max(status)
+}
+
 /// The status's rule: the run's `status.fence` still names the attempt at `ours` (a newer
 /// claim would have moved it; nothing moves it back).
 pub fn status_names(status: Fence, ours: Fence) -> bool {

@@ -256,3 +256,11 @@ fn the_fence_and_the_seals_reason_are_plain_on_the_wire() {
     assert!("x7".parse::<Fence>().is_err());
     assert_eq!(" 7".parse::<Fence>(), Ok(Fence::new(7)));
 }
+
+#[test]
+fn a_released_lease_never_goes_back_a_fence() {
+    let (two, three) = (Fence::new(2), Fence::new(3));
+    assert_eq!(lease_released_at(Some(three), two), three);
+    assert_eq!(lease_released_at(Some(two), three), three);
+    assert_eq!(lease_released_at(None, two), two);
+}

@@ -73,6 +73,39 @@ impl LeaseClient {
         Ok(moved.then_some(lease))
     }
 
+    /// The run's Lease as the end of the run `uid` at `fence` leaves it: no holder, the
+    /// higher of its fence and `fence` ([`crate::fence::lease_released_at`]). None when
+    /// there is nothing to release: no Lease, no holder, or a Lease the run does not control
+    /// (never touched). Written with [`put`](Self::put).
+    pub async fn released(
+        &self,
+        run: &str,
+        uid: &str,
+        fence: Fence,
+    ) -> Result<Option<Lease>, LeaseError> {
+        let Some(mut lease) = self.get(run).await? else {
+            return Ok(None);
+        };
+        if super::lease_holder(&lease).is_none() || !controlled_by_run(&lease, uid) {
+            return Ok(None);
+        }
+        let fence = crate::fence::lease_released_at(lease_fence(&lease), fence);
+        lease
+            .annotations_mut()
+            .insert(FENCE_ANNOTATION.into(), fence.to_string());
+        if let Some(spec) = lease.spec.as_mut() {
+            spec.holder_identity = None;
+        }
+        Ok(Some(lease))
+    }
+
+    /// Writes `lease` as read and changed: one CAS on its resourceVersion, refused (409)
+    /// when it changed meanwhile.
+    pub async fn put(&self, lease: &Lease) -> Result<Lease, LeaseError> {
+        let params = PostParams::default();
+        Ok(self.api.replace(&lease.name_any(), &params, lease).await?)
+    }
+
     /// The Lease after the move, and whether this call moved it.
     async fn move_loop(
         &self,

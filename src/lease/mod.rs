@@ -3,7 +3,7 @@
 //! `rules` is pure (names, fences, expiry on the controller's own clock); `client` is the
 //! Lease I/O edge with the fenced renew, release and move.
 
-pub mod client;
+mod client;
 mod rules;
 
 pub use client::{LeaseClient, WorkerLease};

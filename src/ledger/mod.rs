@@ -6,7 +6,7 @@
 
 mod chunk;
 mod replay;
-pub mod store;
+mod store;
 
 pub use chunk::{EncodeError, SEGMENT_BUDGET_BYTES, encode_events, event_bytes};
 pub use replay::{

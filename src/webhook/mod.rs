@@ -8,9 +8,9 @@
 //! `rules` decides (pure), `review` reads and answers, `tls` keeps the certificate.
 
 pub mod cert;
-pub mod review;
-pub mod rules;
-pub mod tls;
+mod review;
+mod rules;
+mod tls;
 
 use std::net::SocketAddr;
 use std::time::Duration;

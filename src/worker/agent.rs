@@ -32,17 +32,17 @@ pub async fn agent_loop(s: &mut Session) -> Ending {
             Ok(turn) => turn,
             Err(ending) => return ending,
         };
-        s.pending.push(LedgerEvent::Message {
+        s.turn.pending.push(LedgerEvent::Message {
             role: Role::Assistant,
             content: turn.text.clone(),
         });
-        s.pending.push(LedgerEvent::ModelCall {
+        s.turn.pending.push(LedgerEvent::ModelCall {
             input_tokens: turn.usage.map(|u| u.input_tokens),
             output_tokens: turn.usage.map(|u| u.output_tokens),
         });
-        s.metrics
+        s.io.metrics
             .model_tokens(s.spec().agent.model.name.as_deref(), turn.usage);
-        s.drop_deltas = true;
+        s.turn.drop_deltas = true;
         if turn.tool_calls.is_empty() {
             return Ending::Final { output: turn.text };
         }
@@ -56,15 +56,20 @@ pub async fn agent_loop(s: &mut Session) -> Ending {
 
 /// The run's budget, if the next call would pass it: the run fails, naming the limit.
 fn over_budget(s: &Session, next: Next) -> Option<Ending> {
-    let elapsed = s
-        .run
-        .status
-        .as_ref()
-        .and_then(|st| st.start_time.as_ref())
-        .and_then(|start| {
-            std::time::Duration::try_from(Timestamp::now().duration_since(start.0)).ok()
-        });
-    let reached = budget::check(s.spec().budget.as_ref(), &s.replay.usage, elapsed, next)?;
+    let elapsed =
+        s.me.run
+            .status
+            .as_ref()
+            .and_then(|st| st.start_time.as_ref())
+            .and_then(|start| {
+                std::time::Duration::try_from(Timestamp::now().duration_since(start.0)).ok()
+            });
+    let reached = budget::check(
+        s.spec().budget.as_ref(),
+        &s.turn.replay.usage,
+        elapsed,
+        next,
+    )?;
     Some(Ending::Failed {
         reason: reached.reason.into(),
         message: reached.message,
@@ -73,11 +78,11 @@ fn over_budget(s: &Session, next: Next) -> Option<Ending> {
 
 /// The ending an interruption asks for, if any. Losing the run wins over everything.
 pub fn interrupted(s: &Session) -> Option<Ending> {
-    if s.guard.is_lost() {
+    if s.io.guard.is_lost() {
         Some(Ending::Lost)
-    } else if s.interrupts.stop.is_cancelled() {
+    } else if s.io.interrupts.stop.is_cancelled() {
         Some(Ending::Stopped)
-    } else if s.interrupts.handoff.is_cancelled() {
+    } else if s.io.interrupts.handoff.is_cancelled() {
         Some(Ending::Handoff)
     } else {
         None
@@ -85,17 +90,17 @@ pub fn interrupted(s: &Session) -> Option<Ending> {
 }
 
 async fn call_model(s: &mut Session) -> Result<ModelTurn, Ending> {
-    let model: Arc<Model> = s.model.clone().map_err(|message| Ending::Failed {
+    let model: Arc<Model> = s.io.model.clone().map_err(|message| Ending::Failed {
         reason: "ProviderError".into(),
         message,
     })?;
     let request = ModelRequest {
         system_prompt: s.spec().agent.system_prompt.clone(),
-        messages: s.replay.messages.clone(),
-        tools: s.toolbox.offered().to_vec(),
+        messages: s.turn.replay.messages.clone(),
+        tools: s.io.toolbox.offered().to_vec(),
     };
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
-    let appender = s.appender.clone();
+    let appender = s.io.appender.clone();
     let forward = tokio::spawn(async move {
         while let Some(text) = rx.recv().await {
             appender.buffer(LedgerEvent::ModelDelta { text });
@@ -103,10 +108,10 @@ async fn call_model(s: &mut Session) -> Result<ModelTurn, Ending> {
     });
     let cancel = CancellationToken::new();
     let result = tokio::select! {
-        r = model.complete(&request, &tx, &cancel, &s.metrics) => Some(r),
-        _ = s.guard.token().cancelled() => None,
-        _ = s.interrupts.stop.cancelled() => None,
-        _ = s.interrupts.handoff.cancelled() => None,
+        r = model.complete(&request, &tx, &cancel, &s.io.metrics) => Some(r),
+        _ = s.io.guard.token().cancelled() => None,
+        _ = s.io.interrupts.stop.cancelled() => None,
+        _ = s.io.interrupts.handoff.cancelled() => None,
     };
     cancel.cancel();
     drop(tx);
@@ -132,7 +137,7 @@ async fn run_call(s: &mut Session, call: ModelToolCall) -> Option<Ending> {
     if let Some(ending) = over_budget(s, Next::ToolStep) {
         return Some(ending);
     }
-    let step = s.replay.last_step() + 1;
+    let step = s.turn.replay.last_step() + 1;
     let max = s.spec().agent.max_steps as i64;
     if step > max {
         return Some(Ending::Failed {
@@ -150,7 +155,7 @@ async fn run_call(s: &mut Session, call: ModelToolCall) -> Option<Ending> {
     if let Err(err) = s.append(events).await {
         return Some(Ending::refused(err));
     }
-    s.metrics.step_appended(sent_at.elapsed());
+    s.io.metrics.step_appended(sent_at.elapsed());
     s.publish_steps();
     if waits {
         let pending = approval::pending(
@@ -259,10 +264,10 @@ pub async fn run_tool(s: &Session, tool: &ToolEntry, arguments: &str, step: i64)
     let kill = CancellationToken::new();
     let escalate = {
         let (guard, interrupts, kill, grace) = (
-            s.guard.clone(),
-            s.interrupts.clone(),
+            s.io.guard.clone(),
+            s.io.interrupts.clone(),
             kill.clone(),
-            s.cfg.handoff_grace,
+            s.me.cfg.handoff_grace,
         );
         tokio::spawn(async move {
             tokio::select! {
@@ -274,17 +279,17 @@ pub async fn run_tool(s: &Session, tool: &ToolEntry, arguments: &str, step: i64)
         })
     };
     let tool_env = s.tool_env(step);
-    let output = tools::run(&s.tools, &s.mcp, tool, arguments, &tool_env, &kill).await;
+    let output = tools::run(&s.io.tools, &s.io.mcp, tool, arguments, &tool_env, &kill).await;
     escalate.abort();
     let Ok(mut output) = output else {
-        return if s.guard.is_lost() {
+        return if s.io.guard.is_lost() {
             ToolRun::Lost
         } else {
             ToolRun::ToolsLost
         };
     };
     output.output = s.redact(&output.output);
-    if s.guard.is_lost() {
+    if s.io.guard.is_lost() {
         ToolRun::Lost
     } else if kill.is_cancelled() {
         ToolRun::Killed

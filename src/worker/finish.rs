@@ -202,9 +202,7 @@ pub async fn conclude(s: &mut Session, ending: Ending, record: bool) -> Exit {
         }
         _ => {}
     }
-    if let Some(task) = s.progress_task.take() {
-        task.abort();
-    }
+    s.stop_progress();
     match write_phase(s, &ending).await {
         Ok(()) => {}
         Err(err) if err.is_lost() => return Exit::Lost,
@@ -215,7 +213,7 @@ pub async fn conclude(s: &mut Session, ending: Ending, record: bool) -> Exit {
     }
     release(s).await;
     if let Ending::AwaitingApproval { pending } = &ending {
-        let note = approval::announcement(&s.cfg.run, pending);
+        let note = approval::announcement(&s.me.cfg.run, pending);
         s.event(EventType::Normal, "ApprovalRequested", "Wait", &note)
             .await;
     }
@@ -238,24 +236,25 @@ fn ending_label(ending: &Ending) -> &'static str {
 }
 
 async fn write_phase(s: &Session, ending: &Ending) -> Result<(), StatusError> {
-    let salvage = s.replay.salvage();
-    let p = s.progress.borrow().clone();
-    let ledger = s.ledger_stats.borrow().clone();
-    let name = s.cfg.run.clone();
+    let salvage = s.turn.replay.salvage();
+    let p = s.io.progress.borrow().clone();
+    let ledger = s.io.ledger_stats.borrow().clone();
+    let name = s.me.cfg.run.clone();
     let mut last = None;
     for delay_ms in [0u64, 200, 1000, 3000] {
         tokio::time::sleep(Duration::from_millis(delay_ms)).await;
-        if s.guard.is_lost() {
+        if s.io.guard.is_lost() {
             return Err(StatusError::LeaseLost {
                 run: name,
                 ours: s.fence(),
             });
         }
         let change = |st: &mut AgentRunStatus| phase_change(st, ending, &salvage, &p, &ledger);
-        match s.holder.update_status(change).await {
+        match s.io.holder.update_status(change).await {
             Ok(_) => return Ok(()),
             Err(err) if err.is_lost() => {
-                s.metrics.fence_rejected(FenceRejection::StatusFenceMoved);
+                s.io.metrics
+                    .fence_rejected(FenceRejection::StatusFenceMoved);
                 return Err(err);
             }
             Err(err) => last = Some(err),
@@ -266,10 +265,8 @@ async fn write_phase(s: &Session, ending: &Ending) -> Result<(), StatusError> {
 
 /// Stops renewing and releases the lease (best effort: the phase already tells the controller).
 async fn release(s: &mut Session) {
-    for task in s.heartbeat.drain(..) {
-        task.abort();
-    }
-    if let Err(err) = s.holder.release_lease().await {
+    s.stop_heartbeat();
+    if let Err(err) = s.io.holder.release_lease().await {
         warn!(error = %err, "releasing the lease");
     }
 }

@@ -27,15 +27,15 @@ const RETRIES: [Duration; 2] = [Duration::from_secs(1), Duration::from_secs(3)];
 pub async fn connect_all(s: &mut Session) -> Result<(), Ending> {
     let mut changed = Vec::new();
     for (name, spec) in servers_of(s) {
-        let recorded = s.replay.mcp_tools.get(&name).cloned();
-        let listed = connect_and_list(&name, &spec, &s.cfg.mcp_headers_dir).await;
+        let recorded = s.turn.replay.mcp_tools.get(&name).cloned();
+        let listed = connect_and_list(&name, &spec, &s.me.cfg.mcp_headers_dir).await;
         match (recorded, listed) {
             (None, Ok((server, tools))) => {
                 s.buffer(LedgerEvent::McpTools {
                     tool: name.clone(),
                     tools,
                 });
-                s.mcp.insert(name, Ok(server));
+                s.io.mcp.insert(name, Ok(server));
             }
             (None, Err(err)) => {
                 return Err(Ending::Failed {
@@ -47,22 +47,22 @@ pub async fn connect_all(s: &mut Session) -> Result<(), Ending> {
                 if let Some(what) = difference(&recorded, &tools) {
                     changed.push(format!("{name}: {what}"));
                 }
-                s.mcp.insert(name, Ok(server));
+                s.io.mcp.insert(name, Ok(server));
             }
             (Some(_), Err(err)) => {
                 // Its calls say so to the model; the recorded list stands.
                 warn!(error = %err, "an MCP server is not reachable at resume");
-                s.mcp.insert(name, Err(err.to_string()));
+                s.io.mcp.insert(name, Err(err.to_string()));
             }
         }
     }
-    s.toolbox = Toolbox::new(s.spec(), &s.replay.mcp_tools);
+    s.io.toolbox = Toolbox::new(s.spec(), &s.turn.replay.mcp_tools);
     if !changed.is_empty() {
         let message = format!(
             "MCP servers offer other tools than the run recorded when it started ({}); the run goes on with the recorded ones",
             changed.join("; ")
         );
-        s.progress
+        s.io.progress
             .send_modify(|p| p.mcp_tools_changed = Some(message));
     }
     Ok(())

@@ -15,23 +15,23 @@
 //!   costs the endpoint, never the run.
 
 pub mod admin;
-pub mod agent;
+mod agent;
 pub mod api_count;
 pub mod appender;
-pub mod budget;
+mod budget;
 mod config;
-pub mod finish;
-pub mod guard;
-pub mod heartbeat;
-pub mod holder;
-pub mod mcp_servers;
-pub mod metrics;
+mod finish;
+mod guard;
+mod heartbeat;
+mod holder;
+mod mcp_servers;
+mod metrics;
 pub mod model;
-pub mod progress;
-pub mod provider;
-pub mod reconcile;
-pub mod resume;
-pub mod session;
+mod progress;
+mod provider;
+mod reconcile;
+mod resume;
+mod session;
 pub mod toolbox;
 pub mod tools;
 
@@ -53,7 +53,7 @@ use heartbeat::{RenewTiming, renew_loop, watch_run};
 use metrics::{FenceRejection, WorkerMetrics};
 use progress::{Progress, progress_loop};
 use reconcile::Resumed;
-use session::Session;
+use session::{Handles, Identity, Session};
 use toolbox::Toolbox;
 use tools::Tools;
 use tools::executor::Executor;
@@ -221,8 +221,8 @@ async fn attempt(
         return Ok(Exit::Lost);
     };
     state.ready.store(true, Ordering::Relaxed);
-    let timed_out = crate::approval::claimed_for_timeout(&s.run, s.fence());
-    let plan = resume::plan(&s.replay, s.spec(), &s.toolbox, timed_out);
+    let timed_out = crate::approval::claimed_for_timeout(&s.me.run, s.fence());
+    let plan = resume::plan(&s.turn.replay, s.spec(), &s.io.toolbox, timed_out);
     let (ending, record) = match reconcile::resume(&mut s, plan).await {
         Resumed::End { ending, record } => (ending, record),
         Resumed::Continue => (agent::agent_loop(&mut s).await, true),
@@ -305,15 +305,13 @@ async fn open_session(
         .map(Arc::new)
         .map_err(|e| e.to_string());
     let toolbox = Toolbox::new(&run.spec, &replay.mcp_tools);
-    Ok(Some(Session {
-        cfg,
-        run,
+    let me = Identity { cfg, run };
+    let io = Handles {
         holder,
         appender,
         ledger_stats,
         guard,
         interrupts,
-        replay,
         progress: progress_tx,
         counters,
         metrics,
@@ -321,11 +319,8 @@ async fn open_session(
         tools,
         toolbox,
         mcp: Default::default(),
-        pending: Vec::new(),
-        drop_deltas: false,
-        heartbeat,
-        progress_task: Some(progress_task),
-    }))
+    };
+    Ok(Some(Session::new(me, io, replay, heartbeat, progress_task)))
 }
 
 /// The ledger as it stands, or None (the guard set) when it shows the run lost.

@@ -26,7 +26,7 @@ pub enum Resumed {
 pub async fn resume(s: &mut Session, plan: ResumePlan) -> Resumed {
     let mut first = vec![LedgerEvent::AttemptStarted {
         fence: s.fence(),
-        pod: s.cfg.pod.clone(),
+        pod: s.me.cfg.pod.clone(),
     }];
     first.extend(plan.reconcile.iter().filter(|r| r.mark_unknown).map(|r| {
         LedgerEvent::StepUnknown {
@@ -116,7 +116,7 @@ async fn standing(s: &mut Session, standing: Standing) -> Resumed {
             if let Err(err) = s.append(events).await {
                 return end(Ending::refused(err), false);
             }
-            s.progress.send_modify(|p| p.inputs_consumed = index + 1);
+            s.io.progress.send_modify(|p| p.inputs_consumed = index + 1);
             Resumed::Continue
         }
         Standing::Approval { call, settlement } => settle_approval(s, call, settlement).await,
@@ -220,10 +220,10 @@ async fn run_probe(s: &Session, r: &Reconcile) -> ProbeOutcome {
         return ProbeOutcome::Unknown;
     };
     let cancel = CancellationToken::new();
-    let lost = s.guard.token().clone();
+    let lost = s.io.guard.token().clone();
     let tool_env = s.tool_env(r.step);
     tokio::select! {
-        outcome = probe::run(&s.tools, &spec, &r.input, &tool_env, &cancel) => outcome,
+        outcome = probe::run(&s.io.tools, &spec, &r.input, &tool_env, &cancel) => outcome,
         _ = lost.cancelled() => { cancel.cancel(); ProbeOutcome::Unknown }
     }
 }

@@ -24,19 +24,31 @@ use crate::crd::v1alpha1::{AgentRun, AgentRunSpec, LedgerEvent, LedgerStats, Unk
 use crate::fence::Fence;
 use crate::ledger::Replay;
 
-/// One attempt at a run.
+/// One attempt at a run: who it is, what it acts through, and where its turn stands.
 pub struct Session {
+    pub me: Identity,
+    pub io: Handles,
+    pub turn: TurnState,
+    tasks: Tasks,
+}
+
+/// Who the attempt is.
+pub struct Identity {
+    /// The settings the pod was started with.
     pub cfg: WorkerConfig,
     /// The run as read at start (its spec drives the attempt).
     pub run: AgentRun,
-    /// The attempt's hold on the run: its only way to write the ledger, Lease and status.
+}
+
+/// What the attempt acts through. None of it is a raw API client: the holder is its only way
+/// to write the ledger, Lease and status.
+pub struct Handles {
+    /// The attempt's hold on the run.
     pub holder: Holder,
     pub appender: Appender,
     pub ledger_stats: watch::Receiver<LedgerStats>,
     pub guard: LostGuard,
     pub interrupts: Interrupts,
-    /// The ledger as replayed at start plus everything this attempt appended or buffered.
-    pub replay: Replay,
     pub progress: watch::Sender<Progress>,
     pub counters: Arc<ApiCounters>,
     pub metrics: Arc<WorkerMetrics>,
@@ -48,30 +60,77 @@ pub struct Session {
     pub toolbox: Toolbox,
     /// The run's MCP servers, connected for this attempt.
     pub mcp: McpServers,
+}
+
+/// Where the turn stands.
+#[derive(Default)]
+pub struct TurnState {
+    /// The ledger as replayed at start plus everything this attempt appended or buffered.
+    pub replay: Replay,
     /// Events that go with the next awaited append (the assistant message of a turn).
     pub pending: Vec<LedgerEvent>,
     /// Drop buffered deltas at the next awaited append: the turn's message replaces them.
     pub drop_deltas: bool,
+}
+
+/// The attempt's background tasks, stopped by [`Session::stop_progress`] and
+/// [`Session::stop_heartbeat`].
+struct Tasks {
     /// Renewals and the run watch: stopped before the lease is released.
-    pub heartbeat: Vec<JoinHandle<()>>,
+    heartbeat: Vec<JoinHandle<()>>,
     /// The progress writer: stopped before the final status write.
-    pub progress_task: Option<JoinHandle<()>>,
+    progress: Option<JoinHandle<()>>,
 }
 
 impl Session {
+    pub fn new(
+        me: Identity,
+        io: Handles,
+        replay: Replay,
+        heartbeat: Vec<JoinHandle<()>>,
+        progress: JoinHandle<()>,
+    ) -> Self {
+        Self {
+            me,
+            io,
+            turn: TurnState {
+                replay,
+                ..TurnState::default()
+            },
+            tasks: Tasks {
+                heartbeat,
+                progress: Some(progress),
+            },
+        }
+    }
+
+    /// Stops the progress writer (before the final status write).
+    pub fn stop_progress(&mut self) {
+        if let Some(task) = self.tasks.progress.take() {
+            task.abort();
+        }
+    }
+
+    /// Stops the renewals and the run watch (before the lease is released).
+    pub fn stop_heartbeat(&mut self) {
+        for task in self.tasks.heartbeat.drain(..) {
+            task.abort();
+        }
+    }
+
     pub fn spec(&self) -> &AgentRunSpec {
-        &self.run.spec
+        &self.me.run.spec
     }
 
     pub fn fence(&self) -> Fence {
-        self.holder.fence()
+        self.io.holder.fence()
     }
 
     pub fn tool_env(&self, step: i64) -> ToolEnv {
         ToolEnv {
-            run: self.cfg.run.clone(),
-            run_uid: self.run.uid().unwrap_or_default(),
-            fence: self.holder.fence(),
+            run: self.me.cfg.run.clone(),
+            run_uid: self.me.run.uid().unwrap_or_default(),
+            fence: self.io.holder.fence(),
             step,
         }
     }
@@ -79,18 +138,18 @@ impl Session {
     /// The awaited append: pending events, then `events`, after everything buffered. On
     /// success the events are folded into the replay (after any older owner's slipped segments).
     pub async fn append(&mut self, events: Vec<LedgerEvent>) -> Result<(), AppendError> {
-        let mut all = std::mem::take(&mut self.pending);
+        let mut all = std::mem::take(&mut self.turn.pending);
         all.extend(events);
-        let drop_deltas = std::mem::take(&mut self.drop_deltas);
-        let acked = self.appender.append(all.clone(), drop_deltas).await?;
-        self.counters.add_awaited(acked.requests);
+        let drop_deltas = std::mem::take(&mut self.turn.drop_deltas);
+        let acked = self.io.appender.append(all.clone(), drop_deltas).await?;
+        self.io.counters.add_awaited(acked.requests);
         for seg in &acked.slipped {
             for event in &seg.spec.events {
-                self.replay.apply(seg.spec.fence, event);
+                self.turn.replay.apply(seg.spec.fence, event);
             }
         }
         for event in &all {
-            self.replay.apply(self.holder.fence(), event);
+            self.turn.replay.apply(self.io.holder.fence(), event);
         }
         self.publish_usage();
         Ok(())
@@ -98,8 +157,8 @@ impl Session {
 
     /// Publishes the usage the replay sums (to status, via progress).
     pub fn publish_usage(&self) {
-        let usage = &self.replay.usage;
-        self.progress.send_if_modified(|p| {
+        let usage = &self.turn.replay.usage;
+        self.io.progress.send_if_modified(|p| {
             let changed = p.usage != *usage;
             p.usage = usage.clone();
             changed
@@ -108,14 +167,14 @@ impl Session {
 
     /// Buffers an event for the next flush and folds it into the replay at once.
     pub fn buffer(&mut self, event: LedgerEvent) {
-        self.replay.apply(self.holder.fence(), &event);
-        self.appender.buffer(event);
+        self.turn.replay.apply(self.io.holder.fence(), &event);
+        self.io.appender.buffer(event);
     }
 
     /// Publishes the step count.
     pub fn publish_steps(&self) {
-        let steps = self.replay.last_step();
-        self.progress.send_if_modified(|p| {
+        let steps = self.turn.replay.last_step();
+        self.io.progress.send_if_modified(|p| {
             let changed = p.steps != steps;
             p.steps = steps;
             changed
@@ -124,7 +183,7 @@ impl Session {
 
     /// What a call of the tool the model names `name` runs.
     pub fn tool(&self, name: &str) -> Option<ToolEntry> {
-        self.toolbox.get(name).cloned()
+        self.io.toolbox.get(name).cloned()
     }
 
     /// `text` with every secret the worker holds scrubbed out: the model API key (a tool
@@ -132,19 +191,19 @@ impl Session {
     /// values (a server may echo them). Nothing the ledger stores may hold them: every worker
     /// of the namespace can read the ledger.
     pub fn redact(&self, text: &str) -> String {
-        let headers = self.mcp.values().flatten().flat_map(|s| s.secrets());
-        let keys = std::iter::once(self.cfg.api_key.clone()).chain(headers.cloned().map(Some));
+        let headers = self.io.mcp.values().flatten().flat_map(|s| s.secrets());
+        let keys = std::iter::once(self.me.cfg.api_key.clone()).chain(headers.cloned().map(Some));
         keys.fold(text.to_string(), |text, key| ApiKey::new(key).redact(&text))
     }
 
     /// Records an unknown effect in status (via progress) and as a Warning Event.
     pub async fn report_unknown(&self, effect: UnknownEffect) {
-        self.metrics.unknown_effect(effect.resolution);
+        self.io.metrics.unknown_effect(effect.resolution);
         let note = format!(
             "step {} ({}) of attempt {}: its worker died before the result was recorded; resolution: {}",
             effect.step, effect.tool, effect.attempt, effect.resolution
         );
-        self.progress.send_modify(|p| {
+        self.io.progress.send_modify(|p| {
             p.unknown_effects.retain(|e| e.step != effect.step);
             p.unknown_effects.push(effect);
         });
@@ -154,6 +213,9 @@ impl Session {
 
     /// Publishes an Event about the run (best effort: a failure is logged).
     pub async fn event(&self, type_: EventType, reason: &str, action: &str, note: &str) {
-        self.holder.publish_event(type_, reason, action, note).await;
+        self.io
+            .holder
+            .publish_event(type_, reason, action, note)
+            .await;
     }
 }
