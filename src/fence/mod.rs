@@ -17,7 +17,7 @@
 mod reason;
 pub mod value;
 
-pub use reason::CloseReason;
+pub use reason::{CloseReason, EndReason};
 pub use value::Fence;
 
 use kube::ResourceExt;

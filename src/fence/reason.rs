@@ -1,6 +1,7 @@
-//! Why the controller sealed a run's ledger `closed`: the reason the seal records, the
-//! terminal status carries and a later claim completes. Apart from the rules (`super`) so the
-//! wire types can carry it.
+//! Why a run ended, as its ledger records it: the reason the controller's `closed` seal
+//! records (which the terminal status carries and a later claim completes), and the reason a
+//! worker's `failed` event records. Apart from the rules (`super`) so the wire types can carry
+//! them.
 
 use std::fmt;
 
@@ -87,6 +88,74 @@ impl Serialize for CloseReason {
 }
 
 impl<'de> Deserialize<'de> for CloseReason {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(Self::named(&String::deserialize(d)?))
+    }
+}
+
+/// Why a worker ended a turn `failed`: the `failed` event's reason, then the run's
+/// `status.reason`. On the wire it is the name as written here.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum EndReason {
+    /// The model provider refused the request for good (4xx other than 408/429), or the
+    /// model could not be built from the spec.
+    ProviderError,
+    /// The turn reached `spec.maxSteps` tool calls.
+    MaxStepsExceeded,
+    /// A `spec.budget` limit on tokens, model calls or tool calls was reached.
+    BudgetExceeded,
+    /// `spec.budget.deadlineSeconds` passed.
+    DeadlineExceeded,
+    /// An MCP server the run names could not be reached or listed.
+    McpServerUnavailable,
+    /// A reason this version does not know (written by another version), kept as written:
+    /// it is what the run's status shows.
+    Unrecognized(String),
+}
+
+impl EndReason {
+    const KNOWN: [EndReason; 5] = [
+        EndReason::ProviderError,
+        EndReason::MaxStepsExceeded,
+        EndReason::BudgetExceeded,
+        EndReason::DeadlineExceeded,
+        EndReason::McpServerUnavailable,
+    ];
+
+    pub fn as_str(&self) -> &str {
+        match self {
+            EndReason::ProviderError => "ProviderError",
+            EndReason::MaxStepsExceeded => "MaxStepsExceeded",
+            EndReason::BudgetExceeded => "BudgetExceeded",
+            EndReason::DeadlineExceeded => "DeadlineExceeded",
+            EndReason::McpServerUnavailable => "McpServerUnavailable",
+            EndReason::Unrecognized(reason) => reason,
+        }
+    }
+
+    /// The reason a name on the wire stands for.
+    pub fn named(reason: &str) -> Self {
+        Self::KNOWN
+            .into_iter()
+            .find(|r| r.as_str() == reason)
+            .unwrap_or_else(|| EndReason::Unrecognized(reason.to_string()))
+    }
+}
+
+impl fmt::Display for EndReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+// By hand, as for `CloseReason`: an unknown name is kept, not refused.
+impl Serialize for EndReason {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for EndReason {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         Ok(Self::named(&String::deserialize(d)?))
     }

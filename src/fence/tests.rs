@@ -264,3 +264,21 @@ fn a_released_lease_never_goes_back_a_fence() {
     assert_eq!(lease_released_at(Some(two), three), three);
     assert_eq!(lease_released_at(None, two), two);
 }
+
+#[test]
+fn a_failed_turns_reason_is_kept_as_written_when_unknown() {
+    let failed = LedgerEvent::Failed {
+        reason: EndReason::BudgetExceeded,
+        message: "m".into(),
+    };
+    let json = serde_json::to_value(&failed).unwrap();
+    assert_eq!(json["reason"], "BudgetExceeded");
+    assert_eq!(serde_json::from_value::<LedgerEvent>(json).unwrap(), failed);
+    let newer = serde_json::json!({"type": "failed", "reason": "ContextExceeded", "message": "m"});
+    let read = serde_json::from_value::<LedgerEvent>(newer).unwrap();
+    let LedgerEvent::Failed { reason, .. } = read else {
+        panic!("a failed event reads as one: {read:?}");
+    };
+    assert_eq!(reason, EndReason::Unrecognized("ContextExceeded".into()));
+    assert_eq!(reason.to_string(), "ContextExceeded");
+}

@@ -11,7 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use crate::crd::v1alpha1::{
     ApprovalOutcome, LedgerEvent, LedgerSegment, McpToolRecord, ProbeOutcome, Role, RunUsage,
 };
-use crate::fence::Fence;
+use crate::fence::{EndReason, Fence};
 
 /// What the model is told about a step whose worker died while it ran.
 pub const UNKNOWN_EFFECT_NOTICE: &str = "The worker running this step died before its result was recorded. \
@@ -90,7 +90,7 @@ pub struct Replay {
     /// The fences of the attempts that started, in order.
     pub attempts: Vec<Fence>,
     pub final_output: Option<String>,
-    pub failure: Option<(String, String)>,
+    pub failure: Option<(EndReason, String)>,
     pub stopped: bool,
     /// The step and question of an `askUser` still waiting for its answer.
     pub waiting: Option<(i64, String)>,

@@ -21,6 +21,7 @@ use super::tools::{self, ToolOutput};
 use crate::approval;
 use crate::crd::v1alpha1::Resolution;
 use crate::crd::v1alpha1::{LedgerEvent, Role, ToolKind, ToolSpec, UnknownEffect};
+use crate::fence::EndReason;
 
 /// Runs turns until the run reaches an ending.
 pub async fn agent_loop(s: &mut Session) -> Ending {
@@ -71,7 +72,7 @@ fn over_budget(s: &Session, next: Next) -> Option<Ending> {
         next,
     )?;
     Some(Ending::Failed {
-        reason: reached.reason.into(),
+        reason: reached.reason,
         message: reached.message,
     })
 }
@@ -91,7 +92,7 @@ pub fn interrupted(s: &Session) -> Option<Ending> {
 
 async fn call_model(s: &mut Session) -> Result<ModelTurn, Ending> {
     let model: Arc<Model> = s.io.model.clone().map_err(|message| Ending::Failed {
-        reason: "ProviderError".into(),
+        reason: EndReason::ProviderError,
         message,
     })?;
     let request = ModelRequest {
@@ -123,7 +124,7 @@ async fn call_model(s: &mut Session) -> Result<ModelTurn, Ending> {
         // Providers already scrub the key from what a server says; this is the last check
         // before the ledger, status and logs.
         Some(Err(ModelError::Permanent { message, .. })) => Err(Ending::Failed {
-            reason: "ProviderError".into(),
+            reason: EndReason::ProviderError,
             message: s.redact(&message),
         }),
         Some(Err(err @ ModelError::Retryable { .. })) => Err(Ending::GaveUp {
@@ -141,7 +142,7 @@ async fn run_call(s: &mut Session, call: ModelToolCall) -> Option<Ending> {
     let max = s.spec().agent.max_steps as i64;
     if step > max {
         return Some(Ending::Failed {
-            reason: "MaxStepsExceeded".into(),
+            reason: EndReason::MaxStepsExceeded,
             message: format!("the agent asked for step {step}, over its budget of {max} steps"),
         });
     }

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use crate::crd::v1alpha1::{BudgetSpec, RunUsage};
+use crate::fence::EndReason;
 
 /// What comes next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -16,7 +17,7 @@ pub enum Next {
 /// A limit reached: the run's failure reason and message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reached {
-    pub reason: &'static str,
+    pub reason: EndReason,
     pub message: String,
 }
 
@@ -31,7 +32,7 @@ pub fn check(
     let budget = budget?;
     let over = |used: i64, max: Option<i64>, field: &str, what: &str| {
         max.filter(|max| used >= *max).map(|max| Reached {
-            reason: "BudgetExceeded",
+            reason: EndReason::BudgetExceeded,
             message: format!(
                 "the run used {used} {what}, its budget is {max} (spec.budget.{field})"
             ),
@@ -41,7 +42,7 @@ pub fn check(
         && elapsed.as_secs() as i64 >= max
     {
         return Some(Reached {
-            reason: "DeadlineExceeded",
+            reason: EndReason::DeadlineExceeded,
             message: format!(
                 "the run started {}s ago, its deadline is {max}s (spec.budget.deadlineSeconds)",
                 elapsed.as_secs()
@@ -103,7 +104,7 @@ mod tests {
         assert_eq!(at(usage(999, 2, 1), Next::ModelCall), None);
         assert_eq!(at(usage(999, 2, 1), Next::ToolStep), None);
         let calls = at(usage(10, 3, 0), Next::ModelCall).unwrap();
-        assert_eq!(calls.reason, "BudgetExceeded");
+        assert_eq!(calls.reason, EndReason::BudgetExceeded);
         assert!(
             calls.message.contains("spec.budget.maxModelCalls"),
             "{}",
@@ -132,7 +133,7 @@ mod tests {
             Some(Duration::from_secs(61)),
             Next::ModelCall,
         );
-        assert_eq!(late.unwrap().reason, "DeadlineExceeded");
+        assert_eq!(late.unwrap().reason, EndReason::DeadlineExceeded);
         assert_eq!(
             check(Some(&b), &usage(0, 0, 0), None, Next::ModelCall),
             None

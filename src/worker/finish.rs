@@ -14,6 +14,7 @@ use super::progress::{self, Progress};
 use super::session::Session;
 use crate::approval;
 use crate::crd::v1alpha1::{AgentRunStatus, LedgerEvent, LedgerStats, PendingApproval, Phase};
+use crate::fence::EndReason;
 use crate::status::StatusError;
 
 /// Why an attempt ends.
@@ -23,7 +24,7 @@ pub enum Ending {
         output: String,
     },
     Failed {
-        reason: String,
+        reason: EndReason,
         message: String,
     },
     Stopped,
@@ -128,7 +129,7 @@ pub fn phase_change(
             Phase::Finishing,
             Some(Phase::Failed),
             partial,
-            reason.clone(),
+            reason.to_string(),
             message.clone(),
         ),
         Ending::Stopped => (

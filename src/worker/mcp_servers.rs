@@ -13,10 +13,7 @@ use super::session::Session;
 use super::toolbox::Toolbox;
 use super::tools::mcp::{self, McpError, McpServer};
 use crate::crd::v1alpha1::{LedgerEvent, McpSpec, McpToolRecord, ToolKind};
-
-/// The reason a run fails whose MCP server could not be reached before its tools were
-/// recorded.
-pub const UNAVAILABLE: &str = "McpServerUnavailable";
+use crate::fence::EndReason;
 
 /// Waits between connection attempts: a server that is starting gets a few seconds.
 const RETRIES: [Duration; 2] = [Duration::from_secs(1), Duration::from_secs(3)];
@@ -39,7 +36,7 @@ pub async fn connect_all(s: &mut Session) -> Result<(), Ending> {
             }
             (None, Err(err)) => {
                 return Err(Ending::Failed {
-                    reason: UNAVAILABLE.into(),
+                    reason: EndReason::McpServerUnavailable,
                     message: err.to_string(),
                 });
             }

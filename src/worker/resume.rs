@@ -5,7 +5,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::approval::{self, Settlement};
 use crate::crd::v1alpha1::{AgentRunSpec, AgentSpec, ProbeOutcome, ToolKind, ToolSpec};
-use crate::fence::Fence;
+use crate::fence::{EndReason, Fence};
 use crate::ledger::{Replay, ReplayedStep, StepState};
 
 use super::toolbox::Toolbox;
@@ -41,7 +41,7 @@ pub enum Standing {
     /// The ledger ends in `final`: go straight to `Finishing`.
     Finished { output: String },
     /// The ledger ends in `failed`.
-    Failed { reason: String, message: String },
+    Failed { reason: EndReason, message: String },
     /// The ledger ends in `stopped`.
     Stopped,
     /// An `askUser` step waits and its answer is not in `spec.inputs` yet.

@@ -8,8 +8,8 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::fence::CloseReason;
 use crate::fence::value::Fence;
+use crate::fence::{CloseReason, EndReason};
 
 /// The ledger format this build writes. Every worker reads all formats up to this one.
 pub const LEDGER_FORMAT_VERSION: i32 = 1;
@@ -194,7 +194,7 @@ pub enum LedgerEvent {
     /// The turn's final answer.
     Final { output: String },
     /// The turn failed for good (bad spec, permanent provider error, step budget).
-    Failed { reason: String, message: String },
+    Failed { reason: EndReason, message: String },
     /// The run was stopped on request.
     Stopped,
     /// Seal: the controller claimed the run for `fence`; older owners' appends collide from here.
