@@ -8,6 +8,8 @@
 //! name that baton did not make is left alone.
 
 mod e2e_support;
+#[path = "common/events.rs"]
+mod events;
 mod node_support;
 mod rbac_support;
 
@@ -16,12 +18,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use baton::crd::v1alpha1::{AgentRun, LedgerEvent, Phase};
-use baton::fence::Fence;
-use baton::fence::segment_name;
+use baton::fence::{Fence, segment_name};
 use e2e_support::{Effects, Script, effect_command};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{ListParams, PostParams};
+use kube::api::PostParams;
 use kube::{Api, Resource, ResourceExt};
 use node_support::*;
 use rbac_support::forged_segment;
@@ -180,21 +181,5 @@ async fn foreign_lease(env: &NodeEnv, name: &str) -> Lease {
 
 /// Waits for an Event of `reason` about run `run`.
 async fn wait_event(env: &NodeEnv, run: &str, reason: &str) -> Event {
-    let deadline = Instant::now() + RUN_TIMEOUT;
-    loop {
-        let events = env
-            .api::<Event>()
-            .list(&ListParams::default())
-            .await
-            .unwrap();
-        let about_run = |e: &&Event| {
-            e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(run)
-                && e.reason.as_deref() == Some(reason)
-        };
-        if let Some(event) = events.items.iter().find(about_run) {
-            return event.clone();
-        }
-        assert!(Instant::now() < deadline, "no {reason} Event about {run}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    events::wait_event(&env.api::<Event>(), run, reason, RUN_TIMEOUT).await
 }

@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 pub mod claim;
+pub mod events;
 pub mod webhook;
 pub mod worker_proc;
 

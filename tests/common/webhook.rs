@@ -115,10 +115,7 @@ pub async fn issue_as_cert_manager(
     namespace: &str,
     configuration: &str,
 ) -> String {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs() as i64;
+    let now = k8s_openapi::jiff::Timestamp::now().as_second();
     let bundle = baton::webhook::cert::issue(&["127.0.0.1".into()], now, 24 * 3600, None).unwrap();
     let (data, _) = baton::webhook::cert::to_secret(&bundle);
     let secrets = Api::<Secret>::namespaced(client.clone(), namespace);

@@ -139,34 +139,14 @@ pub async fn lease(ns: &TestNamespace, run: &str) -> Option<Lease> {
         .expect("reading lease")
 }
 
-/// The first `events.k8s.io/v1` Event about run `run` with `reason` (Events are published off
-/// the claim's path, so they may land a little after it).
+/// The first `events.k8s.io/v1` Event about run `run` with `reason`.
 pub async fn wait_event(
     ns: &TestNamespace,
     run: &str,
     reason: &str,
     timeout: Duration,
 ) -> k8s_openapi::api::events::v1::Event {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let events = ns
-            .api::<k8s_openapi::api::events::v1::Event>()
-            .list(&ListParams::default())
-            .await
-            .expect("listing Events");
-        let about_run = |e: &&k8s_openapi::api::events::v1::Event| {
-            e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(run)
-                && e.reason.as_deref() == Some(reason)
-        };
-        if let Some(event) = events.items.iter().find(about_run) {
-            return event.clone();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no {reason} Event about {run} within {timeout:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    common::events::wait_event(&ns.api(), run, reason, timeout).await
 }
 
 /// Waits until the run Lease names `pod` under `fence`.
