@@ -283,15 +283,7 @@ async fn open_session(
         guard.clone(),
         metrics.clone(),
     );
-    let progress = Progress {
-        steps: replay.last_step(),
-        inputs_consumed: replay.inputs_consumed,
-        resumed: resumed_message(&replay),
-        generation: run.metadata.generation,
-        usage: replay.usage.clone(),
-        ..Progress::default()
-    };
-    let (progress_tx, progress_rx) = watch::channel(progress);
+    let (progress_tx, progress_rx) = watch::channel(progress_at_start(&replay, &run));
     let writer = progress_loop(
         holder.clone(),
         progress_rx,
@@ -321,6 +313,18 @@ async fn open_session(
         mcp: Default::default(),
     };
     Ok(Some(Session::new(me, io, replay, heartbeat, progress_task)))
+}
+
+/// The progress an attempt starts from: what its ledger already records.
+fn progress_at_start(replay: &Replay, run: &AgentRun) -> Progress {
+    Progress {
+        steps: replay.last_step(),
+        inputs_consumed: replay.inputs_consumed,
+        resumed: resumed_message(replay),
+        generation: run.metadata.generation,
+        usage: replay.usage.clone(),
+        ..Progress::default()
+    }
 }
 
 /// The ledger as it stands, or None (the guard set) when it shows the run lost.
