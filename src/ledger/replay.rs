@@ -193,22 +193,9 @@ impl Replay {
             } => self.apply_result(*step, output, *is_error),
             LedgerEvent::ApprovalRequested {
                 step, requested_at, ..
-            } => {
-                let waits = StepState::AwaitingApproval {
-                    requested_at: requested_at.clone(),
-                };
-                self.move_step(*step, |s| *s == StepState::Open, waits);
-            }
-            // Denied: its result comes with the decision, in the same append.
+            } => self.apply_approval_requested(*step, requested_at),
             LedgerEvent::ApprovalDecided { step, outcome, .. } => {
-                if *outcome == ApprovalOutcome::Approved {
-                    let waiting = |s: &StepState| matches!(s, StepState::AwaitingApproval { .. });
-                    if self.move_step(*step, waiting, StepState::Open)
-                        && let Some(s) = self.steps.get_mut(step)
-                    {
-                        s.approved = true;
-                    }
-                }
+                self.apply_approval_decided(*step, *outcome)
             }
             // The first list recorded is the one: a resumed run offers the same tools.
             LedgerEvent::McpTools { tool, tools } => {
@@ -217,22 +204,8 @@ impl Replay {
                     .or_insert_with(|| tools.clone());
             }
             LedgerEvent::StepUnknown { step, .. } => self.apply_unknown(*step),
-            LedgerEvent::StepProbed { step, outcome } => {
-                if let Some(s) = self.steps.get_mut(step)
-                    && let StepState::Unknown { probe } = &mut s.state
-                {
-                    *probe = Some(*outcome);
-                }
-            }
-            LedgerEvent::Input { index, content } => {
-                self.inputs_consumed = self.inputs_consumed.max(index + 1);
-                // An answer to an `askUser` step reaches the model as that step's result (the
-                // `stepResult` that follows); a user message in between would split the call
-                // from its result, which providers refuse.
-                if self.waiting.take().is_none() {
-                    self.messages.push(ReplayedMessage::User(content.clone()));
-                }
-            }
+            LedgerEvent::StepProbed { step, outcome } => self.apply_probe(*step, *outcome),
+            LedgerEvent::Input { index, content } => self.apply_input(*index, content),
             LedgerEvent::WaitingInput { step, question } => {
                 self.waiting = Some((*step, question.clone()))
             }
@@ -245,6 +218,46 @@ impl Replay {
             LedgerEvent::Claimed { .. } => {}
             LedgerEvent::Closed { .. } => self.count_cut_call(),
             LedgerEvent::Chunk { .. } => {}
+        }
+    }
+
+    fn apply_approval_requested(&mut self, step: i64, requested_at: &Time) {
+        let waits = StepState::AwaitingApproval {
+            requested_at: requested_at.clone(),
+        };
+        self.move_step(step, |s| *s == StepState::Open, waits);
+    }
+
+    /// Approved, the waiting step is open (it runs); denied, its result comes with the
+    /// decision, in the same append.
+    fn apply_approval_decided(&mut self, step: i64, outcome: ApprovalOutcome) {
+        if outcome != ApprovalOutcome::Approved {
+            return;
+        }
+        let waiting = |s: &StepState| matches!(s, StepState::AwaitingApproval { .. });
+        if self.move_step(step, waiting, StepState::Open)
+            && let Some(s) = self.steps.get_mut(&step)
+        {
+            s.approved = true;
+        }
+    }
+
+    fn apply_probe(&mut self, step: i64, outcome: ProbeOutcome) {
+        if let Some(s) = self.steps.get_mut(&step)
+            && let StepState::Unknown { probe } = &mut s.state
+        {
+            *probe = Some(outcome);
+        }
+    }
+
+    fn apply_input(&mut self, index: i64, content: &str) {
+        self.inputs_consumed = self.inputs_consumed.max(index + 1);
+        // An answer to an `askUser` step reaches the model as that step's result (the
+        // `stepResult` that follows); a user message in between would split the call from its
+        // result, which providers refuse.
+        if self.waiting.take().is_none() {
+            self.messages
+                .push(ReplayedMessage::User(content.to_string()));
         }
     }
 
