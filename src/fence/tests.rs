@@ -1,4 +1,4 @@
-//! The fence's rules, case by case (`src/fence.rs`).
+//! The fence's rules, case by case (`src/fence/`).
 
 use super::test_segment as seg;
 use super::*;
