@@ -100,10 +100,11 @@ impl LeaseClient {
     }
 
     /// Writes `lease` as read and changed: one CAS on its resourceVersion, refused (409)
-    /// when it changed meanwhile.
-    pub async fn put(&self, lease: &Lease) -> Result<Lease, LeaseError> {
+    /// when it changed meanwhile. The API server's answer is returned as it is, for the
+    /// controller's writer to classify.
+    pub async fn put(&self, lease: &Lease) -> Result<Lease, kube::Error> {
         let params = PostParams::default();
-        Ok(self.api.replace(&lease.name_any(), &params, lease).await?)
+        self.api.replace(&lease.name_any(), &params, lease).await
     }
 
     /// The Lease after the move, and whether this call moved it.
@@ -318,9 +319,5 @@ impl WorkerLease {
             fence: lease_fence(lease),
             ours: self.fence,
         }
-    }
-
-    pub fn fence(&self) -> Fence {
-        self.fence
     }
 }

@@ -130,7 +130,7 @@ impl Session {
         ToolEnv {
             run: self.me.cfg.run.clone(),
             run_uid: self.me.run.uid().unwrap_or_default(),
-            fence: self.io.holder.fence(),
+            fence: self.fence(),
             step,
         }
     }
@@ -149,7 +149,7 @@ impl Session {
             }
         }
         for event in &all {
-            self.turn.replay.apply(self.io.holder.fence(), event);
+            self.turn.replay.apply(self.fence(), event);
         }
         self.publish_usage();
         Ok(())
@@ -167,7 +167,7 @@ impl Session {
 
     /// Buffers an event for the next flush and folds it into the replay at once.
     pub fn buffer(&mut self, event: LedgerEvent) {
-        self.turn.replay.apply(self.io.holder.fence(), &event);
+        self.turn.replay.apply(self.fence(), &event);
         self.io.appender.buffer(event);
     }
 
