@@ -128,7 +128,8 @@ fn bench_run(steps: usize, payload: usize) -> AgentRun {
             approvals: vec![],
             approval_timeout_seconds: None,
             thread_key: None,
-            agent: AgentSpec {
+            thread: None,
+            agent: Some(AgentSpec {
                 model: ModelSpec {
                     script,
                     ..Default::default()
@@ -137,7 +138,7 @@ fn bench_run(steps: usize, payload: usize) -> AgentRun {
                 max_steps: steps as i32 + 1,
                 tools: vec![sh],
                 approval: None,
-            },
+            }),
             lease: LeaseSpec::default(),
             max_attempts: 3,
             stop: false,

@@ -28,9 +28,9 @@ const ARGUMENTS_SHOWN: usize = 4096;
 
 /// True when calls of `tool` wait for a decision before they run. `askUser` never does: it
 /// is a human gate already.
-pub fn required(agent: &AgentSpec, tool: &ToolSpec) -> bool {
+pub fn required(agent: Option<&AgentSpec>, tool: &ToolSpec) -> bool {
     tool.kind != ToolKind::AskUser
-        && tool.approval.or(agent.approval).unwrap_or_default() == ApprovalPolicy::Required
+        && tool.approval.or(agent.and_then(|a| a.approval)).unwrap_or_default() == ApprovalPolicy::Required
 }
 
 /// The decision in the spec for the call `call_id` at `step`, if any. The first one wins: a
@@ -304,17 +304,17 @@ mod tests {
     #[test]
     fn a_tools_own_policy_wins_over_the_runs_and_ask_user_never_waits() {
         let mut agent = AgentSpec::default();
-        assert!(!required(&agent, &tool(ToolKind::Shell, None)));
+        assert!(!required(Some(&agent), &tool(ToolKind::Shell, None)));
         agent.approval = Some(ApprovalPolicy::Required);
-        assert!(required(&agent, &tool(ToolKind::Shell, None)));
+        assert!(required(Some(&agent), &tool(ToolKind::Shell, None)));
         assert!(!required(
-            &agent,
+            Some(&agent),
             &tool(ToolKind::Shell, Some(ApprovalPolicy::NotRequired))
         ));
-        assert!(!required(&agent, &tool(ToolKind::AskUser, None)));
+        assert!(!required(Some(&agent), &tool(ToolKind::AskUser, None)));
         agent.approval = None;
         assert!(required(
-            &agent,
+            Some(&agent),
             &tool(ToolKind::Http, Some(ApprovalPolicy::Required))
         ));
     }

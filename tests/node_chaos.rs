@@ -172,7 +172,7 @@ async fn node_chaos() {
         let run = retry(|| runs.get(name)).await;
         let st = run.status.clone().unwrap_or_default();
         *tally.entry(st.phase.as_str()).or_default() += 1;
-        let turns = run.spec.agent.model.script.len() - 1;
+        let turns = run.spec.agent().unwrap().model.script.len() - 1;
         match st.phase {
             Phase::Succeeded => {
                 assert_eq!(

@@ -278,7 +278,7 @@ async fn node_deleted_run_is_garbage_collected() {
 async fn node_missing_secret_fails_the_run_naming_the_secret() {
     let env = NodeEnv::start("secret").await;
     let mut run = env.scripted("nokey", &Script::new(1, 100));
-    run.spec.agent.model.api_key_secret_ref = Some(baton::crd::v1alpha1::SecretKeyRef {
+    run.spec.agent_mut().model.api_key_secret_ref = Some(baton::crd::v1alpha1::SecretKeyRef {
         name: "no-such-key".into(),
         key: "api-key".into(),
     });

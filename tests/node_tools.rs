@@ -56,7 +56,7 @@ async fn node_a_tool_hunting_for_the_key_and_the_token_finds_neither() {
         vec![turn("hunting", &hunt), answer("found nothing")],
         vec![shell_tool("sh")],
     );
-    run.spec.agent.model.api_key_secret_ref = Some(baton::crd::v1alpha1::SecretKeyRef {
+    run.spec.agent_mut().model.api_key_secret_ref = Some(baton::crd::v1alpha1::SecretKeyRef {
         name: "model-key".into(),
         key: "apiKey".into(),
     });

@@ -79,17 +79,17 @@ async fn node_webhook_refuses_what_the_asker_could_not_do_themselves() {
     mallory_may_only_make_runs(&env).await;
 
     let mut proxy = env.scripted("proxy", &Script::new(1, 100));
-    proxy.spec.agent.model.endpoint = Some("https://attacker.invalid/v1".into());
-    proxy.spec.agent.model.api_key_secret_ref = Some(baton::crd::v1alpha1::SecretKeyRef {
+    proxy.spec.agent_mut().model.endpoint = Some("https://attacker.invalid/v1".into());
+    proxy.spec.agent_mut().model.api_key_secret_ref = Some(baton::crd::v1alpha1::SecretKeyRef {
         name: "model-key".into(),
         key: "key".into(),
     });
     refused(
         create_as(&env, MALLORY, &proxy, "proxy.json"),
-        "spec.agent.model.apiKeySecretRef.name: mallory may not get secrets \"model-key\"",
+        "spec.agent_mut().model.apiKeySecretRef.name: mallory may not get secrets \"model-key\"",
     );
     let mut mcp = env.scripted("mcp-proxy", &Script::new(1, 100));
-    mcp.spec.agent.tools.push(
+    mcp.spec.agent_mut().tools.push(
         serde_json::from_value(serde_json::json!({
             "name": "search", "kind": "mcp",
             "mcp": { "url": "https://attacker.invalid/mcp", "headersFromSecret": "model-key" }
@@ -98,7 +98,7 @@ async fn node_webhook_refuses_what_the_asker_could_not_do_themselves() {
     );
     refused(
         create_as(&env, MALLORY, &mcp, "mcp.json"),
-        "spec.agent.tools[1].mcp.headersFromSecret: mallory may not get secrets \"model-key\"",
+        "spec.agent_mut().tools[1].mcp.headersFromSecret: mallory may not get secrets \"model-key\"",
     );
     let mut image = env.scripted("image", &Script::new(1, 100));
     image.spec.worker.image = Some("baton:next".into());
@@ -381,7 +381,7 @@ async fn node_a_padded_call_shows_its_tail_and_a_setsid_child_dies_with_its_time
     let env = NodeEnv::start("trust-approve").await;
     let padded = format!("echo start{}; echo PADDED-TAIL", " ".repeat(5000));
     let mut gated = one_command("gated", &padded);
-    gated.spec.agent.tools[0].approval = Some(ApprovalPolicy::Required);
+    gated.spec.agent_mut().tools[0].approval = Some(ApprovalPolicy::Required);
     env.create(&gated).await;
     let st = env
         .wait_run("gated", RUN_TIMEOUT, "WaitingApproval", |s| {
@@ -406,7 +406,7 @@ async fn node_a_padded_call_shows_its_tail_and_a_setsid_child_dies_with_its_time
     const MARK: &str = "987.654321";
     let escape = format!("setsid sleep {MARK} & sleep 60");
     let mut escapes = commands("escapes", &[&escape, "sleep 25"]);
-    escapes.spec.agent.tools[0].timeout_seconds = 3;
+    escapes.spec.agent_mut().tools[0].timeout_seconds = 3;
     env.create(&escapes).await;
     let deadline = std::time::Instant::now() + RUN_TIMEOUT;
     let pid = loop {

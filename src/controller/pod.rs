@@ -259,8 +259,7 @@ fn worker_container(run: &AgentRun, fence: Fence, pod: &str, image: &str) -> Con
 /// container mounts them: the tools container never sees a server's credentials.
 fn mcp_header_secrets(run: &AgentRun) -> impl Iterator<Item = (String, String, String)> + '_ {
     run.spec
-        .agent
-        .tools
+        .tools()
         .iter()
         .enumerate()
         .filter_map(|(i, tool)| {
@@ -419,7 +418,7 @@ fn worker_env(run: &AgentRun, fence: Fence, pod: &str) -> Vec<EnvVar> {
         plain("TMPDIR", SCRATCH_DIR),
         plain(env::EXECUTOR_SOCKET, EXECUTOR_SOCKET),
     ];
-    if let Some(secret) = &run.spec.agent.model.api_key_secret_ref {
+    if let Some(secret) = run.spec.agent().and_then(|a| a.model.api_key_secret_ref.as_ref()) {
         vars.push(EnvVar {
             name: env::MODEL_API_KEY.into(),
             value: None,

@@ -8,7 +8,7 @@ fn run() -> AgentRun {
         .stored("u-1")
         .reply("x")
         .build();
-    run.spec.agent.model.api_key_secret_ref = Some(SecretKeyRef {
+    run.spec.agent_mut().model.api_key_secret_ref = Some(SecretKeyRef {
         name: "s".into(),
         key: "k".into(),
     });
@@ -140,7 +140,7 @@ fn an_mcp_servers_headers_secret_is_mounted_in_the_worker_container_only() {
         "mcp": {"url": "http://files:8000/mcp", "headersFromSecret": "files-auth"}
     }))
     .unwrap();
-    r.spec.agent.tools.push(server);
+    r.spec.agent_mut().tools.push(server);
     let spec = worker_pod(&r, Fence::new(1), "img").spec.unwrap();
     let worker = container(&spec, CONTAINER_NAME);
     let at = "/baton/mcp-headers/files";

@@ -295,7 +295,9 @@ fn slim_run(run: &mut AgentRun) {
     let spec = &mut run.spec;
     spec.input.clear();
     spec.inputs.iter_mut().for_each(String::clear);
-    spec.agent.system_prompt = None;
+    if let Some(agent) = spec.agent.as_mut() {
+        agent.system_prompt = None;
+    }
     spec.approvals.iter_mut().for_each(|a| a.reason = None);
 }
 

@@ -1,32 +1,47 @@
 //! Spec rules the CRD schema cannot express, checked at admission. A run that breaks one
 //! ends `Failed` with reason `InvalidSpec` and a message naming the field.
 
-use crate::crd::v1alpha1::{AgentRunSpec, Provider, ToolKind};
+use crate::crd::v1alpha1::{AgentRunSpec, AgentSpec, Provider, ToolKind};
 
 /// The reason a rejected run ends with.
 pub const INVALID_SPEC: &str = "InvalidSpec";
 
 /// Checks the rules; the error names the field.
 pub fn validate(spec: &AgentRunSpec) -> Result<(), String> {
+    check_thread(spec)?;
     check_lease(spec)?;
-    check_model(spec)?;
-    check_mcp_tools(spec)?;
-    check_script_tools(spec)
+    let Some(agent) = spec.agent() else {
+        return Err("spec.agent is required (or spec.thread: a turn takes its thread's)".into());
+    };
+    check_model(agent)?;
+    check_mcp_tools(agent)?;
+    check_script_tools(spec, agent)
+}
+
+/// A turn's thread is its admission key: it sets no other.
+fn check_thread(spec: &AgentRunSpec) -> Result<(), String> {
+    match (&spec.thread, &spec.thread_key) {
+        (Some(thread), Some(_)) => Err(format!(
+            "spec.threadKey must not be set on a turn of thread {thread} (spec.thread): its \
+             turns take turns already"
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// A `kind: mcp` tool has its `mcp` block, and only an `mcp` tool has one.
-fn check_mcp_tools(spec: &AgentRunSpec) -> Result<(), String> {
-    for (i, tool) in spec.agent.tools.iter().enumerate() {
+fn check_mcp_tools(agent: &AgentSpec) -> Result<(), String> {
+    for (i, tool) in agent.tools.iter().enumerate() {
         match (tool.kind, &tool.mcp) {
             (ToolKind::Mcp, None) => {
                 return Err(format!(
-                    "spec.agent.tools[{i}].mcp is required for kind mcp ({})",
+                    "spec.agent_mut().tools[{i}].mcp is required for kind mcp ({})",
                     tool.name
                 ));
             }
             (kind, Some(_)) if kind != ToolKind::Mcp => {
                 return Err(format!(
-                    "spec.agent.tools[{i}].mcp is only for kind mcp ({} is another kind)",
+                    "spec.agent_mut().tools[{i}].mcp is only for kind mcp ({} is another kind)",
                     tool.name
                 ));
             }
@@ -47,17 +62,17 @@ fn check_lease(spec: &AgentRunSpec) -> Result<(), String> {
     Ok(())
 }
 
-fn check_model(spec: &AgentRunSpec) -> Result<(), String> {
-    let model = &spec.agent.model;
+fn check_model(agent: &AgentSpec) -> Result<(), String> {
+    let model = &agent.model;
     match model.provider {
         Provider::Scripted if model.script.is_empty() => {
-            Err("spec.agent.model.script must not be empty for provider scripted".to_string())
+            Err("spec.agent_mut().model.script must not be empty for provider scripted".to_string())
         }
         Provider::Openai | Provider::Anthropic
             if model.name.as_deref().is_none_or(|n| n.trim().is_empty()) =>
         {
             Err(format!(
-                "spec.agent.model.name is required for provider {}",
+                "spec.agent_mut().model.name is required for provider {}",
                 provider_name(model.provider)
             ))
         }
@@ -73,17 +88,17 @@ fn provider_name(provider: Provider) -> &'static str {
     }
 }
 
-fn check_script_tools(spec: &AgentRunSpec) -> Result<(), String> {
+fn check_script_tools(spec: &AgentRunSpec, agent: &AgentSpec) -> Result<(), String> {
     let declared = |name: &str| {
-        spec.agent.tools.iter().any(|t| t.name == name)
+        agent.tools.iter().any(|t| t.name == name)
             || crate::worker::toolbox::names_an_mcp_tool(spec, name)
     };
-    for (turn_index, turn) in spec.agent.model.script.iter().enumerate() {
+    for (turn_index, turn) in agent.model.script.iter().enumerate() {
         for (call_index, call) in turn.tool_calls.iter().enumerate() {
             if !declared(&call.tool) {
                 return Err(format!(
-                    "spec.agent.model.script[{turn_index}].toolCalls[{call_index}].tool ({}) \
-                     is not declared in spec.agent.tools",
+                    "spec.agent_mut().model.script[{turn_index}].toolCalls[{call_index}].tool ({}) \
+                     is not declared in spec.agent_mut().tools",
                     call.tool
                 ));
             }
@@ -121,22 +136,22 @@ mod tests {
     #[test]
     fn scripted_needs_a_script_and_remote_providers_a_name() {
         let mut s = spec();
-        s.agent.model.script.clear();
+        s.agent_mut().model.script.clear();
         assert!(
             validate(&s)
                 .unwrap_err()
-                .contains("spec.agent.model.script")
+                .contains("spec.agent_mut().model.script")
         );
-        s.agent.model.provider = Provider::Openai;
-        assert!(validate(&s).unwrap_err().contains("spec.agent.model.name"));
-        s.agent.model.name = Some("gpt-4o-mini".into());
+        s.agent_mut().model.provider = Provider::Openai;
+        assert!(validate(&s).unwrap_err().contains("spec.agent_mut().model.name"));
+        s.agent_mut().model.name = Some("gpt-4o-mini".into());
         assert_eq!(validate(&s), Ok(()));
     }
 
     #[test]
     fn scripted_tool_calls_must_name_declared_tools() {
         let mut s = spec();
-        s.agent.model.script.insert(
+        s.agent_mut().model.script.insert(
             0,
             ScriptTurn {
                 tool_calls: vec![ScriptToolCall {
@@ -148,10 +163,10 @@ mod tests {
         );
         let err = validate(&s).unwrap_err();
         assert!(
-            err.contains("spec.agent.model.script[0].toolCalls[0].tool (sh)"),
+            err.contains("spec.agent_mut().model.script[0].toolCalls[0].tool (sh)"),
             "{err}"
         );
-        s.agent.tools.push(ToolSpec {
+        s.agent_mut().tools.push(ToolSpec {
             name: "sh".into(),
             kind: ToolKind::Shell,
             description: None,

@@ -29,7 +29,11 @@ pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 pub fn all_crds()
 -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>
 {
-    vec![v1alpha1::AgentRun::crd(), v1alpha1::LedgerSegment::crd()]
+    vec![
+        v1alpha1::AgentRun::crd(),
+        v1alpha1::AgentThread::crd(),
+        v1alpha1::LedgerSegment::crd(),
+    ]
 }
 
 /// The YAML that `baton crd` prints: one document per CRD.

@@ -62,19 +62,20 @@ pub fn run_asks(old: Option<&AgentRunSpec>, new: &AgentRunSpec) -> Vec<Ask> {
         return Vec::new();
     }
     let mut asks = Vec::new();
-    if let Some(key) = &new.agent.model.api_key_secret_ref {
+    let agent = new.agent();
+    if let Some(key) = agent.and_then(|a| a.model.api_key_secret_ref.as_ref()) {
         asks.push(Ask::get_secret(
-            "spec.agent.model.apiKeySecretRef.name".into(),
+            "spec.agent_mut().model.apiKeySecretRef.name".into(),
             &key.name,
         ));
     }
-    for (i, tool) in new.agent.tools.iter().enumerate() {
+    for (i, tool) in new.tools().iter().enumerate() {
         if let Some(secret) = tool
             .mcp
             .as_ref()
             .and_then(|m| m.headers_from_secret.as_ref())
         {
-            let field = format!("spec.agent.tools[{i}].mcp.headersFromSecret");
+            let field = format!("spec.agent_mut().tools[{i}].mcp.headersFromSecret");
             asks.push(Ask::get_secret(field, secret));
         }
     }

@@ -29,23 +29,23 @@ fn a_plain_run_borrows_nothing() {
 #[test]
 fn every_secret_and_pod_field_is_asked_for() {
     let mut s = spec();
-    s.agent.model.api_key_secret_ref = Some(SecretKeyRef {
+    s.agent_mut().model.api_key_secret_ref = Some(SecretKeyRef {
         name: "model-key".into(),
         key: "k".into(),
     });
-    s.agent.tools = vec![mcp_tool("mcp-headers")];
+    s.agent_mut().tools = vec![mcp_tool("mcp-headers")];
     s.worker.image = Some("evil:1".into());
     s.worker.service_account_name = Some("deployer".into());
     assert_eq!(
         fields(&run_asks(None, &s)),
         vec![
             (
-                "spec.agent.model.apiKeySecretRef.name",
+                "spec.agent_mut().model.apiKeySecretRef.name",
                 "secrets",
                 Some("model-key")
             ),
             (
-                "spec.agent.tools[0].mcp.headersFromSecret",
+                "spec.agent_mut().tools[0].mcp.headersFromSecret",
                 "secrets",
                 Some("mcp-headers")
             ),
@@ -58,7 +58,7 @@ fn every_secret_and_pod_field_is_asked_for() {
 #[test]
 fn an_update_asks_again_only_when_agent_or_worker_change() {
     let mut old = spec();
-    old.agent.model.api_key_secret_ref = Some(SecretKeyRef {
+    old.agent_mut().model.api_key_secret_ref = Some(SecretKeyRef {
         name: "model-key".into(),
         key: "k".into(),
     });
@@ -68,11 +68,11 @@ fn an_update_asks_again_only_when_agent_or_worker_change() {
     assert_eq!(run_asks(Some(&old), &approved), vec![]);
 
     let mut redirected = old.clone();
-    redirected.agent.model.endpoint = Some("https://attacker.example".into());
+    redirected.agent_mut().model.endpoint = Some("https://attacker.example".into());
     assert_eq!(
         fields(&run_asks(Some(&old), &redirected)),
         vec![(
-            "spec.agent.model.apiKeySecretRef.name",
+            "spec.agent_mut().model.apiKeySecretRef.name",
             "secrets",
             Some("model-key")
         )]
@@ -81,10 +81,10 @@ fn an_update_asks_again_only_when_agent_or_worker_change() {
 
 #[test]
 fn a_refusal_names_the_field_and_the_permission() {
-    let ask = Ask::get_secret("spec.agent.model.apiKeySecretRef.name".into(), "db");
+    let ask = Ask::get_secret("spec.agent_mut().model.apiKeySecretRef.name".into(), "db");
     let text = ask.refusal("alice", "team-a");
     assert!(
-        text.starts_with("spec.agent.model.apiKeySecretRef.name: alice may not get secrets \"db\""),
+        text.starts_with("spec.agent_mut().model.apiKeySecretRef.name: alice may not get secrets \"db\""),
         "{text}"
     );
 }
@@ -93,7 +93,7 @@ fn a_refusal_names_the_field_and_the_permission() {
 fn an_oversized_spec_names_its_largest_field() {
     let mut s = spec();
     assert_eq!(oversized_spec(&s, 64 * 1024), None);
-    s.agent.system_prompt = Some("x".repeat(100_000));
+    s.agent_mut().system_prompt = Some("x".repeat(100_000));
     let text = oversized_spec(&s, 64 * 1024).unwrap();
     assert!(
         text.contains("largest field is spec.agent.systemPrompt"),

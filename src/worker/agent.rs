@@ -42,7 +42,7 @@ pub async fn agent_loop(s: &mut Session) -> Ending {
             output_tokens: turn.usage.map(|u| u.output_tokens),
         });
         s.io.metrics
-            .model_tokens(s.spec().agent.model.name.as_deref(), turn.usage);
+            .model_tokens(s.agent().model.name.as_deref(), turn.usage);
         s.turn.drop_deltas = true;
         if turn.tool_calls.is_empty() {
             return Ending::Final { output: turn.text };
@@ -96,7 +96,7 @@ async fn call_model(s: &mut Session) -> Result<ModelTurn, Ending> {
         message,
     })?;
     let request = ModelRequest {
-        system_prompt: s.spec().agent.system_prompt.clone(),
+        system_prompt: s.agent().system_prompt.clone(),
         messages: s.turn.replay.messages.clone(),
         tools: s.io.toolbox.offered().to_vec(),
     };
@@ -139,7 +139,7 @@ async fn run_call(s: &mut Session, call: ModelToolCall) -> Option<Ending> {
         return Some(ending);
     }
     let step = s.turn.replay.last_step() + 1;
-    let max = s.spec().agent.max_steps as i64;
+    let max = s.agent().max_steps as i64;
     if step > max {
         return Some(Ending::Failed {
             reason: EndReason::MaxStepsExceeded,
@@ -149,7 +149,7 @@ async fn run_call(s: &mut Session, call: ModelToolCall) -> Option<Ending> {
     let tool = s.tool(&call.tool);
     let waits = tool
         .as_ref()
-        .is_some_and(|t| approval::required(&s.spec().agent, &t.spec));
+        .is_some_and(|t| approval::required(Some(s.agent()), &t.spec));
     let requested_at = Time(Timestamp::now());
     let events = intent_events(step, &call, tool.as_ref(), waits.then_some(&requested_at));
     let sent_at = Instant::now();

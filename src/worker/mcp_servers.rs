@@ -68,8 +68,7 @@ pub async fn connect_all(s: &mut Session) -> Result<(), Ending> {
 /// The spec's MCP servers: each `mcp` tool's name and server.
 fn servers_of(s: &Session) -> Vec<(String, McpSpec)> {
     s.spec()
-        .agent
-        .tools
+        .tools()
         .iter()
         .filter(|t| t.kind == ToolKind::Mcp)
         .filter_map(|t| Some((t.name.clone(), t.mcp.clone()?)))

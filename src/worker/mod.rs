@@ -78,6 +78,9 @@ pub enum WorkerError {
     Ledger(#[from] LedgerError),
     #[error("tools: {0}")]
     Tools(String),
+    /// A turn claimed before it took its thread's agent: the controller never does that.
+    #[error("the run has no spec.agent (a turn not yet admitted to its thread)")]
+    NoAgent,
 }
 
 impl WorkerError {
@@ -87,6 +90,7 @@ impl WorkerError {
             WorkerError::Lease(e) => e.label(),
             WorkerError::Ledger(e) => e.label(),
             WorkerError::Tools(_) => "tools",
+            WorkerError::NoAgent => "no_agent",
         }
     }
 }
@@ -135,8 +139,7 @@ async fn connect_tools(cfg: &WorkerConfig) -> Tools {
 
 /// True when the run's tools need the executor (a shell tool, or any probe).
 pub fn needs_executor(spec: &crate::crd::v1alpha1::AgentRunSpec) -> bool {
-    spec.agent
-        .tools
+    spec.tools()
         .iter()
         .any(|t| t.kind == crate::crd::v1alpha1::ToolKind::Shell || t.probe.is_some())
 }
@@ -266,6 +269,7 @@ async fn open_session(
     counters: Arc<ApiCounters>,
     metrics: Arc<WorkerMetrics>,
 ) -> Result<Option<Session>, WorkerError> {
+    let agent = run.spec.agent.clone().ok_or(WorkerError::NoAgent)?;
     let heartbeat = spawn_heartbeat(&cfg, &runs, &run, &holder, &guard, &interrupts, &metrics);
     let Some(segments) = read_own_ledger(&holder, &guard).await? else {
         return Ok(None);
@@ -293,11 +297,11 @@ async fn open_session(
         metrics.clone(),
     );
     let progress_task = tokio::spawn(writer.in_current_span());
-    let model = provider::Model::for_spec(&run.spec.agent.model, cfg.api_key.clone())
+    let model = provider::Model::for_spec(&agent.model, cfg.api_key.clone())
         .map(Arc::new)
         .map_err(|e| e.to_string());
     let toolbox = Toolbox::new(&run.spec, &replay.mcp_tools);
-    let me = Identity { cfg, run };
+    let me = Identity { cfg, run, agent };
     let io = Handles {
         holder,
         appender,

@@ -10,7 +10,9 @@ use super::resume::{ApprovalCall, Reconcile, ResumePlan, Standing, Then};
 use super::session::Session;
 use super::tools::{ToolOutput, probe};
 use crate::approval::{self, Settlement};
-use crate::crd::v1alpha1::{ApprovalOutcome, LedgerEvent, ProbeOutcome, Resolution, UnknownEffect};
+use crate::crd::v1alpha1::{
+    ApprovalOutcome, LedgerEvent, ProbeOutcome, Resolution, Role, UnknownEffect,
+};
 
 /// What a probe that confirmed the effect puts in the step's result.
 pub const APPLIED_BY_PROBE: &str = "effect confirmed applied by probe; not re-run";
@@ -28,6 +30,14 @@ pub async fn resume(s: &mut Session, plan: ResumePlan) -> Resumed {
         fence: s.fence(),
         pod: s.me.cfg.pod.clone(),
     }];
+    // The user's input opens the conversation: recorded once, by the first attempt's first
+    // append (a ledger with any message already holds it, or predates this record).
+    if s.turn.replay.messages.is_empty() {
+        first.push(LedgerEvent::Message {
+            role: Role::User,
+            content: s.spec().input.clone(),
+        });
+    }
     first.extend(plan.reconcile.iter().filter(|r| r.mark_unknown).map(|r| {
         LedgerEvent::StepUnknown {
             step: r.step,

@@ -106,7 +106,7 @@ pub fn plan(
         .steps
         .values()
         .filter(|s| waiting.as_ref().is_none_or(|(step, _, _)| *step != s.step))
-        .filter_map(|s| reconcile_step(s, toolbox.get(&s.tool).map(|t| &t.spec), &spec.agent))
+        .filter_map(|s| reconcile_step(s, toolbox.get(&s.tool).map(|t| &t.spec), spec.agent()))
         .collect();
     let standing = match (approval_call(replay), waiting) {
         (Some(call), _) => {
@@ -208,7 +208,7 @@ pub fn question_of(input: &str) -> String {
 fn reconcile_step(
     step: &ReplayedStep,
     tool: Option<&ToolSpec>,
-    agent: &AgentSpec,
+    agent: Option<&AgentSpec>,
 ) -> Option<Reconcile> {
     let has_probe = tool.is_some_and(|t| t.probe.is_some());
     let can_rerun = tool.is_some_and(|t| may_rerun(step, t, agent));
@@ -239,7 +239,7 @@ fn reconcile_step(
 /// idempotent when it ran, and the run's own spec must say so now (an intent is data: anyone
 /// who could create a segment could have written one). A tool that waits for approval must
 /// also have been approved for this very step, so that no re-run passes its gate.
-fn may_rerun(step: &ReplayedStep, tool: &ToolSpec, agent: &AgentSpec) -> bool {
+fn may_rerun(step: &ReplayedStep, tool: &ToolSpec, agent: Option<&AgentSpec>) -> bool {
     step.idempotent && tool.idempotent && (step.approved || !approval::required(agent, tool))
 }
 

@@ -108,7 +108,7 @@ fn an_intent_that_claims_idempotent_for_a_tool_the_spec_does_not_is_not_rerun() 
 #[test]
 fn a_tool_that_waits_for_approval_is_rerun_only_after_its_approval() {
     let mut gated = spec(vec![]);
-    for t in &mut gated.agent.tools {
+    for t in &mut gated.agent_mut().tools {
         if t.name == "idem" {
             t.approval = Some(crate::crd::v1alpha1::ApprovalPolicy::Required);
         }

@@ -20,7 +20,9 @@ use super::provider::Model;
 use super::toolbox::{ToolEntry, Toolbox};
 use super::tools::mcp::McpServers;
 use super::tools::{ToolEnv, Tools};
-use crate::crd::v1alpha1::{AgentRun, AgentRunSpec, LedgerEvent, LedgerStats, UnknownEffect};
+use crate::crd::v1alpha1::{
+    AgentRun, AgentRunSpec, AgentSpec, LedgerEvent, LedgerStats, UnknownEffect,
+};
 use crate::fence::Fence;
 use crate::ledger::Replay;
 
@@ -38,6 +40,8 @@ pub struct Identity {
     pub cfg: WorkerConfig,
     /// The run as read at start (its spec drives the attempt).
     pub run: AgentRun,
+    /// Its agent (a turn's is its thread's, copied in when it was admitted).
+    pub agent: AgentSpec,
 }
 
 /// What the attempt acts through. None of it is a raw API client: the holder is its only way
@@ -120,6 +124,10 @@ impl Session {
 
     pub fn spec(&self) -> &AgentRunSpec {
         &self.me.run.spec
+    }
+
+    pub fn agent(&self) -> &AgentSpec {
+        &self.me.agent
     }
 
     pub fn fence(&self) -> Fence {

@@ -52,7 +52,7 @@ impl Toolbox {
     /// The spec's tools plus, for each `mcp` tool, the tools `listed` for it (as recorded).
     pub fn new(spec: &AgentRunSpec, listed: &BTreeMap<String, Vec<McpToolRecord>>) -> Self {
         let mut toolbox = Toolbox::default();
-        for tool in &spec.agent.tools {
+        for tool in spec.tools() {
             match (&tool.mcp, tool.kind) {
                 (Some(mcp), ToolKind::Mcp) => {
                     for record in listed.get(&tool.name).into_iter().flatten() {
@@ -160,8 +160,7 @@ pub fn mcp_tool_name(server: &str, tool: &str) -> String {
 /// True when `name` is the model's name of a tool of one of the spec's MCP servers.
 pub fn names_an_mcp_tool(spec: &AgentRunSpec, name: &str) -> bool {
     name.split_once(MCP_SEPARATOR).is_some_and(|(server, _)| {
-        spec.agent
-            .tools
+        spec.tools()
             .iter()
             .any(|t| t.kind == ToolKind::Mcp && t.name == server)
     })

@@ -42,9 +42,9 @@ async fn agent_run_round_trips_with_server_side_defaults() {
             startup_seconds: 300
         }
     );
-    assert_eq!(fetched.spec.agent.max_steps, 50);
+    assert_eq!(fetched.spec.agent().unwrap().max_steps, 50);
     assert_eq!(
-        fetched.spec.agent.model.script[0].text.as_deref(),
+        fetched.spec.agent().unwrap().model.script[0].text.as_deref(),
         Some("hello")
     );
     ns.cleanup().await;
@@ -143,7 +143,7 @@ fn malformed_manifests() -> Vec<(&'static str, serde_json::Value, &'static str)>
         (
             "unknown provider",
             json!({ "input": "x", "agent": { "model": { "provider": "gemini" } } }),
-            "spec.agent.model.provider",
+            "spec.agent_mut().model.provider",
         ),
         (
             "missing input",
@@ -174,12 +174,12 @@ fn malformed_manifests() -> Vec<(&'static str, serde_json::Value, &'static str)>
         (
             "wrong tool kind",
             json!({ "input": "x", "agent": { "model": model, "tools": [{ "name": "t", "kind": "ftp" }] } }),
-            "spec.agent.tools.kind",
+            "spec.agent_mut().tools.kind",
         ),
         (
             "tool without a kind",
             json!({ "input": "x", "agent": { "model": model, "tools": [{ "name": "t" }] } }),
-            "spec.agent.tools.kind",
+            "spec.agent_mut().tools.kind",
         ),
         (
             "bad thread key",
@@ -214,7 +214,7 @@ fn malformed_manifests() -> Vec<(&'static str, serde_json::Value, &'static str)>
         (
             "an approval policy that does not exist",
             json!({ "input": "x", "agent": { "model": model, "approval": "Sometimes" } }),
-            "spec.agent.approval",
+            "spec.agent_mut().approval",
         ),
         (
             "bad runtime class",

@@ -382,7 +382,7 @@ fn the_charts_crds_are_the_generated_ones_and_notes_show_a_first_run() {
     let docs = yaml_docs(&manifest);
     let run: baton::crd::v1alpha1::AgentRun =
         serde_json::from_value(docs[0].clone()).expect("NOTES' AgentRun parses");
-    assert_eq!(run.spec.agent.tools[0].name, "sh");
+    assert_eq!(run.spec.tools()[0].name, "sh");
 }
 
 /// A run as the API server would hand it to the controller (name, namespace, UID).

@@ -122,7 +122,7 @@ fn openai_run(name: &str, endpoint: &str) -> AgentRun {
         vec![shell_tool("sh", false), shell_tool("slow", false)],
         LeaseSpec::default(),
     );
-    run.spec.agent.model = ModelSpec {
+    run.spec.agent_mut().model = ModelSpec {
         provider: Provider::Openai,
         name: Some("local-test".into()),
         endpoint: Some(format!("{endpoint}/v1")),

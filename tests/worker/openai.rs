@@ -46,7 +46,7 @@ async fn a_worker_drives_an_openai_compatible_model_end_to_end() {
         vec![shell_tool("sh", false)],
         LeaseSpec::default(),
     );
-    run.spec.agent.model = ModelSpec {
+    run.spec.agent_mut().model = ModelSpec {
         provider: Provider::Openai,
         name: Some("local-model".into()),
         endpoint: Some(format!("{}/v1", server.url)),

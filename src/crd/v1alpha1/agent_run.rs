@@ -64,15 +64,28 @@ pub struct AgentRunSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub approval_timeout_seconds: Option<i64>,
-    /// Admission key: at most one live run per (namespace, threadKey). Others wait `Pending`.
+    /// Admission key: at most one live run per (namespace, threadKey); others wait `Pending`.
+    /// A thread without a conversation: the runs take turns but carry nothing of one another.
+    /// Not with `thread` (whose name is the key of its turns).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(
         length(min = 1, max = 63),
         regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
     )]
     pub thread_key: Option<String>,
-    /// The agent: its model, system prompt, step budget and tools.
-    pub agent: AgentSpec,
+    /// The AgentThread this run is a turn of: it takes its agent, budget, worker and lease
+    /// settings from the thread when admitted, and its model sees the thread's earlier turns.
+    /// A turn sets none of those itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    )]
+    pub thread: Option<String>,
+    /// The agent: its model, system prompt, step budget and tools. Required, except on a turn
+    /// (`thread`), which the controller gives its thread's agent when it admits it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<AgentSpec>,
     /// Run lease timing: how the worker proves it is alive.
     #[serde(default)]
     pub lease: LeaseSpec,
@@ -213,6 +226,23 @@ fn default_renew() -> i32 {
 }
 fn default_startup() -> i32 {
     300
+}
+
+impl AgentRunSpec {
+    /// The agent, for a turn once it is admitted (it has its thread's from then on).
+    pub fn agent(&self) -> Option<&AgentSpec> {
+        self.agent.as_ref()
+    }
+
+    /// The agent's tools (none before a turn is admitted).
+    pub fn tools(&self) -> &[super::ToolSpec] {
+        self.agent.as_ref().map_or(&[], |a| a.tools.as_slice())
+    }
+
+    /// The run's own agent to edit, an empty one set first if it has none.
+    pub fn agent_mut(&mut self) -> &mut AgentSpec {
+        self.agent.get_or_insert_with(AgentSpec::default)
+    }
 }
 
 impl Default for LeaseSpec {

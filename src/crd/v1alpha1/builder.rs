@@ -67,7 +67,7 @@ impl AgentRunBuilder {
 
     /// The scripted model's turns.
     pub fn script(mut self, turns: Vec<ScriptTurn>) -> Self {
-        self.run.spec.agent.model.script = turns;
+        self.run.spec.agent_mut().model.script = turns;
         self
     }
 
@@ -86,12 +86,12 @@ impl AgentRunBuilder {
     }
 
     pub fn max_steps(mut self, n: i32) -> Self {
-        self.run.spec.agent.max_steps = n;
+        self.run.spec.agent_mut().max_steps = n;
         self
     }
 
     pub fn tools(mut self, tools: Vec<ToolSpec>) -> Self {
-        self.run.spec.agent.tools = tools;
+        self.run.spec.agent_mut().tools = tools;
         self
     }
 
@@ -150,7 +150,7 @@ mod tests {
             .build();
         assert_eq!(run.metadata.uid.as_deref(), Some("u"));
         assert_eq!(run.spec.max_attempts, 2);
-        assert_eq!(run.spec.agent.model.script[0].text.as_deref(), Some("done"));
+        assert_eq!(run.spec.agent().unwrap().model.script[0].text.as_deref(), Some("done"));
         let status = run.status.unwrap();
         assert_eq!(
             (status.fence.get(), status.attempt, status.failed_attempts),

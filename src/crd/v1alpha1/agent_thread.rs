@@ -1,0 +1,106 @@
+//! The `AgentThread` custom resource: a conversation. It holds the agent once, and its turns
+//! (AgentRuns with `spec.thread`) continue one another: each turn's model sees the turns
+//! before it.
+
+// kube's `printcolumn(...)` attributes repeat `type_` by design; clippy reads that as a mistake.
+#![allow(clippy::duplicated_attributes)]
+
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::{AgentSpec, BudgetSpec, LeaseSpec, Phase, RunUsage, WorkerSpec};
+
+/// A conversation whose turns continue one another.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "baton.dev",
+    version = "v1alpha1",
+    kind = "AgentThread",
+    plural = "agentthreads",
+    singular = "agentthread",
+    shortname = "at",
+    namespaced,
+    status = "AgentThreadStatus",
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(name = "Turns", type_ = "integer", json_path = ".status.turns"),
+    printcolumn(name = "Last turn", type_ = "string", json_path = ".status.lastTurn"),
+    printcolumn(
+        name = "Tokens",
+        type_ = "integer",
+        json_path = ".status.usage.totalTokens"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentThreadSpec {
+    /// The agent every turn runs: its model, system prompt, step budget and tools. A turn
+    /// takes it when it is admitted (copied into the turn's `spec.agent`), so editing it
+    /// changes the turns admitted later, never one already admitted.
+    pub agent: AgentSpec,
+    /// What each turn may spend (each turn counts its own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<BudgetSpec>,
+    /// Settings for the worker pods of every turn.
+    #[serde(default)]
+    pub worker: WorkerSpec,
+    /// Run lease timing of every turn.
+    #[serde(default)]
+    pub lease: LeaseSpec,
+    /// How many attempts of a turn may end by dying before the turn ends `Interrupted`.
+    #[serde(default = "default_max_attempts")]
+    #[schemars(range(min = 1, max = 100))]
+    pub max_attempts: i32,
+    /// What a new turn does while another turn of the thread is live.
+    #[serde(default)]
+    pub on_busy: BusyPolicy,
+}
+
+fn default_max_attempts() -> i32 {
+    3
+}
+
+/// What a new turn does while another turn of the thread is live. Either way at most one turn
+/// of a thread is live at a time.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum BusyPolicy {
+    /// The turn waits `Pending`; turns run in creation order.
+    #[default]
+    Enqueue,
+    /// The turn ends `Failed` at once, reason `ThreadBusy`.
+    Reject,
+}
+
+/// Whether a turn of the thread is live.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum ThreadPhase {
+    /// No turn is live.
+    #[default]
+    Idle,
+    /// A turn is live (running, waiting for input or an approval, or finishing).
+    Busy,
+}
+
+/// The thread as its turns show it; written by the controller only.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentThreadStatus {
+    #[serde(default)]
+    pub phase: ThreadPhase,
+    /// Turns of the thread that exist, pending ones included.
+    #[serde(default)]
+    pub turns: i64,
+    /// The newest turn that was admitted (or refused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_turn: Option<String>,
+    /// That turn's phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_turn_phase: Option<Phase>,
+    /// What the thread's existing turns spent, summed from their own `status.usage`.
+    #[serde(default)]
+    pub usage: RunUsage,
+}
