@@ -181,7 +181,8 @@ impl CloseReason {
             | CloseReason::WorkerConfigError
             | CloseReason::PodRejected
             | CloseReason::DeadlineExceeded
-            | CloseReason::LeaseNotOwned => Phase::Failed,
+            | CloseReason::LeaseNotOwned
+            | CloseReason::ThreadBusy => Phase::Failed,
         }
     }
 }

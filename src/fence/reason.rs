@@ -28,6 +28,9 @@ pub enum CloseReason {
     /// A Lease of the run's Lease name exists and the run does not control it: baton never
     /// replaces a Lease it did not make for the run.
     LeaseNotOwned,
+    /// A turn arrived while another turn of its thread was live, and the thread's `onBusy`
+    /// is `Reject`.
+    ThreadBusy,
     /// A seal whose reason this version does not know (written by another version). It reads
     /// as `LedgerClosed`; the seal itself is never rewritten, so nothing is lost.
     Unrecognized,
@@ -43,11 +46,12 @@ impl CloseReason {
             CloseReason::PodRejected => "PodRejected",
             CloseReason::DeadlineExceeded => "DeadlineExceeded",
             CloseReason::LeaseNotOwned => "LeaseNotOwned",
+            CloseReason::ThreadBusy => "ThreadBusy",
             CloseReason::Unrecognized => "LedgerClosed",
         }
     }
 
-    const ALL: [CloseReason; 8] = [
+    const ALL: [CloseReason; 9] = [
         CloseReason::StopRequested,
         CloseReason::MaxAttemptsExceeded,
         CloseReason::SecretNotFound,
@@ -55,6 +59,7 @@ impl CloseReason {
         CloseReason::PodRejected,
         CloseReason::DeadlineExceeded,
         CloseReason::LeaseNotOwned,
+        CloseReason::ThreadBusy,
         CloseReason::Unrecognized,
     ];
 
@@ -108,18 +113,22 @@ pub enum EndReason {
     DeadlineExceeded,
     /// An MCP server the run names could not be reached or listed.
     McpServerUnavailable,
+    /// A turn's history cannot be rebuilt as its first seal fixed it: an earlier turn of its
+    /// thread (or part of its ledger) was deleted while this turn was in flight.
+    HistoryUnavailable,
     /// A reason this version does not know (written by another version), kept as written:
     /// it is what the run's status shows.
     Unrecognized(String),
 }
 
 impl EndReason {
-    const KNOWN: [EndReason; 5] = [
+    const KNOWN: [EndReason; 6] = [
         EndReason::ProviderError,
         EndReason::MaxStepsExceeded,
         EndReason::BudgetExceeded,
         EndReason::DeadlineExceeded,
         EndReason::McpServerUnavailable,
+        EndReason::HistoryUnavailable,
     ];
 
     pub fn as_str(&self) -> &str {
@@ -129,6 +138,7 @@ impl EndReason {
             EndReason::BudgetExceeded => "BudgetExceeded",
             EndReason::DeadlineExceeded => "DeadlineExceeded",
             EndReason::McpServerUnavailable => "McpServerUnavailable",
+            EndReason::HistoryUnavailable => "HistoryUnavailable",
             EndReason::Unrecognized(reason) => reason,
         }
     }

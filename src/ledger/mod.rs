@@ -5,10 +5,12 @@
 //! append and the ordered list.
 
 mod chunk;
+mod history;
 mod replay;
 mod store;
 
 pub use chunk::{EncodeError, SEGMENT_BUDGET_BYTES, encode_events, event_bytes};
+pub use history::{ENDED_WITHOUT_RESULT, HistoryError, recorded_history, turn_conversation};
 pub use replay::{
     Replay, ReplayedMessage, ReplayedStep, StepState, ToolCallRecord, UNKNOWN_EFFECT_NOTICE,
 };

@@ -215,7 +215,7 @@ impl Replay {
                 self.failure = Some((reason.clone(), message.clone()))
             }
             LedgerEvent::Stopped => self.stopped = true,
-            LedgerEvent::Claimed { .. } => {}
+            LedgerEvent::Claimed { .. } | LedgerEvent::History { .. } => {}
             LedgerEvent::Closed { .. } => self.count_cut_call(),
             LedgerEvent::Chunk { .. } => {}
         }

@@ -37,6 +37,31 @@ pub struct SegmentStore {
     budget: usize,
 }
 
+/// The segments of `run` (UID `uid`), ordered and checked contiguous; one that carries the
+/// UID label but is named for another run is left out, and logged.
+async fn list_of(
+    api: &Api<LedgerSegment>,
+    run: &str,
+    uid: &str,
+) -> Result<Vec<LedgerSegment>, LedgerError> {
+    let selector = format!("{RUN_UID_LABEL}={uid}");
+    let mut segments = api
+        .list(&ListParams::default().labels(&selector))
+        .await?
+        .items;
+    segments.retain(|s| {
+        let ours = is_segment_of(s, run, uid);
+        if !ours {
+            tracing::warn!(%run, segment = %s.name_any(), claims = %s.spec.run,
+                "a segment with this run's UID label is named for another run: ignored");
+        }
+        ours
+    });
+    segments.sort_by_key(|s| s.spec.seq);
+    check_contiguous(&segments)?;
+    Ok(segments)
+}
+
 impl SegmentStore {
     /// The ledger of `run` (which must have been read from the API server: it needs its UID).
     pub fn for_run(client: Client, run: &AgentRun) -> Self {
@@ -60,23 +85,18 @@ impl SegmentStore {
     /// that carries the run's UID label but is named for another run is not the run's: it is
     /// left out, and logged.
     pub async fn list(&self) -> Result<Vec<LedgerSegment>, LedgerError> {
-        let selector = format!("{RUN_UID_LABEL}={}", self.run_uid);
-        let mut segments = self
-            .api
-            .list(&ListParams::default().labels(&selector))
-            .await?
-            .items;
-        segments.retain(|s| {
-            let ours = is_segment_of(s, &self.run, &self.run_uid);
-            if !ours {
-                tracing::warn!(run = %self.run, segment = %s.name_any(), claims = %s.spec.run,
-                    "a segment with this run's UID label is named for another run: ignored");
-            }
-            ours
-        });
-        segments.sort_by_key(|s| s.spec.seq);
-        check_contiguous(&segments)?;
-        Ok(segments)
+        list_of(&self.api, &self.run, &self.run_uid).await
+    }
+
+    /// Reads (never writes) the ledger of another run of the namespace, `run` with UID `uid`:
+    /// as [`SegmentStore::list`] does. A turn reads its thread's earlier turns so.
+    pub async fn list_run(
+        client: Client,
+        namespace: &str,
+        run: &str,
+        uid: &str,
+    ) -> Result<Vec<LedgerSegment>, LedgerError> {
+        list_of(&Api::namespaced(client, namespace), run, uid).await
     }
 
     /// Fenced append (docs/protocol.md): writes `events` at `tail + 1` onwards under `fence`.

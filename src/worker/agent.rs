@@ -97,7 +97,7 @@ async fn call_model(s: &mut Session) -> Result<ModelTurn, Ending> {
     })?;
     let request = ModelRequest {
         system_prompt: s.agent().system_prompt.clone(),
-        messages: s.turn.replay.messages.clone(),
+        messages: s.conversation(),
         tools: s.io.toolbox.offered().to_vec(),
     };
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();

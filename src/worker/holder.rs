@@ -18,11 +18,14 @@ use kube::runtime::events::{Event, EventType, Reporter};
 use kube::{Api, Client, Resource};
 use tracing::warn;
 
-use crate::crd::v1alpha1::{AgentRun, AgentRunStatus, LedgerEvent, LedgerSegment};
+use crate::crd::v1alpha1::{AgentRun, AgentRunStatus, HistoryTurn, LedgerEvent, LedgerSegment};
 use crate::events::{Publisher, WORKER_REPORTER};
 use crate::fence::{Fence, RunHolder};
 use crate::lease::{LeaseError, WorkerLease};
-use crate::ledger::{Appended, LedgerError, SegmentStore, check_still_owner};
+use crate::ledger::{
+    Appended, HistoryError, LedgerError, ReplayedMessage, SegmentStore, check_still_owner,
+    turn_conversation,
+};
 use crate::status::{StatusError, fenced_update};
 
 /// One attempt's hold on its run.
@@ -35,6 +38,8 @@ pub struct Holder {
     events: Publisher,
     /// The run, as Events refer to it.
     regarding: ObjectReference,
+    /// Reads the thread's earlier turns (a turn's history), never writes.
+    client: Client,
 }
 
 impl Holder {
@@ -61,7 +66,8 @@ impl Holder {
             runs: Api::namespaced(client.clone(), &id.namespace),
             events: Publisher::new(client.clone(), reporter),
             regarding: run.object_ref(&()),
-            store: SegmentStore::for_run(client, run).with_budget(segment_budget),
+            store: SegmentStore::for_run(client.clone(), run).with_budget(segment_budget),
+            client,
             lease,
             id,
         }
@@ -80,6 +86,36 @@ impl Holder {
         let segments = self.store.list().await?;
         check_still_owner(&segments, self.fence())?;
         Ok(segments)
+    }
+
+    /// The conversation of the earlier turns `turns` (a turn's history, as its first seal
+    /// fixed it), in order; or why it cannot be rebuilt. Reads only. The outer error is the
+    /// API server's (a retry may pass); the inner one is the history's own (none will).
+    pub async fn read_history(
+        &self,
+        turns: &[HistoryTurn],
+    ) -> Result<Result<Vec<ReplayedMessage>, HistoryError>, kube::Error> {
+        let ns = &self.id.namespace;
+        let reads = turns
+            .iter()
+            .map(|turn| SegmentStore::list_run(self.client.clone(), ns, &turn.run, &turn.uid));
+        let ledgers = futures::future::join_all(reads).await;
+        let mut history = Vec::new();
+        for (turn, ledger) in turns.iter().zip(ledgers) {
+            let conversation = match ledger {
+                Ok(segments) => turn_conversation(turn, &segments),
+                Err(LedgerError::Kube(err)) => return Err(err),
+                Err(err) => Err(HistoryError::Unreadable {
+                    run: turn.run.clone(),
+                    detail: err.to_string(),
+                }),
+            };
+            match conversation {
+                Ok(messages) => history.extend(messages),
+                Err(err) => return Ok(Err(err)),
+            }
+        }
+        Ok(Ok(history))
     }
 
     /// Fenced write 1: `events` at `tail + 1` onwards under this attempt's fence.

@@ -61,7 +61,7 @@ use tools::executor::Executor;
 use crate::crd::v1alpha1::{AgentRun, AgentRunStatus, LedgerSegment, Phase};
 use crate::fence::Fence;
 use crate::lease::LeaseError;
-use crate::ledger::{LedgerError, Replay};
+use crate::ledger::{LedgerError, Replay, recorded_history};
 use crate::telemetry::init_logging;
 use holder::Holder;
 
@@ -275,6 +275,10 @@ async fn open_session(
         return Ok(None);
     };
     let replay = Replay::from_segments(&segments)?;
+    let history = match recorded_history(&segments) {
+        Some((_, turns)) => holder.read_history(&turns).await?,
+        None => Ok(Vec::new()),
+    };
     let start = appender::Start {
         tail: replay.tail,
         stats: stats_of(&segments),
@@ -301,7 +305,12 @@ async fn open_session(
         .map(Arc::new)
         .map_err(|e| e.to_string());
     let toolbox = Toolbox::new(&run.spec, &replay.mcp_tools);
-    let me = Identity { cfg, run, agent };
+    let me = Identity {
+        cfg,
+        run,
+        agent,
+        history,
+    };
     let io = Handles {
         holder,
         appender,

@@ -10,6 +10,7 @@ use super::resume::{ApprovalCall, Reconcile, ResumePlan, Standing, Then};
 use super::session::Session;
 use super::tools::{ToolOutput, probe};
 use crate::approval::{self, Settlement};
+use crate::fence::EndReason;
 use crate::crd::v1alpha1::{
     ApprovalOutcome, LedgerEvent, ProbeOutcome, Resolution, Role, UnknownEffect,
 };
@@ -47,6 +48,9 @@ pub async fn resume(s: &mut Session, plan: ResumePlan) -> Resumed {
     if let Err(err) = s.append(first).await {
         return end(Ending::refused(err), false);
     }
+    if let Some(ending) = history_lost(s, &plan.standing) {
+        return end(ending, true);
+    }
     if uses_tools(&plan)
         && let Err(ending) = super::mcp_servers::connect_all(s).await
     {
@@ -68,6 +72,20 @@ pub async fn resume(s: &mut Session, plan: ResumePlan) -> Resumed {
     }
     s.publish_steps();
     standing(s, plan.standing).await
+}
+
+/// A turn whose history cannot be rebuilt fails, naming the turn that is gone, unless it has
+/// ended already: it never goes on with a history other than the one its first seal fixed.
+fn history_lost(s: &Session, standing: &Standing) -> Option<Ending> {
+    let err = s.me.history.as_ref().err()?;
+    let ended = matches!(
+        standing,
+        Standing::Finished { .. } | Standing::Failed { .. } | Standing::Stopped
+    );
+    (!ended).then(|| Ending::Failed {
+        reason: EndReason::HistoryUnavailable,
+        message: err.to_string(),
+    })
 }
 
 /// True when this attempt may call a tool: it goes on with the turn, runs a waiting call, or

@@ -24,7 +24,7 @@ use crate::crd::v1alpha1::{
     AgentRun, AgentRunSpec, AgentSpec, LedgerEvent, LedgerStats, UnknownEffect,
 };
 use crate::fence::Fence;
-use crate::ledger::Replay;
+use crate::ledger::{HistoryError, Replay, ReplayedMessage};
 
 /// One attempt at a run: who it is, what it acts through, and where its turn stands.
 pub struct Session {
@@ -42,6 +42,9 @@ pub struct Identity {
     pub run: AgentRun,
     /// Its agent (a turn's is its thread's, copied in when it was admitted).
     pub agent: AgentSpec,
+    /// A turn's history: its thread's earlier turns as its first seal fixed them (empty for
+    /// a run that is no turn), or why it cannot be rebuilt.
+    pub history: Result<Vec<ReplayedMessage>, HistoryError>,
 }
 
 /// What the attempt acts through. None of it is a raw API client: the holder is its only way
@@ -128,6 +131,16 @@ impl Session {
 
     pub fn agent(&self) -> &AgentSpec {
         &self.me.agent
+    }
+
+    /// What the model is sent: the turn's history, then its own conversation.
+    pub fn conversation(&self) -> Vec<ReplayedMessage> {
+        let history = self.me.history.as_deref().unwrap_or_default();
+        history
+            .iter()
+            .chain(&self.turn.replay.messages)
+            .cloned()
+            .collect()
     }
 
     pub fn fence(&self) -> Fence {

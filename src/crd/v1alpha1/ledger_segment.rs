@@ -112,6 +112,16 @@ pub struct McpToolRecord {
     pub destructive_hint: Option<bool>,
 }
 
+/// An earlier turn a turn's history holds: which run (its UID too: a re-created namesake is
+/// another turn) and up to which position of its ledger.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct HistoryTurn {
+    pub run: String,
+    pub uid: String,
+    pub up_to: i64,
+}
+
 /// How a waiting step was decided.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
@@ -199,6 +209,13 @@ pub enum LedgerEvent {
     Stopped,
     /// Seal: the controller claimed the run for `fence`; older owners' appends collide from here.
     Claimed { fence: Fence, pod: String },
+    /// The conversation a turn continues: its thread's earlier turns, each up to the position
+    /// its ledger had when this turn was first claimed. Written once, by the controller, with
+    /// the turn's first seal (position 1), so every attempt rebuilds the same history.
+    History {
+        thread: String,
+        turns: Vec<HistoryTurn>,
+    },
     /// Seal: the controller ended the run; nothing may be appended after it.
     Closed { fence: Fence, reason: CloseReason },
     /// A piece of an event too large for one segment; `total` pieces rebuild its JSON.

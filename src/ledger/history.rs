@@ -1,0 +1,95 @@
+//! A turn's history (docs/protocol.md, "Threads"): the conversation of its thread's earlier
+//! turns, rebuilt from their ledgers up to the positions its first seal fixed. Pure: the
+//! segments are read by the caller.
+
+use super::LedgerError;
+use super::replay::{Replay, ReplayedMessage, StepState};
+use crate::crd::v1alpha1::{HistoryTurn, LedgerEvent, LedgerSegment};
+
+/// What the model is told about a call its turn ended without a result for (the turn was
+/// stopped, failed or interrupted while the call waited or ran).
+pub const ENDED_WITHOUT_RESULT: &str = "This call's turn ended before its result was recorded. \
+Its effects are unknown. Check them before repeating it.";
+
+/// The history a turn's ledger fixes: the `history` event of its first seal (position 1, the
+/// controller's `claimed` for fence 1). One anywhere else is not the controller's and is not
+/// read. None: the run is not a turn, or its ledger predates its first seal.
+pub fn recorded_history(segments: &[LedgerSegment]) -> Option<(String, Vec<HistoryTurn>)> {
+    let first = segments.iter().find(|s| s.spec.seq == 1)?;
+    let events = &first.spec.events;
+    let sealed = matches!(events.first(), Some(LedgerEvent::Claimed { fence, .. }) if fence.is_first());
+    if !sealed {
+        return None;
+    }
+    events.iter().find_map(|e| match e {
+        LedgerEvent::History { thread, turns } => Some((thread.clone(), turns.clone())),
+        _ => None,
+    })
+}
+
+/// Why an earlier turn's conversation cannot be rebuilt.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HistoryError {
+    /// Its run, or a segment of its ledger up to the fixed position, is gone (or is another
+    /// run's under the same name).
+    #[error(
+        "turn {run} of the history is gone: its ledger holds {found} of the {up_to} position(s) \
+         this turn's history was fixed at (deleted, or re-created under its name)"
+    )]
+    Missing { run: String, up_to: i64, found: i64 },
+    #[error("turn {run} of the history: {detail}")]
+    Unreadable { run: String, detail: String },
+}
+
+/// The conversation of one earlier turn: its ledger's segments up to `turn.up_to` (exactly
+/// those, in order, all of them present), folded. Every tool call keeps a result: a call the
+/// turn ended without one gets [`ENDED_WITHOUT_RESULT`].
+pub fn turn_conversation(
+    turn: &HistoryTurn,
+    segments: &[LedgerSegment],
+) -> Result<Vec<ReplayedMessage>, HistoryError> {
+    let upto: Vec<LedgerSegment> = segments
+        .iter()
+        .filter(|s| s.spec.seq <= turn.up_to)
+        .cloned()
+        .collect();
+    let complete = upto.iter().enumerate().all(|(i, s)| s.spec.seq == i as i64 + 1);
+    if !complete || upto.len() as i64 != turn.up_to {
+        return Err(HistoryError::Missing {
+            run: turn.run.clone(),
+            up_to: turn.up_to,
+            found: upto.len() as i64,
+        });
+    }
+    let replay = Replay::from_segments(&upto).map_err(|e: LedgerError| HistoryError::Unreadable {
+        run: turn.run.clone(),
+        detail: e.to_string(),
+    })?;
+    Ok(with_every_result(replay))
+}
+
+fn with_every_result(replay: Replay) -> Vec<ReplayedMessage> {
+    let mut messages = replay.messages;
+    let unanswered = replay.steps.values().filter(|s| {
+        matches!(s.state, StepState::Open | StepState::AwaitingApproval { .. })
+    });
+    for step in unanswered {
+        let answered = messages.iter().any(
+            |m| matches!(m, ReplayedMessage::ToolResult { step: s, .. } if *s == step.step),
+        );
+        if !answered {
+            messages.push(ReplayedMessage::ToolResult {
+                step: step.step,
+                call_id: step.call_id.clone(),
+                tool: step.tool.clone(),
+                content: ENDED_WITHOUT_RESULT.into(),
+                is_error: true,
+            });
+        }
+    }
+    messages
+}
+
+#[cfg(test)]
+#[path = "history_tests.rs"]
+mod tests;

@@ -1,0 +1,157 @@
+//! Unit tests of history building: which history a ledger fixes, and each earlier turn's
+//! conversation rebuilt in order with every tool call answered.
+
+use super::*;
+use crate::crd::v1alpha1::Role;
+use crate::fence::Fence;
+use crate::fence::test_segment as seg;
+use crate::ledger::UNKNOWN_EFFECT_NOTICE;
+
+fn message(role: Role, text: &str) -> LedgerEvent {
+    LedgerEvent::Message {
+        role,
+        content: text.into(),
+    }
+}
+
+fn intent(step: i64) -> LedgerEvent {
+    LedgerEvent::StepIntent {
+        step,
+        tool: "sh".into(),
+        call_id: format!("c{step}"),
+        input: "ls".into(),
+        idempotent: false,
+    }
+}
+
+fn result(step: i64, output: &str) -> LedgerEvent {
+    LedgerEvent::StepResult {
+        step,
+        output: output.into(),
+        is_error: false,
+    }
+}
+
+fn claimed(fence: i64) -> LedgerEvent {
+    LedgerEvent::Claimed {
+        fence: Fence::new(fence),
+        pod: format!("r-w{fence}"),
+    }
+}
+
+fn history(up_to: i64) -> LedgerEvent {
+    LedgerEvent::History {
+        thread: "t".into(),
+        turns: vec![turn(up_to)],
+    }
+}
+
+fn turn(up_to: i64) -> HistoryTurn {
+    HistoryTurn {
+        run: "t-1".into(),
+        uid: "u1".into(),
+        up_to,
+    }
+}
+
+
+#[test]
+fn only_the_first_seals_history_counts() {
+    let fixed = [seg(1, 1, vec![claimed(1), history(4)])];
+    assert_eq!(recorded_history(&fixed), Some(("t".into(), vec![turn(4)])));
+    // A `history` event anywhere else is not the controller's first seal: not read.
+    let later = [
+        seg(1, 1, vec![claimed(1)]),
+        seg(2, 1, vec![history(9)]),
+    ];
+    assert_eq!(recorded_history(&later), None);
+    let unsealed = [seg(1, 1, vec![history(9)])];
+    assert_eq!(recorded_history(&unsealed), None);
+    let second_fence = [seg(1, 2, vec![claimed(2), history(9)])];
+    assert_eq!(recorded_history(&second_fence), None);
+}
+
+#[test]
+fn a_turn_is_rebuilt_in_order_up_to_its_fixed_position() {
+    let ledger = [
+        seg(1, 1, vec![claimed(1)]),
+        seg(2, 1, vec![message(Role::User, "capital of France?")]),
+        seg(3, 1, vec![message(Role::Assistant, "checking"), intent(1)]),
+        seg(4, 1, vec![result(1, "Paris"), message(Role::Assistant, "Paris.")]),
+        // Written after the history was fixed: not part of it.
+        seg(5, 1, vec![message(Role::Assistant, "later")]),
+    ];
+    let messages = turn_conversation(&turn(4), &ledger).unwrap();
+    let texts: Vec<String> = messages
+        .iter()
+        .map(|m| match m {
+            ReplayedMessage::User(t) => format!("user:{t}"),
+            ReplayedMessage::Assistant { text, tool_calls } => {
+                format!("assistant:{text}:{}", tool_calls.len())
+            }
+            ReplayedMessage::ToolResult { content, .. } => format!("tool:{content}"),
+            ReplayedMessage::System(t) => format!("system:{t}"),
+        })
+        .collect();
+    assert_eq!(
+        texts,
+        [
+            "user:capital of France?",
+            "assistant:checking:1",
+            "tool:Paris",
+            "assistant:Paris.:0"
+        ]
+    );
+}
+
+#[test]
+fn a_call_the_turn_ended_without_a_result_is_answered_as_unknown() {
+    let ledger = [
+        seg(1, 1, vec![claimed(1), message(Role::User, "go")]),
+        seg(2, 1, vec![message(Role::Assistant, "deleting"), intent(1)]),
+        seg(3, 1, vec![LedgerEvent::Stopped]),
+    ];
+    let messages = turn_conversation(&turn(3), &ledger).unwrap();
+    let last = messages.last().unwrap();
+    assert!(
+        matches!(last, ReplayedMessage::ToolResult { step: 1, call_id, content, is_error: true, .. }
+            if call_id == "c1" && content == ENDED_WITHOUT_RESULT),
+        "{messages:?}"
+    );
+    // One whose worker died keeps the notice the turn itself saw: no second result.
+    let ledger = [
+        seg(1, 1, vec![claimed(1), message(Role::User, "go")]),
+        seg(2, 1, vec![message(Role::Assistant, "deleting"), intent(1)]),
+        seg(3, 2, vec![claimed(2)]),
+        seg(
+            4,
+            2,
+            vec![LedgerEvent::StepUnknown {
+                step: 1,
+                attempt: Fence::new(1),
+            }],
+        ),
+        seg(5, 2, vec![message(Role::Assistant, "done")]),
+    ];
+    let messages = turn_conversation(&turn(5), &ledger).unwrap();
+    let results: Vec<&String> = messages
+        .iter()
+        .filter_map(|m| match m {
+            ReplayedMessage::ToolResult { content, .. } => Some(content),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(results, [UNKNOWN_EFFECT_NOTICE]);
+}
+
+#[test]
+fn a_turn_missing_any_segment_up_to_its_position_fails_naming_it() {
+    let ledger = [
+        seg(1, 1, vec![claimed(1), message(Role::User, "go")]),
+        seg(3, 1, vec![message(Role::Assistant, "x")]),
+    ];
+    let err = turn_conversation(&turn(3), &ledger).unwrap_err();
+    assert!(matches!(&err, HistoryError::Missing { run, up_to: 3, .. } if run == "t-1"), "{err}");
+    let gone = turn_conversation(&turn(2), &[]).unwrap_err();
+    assert!(gone.to_string().contains("turn t-1"), "{gone}");
+}
