@@ -30,7 +30,11 @@ const ARGUMENTS_SHOWN: usize = 4096;
 /// is a human gate already.
 pub fn required(agent: Option<&AgentSpec>, tool: &ToolSpec) -> bool {
     tool.kind != ToolKind::AskUser
-        && tool.approval.or(agent.and_then(|a| a.approval)).unwrap_or_default() == ApprovalPolicy::Required
+        && tool
+            .approval
+            .or(agent.and_then(|a| a.approval))
+            .unwrap_or_default()
+            == ApprovalPolicy::Required
 }
 
 /// The decision in the spec for the call `call_id` at `step`, if any. The first one wins: a

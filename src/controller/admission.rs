@@ -24,7 +24,7 @@ use crate::owned::{Ownership, managed_labels, owner_reference};
 
 /// Creates the thread's admission Lease naming `run`.
 pub async fn admit(ctx: &Context, run: &AgentRun) -> Result<Applied, Error> {
-    let Some(key) = run.spec.thread_key.as_deref() else {
+    let Some(key) = run.spec.admission_key() else {
         return Ok(Applied::Done);
     };
     let ns = run.namespace().unwrap_or_default();
@@ -60,7 +60,7 @@ fn thread_lease(run: &AgentRun, key: &str) -> Lease {
 
 /// Releases the thread `run` holds (if it holds it) and wakes the next Pending run of it.
 pub async fn release(ctx: &Context, run: &AgentRun) -> Result<(), Error> {
-    let Some(key) = run.spec.thread_key.as_deref() else {
+    let Some(key) = run.spec.admission_key() else {
         return Ok(());
     };
     let held = |lease: &Lease| {
@@ -74,7 +74,7 @@ pub async fn release(ctx: &Context, run: &AgentRun) -> Result<(), Error> {
 
 /// Deletes an admission Lease whose holder is finished or gone, then looks again.
 pub async fn clear_stale(ctx: &Context, run: &AgentRun) -> Result<Applied, Error> {
-    let Some(key) = run.spec.thread_key.as_deref() else {
+    let Some(key) = run.spec.admission_key() else {
         return Ok(Applied::Done);
     };
     let stale = |lease: &Lease| lease_holder(lease) != Some(run.name_any().as_str());

@@ -12,6 +12,7 @@ use super::context::Context;
 use super::decide::{Action, WorkspaceCondition};
 use super::observe::start_rollout;
 use super::statuses::{self, run_name};
+use super::turn;
 use super::writer::{Applied, Wrote};
 use crate::crd::v1alpha1::{AgentRun, AgentRunStatus};
 use crate::fence::Fence;
@@ -21,6 +22,7 @@ pub async fn apply(ctx: &Context, run: &AgentRun, action: &Action) -> Result<App
     match action {
         Action::Nothing => Ok(Applied::Done),
         Action::Reject { message } => set_status(ctx, run, statuses::rejected(run, message)).await,
+        Action::JoinThread => turn::join(ctx, run).await,
         Action::Admit => admission::admit(ctx, run).await,
         Action::Queue { holder } => set_status(ctx, run, statuses::queued(run, holder)).await,
         Action::ClearStaleAdmission => admission::clear_stale(ctx, run).await,

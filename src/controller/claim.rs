@@ -173,10 +173,14 @@ pub(super) async fn seal<'a>(
         }
         LedgerEnd::Lost | LedgerEnd::Closed { .. } => return Ok(Break(Applied::Conflict)),
     };
-    let seal = vec![LedgerEvent::Claimed {
+    let mut seal = vec![LedgerEvent::Claimed {
         fence,
         pod: holder.pod.clone(),
     }];
+    // A turn's first seal fixes its history: every attempt rebuilds the same request from it.
+    if fence.is_first() {
+        seal.extend(super::turn::history(ctx, run).await?);
+    }
     let store = ctx.segments(run);
     let appended = match ctx
         .write_fenced("seal", store.append(tail, fence, seal))

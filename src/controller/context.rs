@@ -16,10 +16,10 @@ use super::Config;
 use super::election::Leadership;
 use super::events::{self, Queued};
 use super::metrics::Metrics;
-use crate::crd::v1alpha1::AgentRun;
+use crate::crd::v1alpha1::{AgentRun, AgentThread, LedgerSegment};
 use crate::fence::Fence;
 use crate::lease::{LeaseClient, LeaseSighting};
-use crate::ledger::SegmentStore;
+use crate::ledger::{LedgerError, SegmentStore};
 
 /// What the controller remembers about one run, on its own clock.
 #[derive(Debug, Clone, Default)]
@@ -87,6 +87,8 @@ pub struct Caches {
     pub runs: Store<AgentRun>,
     pub pods: Store<Pod>,
     pub leases: Store<Lease>,
+    /// AgentThreads: their policies, and where their status is.
+    pub threads: Store<AgentThread>,
 }
 
 /// Shared by every reconcile. Its fields are private: the client is reached only through
@@ -156,6 +158,10 @@ impl Context {
         &self.caches.leases
     }
 
+    pub fn thread_cache(&self) -> &Store<AgentThread> {
+        &self.caches.threads
+    }
+
     pub fn leadership(&self) -> &Arc<Leadership> {
         &self.leadership
     }
@@ -175,6 +181,17 @@ impl Context {
     /// The run's ledger, for the controller's seals and salvage reads.
     pub fn segments(&self, run: &AgentRun) -> SegmentStore {
         SegmentStore::for_run(self.client.clone(), run)
+    }
+
+    /// The ledger of another run of `namespace` (`run`, UID `uid`), read only: the turn
+    /// before a turn that is first claimed, whose history it carries on.
+    pub async fn ledger_of(
+        &self,
+        namespace: &str,
+        run: &str,
+        uid: &str,
+    ) -> Result<Vec<LedgerSegment>, LedgerError> {
+        SegmentStore::list_run(self.client.clone(), namespace, run, uid).await
     }
 
     /// The Lease edge in `namespace`: the claim's moves and reads of run Leases.

@@ -9,11 +9,12 @@ use std::time::Duration;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use crate::approval;
-use crate::crd::v1alpha1::{AgentRun, Phase};
+use crate::crd::v1alpha1::{AgentRun, BusyPolicy, Phase};
 use crate::fence::{Fence, lease_reached};
 use crate::rbac::{RbacError, RunRbac};
 
 pub use super::decision::*;
+use super::turn;
 use super::validate::validate;
 
 /// How long a Lease that names a never-renewed pod must stay unchanged before a missing pod
@@ -43,6 +44,12 @@ pub fn decide(obs: &Observation<'_>) -> Decision {
 }
 
 fn decide_pending(obs: &Observation<'_>) -> Decision {
+    if obs.run.spec.thread.is_some() && !turn::joined(obs.run) {
+        return Decision::act(match turn::join_problem(obs.run) {
+            Some(message) => Action::Reject { message },
+            None => Action::JoinThread,
+        });
+    }
     if let Err(message) = validate(&obs.run.spec) {
         return Decision::act(Action::Reject { message });
     }
@@ -56,6 +63,16 @@ fn decide_pending(obs: &Observation<'_>) -> Decision {
         Admission::NotRequired | Admission::Held => claim(obs, ClaimReason::Start),
         Admission::Free => Decision::act(Action::Admit),
         Admission::Stale { .. } => Decision::act(Action::ClearStaleAdmission),
+        Admission::Busy { holder } if obs.on_busy == BusyPolicy::Reject => {
+            Decision::act(Action::Close(Close {
+                reason: CloseReason::ThreadBusy,
+                message: format!(
+                    "thread {} is busy with turn {holder}, and its onBusy is Reject",
+                    obs.run.spec.admission_key().unwrap_or_default()
+                ),
+                failed: false,
+            }))
+        }
         Admission::Busy { holder } => {
             let queued = admitted_condition_says(obs.run, holder);
             Decision {

@@ -339,3 +339,94 @@ fn a_run_ended_by_a_terminal_claim_gets_its_record_once() {
         Action::Nothing
     );
 }
+
+/// A turn of thread `t`, as created (not joined yet: no agent, no owner).
+fn turn_of_t() -> AgentRun {
+    let mut r = run(Phase::Pending, 0, 0, 3);
+    r.spec.thread = Some("t".into());
+    r.spec.agent = None;
+    r
+}
+
+fn joined_to_t(mut r: AgentRun) -> AgentRun {
+    r.spec.agent = AgentRun::builder("x").spec().agent;
+    r.metadata.owner_references = Some(vec![
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+            api_version: "baton.dev/v1alpha1".into(),
+            kind: "AgentThread".into(),
+            name: "t".into(),
+            uid: "thread-uid".into(),
+            ..Default::default()
+        },
+    ]);
+    r
+}
+
+#[test]
+fn a_turn_joins_its_thread_before_anything_else() {
+    let now = Instant::now();
+    let r = turn_of_t();
+    assert_eq!(
+        decide(&obs(&r, None, PodState::Missing, now)).action,
+        Action::JoinThread
+    );
+    // Joined, it is admitted on its thread like any run of a thread key.
+    let r = joined_to_t(r);
+    let mut o = obs(&r, None, PodState::Missing, now);
+    o.admission = Admission::Free;
+    assert_eq!(decide(&o).action, Action::Admit);
+}
+
+#[test]
+fn a_turn_that_sets_what_its_thread_gives_is_rejected_naming_the_field() {
+    let now = Instant::now();
+    for (field, set) in [
+        (
+            "spec.agent",
+            (|r: &mut AgentRun| r.spec.agent = AgentRun::builder("x").spec().agent)
+                as fn(&mut AgentRun),
+        ),
+        ("spec.budget", |r| r.spec.budget = Some(Default::default())),
+        ("spec.ttlSecondsAfterFinished", |r| {
+            r.spec.ttl_seconds_after_finished = Some(1)
+        }),
+    ] {
+        let mut r = turn_of_t();
+        set(&mut r);
+        let d = decide(&obs(&r, None, PodState::Missing, now));
+        assert!(
+            matches!(&d.action, Action::Reject { message } if message.starts_with(field) && message.contains("thread t")),
+            "{field}: {d:?}"
+        );
+    }
+    let mut r = joined_to_t(turn_of_t());
+    r.spec.thread_key = Some("k".into());
+    let d = decide(&obs(&r, None, PodState::Missing, now));
+    assert!(
+        matches!(&d.action, Action::Reject { message } if message.contains("spec.threadKey")),
+        "{d:?}"
+    );
+}
+
+#[test]
+fn a_turn_of_a_busy_thread_waits_or_ends_thread_busy_by_its_policy() {
+    let now = Instant::now();
+    let r = joined_to_t(turn_of_t());
+    let mut o = obs(&r, None, PodState::Missing, now);
+    o.admission = Admission::Busy {
+        holder: "first".into(),
+    };
+    assert_eq!(
+        decide(&o).action,
+        Action::Queue {
+            holder: "first".into()
+        }
+    );
+    o.on_busy = crate::crd::v1alpha1::BusyPolicy::Reject;
+    let d = decide(&o);
+    assert!(
+        matches!(&d.action, Action::Close(c) if c.reason == CloseReason::ThreadBusy
+            && c.phase() == Phase::Failed && c.message.contains("first")),
+        "{d:?}"
+    );
+}

@@ -90,6 +90,7 @@ fn obs<'a>(
         lease,
         pod,
         admission: Admission::NotRequired,
+        on_busy: crate::crd::v1alpha1::BusyPolicy::Enqueue,
         stop_seen_at: None,
         desired_image: IMAGE.into(),
         rollout: RolloutPolicy::Handoff,

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::jiff::Timestamp;
 
 use crate::approval;
-use crate::crd::v1alpha1::{AgentRun, Phase};
+use crate::crd::v1alpha1::{AgentRun, BusyPolicy, Phase};
 pub use crate::fence::CloseReason;
 use crate::fence::Fence;
 use crate::lease::LeaseSighting;
@@ -51,7 +51,7 @@ pub enum PodState {
 /// The run's thread admission.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Admission {
-    /// No threadKey: admitted at once.
+    /// No thread and no threadKey: admitted at once.
     NotRequired,
     /// The thread's admission Lease names this run.
     Held,
@@ -79,6 +79,8 @@ pub struct Observation<'a> {
     pub lease: Option<LeaseObs>,
     pub pod: PodState,
     pub admission: Admission,
+    /// What a turn does while its thread is busy (its thread's `onBusy`).
+    pub on_busy: BusyPolicy,
     /// When the controller first saw `spec.stop` set (its own clock).
     pub stop_seen_at: Option<Instant>,
     /// The image this run's worker should run.
@@ -195,6 +197,8 @@ pub enum Action {
     Reject {
         message: String,
     },
+    /// A turn takes its thread's agent and settings, and the thread as owner.
+    JoinThread,
     /// Create the thread's admission Lease.
     Admit,
     /// Say (condition Admitted=False) which run holds the thread.

@@ -29,6 +29,7 @@ mod reconcile;
 mod statuses;
 #[doc(hidden)]
 pub mod testing;
+mod turn;
 pub mod validate;
 mod writer;
 

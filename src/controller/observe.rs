@@ -31,6 +31,7 @@ pub fn observe<'a>(ctx: &Context, run: &'a AgentRun, now: Instant) -> Observatio
         lease,
         pod: pod_state(ctx, run),
         admission: admission(ctx, run),
+        on_busy: super::turn::busy_policy(ctx, run),
         stop_seen_at,
         desired_image: desired_image(run, &ctx.config().worker_image),
         rollout: ctx.config().rollout_policy,
@@ -156,7 +157,7 @@ fn worker_unstartable(pod: &Pod) -> Option<String> {
 
 /// The run's thread admission as the caches have it.
 pub fn admission(ctx: &Context, run: &AgentRun) -> Admission {
-    let Some(key) = run.spec.thread_key.as_deref() else {
+    let Some(key) = run.spec.admission_key() else {
         return Admission::NotRequired;
     };
     let ns = run.namespace().unwrap_or_default();
@@ -195,7 +196,7 @@ pub fn oldest_pending(ctx: &Context, ns: &str, key: &str) -> Option<String> {
         .state()
         .iter()
         .filter(|r| r.namespace().as_deref() == Some(ns))
-        .filter(|r| r.spec.thread_key.as_deref() == Some(key))
+        .filter(|r| r.spec.admission_key() == Some(key))
         .filter(|r| {
             r.status
                 .as_ref()

@@ -258,15 +258,11 @@ fn worker_container(run: &AgentRun, fence: Fence, pod: &str, image: &str) -> Con
 /// worker container mounts it (`<headers dir>/<tool name>`), and the Secret. Only the worker
 /// container mounts them: the tools container never sees a server's credentials.
 fn mcp_header_secrets(run: &AgentRun) -> impl Iterator<Item = (String, String, String)> + '_ {
-    run.spec
-        .tools()
-        .iter()
-        .enumerate()
-        .filter_map(|(i, tool)| {
-            let secret = tool.mcp.as_ref()?.headers_from_secret.clone()?;
-            let dir = format!("{}/{}", crate::crd::MCP_HEADERS_DIR, tool.name);
-            Some((format!("mcp-headers-{i}"), dir, secret))
-        })
+    run.spec.tools().iter().enumerate().filter_map(|(i, tool)| {
+        let secret = tool.mcp.as_ref()?.headers_from_secret.clone()?;
+        let dir = format!("{}/{}", crate::crd::MCP_HEADERS_DIR, tool.name);
+        Some((format!("mcp-headers-{i}"), dir, secret))
+    })
 }
 
 /// A Secret as a volume. Optional: a Secret that does not exist mounts empty, and the worker
@@ -418,7 +414,11 @@ fn worker_env(run: &AgentRun, fence: Fence, pod: &str) -> Vec<EnvVar> {
         plain("TMPDIR", SCRATCH_DIR),
         plain(env::EXECUTOR_SOCKET, EXECUTOR_SOCKET),
     ];
-    if let Some(secret) = run.spec.agent().and_then(|a| a.model.api_key_secret_ref.as_ref()) {
+    if let Some(secret) = run
+        .spec
+        .agent()
+        .and_then(|a| a.model.api_key_secret_ref.as_ref())
+    {
         vars.push(EnvVar {
             name: env::MODEL_API_KEY.into(),
             value: None,

@@ -23,9 +23,10 @@ use super::decide::{Action, decide};
 use super::election::{self, Leadership};
 use super::events::{self, Queued};
 use super::observe::observe;
+use super::turn;
 use super::writer::Applied;
 use super::{CONTROLLER_NAME, Config, Error};
-use crate::crd::v1alpha1::AgentRun;
+use crate::crd::v1alpha1::{AgentRun, AgentThread};
 use crate::crd::{MANAGED_BY_LABEL, controlling_run};
 use crate::fence::run_of_lease;
 
@@ -49,16 +50,16 @@ pub async fn run_until(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> Result<(), Error> {
-    let (ctx, controller, pod_events, lease_events, wake_rx, events) =
-        build(client.clone(), config);
+    let (ctx, controller, watches, wake_rx, events) = build(client.clone(), config);
     let ready = ctx.synced().clone();
     let (webhook_loaded, loaded) = tokio::sync::watch::channel(ctx.config().webhook.is_none());
     tokio::spawn(mark_ready(ctx.clone(), ready.clone(), loaded));
     let mut webhook = spawn_webhook(&client, &ctx, webhook_loaded);
     let gained = leadership_gained(ctx.leadership().subscribe());
     let reconciling = controller
-        .owns_stream(pod_events)
-        .owns_stream(lease_events)
+        .owns_stream(watches.pods)
+        .owns_stream(watches.leases)
+        .watches_stream(watches.threads, turns_of_thread(ctx.clone()))
         .reconcile_on(wake_rx)
         .reconcile_all_on(gained)
         .graceful_shutdown_on(shutdown)
@@ -146,11 +147,20 @@ type Events = Option<(
     crate::events::Publisher,
 )>;
 
+type Watch<K> = std::pin::Pin<Box<dyn Stream<Item = Result<K, watcher::Error>> + Send>>;
+
+/// The watches besides the runs': each keeps its cache, and a change wakes the runs it
+/// concerns (a pod's, a Lease's run; a thread's turns).
+struct Watches {
+    pods: Watch<Pod>,
+    leases: Watch<Lease>,
+    threads: Watch<AgentThread>,
+}
+
 type Built = (
     Arc<Context>,
     Controller<AgentRun>,
-    std::pin::Pin<Box<dyn Stream<Item = Result<Pod, watcher::Error>> + Send>>,
-    std::pin::Pin<Box<dyn Stream<Item = Result<Lease, watcher::Error>> + Send>>,
+    Watches,
     futures::channel::mpsc::UnboundedReceiver<reflector::ObjectRef<AgentRun>>,
     Events,
 );
@@ -160,6 +170,7 @@ fn build(client: Client, config: Config) -> Built {
     let (runs, run_writer) = reflector::store();
     let (pods, pod_writer) = reflector::store();
     let (leases, lease_writer) = reflector::store();
+    let (threads, thread_writer) = reflector::store();
     let (wake, wake_rx) = futures::channel::mpsc::unbounded();
     let leadership = if config.leader_election {
         Leadership::elected()
@@ -171,6 +182,7 @@ fn build(client: Client, config: Config) -> Built {
         runs: runs.clone(),
         pods,
         leases,
+        threads,
     };
     let ctx = Context::new(
         client.clone(),
@@ -203,7 +215,40 @@ fn build(client: Client, config: Config) -> Built {
         .touched_objects()
         .boxed();
     let lease_events = lease_events(&client, ctx.clone(), lease_writer, wc);
-    (ctx, controller, pod_events, lease_events, wake_rx, queue)
+    let thread_events = reflector(
+        thread_writer,
+        watcher(
+            scoped::<AgentThread>(&client, ctx.config()),
+            watcher::Config::default(),
+        )
+        .modify(strip_metadata),
+    )
+    .default_backoff()
+    .touched_objects()
+    .boxed();
+    let watches = Watches {
+        pods: pod_events,
+        leases: lease_events,
+        threads: thread_events,
+    };
+    (ctx, controller, watches, wake_rx, queue)
+}
+
+/// A thread's change wakes its turns (a turn that waits on its thread's policy, the thread's
+/// status that follows them).
+fn turns_of_thread(
+    ctx: Arc<Context>,
+) -> impl Fn(AgentThread) -> Vec<reflector::ObjectRef<AgentRun>> + Send + Sync + 'static {
+    move |thread| {
+        let ns = thread.namespace().unwrap_or_default();
+        ctx.run_cache()
+            .state()
+            .iter()
+            .filter(|r| r.namespace().as_deref() == Some(ns.as_str()))
+            .filter(|r| r.spec.thread.as_deref() == Some(thread.name_any().as_str()))
+            .map(|r| reflector::ObjectRef::from_obj(r.as_ref()))
+            .collect()
+    }
 }
 
 /// The run Leases' watch: each change sighted as it arrives (deletions are not sightings).
@@ -425,6 +470,14 @@ async fn mark_ready(
 async fn reconcile(run: Arc<AgentRun>, ctx: Arc<Context>) -> Result<Requeue, Error> {
     let started = Instant::now();
     let result = reconcile_run(&run, &ctx).await;
+    if result.is_ok() {
+        match turn::publish_thread_status(&ctx, &run).await {
+            Ok(()) | Err(Error::NotLeader) => {}
+            Err(err) => {
+                tracing::warn!(run = %run.name_any(), %err, "writing its thread's status failed")
+            }
+        }
+    }
     ctx.metrics().reconciled(started.elapsed().as_secs_f64());
     if result.is_ok() {
         ctx.reconcile_passed(&run);

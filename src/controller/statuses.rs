@@ -165,7 +165,7 @@ pub fn rejected(run: &AgentRun, message: &str) -> AgentRunStatus {
 /// Pending behind another run of the thread.
 pub fn queued(run: &AgentRun, holder: &str) -> AgentRunStatus {
     let (mut s, generation) = base(run);
-    let key = run.spec.thread_key.clone().unwrap_or_default();
+    let key = run.spec.admission_key().unwrap_or_default().to_string();
     let message = format!("thread {key} is held by run {holder}");
     s.observed_generation = generation;
     s.reason = Some("ThreadBusy".into());

@@ -25,6 +25,7 @@ pub fn detached(client: Client) -> Context {
         runs: reflector::store().0,
         pods: reflector::store().0,
         leases: reflector::store().0,
+        threads: reflector::store().0,
     };
     let config = Config {
         leader_election: false,

@@ -143,7 +143,11 @@ mod tests {
                 .contains("spec.agent_mut().model.script")
         );
         s.agent_mut().model.provider = Provider::Openai;
-        assert!(validate(&s).unwrap_err().contains("spec.agent_mut().model.name"));
+        assert!(
+            validate(&s)
+                .unwrap_err()
+                .contains("spec.agent_mut().model.name")
+        );
         s.agent_mut().model.name = Some("gpt-4o-mini".into());
         assert_eq!(validate(&s), Ok(()));
     }

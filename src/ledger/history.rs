@@ -17,7 +17,8 @@ Its effects are unknown. Check them before repeating it.";
 pub fn recorded_history(segments: &[LedgerSegment]) -> Option<(String, Vec<HistoryTurn>)> {
     let first = segments.iter().find(|s| s.spec.seq == 1)?;
     let events = &first.spec.events;
-    let sealed = matches!(events.first(), Some(LedgerEvent::Claimed { fence, .. }) if fence.is_first());
+    let sealed =
+        matches!(events.first(), Some(LedgerEvent::Claimed { fence, .. }) if fence.is_first());
     if !sealed {
         return None;
     }
@@ -53,7 +54,10 @@ pub fn turn_conversation(
         .filter(|s| s.spec.seq <= turn.up_to)
         .cloned()
         .collect();
-    let complete = upto.iter().enumerate().all(|(i, s)| s.spec.seq == i as i64 + 1);
+    let complete = upto
+        .iter()
+        .enumerate()
+        .all(|(i, s)| s.spec.seq == i as i64 + 1);
     if !complete || upto.len() as i64 != turn.up_to {
         return Err(HistoryError::Missing {
             run: turn.run.clone(),
@@ -61,22 +65,26 @@ pub fn turn_conversation(
             found: upto.len() as i64,
         });
     }
-    let replay = Replay::from_segments(&upto).map_err(|e: LedgerError| HistoryError::Unreadable {
-        run: turn.run.clone(),
-        detail: e.to_string(),
-    })?;
+    let replay =
+        Replay::from_segments(&upto).map_err(|e: LedgerError| HistoryError::Unreadable {
+            run: turn.run.clone(),
+            detail: e.to_string(),
+        })?;
     Ok(with_every_result(replay))
 }
 
 fn with_every_result(replay: Replay) -> Vec<ReplayedMessage> {
     let mut messages = replay.messages;
     let unanswered = replay.steps.values().filter(|s| {
-        matches!(s.state, StepState::Open | StepState::AwaitingApproval { .. })
+        matches!(
+            s.state,
+            StepState::Open | StepState::AwaitingApproval { .. }
+        )
     });
     for step in unanswered {
-        let answered = messages.iter().any(
-            |m| matches!(m, ReplayedMessage::ToolResult { step: s, .. } if *s == step.step),
-        );
+        let answered = messages
+            .iter()
+            .any(|m| matches!(m, ReplayedMessage::ToolResult { step: s, .. } if *s == step.step));
         if !answered {
             messages.push(ReplayedMessage::ToolResult {
                 step: step.step,

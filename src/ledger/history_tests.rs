@@ -54,16 +54,12 @@ fn turn(up_to: i64) -> HistoryTurn {
     }
 }
 
-
 #[test]
 fn only_the_first_seals_history_counts() {
     let fixed = [seg(1, 1, vec![claimed(1), history(4)])];
     assert_eq!(recorded_history(&fixed), Some(("t".into(), vec![turn(4)])));
     // A `history` event anywhere else is not the controller's first seal: not read.
-    let later = [
-        seg(1, 1, vec![claimed(1)]),
-        seg(2, 1, vec![history(9)]),
-    ];
+    let later = [seg(1, 1, vec![claimed(1)]), seg(2, 1, vec![history(9)])];
     assert_eq!(recorded_history(&later), None);
     let unsealed = [seg(1, 1, vec![history(9)])];
     assert_eq!(recorded_history(&unsealed), None);
@@ -77,7 +73,11 @@ fn a_turn_is_rebuilt_in_order_up_to_its_fixed_position() {
         seg(1, 1, vec![claimed(1)]),
         seg(2, 1, vec![message(Role::User, "capital of France?")]),
         seg(3, 1, vec![message(Role::Assistant, "checking"), intent(1)]),
-        seg(4, 1, vec![result(1, "Paris"), message(Role::Assistant, "Paris.")]),
+        seg(
+            4,
+            1,
+            vec![result(1, "Paris"), message(Role::Assistant, "Paris.")],
+        ),
         // Written after the history was fixed: not part of it.
         seg(5, 1, vec![message(Role::Assistant, "later")]),
     ];
@@ -151,7 +151,10 @@ fn a_turn_missing_any_segment_up_to_its_position_fails_naming_it() {
         seg(3, 1, vec![message(Role::Assistant, "x")]),
     ];
     let err = turn_conversation(&turn(3), &ledger).unwrap_err();
-    assert!(matches!(&err, HistoryError::Missing { run, up_to: 3, .. } if run == "t-1"), "{err}");
+    assert!(
+        matches!(&err, HistoryError::Missing { run, up_to: 3, .. } if run == "t-1"),
+        "{err}"
+    );
     let gone = turn_conversation(&turn(2), &[]).unwrap_err();
     assert!(gone.to_string().contains("turn t-1"), "{gone}");
 }

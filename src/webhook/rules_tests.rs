@@ -84,7 +84,9 @@ fn a_refusal_names_the_field_and_the_permission() {
     let ask = Ask::get_secret("spec.agent_mut().model.apiKeySecretRef.name".into(), "db");
     let text = ask.refusal("alice", "team-a");
     assert!(
-        text.starts_with("spec.agent_mut().model.apiKeySecretRef.name: alice may not get secrets \"db\""),
+        text.starts_with(
+            "spec.agent_mut().model.apiKeySecretRef.name: alice may not get secrets \"db\""
+        ),
         "{text}"
     );
 }

@@ -10,10 +10,10 @@ use super::resume::{ApprovalCall, Reconcile, ResumePlan, Standing, Then};
 use super::session::Session;
 use super::tools::{ToolOutput, probe};
 use crate::approval::{self, Settlement};
-use crate::fence::EndReason;
 use crate::crd::v1alpha1::{
     ApprovalOutcome, LedgerEvent, ProbeOutcome, Resolution, Role, UnknownEffect,
 };
+use crate::fence::EndReason;
 
 /// What a probe that confirmed the effect puts in the step's result.
 pub const APPLIED_BY_PROBE: &str = "effect confirmed applied by probe; not re-run";

@@ -44,7 +44,9 @@ async fn agent_run_round_trips_with_server_side_defaults() {
     );
     assert_eq!(fetched.spec.agent().unwrap().max_steps, 50);
     assert_eq!(
-        fetched.spec.agent().unwrap().model.script[0].text.as_deref(),
+        fetched.spec.agent().unwrap().model.script[0]
+            .text
+            .as_deref(),
         Some("hello")
     );
     ns.cleanup().await;

@@ -234,6 +234,11 @@ impl AgentRunSpec {
         self.agent.as_ref()
     }
 
+    /// The key of the thread the run takes turns on: its thread's name, or its threadKey.
+    pub fn admission_key(&self) -> Option<&str> {
+        self.thread.as_deref().or(self.thread_key.as_deref())
+    }
+
     /// The agent's tools (none before a turn is admitted).
     pub fn tools(&self) -> &[super::ToolSpec] {
         self.agent.as_ref().map_or(&[], |a| a.tools.as_slice())

@@ -150,7 +150,10 @@ mod tests {
             .build();
         assert_eq!(run.metadata.uid.as_deref(), Some("u"));
         assert_eq!(run.spec.max_attempts, 2);
-        assert_eq!(run.spec.agent().unwrap().model.script[0].text.as_deref(), Some("done"));
+        assert_eq!(
+            run.spec.agent().unwrap().model.script[0].text.as_deref(),
+            Some("done")
+        );
         let status = run.status.unwrap();
         assert_eq!(
             (status.fence.get(), status.attempt, status.failed_attempts),

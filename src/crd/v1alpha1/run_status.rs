@@ -242,6 +242,16 @@ pub struct RunUsage {
 }
 
 impl RunUsage {
+    /// Adds what another run spent (a thread sums its turns').
+    pub fn add(&mut self, other: &RunUsage) {
+        self.input_tokens += other.input_tokens;
+        self.output_tokens += other.output_tokens;
+        self.total_tokens += other.total_tokens;
+        self.model_calls += other.model_calls;
+        self.tool_calls += other.tool_calls;
+        self.unknown_model_calls += other.unknown_model_calls;
+    }
+
     /// Folds one recorded model call in.
     pub fn add_model_call(&mut self, input_tokens: Option<i64>, output_tokens: Option<i64>) {
         match (input_tokens, output_tokens) {

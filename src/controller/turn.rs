@@ -1,0 +1,237 @@
+//! Turns of a thread (docs/architecture.md, "Threads"). A turn (an AgentRun with
+//! `spec.thread`) first joins its thread: one CAS copies the thread's agent and settings into
+//! its spec and makes the thread its owner. Its first seal then fixes its history (the
+//! thread's earlier turns, each up to its ledger's end), and the thread's status follows its
+//! turns.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::PostParams;
+use kube::runtime::reflector::ObjectRef;
+use kube::{Resource, ResourceExt};
+
+use super::Error;
+use super::context::Context;
+use super::statuses::{self, run_name};
+use super::writer::{Applied, Wrote};
+use crate::crd::v1alpha1::{
+    AgentRun, AgentThread, AgentThreadStatus, BusyPolicy, HistoryTurn, LedgerEvent, RunUsage,
+    ThreadPhase,
+};
+use crate::ledger::recorded_history;
+
+const THREAD_KIND: &str = "AgentThread";
+
+/// True when `run` is a turn whose thread owns it: it has joined (taken the thread's agent).
+pub fn joined(run: &AgentRun) -> bool {
+    run.spec
+        .thread
+        .as_deref()
+        .is_some_and(|thread| thread_reference(run).is_some_and(|o| o.name == thread))
+}
+
+/// The owner reference of a turn to its thread.
+fn thread_reference(run: &AgentRun) -> Option<&OwnerReference> {
+    run.owner_references()
+        .iter()
+        .find(|o| o.kind == THREAD_KIND)
+}
+
+/// Why a turn that has not joined yet can never join (the field it sets that its thread
+/// gives), or None.
+pub fn join_problem(run: &AgentRun) -> Option<String> {
+    let thread = run.spec.thread.as_deref()?;
+    let spec = &run.spec;
+    let own = [
+        ("spec.agent", spec.agent.is_some()),
+        ("spec.budget", spec.budget.is_some()),
+        ("spec.workspace", spec.workspace.is_some()),
+        (
+            "spec.ttlSecondsAfterFinished",
+            spec.ttl_seconds_after_finished.is_some(),
+        ),
+    ];
+    let (field, _) = own.into_iter().find(|(_, set)| *set)?;
+    Some(format!(
+        "{field} must not be set on a turn of thread {thread} (spec.thread): a turn takes its \
+         agent and settings from its thread, and its thread keeps its history"
+    ))
+}
+
+/// The busy policy of the thread `run` is a turn of (Enqueue for a run that is no turn).
+pub fn busy_policy(ctx: &Context, run: &AgentRun) -> BusyPolicy {
+    let Some(thread) = run.spec.thread.as_deref() else {
+        return BusyPolicy::Enqueue;
+    };
+    let key = ObjectRef::new(thread).within(&run.namespace().unwrap_or_default());
+    ctx.thread_cache()
+        .get(&key)
+        .map_or(BusyPolicy::Enqueue, |t| t.spec.on_busy)
+}
+
+/// Joins the turn to its thread: its spec takes the thread's agent, budget, worker, lease and
+/// attempts, and the thread becomes its owner (deleting the thread deletes its turns), in one
+/// CAS on the run as the API server has it (the cache holds no user texts). A thread that does
+/// not exist ends the turn `Failed`, naming it.
+pub async fn join(ctx: &Context, run: &AgentRun) -> Result<Applied, Error> {
+    let (ns, name) = (run.namespace().unwrap_or_default(), run.name_any());
+    let thread_name = run.spec.thread.clone().unwrap_or_default();
+    let (runs, threads) = (ctx.runs_api(run), ctx.api::<AgentThread>(&ns));
+    let (fresh, thread) = futures::try_join!(runs.get_opt(&name), threads.get_opt(&thread_name))?;
+    let Some(mut fresh) = fresh.filter(|f| f.uid() == run.uid()) else {
+        return Ok(Applied::Conflict);
+    };
+    let Some(thread) = thread else {
+        let message = format!("spec.thread: no AgentThread {thread_name} exists in namespace {ns}");
+        let status = statuses::rejected(&fresh, &message);
+        return Ok(match ctx.write_status(&fresh, status).await? {
+            Some(_) => Applied::Done,
+            None => Applied::Conflict,
+        });
+    };
+    take_settings(&mut fresh, &thread);
+    let api = ctx.runs_api(run);
+    match ctx
+        .write("join", api.replace(&name, &PostParams::default(), &fresh))
+        .await?
+    {
+        Wrote::Written(_) => {
+            tracing::info!(run = %run_name(run), thread = %thread_name, "joined its thread");
+            Ok(Applied::Done)
+        }
+        _ => Ok(Applied::Conflict),
+    }
+}
+
+/// The thread's settings, and the thread as owner, on the turn.
+fn take_settings(turn: &mut AgentRun, thread: &AgentThread) {
+    let spec = &mut turn.spec;
+    spec.agent = Some(thread.spec.agent.clone());
+    spec.budget = thread.spec.budget.clone();
+    spec.worker = thread.spec.worker.clone();
+    spec.lease = thread.spec.lease.clone();
+    spec.max_attempts = thread.spec.max_attempts;
+    if let Some(owner) = thread.controller_owner_ref(&()) {
+        // Not blocking: deleting the thread needs no permission on its turns' finalizers.
+        let reference = OwnerReference {
+            controller: Some(false),
+            block_owner_deletion: None,
+            ..owner
+        };
+        turn.owner_references_mut().push(reference);
+    }
+}
+
+/// The `history` event of a turn's first seal: the thread's earlier turns that ended, in
+/// order, each up to its ledger's end now. The turn before carries on the history its own seal
+/// fixed, so one ledger is read however long the thread. None for a run that is no turn.
+pub async fn history(ctx: &Context, run: &AgentRun) -> Result<Option<LedgerEvent>, Error> {
+    let Some(thread) = run.spec.thread.clone().filter(|_| joined(run)) else {
+        return Ok(None);
+    };
+    let ns = run.namespace().unwrap_or_default();
+    let mut earlier = earlier_turns(ctx, run);
+    let mut turns = Vec::new();
+    while let Some(previous) = earlier.pop() {
+        let uid = previous.uid().unwrap_or_default();
+        let segments = ctx.ledger_of(&ns, &previous.name_any(), &uid).await?;
+        if segments.is_empty() {
+            continue;
+        }
+        if let Some((_, before)) = recorded_history(&segments) {
+            turns = before;
+        }
+        turns.push(HistoryTurn {
+            run: previous.name_any(),
+            uid,
+            up_to: segments.len() as i64,
+        });
+        break;
+    }
+    Ok(Some(LedgerEvent::History { thread, turns }))
+}
+
+/// The turns of `run`'s thread created before it that ended, oldest first.
+fn earlier_turns(ctx: &Context, run: &AgentRun) -> Vec<std::sync::Arc<AgentRun>> {
+    let Some(owner) = thread_reference(run) else {
+        return Vec::new();
+    };
+    let order = |r: &AgentRun| (r.creation_timestamp().map(|t| t.0), r.name_any());
+    let mut turns: Vec<_> = turns_of(ctx, &run.namespace().unwrap_or_default(), &owner.uid)
+        .into_iter()
+        .filter(|t| order(t) < order(run))
+        .filter(|t| t.status.as_ref().is_some_and(|s| s.phase.is_terminal()))
+        .collect();
+    turns.sort_by_key(|t| order(t));
+    turns
+}
+
+/// The cached turns of the thread with UID `thread_uid` in `ns`.
+fn turns_of(ctx: &Context, ns: &str, thread_uid: &str) -> Vec<std::sync::Arc<AgentRun>> {
+    ctx.run_cache()
+        .state()
+        .into_iter()
+        .filter(|r| r.namespace().as_deref() == Some(ns))
+        .filter(|r| thread_reference(r).is_some_and(|o| o.uid == thread_uid))
+        .collect()
+}
+
+/// Writes the status of `run`'s thread as its turns show it, when it differs from the cached
+/// one. Best effort: the next change of any turn writes it again.
+pub async fn publish_thread_status(ctx: &Context, run: &AgentRun) -> Result<(), Error> {
+    let Some(owner) = thread_reference(run) else {
+        return Ok(());
+    };
+    let ns = run.namespace().unwrap_or_default();
+    let key = ObjectRef::new(&owner.name).within(&ns);
+    let Some(thread) = ctx
+        .thread_cache()
+        .get(&key)
+        .filter(|t| t.uid() == Some(owner.uid.clone()))
+    else {
+        return Ok(());
+    };
+    let status = thread_status(&turns_of(ctx, &ns, &owner.uid));
+    if thread.status.as_ref() == Some(&status) {
+        return Ok(());
+    }
+    let mut desired = (*thread).clone();
+    desired.status = Some(status);
+    let api = ctx.api::<AgentThread>(&ns);
+    let params = PostParams::default();
+    ctx.write(
+        "thread_status",
+        api.replace_status(&owner.name, &params, &desired),
+    )
+    .await?;
+    Ok(())
+}
+
+/// The status of a thread whose turns are `turns` (pure).
+pub fn thread_status(turns: &[std::sync::Arc<AgentRun>]) -> AgentThreadStatus {
+    let live = |r: &AgentRun| {
+        r.status
+            .as_ref()
+            .is_some_and(|s| !s.phase.is_terminal() && s.fence.get() > 0)
+    };
+    let last = turns
+        .iter()
+        .filter(|r| r.status.as_ref().is_some_and(|s| s.fence.get() > 0))
+        .max_by_key(|r| (r.creation_timestamp().map(|t| t.0), r.name_any()));
+    let mut usage = RunUsage::default();
+    for turn in turns {
+        if let Some(spent) = turn.status.as_ref().and_then(|s| s.usage.as_ref()) {
+            usage.add(spent);
+        }
+    }
+    AgentThreadStatus {
+        phase: if turns.iter().any(|r| live(r)) {
+            ThreadPhase::Busy
+        } else {
+            ThreadPhase::Idle
+        },
+        turns: turns.len() as i64,
+        last_turn: last.map(|r| r.name_any()),
+        last_turn_phase: last.and_then(|r| r.status.as_ref().map(|s| s.phase)),
+        usage,
+    }
+}
