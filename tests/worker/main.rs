@@ -8,7 +8,9 @@
 //!   baton's metadata, never run twice, errors bounded;
 //! - `openai`: the OpenAI-compatible provider end to end against a local server;
 //! - `resume`: zombies, effect probes, idempotent re-runs, askUser answered later;
-//! - `run`: a run from claim to Finishing, handoff on SIGTERM, stop.
+//! - `run`: a run from claim to Finishing, handoff on SIGTERM, stop;
+//! - `threads`: turns of a thread with the real controller: history carried, resumed the same,
+//!   a deleted earlier turn failing the turn.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -48,3 +50,4 @@ mod mcp;
 mod openai;
 mod resume;
 mod run;
+mod threads;

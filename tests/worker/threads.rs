@@ -1,0 +1,349 @@
+//! Threads end to end on the API server: the real controller in this process, a real
+//! `baton worker` process for each pod it creates (the test plays the kubelet), and the
+//! OpenAI-compatible test server recording every request the model gets.
+//! - the second turn's request carries the first turn's conversation, in order, tool call and
+//!   result included, then its own input;
+//! - a turn whose worker is killed -9 mid-step is resumed with the very same history;
+//! - a turn whose earlier turn is deleted before it runs fails `HistoryUnavailable`, naming it.
+
+use std::time::Duration;
+
+use crate::EXIT_TIMEOUT;
+use crate::common::TestNamespace;
+use crate::common::worker_proc::*;
+use crate::server::{Received, Reply, Server};
+use crate::support::*;
+use baton::controller::{self, Config};
+use baton::crd::v1alpha1::{
+    AgentRun, AgentSpec, AgentThread, AgentThreadSpec, HistoryTurn, LedgerEvent, LedgerSegment,
+    ModelSpec, Phase, Provider, ThreadPhase,
+};
+use baton::fence::{Fence, worker_pod_name};
+use baton::ledger::SegmentStore;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::{Api, ResourceExt};
+use serde_json::Value;
+use tokio::task::JoinHandle;
+
+const T: Duration = Duration::from_secs(60);
+
+/// The controller, scoped to the test's namespace, for as long as the test holds it.
+struct Running(JoinHandle<()>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+fn start_controller(ns: &TestNamespace) -> Running {
+    let config = Config {
+        namespace: Some(ns.name.clone()),
+        leader_election: false,
+        leader_namespace: ns.name.clone(),
+        admin_addr: None,
+        ..Config::default()
+    };
+    let client = ns.client.clone();
+    Running(tokio::spawn(async move {
+        if let Err(err) = controller::run(client, config).await {
+            eprintln!("controller stopped: {err}");
+        }
+    }))
+}
+
+/// A thread whose model is the test server, with a shell tool, and short leases.
+fn thread(name: &str, server: &Server) -> AgentThread {
+    let agent = AgentSpec {
+        model: ModelSpec {
+            provider: Provider::Openai,
+            name: Some("local-model".into()),
+            endpoint: Some(format!("{}/v1", server.url)),
+            ..ModelSpec::default()
+        },
+        system_prompt: Some("You answer geography questions.".into()),
+        max_steps: 10,
+        tools: vec![shell_tool("sh", false)],
+        approval: None,
+    };
+    let spec: AgentThreadSpec = serde_json::from_value(serde_json::json!({
+        "agent": agent,
+        "lease": {"durationSeconds": 4, "renewSeconds": 1, "startupSeconds": 60},
+    }))
+    .expect("a thread spec");
+    AgentThread::new(name, spec)
+}
+
+/// A turn of `thread`, as a user writes it: its input and its thread, nothing else.
+fn turn(name: &str, thread: &str, input: &str) -> AgentRun {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "baton.dev/v1alpha1", "kind": "AgentRun",
+        "metadata": {"name": name},
+        "spec": {"input": input, "thread": thread},
+    }))
+    .expect("a turn")
+}
+
+async fn create<K>(ns: &TestNamespace, object: &K)
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::Serialize
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+    <K as kube::Resource>::DynamicType: Default,
+{
+    let api: Api<K> = ns.api();
+    api.create(&PostParams::default(), object)
+        .await
+        .expect("creating an object");
+}
+
+/// Waits for the controller to create the worker pod of `run` at `fence`, then starts the
+/// worker it names (as a kubelet would).
+async fn run_pod(ns: &TestNamespace, run: &str, fence: i64) -> WorkerProc {
+    let pod = worker_pod_name(run, Fence::new(fence));
+    let pods: Api<Pod> = ns.api();
+    wait_until(T, &format!("pod {pod}"), || async {
+        pods.get_opt(&pod).await.ok().flatten().is_some()
+    })
+    .await;
+    spawn_worker_env(
+        &ns.name,
+        run,
+        fence,
+        &pod,
+        &["--admin-addr=none"],
+        &[("BATON_MODEL_API_KEY", "sk-test")],
+    )
+}
+
+async fn wait_phase(ns: &TestNamespace, run: &str, phase: Phase) -> AgentRun {
+    let runs: Api<AgentRun> = ns.api();
+    wait_until(T, &format!("{run} {phase}"), || async {
+        let got = runs.get(run).await.unwrap();
+        got.status.is_some_and(|s| s.phase == phase)
+    })
+    .await;
+    runs.get(run).await.unwrap()
+}
+
+/// A turn from creation to `Succeeded`, its one worker run to the end.
+async fn whole_turn(ns: &TestNamespace, name: &str, input: &str) -> AgentRun {
+    create(ns, &turn(name, "geo", input)).await;
+    let mut worker = run_pod(ns, name, 1).await;
+    let code = worker.wait(EXIT_TIMEOUT).await;
+    assert_eq!(code, 0, "{}", worker.log_text());
+    wait_phase(ns, name, Phase::Succeeded).await
+}
+
+/// The messages of a recorded Chat Completions request, as (role, text) pairs; a tool call is
+/// `assistant` with `call <name> <arguments>`, a tool result is `tool` with its content.
+fn conversation(request: &Received) -> Vec<(String, String)> {
+    let messages = request.body["messages"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    messages
+        .iter()
+        .flat_map(|m| {
+            let role = m["role"].as_str().unwrap_or_default().to_string();
+            let mut out = vec![(
+                role.clone(),
+                m["content"].as_str().unwrap_or_default().into(),
+            )];
+            for call in m["tool_calls"].as_array().into_iter().flatten() {
+                let f = &call["function"];
+                let text = format!(
+                    "call {} {}",
+                    f["name"].as_str().unwrap_or_default(),
+                    f["arguments"].as_str().unwrap_or_default()
+                );
+                out.push((role.clone(), text));
+            }
+            out
+        })
+        .collect()
+}
+
+fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
+    list.iter()
+        .map(|(r, t)| (r.to_string(), t.to_string()))
+        .collect()
+}
+
+async fn ledger(ns: &TestNamespace, run: &AgentRun) -> Vec<LedgerSegment> {
+    SegmentStore::for_run(ns.client.clone(), run)
+        .list()
+        .await
+        .expect("the turn's ledger")
+}
+
+#[tokio::test]
+async fn the_second_turn_sends_the_first_turns_conversation_then_its_own_input() {
+    let ns = TestNamespace::new("thread-history").await;
+    let server = Server::start(vec![
+        Reply::sse(tool_call_stream("call_1", "sh", "echo Paris")),
+        Reply::sse(answer_stream("The capital of France is Paris.")),
+        Reply::sse(answer_stream("About 2.1 million people.")),
+    ])
+    .await;
+    let _controller = start_controller(&ns);
+    create(&ns, &thread("geo", &server)).await;
+
+    let first = whole_turn(&ns, "geo-1", "What is the capital of France?").await;
+    let second = whole_turn(&ns, "geo-2", "And its population?").await;
+
+    let received = server.received();
+    assert_eq!(received.len(), 3, "{received:?}");
+    // The first turn's first request: the system prompt and its input, nothing before.
+    assert_eq!(
+        conversation(&received[0]),
+        pairs(&[
+            ("system", "You answer geography questions."),
+            ("user", "What is the capital of France?"),
+        ])
+    );
+    assert_eq!(
+        conversation(&received[2]),
+        pairs(&[
+            ("system", "You answer geography questions."),
+            ("user", "What is the capital of France?"),
+            ("assistant", "Let me check."),
+            ("assistant", r#"call sh {"command":"echo Paris"}"#),
+            ("tool", "Paris\n[exit code: 0]"),
+            ("assistant", "The capital of France is Paris."),
+            ("user", "And its population?"),
+        ])
+    );
+    // The second turn took its thread's agent, is owned by the thread, and its first seal
+    // fixed the first turn up to the end of its ledger.
+    assert_eq!(second.spec.agent.as_ref().unwrap().max_steps, 10);
+    assert!(
+        second
+            .owner_references()
+            .iter()
+            .any(|o| o.kind == "AgentThread" && o.name == "geo")
+    );
+    let first_len = ledger(&ns, &first).await.len() as i64;
+    let seal = &ledger(&ns, &second).await[0].spec.events;
+    assert_eq!(
+        seal.get(1),
+        Some(&LedgerEvent::History {
+            thread: "geo".into(),
+            turns: vec![HistoryTurn {
+                run: "geo-1".into(),
+                uid: first.uid().unwrap(),
+                up_to: first_len,
+            }],
+        }),
+        "{seal:?}"
+    );
+    // The thread's status follows its turns.
+    let threads: Api<AgentThread> = ns.api();
+    wait_until(T, "the thread's status", || async {
+        let t = threads.get("geo").await.unwrap();
+        t.status.is_some_and(|s| {
+            s.turns == 2
+                && s.phase == ThreadPhase::Idle
+                && s.last_turn.as_deref() == Some("geo-2")
+                && s.last_turn_phase == Some(Phase::Succeeded)
+                && s.usage.model_calls == 3
+        })
+    })
+    .await;
+    ns.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_turn_killed_mid_step_is_resumed_with_the_very_same_history() {
+    let ns = TestNamespace::new("thread-resume").await;
+    let counter = counter_file("thread-resume");
+    let slow = format!("echo ran >> {}; sleep 30", counter.display());
+    let server = Server::start(vec![
+        Reply::sse(answer_stream("Paris.")),
+        Reply::sse(tool_call_stream("call_2", "sh", &slow)),
+        Reply::sse(answer_stream("I could not tell; the count is unknown.")),
+    ])
+    .await;
+    let _controller = start_controller(&ns);
+    create(&ns, &thread("geo", &server)).await;
+    whole_turn(&ns, "geo-1", "Capital of France?").await;
+
+    create(&ns, &turn("geo-2", "geo", "Count its museums.")).await;
+    let mut first_worker = run_pod(&ns, "geo-2", 1).await;
+    wait_until(T, "the slow step to start", || async {
+        count(&counter) == 1
+    })
+    .await;
+    first_worker.kill9().await;
+    let mut second_worker = run_pod(&ns, "geo-2", 2).await;
+    let code = second_worker.wait(EXIT_TIMEOUT).await;
+    assert_eq!(code, 0, "{}", second_worker.log_text());
+    wait_phase(&ns, "geo-2", Phase::Succeeded).await;
+    assert_eq!(
+        count(&counter),
+        1,
+        "the step whose effect is unknown ran again"
+    );
+
+    let received = server.received();
+    assert_eq!(received.len(), 3, "{received:?}");
+    let before: Vec<Value> = received[1].body["messages"].as_array().unwrap().clone();
+    let after: Vec<Value> = received[2].body["messages"].as_array().unwrap().clone();
+    // The resumed attempt sends, byte for byte, what the killed one sent, then its step.
+    assert_eq!(
+        serde_json::to_string(&after[..before.len()]).unwrap(),
+        serde_json::to_string(&before).unwrap()
+    );
+    assert_eq!(
+        conversation(&received[1])[1..],
+        pairs(&[
+            ("user", "Capital of France?"),
+            ("assistant", "Paris."),
+            ("user", "Count its museums."),
+        ])[..]
+    );
+    ns.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_turn_whose_earlier_turn_is_deleted_fails_naming_it() {
+    let ns = TestNamespace::new("thread-gone").await;
+    let server = Server::start(vec![Reply::sse(answer_stream("Paris."))]).await;
+    let _controller = start_controller(&ns);
+    create(&ns, &thread("geo", &server)).await;
+    let first = whole_turn(&ns, "geo-1", "Capital of France?").await;
+
+    create(&ns, &turn("geo-2", "geo", "And its population?")).await;
+    // Sealed (its history fixed) and not started yet: the first turn is deleted, with its
+    // ledger, as the garbage collector would delete it.
+    wait_phase(&ns, "geo-2", Phase::Running).await;
+    let runs: Api<AgentRun> = ns.api();
+    runs.delete("geo-1", &DeleteParams::default())
+        .await
+        .unwrap();
+    let segments: Api<LedgerSegment> = ns.api();
+    let of_first = ListParams::default().labels(&format!(
+        "{}={}",
+        baton::crd::RUN_UID_LABEL,
+        first.uid().unwrap()
+    ));
+    segments
+        .delete_collection(&DeleteParams::default(), &of_first)
+        .await
+        .unwrap();
+
+    let mut worker = run_pod(&ns, "geo-2", 1).await;
+    let code = worker.wait(EXIT_TIMEOUT).await;
+    assert_eq!(code, 0, "{}", worker.log_text());
+    let failed = wait_phase(&ns, "geo-2", Phase::Failed).await;
+    let status = failed.status.unwrap();
+    assert_eq!(status.reason.as_deref(), Some("HistoryUnavailable"));
+    let message = status.message.unwrap_or_default();
+    assert!(message.contains("geo-1"), "{message}");
+    // The model was never asked anything with a history other than the one fixed.
+    assert_eq!(server.received().len(), 1);
+    ns.cleanup().await;
+}
