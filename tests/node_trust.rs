@@ -86,7 +86,7 @@ async fn node_webhook_refuses_what_the_asker_could_not_do_themselves() {
     });
     refused(
         create_as(&env, MALLORY, &proxy, "proxy.json"),
-        "spec.agent_mut().model.apiKeySecretRef.name: mallory may not get secrets \"model-key\"",
+        "spec.agent.model.apiKeySecretRef.name: mallory may not get secrets \"model-key\"",
     );
     let mut mcp = env.scripted("mcp-proxy", &Script::new(1, 100));
     mcp.spec.agent_mut().tools.push(
@@ -98,7 +98,7 @@ async fn node_webhook_refuses_what_the_asker_could_not_do_themselves() {
     );
     refused(
         create_as(&env, MALLORY, &mcp, "mcp.json"),
-        "spec.agent_mut().tools[1].mcp.headersFromSecret: mallory may not get secrets \"model-key\"",
+        "spec.agent.tools[1].mcp.headersFromSecret: mallory may not get secrets \"model-key\"",
     );
     let mut image = env.scripted("image", &Script::new(1, 100));
     image.spec.worker.image = Some("baton:next".into());

@@ -23,6 +23,7 @@ pub async fn apply(ctx: &Context, run: &AgentRun, action: &Action) -> Result<App
         Action::Nothing => Ok(Applied::Done),
         Action::Reject { message } => set_status(ctx, run, statuses::rejected(run, message)).await,
         Action::JoinThread => turn::join(ctx, run).await,
+        Action::Interrupt { holder } => turn::interrupt(ctx, run, holder).await,
         Action::Admit => admission::admit(ctx, run).await,
         Action::Queue { holder } => set_status(ctx, run, statuses::queued(run, holder)).await,
         Action::ClearStaleAdmission => admission::clear_stale(ctx, run).await,

@@ -9,6 +9,9 @@ use std::time::Duration;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use crate::approval;
+use kube::ResourceExt;
+
+use crate::crd::INTERRUPTED_BY_ANNOTATION;
 use crate::crd::v1alpha1::{AgentRun, BusyPolicy, Phase};
 use crate::fence::{Fence, lease_reached};
 use crate::rbac::{RbacError, RunRbac};
@@ -34,7 +37,7 @@ pub fn decide(obs: &Observation<'_>) -> Decision {
     match status.phase {
         Phase::Pending => decide_pending(obs),
         Phase::Running => decide_running(obs),
-        Phase::Handoff if obs.run.spec.stop => Decision::act(stop_now()),
+        Phase::Handoff if obs.run.spec.stop => Decision::act(stop_now(obs.run)),
         Phase::Handoff => claim(obs, ClaimReason::Handoff),
         Phase::WaitingInput => decide_waiting(obs),
         Phase::WaitingApproval => decide_approval(obs),
@@ -57,7 +60,7 @@ fn decide_pending(obs: &Observation<'_>) -> Decision {
         return Decision::act(Action::Reject { message });
     }
     if obs.run.spec.stop {
-        return Decision::act(stop_now());
+        return Decision::act(stop_now(obs.run));
     }
     match &obs.admission {
         Admission::NotRequired | Admission::Held => claim(obs, ClaimReason::Start),
@@ -72,6 +75,16 @@ fn decide_pending(obs: &Observation<'_>) -> Decision {
                 ),
                 failed: false,
             }))
+        }
+        Admission::Busy { holder }
+            if obs.on_busy == BusyPolicy::Interrupt && !obs.holder_stopping =>
+        {
+            Decision {
+                action: Action::Interrupt {
+                    holder: holder.clone(),
+                },
+                requeue: Some(ADMISSION_RECHECK),
+            }
         }
         Admission::Busy { holder } => {
             let queued = admitted_condition_says(obs.run, holder);
@@ -114,7 +127,7 @@ fn admitted_condition_says(run: &AgentRun, holder: &str) -> bool {
 
 fn decide_waiting(obs: &Observation<'_>) -> Decision {
     if obs.run.spec.stop {
-        return Decision::act(stop_now());
+        return Decision::act(stop_now(obs.run));
     }
     let consumed = obs.run.status.as_ref().map_or(0, |s| s.inputs_consumed);
     if obs.run.spec.inputs.len() as i64 > consumed {
@@ -165,7 +178,7 @@ fn until_wall(obs: &Observation<'_>, at: Timestamp) -> Duration {
 /// clock), claims the run for a worker that carries it out; the run's deadline still holds.
 fn decide_approval(obs: &Observation<'_>) -> Decision {
     if obs.run.spec.stop {
-        return Decision::act(stop_now());
+        return Decision::act(stop_now(obs.run));
     }
     let spec = &obs.run.spec;
     let pending = obs
@@ -304,7 +317,7 @@ fn with_stop_deadline(obs: &Observation<'_>, decision: Decision) -> Decision {
     let grace = Duration::from_secs(obs.run.spec.lease.duration_seconds.max(0) as u64);
     let deadline = obs.stop_seen_at.unwrap_or(obs.now) + grace;
     if obs.now >= deadline {
-        return Decision::act(stop_now());
+        return Decision::act(stop_now(obs.run));
     }
     let until_stop = deadline.saturating_duration_since(obs.now);
     Decision {
@@ -391,12 +404,20 @@ fn min_requeue(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
     }
 }
 
-fn stop_now() -> Action {
-    Action::Close(Close {
-        reason: CloseReason::StopRequested,
-        message: "spec.stop was set and no worker carried it out".into(),
-        failed: false,
-    })
+fn stop_now(run: &AgentRun) -> Action {
+    let close = match run.annotations().get(INTERRUPTED_BY_ANNOTATION) {
+        Some(by) => Close {
+            reason: CloseReason::Interrupted,
+            message: format!("stopped for turn {by} of its thread (onBusy: Interrupt)"),
+            failed: false,
+        },
+        None => Close {
+            reason: CloseReason::StopRequested,
+            message: "spec.stop was set and no worker carried it out".into(),
+            failed: false,
+        },
+    };
+    Action::Close(close)
 }
 
 fn claim(obs: &Observation<'_>, reason: ClaimReason) -> Decision {
@@ -408,7 +429,7 @@ fn claim(obs: &Observation<'_>, reason: ClaimReason) -> Decision {
 fn claim_with(obs: &Observation<'_>, reason: ClaimReason, failed: bool) -> Decision {
     let status = obs.run.status.clone().unwrap_or_default();
     if obs.run.spec.stop && reason != ClaimReason::Start {
-        return Decision::act(stop_now());
+        return Decision::act(stop_now(obs.run));
     }
     let failed_after = status.failed_attempts + i32::from(failed);
     if failed && failed_after >= obs.run.spec.max_attempts {

@@ -430,3 +430,47 @@ fn a_turn_of_a_busy_thread_waits_or_ends_thread_busy_by_its_policy() {
         "{d:?}"
     );
 }
+
+#[test]
+fn a_turn_of_a_thread_that_interrupts_stops_the_live_turn_once_then_waits() {
+    let now = Instant::now();
+    let r = joined_to_t(turn_of_t());
+    let mut o = obs(&r, None, PodState::Missing, now);
+    o.admission = Admission::Busy {
+        holder: "first".into(),
+    };
+    o.on_busy = crate::crd::v1alpha1::BusyPolicy::Interrupt;
+    assert_eq!(
+        decide(&o).action,
+        Action::Interrupt {
+            holder: "first".into()
+        }
+    );
+    o.holder_stopping = true;
+    assert_eq!(
+        decide(&o).action,
+        Action::Queue {
+            holder: "first".into()
+        }
+    );
+}
+
+#[test]
+fn a_stop_for_a_newer_turn_ends_interrupted() {
+    let now = Instant::now();
+    let mut r = joined_to_t(run(Phase::WaitingInput, 1, 0, 3));
+    r.spec.stop = true;
+    r.metadata.annotations = Some(
+        [(
+            crate::crd::INTERRUPTED_BY_ANNOTATION.to_string(),
+            "second".to_string(),
+        )]
+        .into(),
+    );
+    let d = decide(&obs(&r, None, PodState::Missing, now));
+    assert!(
+        matches!(&d.action, Action::Close(c) if c.reason == CloseReason::Interrupted
+            && c.phase() == Phase::Stopped && c.message.contains("second")),
+        "{d:?}"
+    );
+}

@@ -91,6 +91,7 @@ fn obs<'a>(
         pod,
         admission: Admission::NotRequired,
         on_busy: crate::crd::v1alpha1::BusyPolicy::Enqueue,
+        holder_stopping: false,
         stop_seen_at: None,
         desired_image: IMAGE.into(),
         rollout: RolloutPolicy::Handoff,

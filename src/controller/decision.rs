@@ -81,6 +81,9 @@ pub struct Observation<'a> {
     pub admission: Admission,
     /// What a turn does while its thread is busy (its thread's `onBusy`).
     pub on_busy: BusyPolicy,
+    /// The run that holds the thread (when it is busy) is a turn of the same thread that was
+    /// asked to stop already.
+    pub holder_stopping: bool,
     /// When the controller first saw `spec.stop` set (its own clock).
     pub stop_seen_at: Option<Instant>,
     /// The image this run's worker should run.
@@ -177,7 +180,7 @@ impl CloseReason {
     /// The phase a run closed for this reason ends in.
     pub fn phase(self) -> Phase {
         match self {
-            CloseReason::StopRequested => Phase::Stopped,
+            CloseReason::StopRequested | CloseReason::Interrupted => Phase::Stopped,
             CloseReason::MaxAttemptsExceeded | CloseReason::Unrecognized => Phase::Interrupted,
             CloseReason::SecretNotFound
             | CloseReason::WorkerConfigError
@@ -199,6 +202,10 @@ pub enum Action {
     },
     /// A turn takes its thread's agent and settings, and the thread as owner.
     JoinThread,
+    /// Stop the live turn `holder` of the run's thread for it (`onBusy: Interrupt`).
+    Interrupt {
+        holder: String,
+    },
     /// Create the thread's admission Lease.
     Admit,
     /// Say (condition Admitted=False) which run holds the thread.

@@ -32,6 +32,7 @@ pub fn observe<'a>(ctx: &Context, run: &'a AgentRun, now: Instant) -> Observatio
         pod: pod_state(ctx, run),
         admission: admission(ctx, run),
         on_busy: super::turn::busy_policy(ctx, run),
+        holder_stopping: super::turn::holder_stopping(ctx, run),
         stop_seen_at,
         desired_image: desired_image(run, &ctx.config().worker_image),
         rollout: ctx.config().rollout_policy,

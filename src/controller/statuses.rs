@@ -4,8 +4,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
-use super::decide::{Claim, ClaimReason, Close, WorkspaceCondition};
+use super::decide::{Claim, ClaimReason, Close, CloseReason, WorkspaceCondition};
 use super::validate::INVALID_SPEC;
+use crate::crd::INTERRUPTED_BY_ANNOTATION;
 use crate::crd::v1alpha1::Resolution;
 use crate::crd::v1alpha1::{AgentRun, AgentRunStatus, LedgerStats, Phase, UnknownEffect};
 use crate::fence::Fence;
@@ -137,11 +138,17 @@ pub fn finished(run: &AgentRun) -> AgentRunStatus {
         .outcome
         .filter(|p| p.is_terminal())
         .unwrap_or(Phase::Failed);
-    let reason = s.reason.clone().unwrap_or_else(|| phase.to_string());
-    let message = s
+    let mut reason = s.reason.clone().unwrap_or_else(|| phase.to_string());
+    let mut message = s
         .message
         .clone()
         .unwrap_or_else(|| format!("the run {phase}"));
+    if let Some(by) = run.annotations().get(INTERRUPTED_BY_ANNOTATION)
+        && phase == Phase::Stopped
+    {
+        reason = CloseReason::Interrupted.to_string();
+        message = format!("stopped for turn {by} of its thread (onBusy: Interrupt)");
+    }
     terminal(&mut s, phase, &reason, &message, generation);
     s
 }

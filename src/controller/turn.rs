@@ -13,10 +13,12 @@ use super::Error;
 use super::context::Context;
 use super::statuses::{self, run_name};
 use super::writer::{Applied, Wrote};
+use crate::crd::INTERRUPTED_BY_ANNOTATION;
 use crate::crd::v1alpha1::{
     AgentRun, AgentThread, AgentThreadStatus, BusyPolicy, HistoryTurn, LedgerEvent, RunUsage,
     ThreadPhase,
 };
+use crate::lease::{lease_holder, thread_lease_name};
 use crate::ledger::recorded_history;
 
 const THREAD_KIND: &str = "AgentThread";
@@ -66,6 +68,52 @@ pub fn busy_policy(ctx: &Context, run: &AgentRun) -> BusyPolicy {
     ctx.thread_cache()
         .get(&key)
         .map_or(BusyPolicy::Enqueue, |t| t.spec.on_busy)
+}
+
+/// The live turn that holds `run`'s thread, when it is a turn of the same thread (a plain
+/// run of a `threadKey` of the same name is never stopped for a turn).
+fn holder_turn(ctx: &Context, run: &AgentRun) -> Option<std::sync::Arc<AgentRun>> {
+    let thread = run.spec.thread.as_deref()?;
+    let ns = run.namespace().unwrap_or_default();
+    let key = ObjectRef::new(&thread_lease_name(thread)).within(&ns);
+    let lease = ctx.lease_cache().get(&key)?;
+    let holder = lease_holder(&lease)?.to_string();
+    ctx.run_cache()
+        .get(&ObjectRef::new(&holder).within(&ns))
+        .filter(|h| h.spec.thread.as_deref() == Some(thread))
+}
+
+/// True when the turn that holds `run`'s thread was asked to stop already.
+pub fn holder_stopping(ctx: &Context, run: &AgentRun) -> bool {
+    holder_turn(ctx, run).is_some_and(|h| h.spec.stop)
+}
+
+/// `onBusy: Interrupt`: stops the turn `holder` of `run`'s thread as `baton stop` does, and
+/// names `run` on it (its end's reason is `Interrupted`), in one CAS on the holder as the API
+/// server has it. A holder that is no turn of the thread, or stopped already, is left alone.
+pub async fn interrupt(ctx: &Context, run: &AgentRun, holder: &str) -> Result<Applied, Error> {
+    let api = ctx.runs_api(run);
+    let Some(mut live) = api.get_opt(holder).await? else {
+        return Ok(Applied::Requeue);
+    };
+    if live.spec.thread != run.spec.thread || live.spec.stop {
+        return Ok(Applied::Requeue);
+    }
+    live.spec.stop = true;
+    live.annotations_mut()
+        .insert(INTERRUPTED_BY_ANNOTATION.into(), run.name_any());
+    let params = PostParams::default();
+    let wrote = ctx.write("interrupt", api.replace(holder, &params, &live));
+    if let Wrote::Written(stopped) = wrote.await? {
+        let thread = run.spec.thread.as_deref().unwrap_or_default();
+        tracing::info!(run = %run_name(&stopped), by = %run.name_any(), "interrupted");
+        let note = format!(
+            "stopped for turn {} of thread {thread} (onBusy: Interrupt)",
+            run.name_any()
+        );
+        ctx.event(&stopped, false, "Interrupted", note);
+    }
+    Ok(Applied::Requeue)
 }
 
 /// Joins the turn to its thread: its spec takes the thread's agent, budget, worker, lease and

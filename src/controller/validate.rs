@@ -35,13 +35,13 @@ fn check_mcp_tools(agent: &AgentSpec) -> Result<(), String> {
         match (tool.kind, &tool.mcp) {
             (ToolKind::Mcp, None) => {
                 return Err(format!(
-                    "spec.agent_mut().tools[{i}].mcp is required for kind mcp ({})",
+                    "spec.agent.tools[{i}].mcp is required for kind mcp ({})",
                     tool.name
                 ));
             }
             (kind, Some(_)) if kind != ToolKind::Mcp => {
                 return Err(format!(
-                    "spec.agent_mut().tools[{i}].mcp is only for kind mcp ({} is another kind)",
+                    "spec.agent.tools[{i}].mcp is only for kind mcp ({} is another kind)",
                     tool.name
                 ));
             }
@@ -66,13 +66,13 @@ fn check_model(agent: &AgentSpec) -> Result<(), String> {
     let model = &agent.model;
     match model.provider {
         Provider::Scripted if model.script.is_empty() => {
-            Err("spec.agent_mut().model.script must not be empty for provider scripted".to_string())
+            Err("spec.agent.model.script must not be empty for provider scripted".to_string())
         }
         Provider::Openai | Provider::Anthropic
             if model.name.as_deref().is_none_or(|n| n.trim().is_empty()) =>
         {
             Err(format!(
-                "spec.agent_mut().model.name is required for provider {}",
+                "spec.agent.model.name is required for provider {}",
                 provider_name(model.provider)
             ))
         }
@@ -97,8 +97,8 @@ fn check_script_tools(spec: &AgentRunSpec, agent: &AgentSpec) -> Result<(), Stri
         for (call_index, call) in turn.tool_calls.iter().enumerate() {
             if !declared(&call.tool) {
                 return Err(format!(
-                    "spec.agent_mut().model.script[{turn_index}].toolCalls[{call_index}].tool ({}) \
-                     is not declared in spec.agent_mut().tools",
+                    "spec.agent.model.script[{turn_index}].toolCalls[{call_index}].tool ({}) \
+                     is not declared in spec.agent.tools",
                     call.tool
                 ));
             }
@@ -140,14 +140,10 @@ mod tests {
         assert!(
             validate(&s)
                 .unwrap_err()
-                .contains("spec.agent_mut().model.script")
+                .contains("spec.agent.model.script")
         );
         s.agent_mut().model.provider = Provider::Openai;
-        assert!(
-            validate(&s)
-                .unwrap_err()
-                .contains("spec.agent_mut().model.name")
-        );
+        assert!(validate(&s).unwrap_err().contains("spec.agent.model.name"));
         s.agent_mut().model.name = Some("gpt-4o-mini".into());
         assert_eq!(validate(&s), Ok(()));
     }
@@ -167,7 +163,7 @@ mod tests {
         );
         let err = validate(&s).unwrap_err();
         assert!(
-            err.contains("spec.agent_mut().model.script[0].toolCalls[0].tool (sh)"),
+            err.contains("spec.agent.model.script[0].toolCalls[0].tool (sh)"),
             "{err}"
         );
         s.agent_mut().tools.push(ToolSpec {

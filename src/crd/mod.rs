@@ -15,6 +15,9 @@ pub const FIELD_MANAGER: &str = "baton";
 pub const FENCE_ANNOTATION: &str = "baton.dev/fence";
 /// Annotation on a thread admission Lease naming the run that holds the thread.
 pub const THREAD_KEY_ANNOTATION: &str = "baton.dev/thread-key";
+/// Annotation the controller sets on a turn it stops for a newer turn of its thread
+/// (`onBusy: Interrupt`): the newer turn's name.
+pub const INTERRUPTED_BY_ANNOTATION: &str = "baton.dev/interrupted-by";
 /// Label on everything baton creates for a run (Lease, Pods, segments): the run's name.
 pub const RUN_LABEL: &str = "baton.dev/run";
 /// Label on LedgerSegments: the owning run's UID, so a new run with an old name never reads

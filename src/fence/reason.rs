@@ -31,6 +31,9 @@ pub enum CloseReason {
     /// A turn arrived while another turn of its thread was live, and the thread's `onBusy`
     /// is `Reject`.
     ThreadBusy,
+    /// A turn stopped for a newer turn of its thread (`onBusy: Interrupt`) before a worker
+    /// carried the stop out.
+    Interrupted,
     /// A seal whose reason this version does not know (written by another version). It reads
     /// as `LedgerClosed`; the seal itself is never rewritten, so nothing is lost.
     Unrecognized,
@@ -47,11 +50,12 @@ impl CloseReason {
             CloseReason::DeadlineExceeded => "DeadlineExceeded",
             CloseReason::LeaseNotOwned => "LeaseNotOwned",
             CloseReason::ThreadBusy => "ThreadBusy",
+            CloseReason::Interrupted => "Interrupted",
             CloseReason::Unrecognized => "LedgerClosed",
         }
     }
 
-    const ALL: [CloseReason; 9] = [
+    const ALL: [CloseReason; 10] = [
         CloseReason::StopRequested,
         CloseReason::MaxAttemptsExceeded,
         CloseReason::SecretNotFound,
@@ -60,6 +64,7 @@ impl CloseReason {
         CloseReason::DeadlineExceeded,
         CloseReason::LeaseNotOwned,
         CloseReason::ThreadBusy,
+        CloseReason::Interrupted,
         CloseReason::Unrecognized,
     ];
 

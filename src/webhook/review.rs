@@ -13,7 +13,7 @@ use kube::{Client, ResourceExt};
 use serde::de::DeserializeOwned;
 
 use super::rules::{self, Ask, RunFacts, Writer};
-use crate::crd::v1alpha1::{AgentRun, AgentRunSpec, LedgerSegment};
+use crate::crd::v1alpha1::{AgentRun, AgentRunSpec, AgentThread, LedgerSegment};
 use crate::fence::Fence;
 use crate::rbac::{pod_service_account, service_account_username};
 
@@ -84,13 +84,15 @@ impl Reviewer {
                     .as_ref()
                     .map(|o| typed(Some(o), "AgentRun"))
                     .transpose()?;
-                self.check_run(
-                    &request.user_info,
-                    &namespace,
-                    old.map(|r| r.spec).as_ref(),
-                    &new.spec,
-                )
-                .await
+                let old = old.map(|r| r.spec);
+                let user = username(&request.user_info);
+                let controller = self.controller_users.iter().any(|c| c == user);
+                if controller && old.as_ref().is_some_and(|o| rules::is_join(o, &new.spec)) {
+                    return refused(rules::oversized_spec(&new.spec, self.max_spec_bytes));
+                }
+                let borrowing = self.as_joined(&namespace, old.as_ref(), new.spec).await?;
+                self.check_run(&request.user_info, &namespace, old.as_ref(), &borrowing)
+                    .await
             }
             ("ledgersegments", Operation::Create) => {
                 let seg: LedgerSegment = typed(request.object.as_ref(), "LedgerSegment")?;
@@ -148,6 +150,29 @@ impl Reviewer {
         } else {
             Err(ReviewError::Refused(missing.join("; ")))
         }
+    }
+
+    /// What a run borrows: for a turn being created, its thread's agent and worker (as if
+    /// written in it); for anything else, its own spec. A thread that does not exist lends
+    /// nothing (the controller fails the turn, naming it).
+    async fn as_joined(
+        &self,
+        namespace: &str,
+        old: Option<&AgentRunSpec>,
+        new: AgentRunSpec,
+    ) -> Result<AgentRunSpec, ReviewError> {
+        let Some(thread) = new
+            .thread
+            .as_deref()
+            .filter(|_| old.is_none() && new.agent.is_none())
+        else {
+            return Ok(new);
+        };
+        let api = Api::<AgentThread>::namespaced(self.client.clone(), namespace);
+        Ok(match api.get_opt(thread).await? {
+            Some(thread) => rules::turn_as_joined(&new, &thread.spec),
+            None => new,
+        })
     }
 
     /// Whether `user` holds `ask` themselves (a SubjectAccessReview on their behalf).

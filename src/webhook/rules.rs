@@ -7,7 +7,7 @@ use kube::ResourceExt;
 use serde_json::Value;
 
 use crate::crd::RUN_UID_LABEL;
-use crate::crd::v1alpha1::{AgentRunSpec, LedgerSegment};
+use crate::crd::v1alpha1::{AgentRunSpec, AgentThreadSpec, LedgerSegment};
 use crate::fence::{Fence, append_ceiling, may_append_at, segment_name};
 
 /// A permission the requesting user must hold, because a field of the manifest would make
@@ -65,7 +65,7 @@ pub fn run_asks(old: Option<&AgentRunSpec>, new: &AgentRunSpec) -> Vec<Ask> {
     let agent = new.agent();
     if let Some(key) = agent.and_then(|a| a.model.api_key_secret_ref.as_ref()) {
         asks.push(Ask::get_secret(
-            "spec.agent_mut().model.apiKeySecretRef.name".into(),
+            "spec.agent.model.apiKeySecretRef.name".into(),
             &key.name,
         ));
     }
@@ -75,7 +75,7 @@ pub fn run_asks(old: Option<&AgentRunSpec>, new: &AgentRunSpec) -> Vec<Ask> {
             .as_ref()
             .and_then(|m| m.headers_from_secret.as_ref())
         {
-            let field = format!("spec.agent_mut().tools[{i}].mcp.headersFromSecret");
+            let field = format!("spec.agent.tools[{i}].mcp.headersFromSecret");
             asks.push(Ask::get_secret(field, secret));
         }
     }
@@ -99,6 +99,23 @@ pub fn run_asks(old: Option<&AgentRunSpec>, new: &AgentRunSpec) -> Vec<Ask> {
         }
     }
     asks
+}
+
+/// A turn as it will run once it joins `thread`: with the thread's agent and worker, which its
+/// creator borrows as if they were written in the turn.
+pub fn turn_as_joined(turn: &AgentRunSpec, thread: &AgentThreadSpec) -> AgentRunSpec {
+    AgentRunSpec {
+        agent: Some(thread.agent.clone()),
+        worker: thread.worker.clone(),
+        ..turn.clone()
+    }
+}
+
+/// True when `old` → `new` is a turn joining its thread (the controller's one write of a
+/// turn's spec): the agent set where there was none, the thread unchanged. Its creator was
+/// asked for what the thread borrows when the turn was created.
+pub fn is_join(old: &AgentRunSpec, new: &AgentRunSpec) -> bool {
+    old.thread.is_some() && old.thread == new.thread && old.agent.is_none() && new.agent.is_some()
 }
 
 fn same_borrowing_fields(old: &AgentRunSpec, new: &AgentRunSpec) -> bool {

@@ -40,12 +40,12 @@ fn every_secret_and_pod_field_is_asked_for() {
         fields(&run_asks(None, &s)),
         vec![
             (
-                "spec.agent_mut().model.apiKeySecretRef.name",
+                "spec.agent.model.apiKeySecretRef.name",
                 "secrets",
                 Some("model-key")
             ),
             (
-                "spec.agent_mut().tools[0].mcp.headersFromSecret",
+                "spec.agent.tools[0].mcp.headersFromSecret",
                 "secrets",
                 Some("mcp-headers")
             ),
@@ -72,7 +72,7 @@ fn an_update_asks_again_only_when_agent_or_worker_change() {
     assert_eq!(
         fields(&run_asks(Some(&old), &redirected)),
         vec![(
-            "spec.agent_mut().model.apiKeySecretRef.name",
+            "spec.agent.model.apiKeySecretRef.name",
             "secrets",
             Some("model-key")
         )]
@@ -81,12 +81,10 @@ fn an_update_asks_again_only_when_agent_or_worker_change() {
 
 #[test]
 fn a_refusal_names_the_field_and_the_permission() {
-    let ask = Ask::get_secret("spec.agent_mut().model.apiKeySecretRef.name".into(), "db");
+    let ask = Ask::get_secret("spec.agent.model.apiKeySecretRef.name".into(), "db");
     let text = ask.refusal("alice", "team-a");
     assert!(
-        text.starts_with(
-            "spec.agent_mut().model.apiKeySecretRef.name: alice may not get secrets \"db\""
-        ),
+        text.starts_with("spec.agent.model.apiKeySecretRef.name: alice may not get secrets \"db\""),
         "{text}"
     );
 }
@@ -303,4 +301,29 @@ fn only_renewals_by_the_controller_or_the_runs_own_worker_skip_the_read() {
     ));
     assert!(!plain(&mine, &mine, "system:serviceaccount:ns:deployer"));
     assert!(!plain(&mine, &mine, "alice"));
+}
+
+#[test]
+fn a_turn_borrows_its_threads_agent_and_only_its_join_borrows_nothing() {
+    let mut turn = AgentRun::builder("t").build().spec;
+    turn.agent = None;
+    turn.thread = Some("keyed".into());
+    let mut thread_agent = AgentRun::builder("x").build().spec.agent.unwrap();
+    thread_agent.model.api_key_secret_ref = Some(SecretKeyRef {
+        name: "db".into(),
+        key: "k".into(),
+    });
+    let thread: AgentThreadSpec =
+        serde_json::from_value(serde_json::json!({ "agent": thread_agent })).unwrap();
+    let joined = turn_as_joined(&turn, &thread);
+    let asks = run_asks(None, &joined);
+    assert_eq!(asks[0].field, "spec.agent.model.apiKeySecretRef.name");
+    assert!(is_join(&turn, &joined));
+    // Not a join: an agent changed on a turn that has one, or on a run of no thread.
+    assert!(!is_join(&joined, &joined));
+    let mut plain = joined.clone();
+    plain.thread = None;
+    let mut none = plain.clone();
+    none.agent = None;
+    assert!(!is_join(&none, &plain));
 }

@@ -145,7 +145,7 @@ fn malformed_manifests() -> Vec<(&'static str, serde_json::Value, &'static str)>
         (
             "unknown provider",
             json!({ "input": "x", "agent": { "model": { "provider": "gemini" } } }),
-            "spec.agent_mut().model.provider",
+            "spec.agent.model.provider",
         ),
         (
             "missing input",
@@ -176,12 +176,12 @@ fn malformed_manifests() -> Vec<(&'static str, serde_json::Value, &'static str)>
         (
             "wrong tool kind",
             json!({ "input": "x", "agent": { "model": model, "tools": [{ "name": "t", "kind": "ftp" }] } }),
-            "spec.agent_mut().tools.kind",
+            "spec.agent.tools.kind",
         ),
         (
             "tool without a kind",
             json!({ "input": "x", "agent": { "model": model, "tools": [{ "name": "t" }] } }),
-            "spec.agent_mut().tools.kind",
+            "spec.agent.tools.kind",
         ),
         (
             "bad thread key",
@@ -216,7 +216,7 @@ fn malformed_manifests() -> Vec<(&'static str, serde_json::Value, &'static str)>
         (
             "an approval policy that does not exist",
             json!({ "input": "x", "agent": { "model": model, "approval": "Sometimes" } }),
-            "spec.agent_mut().approval",
+            "spec.agent.approval",
         ),
         (
             "bad runtime class",
@@ -403,12 +403,19 @@ fn crd_names_and_short_names_are_as_documented() {
 }
 
 /// Every manifest in examples/ is accepted by the API server as it stands (a server-side dry
-/// run against the generated CRD) and passes the controller's own checks.
+/// run against the generated CRD) and passes the controller's own checks: a run's spec, a
+/// thread's agent as its turns get it; a turn names a thread of its file and sets no agent.
 #[tokio::test]
 async fn every_example_is_a_valid_agent_run() {
     let ns = TestNamespace::new("examples").await;
-    let ar = ApiResource::erase::<AgentRun>(&());
-    let api: Api<DynamicObject> = Api::namespaced_with(ns.client.clone(), &ns.name, &ar);
+    let api_of = |kind: &str| {
+        let ar = match kind {
+            "AgentThread" => ApiResource::erase::<AgentThread>(&()),
+            _ => ApiResource::erase::<AgentRun>(&()),
+        };
+        Api::<DynamicObject>::namespaced_with(ns.client.clone(), &ns.name, &ar)
+    };
+    let mut threads = std::collections::BTreeMap::new();
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/examples");
     let mut checked = 0;
     for entry in std::fs::read_dir(dir).unwrap().flatten() {
@@ -425,11 +432,42 @@ async fn every_example_is_a_valid_agent_run() {
                 dry_run: true,
                 ..Default::default()
             };
-            api.create(&dry, &obj)
+            let kind = obj
+                .types
+                .as_ref()
+                .map(|t| t.kind.clone())
+                .unwrap_or_default();
+            api_of(&kind)
+                .create(&dry, &obj)
                 .await
                 .unwrap_or_else(|e| panic!("{}: refused: {e}", path.display()));
-            let run: AgentRun = serde_json::from_value(value).unwrap();
-            baton::controller::validate::validate(&run.spec)
+            let spec = if kind == "AgentThread" {
+                let thread: AgentThread = serde_json::from_value(value).unwrap();
+                let spec = AgentRun::builder("turn").spec();
+                threads.insert(thread.name_any(), thread.spec.agent.clone());
+                AgentRunSpec {
+                    agent: Some(thread.spec.agent),
+                    ..spec
+                }
+            } else {
+                let mut run: AgentRun = serde_json::from_value(value).unwrap();
+                if let Some(thread) = &run.spec.thread {
+                    assert!(
+                        run.spec.agent.is_none(),
+                        "{}: a turn with an agent",
+                        path.display()
+                    );
+                    let agent = threads.get(thread).cloned();
+                    assert!(
+                        agent.is_some(),
+                        "{}: no thread {thread} before it",
+                        path.display()
+                    );
+                    run.spec.agent = agent;
+                }
+                run.spec
+            };
+            baton::controller::validate::validate(&spec)
                 .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             checked += 1;
         }

@@ -48,6 +48,8 @@ fn decided_on(run: &AgentRun, held: bool, renewed: bool) -> Action {
             image: "baton:dev".into(),
         },
         admission: Admission::NotRequired,
+        on_busy: baton::crd::v1alpha1::BusyPolicy::Enqueue,
+        holder_stopping: false,
         stop_seen_at: None,
         desired_image: "baton:dev".into(),
         rollout: RolloutPolicy::Keep,

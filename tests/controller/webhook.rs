@@ -13,7 +13,9 @@ use crate::controller_support::common::webhook::{
 use crate::controller_support::*;
 use crate::rbac_support::{grant_user, worker_client};
 use baton::crd::RUN_UID_LABEL;
-use baton::crd::v1alpha1::{AgentRun, LEDGER_FORMAT_VERSION, LedgerSegment, LedgerSegmentSpec};
+use baton::crd::v1alpha1::{
+    AgentRun, AgentThread, LEDGER_FORMAT_VERSION, LedgerSegment, LedgerSegmentSpec,
+};
 use baton::fence::{Fence, segment_name};
 use baton::webhook::CertIssuer;
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
@@ -121,7 +123,7 @@ async fn a_user_who_may_not_read_a_secret_cannot_lend_it_to_a_run() {
     let text = refusal(create_as(MALLORY, &w.ns.name, &key_proxy("proxy")).await);
     assert!(
         text.contains(
-            "spec.agent_mut().model.apiKeySecretRef.name: mallory may not get secrets \"model-key\""
+            "spec.agent.model.apiKeySecretRef.name: mallory may not get secrets \"model-key\""
         ),
         "{text}"
     );
@@ -135,7 +137,7 @@ async fn a_user_who_may_not_read_a_secret_cannot_lend_it_to_a_run() {
     ];
     let text = refusal(create_as(MALLORY, &w.ns.name, &mcp).await);
     assert!(
-        text.contains("spec.agent_mut().tools[0].mcp.headersFromSecret"),
+        text.contains("spec.agent.tools[0].mcp.headersFromSecret"),
         "{text}"
     );
 
@@ -359,4 +361,61 @@ async fn a_certificate_issued_elsewhere_is_served_and_followed_when_rotated() {
     assert!(refused.contains("apiKeySecretRef"), "{refused}");
     served.stop(&ns.client).await;
     ns.cleanup().await;
+}
+
+/// A thread whose agent sends the model key to an endpoint of the attacker's choice.
+fn keyed_thread(name: &str) -> AgentThread {
+    let agent = key_proxy("x").spec.agent.expect("an agent");
+    AgentThread::new(
+        name,
+        serde_json::from_value(json!({ "agent": agent })).expect("a thread spec"),
+    )
+}
+
+/// A turn of `thread`, as a user writes it.
+fn turn_of(name: &str, thread: &str) -> AgentRun {
+    serde_json::from_value(json!({
+        "apiVersion": "baton.dev/v1alpha1", "kind": "AgentRun",
+        "metadata": { "name": name },
+        "spec": { "input": "hi", "thread": thread },
+    }))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_turn_borrows_what_its_thread_borrows_and_its_creator_is_asked_for_it() {
+    // Without the webhook, Mallory's turn would use the thread's key.
+    let open = TestNamespace::new("webhook-turn-open").await;
+    users(&open).await;
+    let threads = open.api::<AgentThread>();
+    threads
+        .create(&PostParams::default(), &keyed_thread("keyed"))
+        .await
+        .unwrap();
+    create_as(MALLORY, &open.name, &turn_of("t1", "keyed"))
+        .await
+        .expect("unwatched: admitted");
+    open.cleanup().await;
+
+    let w = Watched::new("webhook-turn").await;
+    w.ns.api::<AgentThread>()
+        .create(&PostParams::default(), &keyed_thread("keyed"))
+        .await
+        .unwrap();
+    let text = refusal(create_as(MALLORY, &w.ns.name, &turn_of("t1", "keyed")).await);
+    assert!(
+        text.contains(
+            "spec.agent.model.apiKeySecretRef.name: mallory may not get secrets \"model-key\""
+        ),
+        "{text}"
+    );
+    create_as(ALICE, &w.ns.name, &turn_of("t2", "keyed"))
+        .await
+        .expect("alice may read the key: her turn is admitted");
+    // A turn of a thread that does not exist borrows nothing: admitted, and the controller
+    // ends it naming the thread.
+    create_as(MALLORY, &w.ns.name, &turn_of("t3", "nowhere"))
+        .await
+        .expect("nothing borrowed");
+    w.cleanup().await;
 }

@@ -4,7 +4,9 @@
 //! - the second turn's request carries the first turn's conversation, in order, tool call and
 //!   result included, then its own input;
 //! - a turn whose worker is killed -9 mid-step is resumed with the very same history;
-//! - a turn whose earlier turn is deleted before it runs fails `HistoryUnavailable`, naming it.
+//! - a turn whose earlier turn is deleted before it runs fails `HistoryUnavailable`, naming it;
+//! - `onBusy: Reject` ends a new turn `ThreadBusy`; `onBusy: Interrupt` stops the live turn
+//!   (`Stopped`, reason `Interrupted`) and the new turn's model sees what it recorded.
 
 use std::time::Duration;
 
@@ -55,6 +57,11 @@ fn start_controller(ns: &TestNamespace) -> Running {
 
 /// A thread whose model is the test server, with a shell tool, and short leases.
 fn thread(name: &str, server: &Server) -> AgentThread {
+    thread_busy(name, server, "Enqueue")
+}
+
+/// [`thread`] with the busy policy `on_busy`.
+fn thread_busy(name: &str, server: &Server, on_busy: &str) -> AgentThread {
     let agent = AgentSpec {
         model: ModelSpec {
             provider: Provider::Openai,
@@ -70,6 +77,7 @@ fn thread(name: &str, server: &Server) -> AgentThread {
     let spec: AgentThreadSpec = serde_json::from_value(serde_json::json!({
         "agent": agent,
         "lease": {"durationSeconds": 4, "renewSeconds": 1, "startupSeconds": 60},
+        "onBusy": on_busy,
     }))
     .expect("a thread spec");
     AgentThread::new(name, spec)
@@ -345,5 +353,78 @@ async fn a_turn_whose_earlier_turn_is_deleted_fails_naming_it() {
     assert!(message.contains("geo-1"), "{message}");
     // The model was never asked anything with a history other than the one fixed.
     assert_eq!(server.received().len(), 1);
+    ns.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_turn_of_a_busy_thread_that_rejects_ends_thread_busy_at_once() {
+    let ns = TestNamespace::new("thread-reject").await;
+    let server = Server::start(vec![]).await;
+    let _controller = start_controller(&ns);
+    create(&ns, &thread_busy("geo", &server, "Reject")).await;
+    // The first turn is claimed and stays live (no worker is started for it).
+    create(&ns, &turn("geo-1", "geo", "Capital of France?")).await;
+    wait_phase(&ns, "geo-1", Phase::Running).await;
+    create(&ns, &turn("geo-2", "geo", "And its population?")).await;
+    let refused = wait_phase(&ns, "geo-2", Phase::Failed).await;
+    let status = refused.status.unwrap();
+    assert_eq!(status.reason.as_deref(), Some("ThreadBusy"));
+    let message = status.message.unwrap_or_default();
+    assert!(
+        message.contains("geo-1") && message.contains("Reject"),
+        "{message}"
+    );
+    let runs: Api<AgentRun> = ns.api();
+    let live = runs.get("geo-1").await.unwrap();
+    assert_eq!(live.status.unwrap().phase, Phase::Running);
+    assert!(!live.spec.stop);
+    ns.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_turn_of_a_busy_thread_that_interrupts_stops_the_live_turn_and_carries_it_on() {
+    let ns = TestNamespace::new("thread-interrupt").await;
+    let counter = counter_file("thread-interrupt");
+    let slow = format!("echo ran >> {}; sleep 30", counter.display());
+    let server = Server::start(vec![
+        Reply::sse(tool_call_stream("call_1", "sh", &slow)),
+        Reply::sse(answer_stream("Stopped that; here is the short answer.")),
+    ])
+    .await;
+    let _controller = start_controller(&ns);
+    create(&ns, &thread_busy("geo", &server, "Interrupt")).await;
+    create(&ns, &turn("geo-1", "geo", "List every museum of Paris.")).await;
+    let mut first = run_pod(&ns, "geo-1", 1).await;
+    wait_until(T, "the slow step to start", || async {
+        count(&counter) == 1
+    })
+    .await;
+
+    create(&ns, &turn("geo-2", "geo", "Never mind, just the Louvre.")).await;
+    let stopped = wait_phase(&ns, "geo-1", Phase::Stopped).await;
+    let code = first.wait(EXIT_TIMEOUT).await;
+    assert_eq!(code, 0, "{}", first.log_text());
+    let status = stopped.status.clone().unwrap();
+    assert_eq!(status.reason.as_deref(), Some("Interrupted"));
+    assert!(status.message.unwrap_or_default().contains("geo-2"));
+    let mut second = run_pod(&ns, "geo-2", 1).await;
+    let code = second.wait(EXIT_TIMEOUT).await;
+    assert_eq!(code, 0, "{}", second.log_text());
+    wait_phase(&ns, "geo-2", Phase::Succeeded).await;
+    assert_eq!(count(&counter), 1);
+
+    // The new turn's model sees the stopped turn up to where it stopped: its call answered
+    // (never a call without its result), then the new input.
+    let received = server.received();
+    assert_eq!(received.len(), 2, "{received:?}");
+    let seen = conversation(&received[1]);
+    let roles: Vec<&str> = seen.iter().map(|(r, _)| r.as_str()).collect();
+    assert_eq!(
+        roles,
+        ["system", "user", "assistant", "assistant", "tool", "user"],
+        "{seen:?}"
+    );
+    assert_eq!(seen[1].1, "List every museum of Paris.");
+    assert_eq!(seen[5].1, "Never mind, just the Louvre.");
     ns.cleanup().await;
 }

@@ -44,6 +44,8 @@ use super::{AgentRunStatus, AgentSpec};
     )
 )]
 #[serde(rename_all = "camelCase")]
+// A run names its agent, or the thread whose agent it takes: the API server refuses neither.
+#[schemars(extend("anyOf" = [{"required": ["agent"]}, {"required": ["thread"]}]))]
 pub struct AgentRunSpec {
     /// The user message that starts the turn (at most 64 Ki characters).
     #[schemars(length(min = 1, max = 65536))]

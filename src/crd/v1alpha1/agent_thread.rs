@@ -73,6 +73,10 @@ pub enum BusyPolicy {
     Enqueue,
     /// The turn ends `Failed` at once, reason `ThreadBusy`.
     Reject,
+    /// The live turn is stopped, as `baton stop` stops it (its step in flight cancelled and
+    /// recorded), and ends `Stopped`, reason `Interrupted`; the new turn runs next and its
+    /// model sees what the stopped turn recorded.
+    Interrupt,
 }
 
 /// Whether a turn of the thread is live.

@@ -71,7 +71,7 @@ pub(super) fn model_name(spec: &ModelSpec, provider: &str) -> Result<String, Mod
         Some(name) if !name.is_empty() => Ok(name.to_string()),
         _ => Err(ModelError::Permanent {
             status: None,
-            message: format!("spec.agent_mut().model.name is required for provider {provider}"),
+            message: format!("spec.agent.model.name is required for provider {provider}"),
         }),
     }
 }
