@@ -203,9 +203,13 @@ fn event_lines(
         E::Claimed { fence, pod } => {
             format!("=== claimed: attempt {fence} goes to pod {pod} (fence {fence})")
         }
-        E::History { thread, turns } => format!(
+        E::History { thread, turns, .. } => format!(
             "=== a turn of thread {thread}: its model sees the {} earlier turn(s) before it",
             turns.len()
+        ),
+        E::HistoryDropped { turns, tokens } => format!(
+            "=== history: the oldest turn(s) {} left out ({tokens} tokens) to fit the thread's maxHistoryTokens",
+            turns.join(", ")
         ),
         E::Message { role, content } => block(&format!("[{}]", role_name(*role)), content),
         E::Input { index, content } => block(&format!("[user input #{}]", index + 1), content),

@@ -59,15 +59,16 @@ pub fn join_problem(run: &AgentRun) -> Option<String> {
     ))
 }
 
+/// The cached thread `run` is a turn of.
+fn thread_of(ctx: &Context, run: &AgentRun) -> Option<std::sync::Arc<AgentThread>> {
+    let thread = run.spec.thread.as_deref()?;
+    let key = ObjectRef::new(thread).within(&run.namespace().unwrap_or_default());
+    ctx.thread_cache().get(&key)
+}
+
 /// The busy policy of the thread `run` is a turn of (Enqueue for a run that is no turn).
 pub fn busy_policy(ctx: &Context, run: &AgentRun) -> BusyPolicy {
-    let Some(thread) = run.spec.thread.as_deref() else {
-        return BusyPolicy::Enqueue;
-    };
-    let key = ObjectRef::new(thread).within(&run.namespace().unwrap_or_default());
-    ctx.thread_cache()
-        .get(&key)
-        .map_or(BusyPolicy::Enqueue, |t| t.spec.on_busy)
+    thread_of(ctx, run).map_or(BusyPolicy::Enqueue, |t| t.spec.on_busy)
 }
 
 /// The live turn that holds `run`'s thread, when it is a turn of the same thread (a plain
@@ -185,8 +186,8 @@ pub async fn history(ctx: &Context, run: &AgentRun) -> Result<Option<LedgerEvent
         if segments.is_empty() {
             continue;
         }
-        if let Some((_, before)) = recorded_history(&segments) {
-            turns = before;
+        if let Some(fixed) = recorded_history(&segments) {
+            turns = fixed.turns;
         }
         turns.push(HistoryTurn {
             run: previous.name_any(),
@@ -195,7 +196,12 @@ pub async fn history(ctx: &Context, run: &AgentRun) -> Result<Option<LedgerEvent
         });
         break;
     }
-    Ok(Some(LedgerEvent::History { thread, turns }))
+    let context = thread_of(ctx, run).and_then(|t| t.spec.context.clone());
+    Ok(Some(LedgerEvent::History {
+        thread,
+        turns,
+        context,
+    }))
 }
 
 /// The turns of `run`'s thread created before it that ended, oldest first.

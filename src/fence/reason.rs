@@ -121,19 +121,23 @@ pub enum EndReason {
     /// A turn's history cannot be rebuilt as its first seal fixed it: an earlier turn of its
     /// thread (or part of its ledger) was deleted while this turn was in flight.
     HistoryUnavailable,
+    /// A turn's history is larger than its thread's `context.maxHistoryTokens`, whose
+    /// `onOverflow` is `Fail`.
+    ContextExceeded,
     /// A reason this version does not know (written by another version), kept as written:
     /// it is what the run's status shows.
     Unrecognized(String),
 }
 
 impl EndReason {
-    const KNOWN: [EndReason; 6] = [
+    const KNOWN: [EndReason; 7] = [
         EndReason::ProviderError,
         EndReason::MaxStepsExceeded,
         EndReason::BudgetExceeded,
         EndReason::DeadlineExceeded,
         EndReason::McpServerUnavailable,
         EndReason::HistoryUnavailable,
+        EndReason::ContextExceeded,
     ];
 
     pub fn as_str(&self) -> &str {
@@ -144,6 +148,7 @@ impl EndReason {
             EndReason::DeadlineExceeded => "DeadlineExceeded",
             EndReason::McpServerUnavailable => "McpServerUnavailable",
             EndReason::HistoryUnavailable => "HistoryUnavailable",
+            EndReason::ContextExceeded => "ContextExceeded",
             EndReason::Unrecognized(reason) => reason,
         }
     }

@@ -4,17 +4,26 @@
 
 use super::LedgerError;
 use super::replay::{Replay, ReplayedMessage, StepState};
-use crate::crd::v1alpha1::{HistoryTurn, LedgerEvent, LedgerSegment};
+use crate::crd::v1alpha1::{ContextPolicy, HistoryTurn, LedgerEvent, LedgerSegment, Overflow};
+use crate::fence::EndReason;
 
 /// What the model is told about a call its turn ended without a result for (the turn was
 /// stopped, failed or interrupted while the call waited or ran).
 pub const ENDED_WITHOUT_RESULT: &str = "This call's turn ended before its result was recorded. \
 Its effects are unknown. Check them before repeating it.";
 
+/// A turn's history as its first seal fixed it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FixedHistory {
+    pub thread: String,
+    pub turns: Vec<HistoryTurn>,
+    pub context: Option<ContextPolicy>,
+}
+
 /// The history a turn's ledger fixes: the `history` event of its first seal (position 1, the
 /// controller's `claimed` for fence 1). One anywhere else is not the controller's and is not
 /// read. None: the run is not a turn, or its ledger predates its first seal.
-pub fn recorded_history(segments: &[LedgerSegment]) -> Option<(String, Vec<HistoryTurn>)> {
+pub fn recorded_history(segments: &[LedgerSegment]) -> Option<FixedHistory> {
     let first = segments.iter().find(|s| s.spec.seq == 1)?;
     let events = &first.spec.events;
     let sealed =
@@ -23,7 +32,15 @@ pub fn recorded_history(segments: &[LedgerSegment]) -> Option<(String, Vec<Histo
         return None;
     }
     events.iter().find_map(|e| match e {
-        LedgerEvent::History { thread, turns } => Some((thread.clone(), turns.clone())),
+        LedgerEvent::History {
+            thread,
+            turns,
+            context,
+        } => Some(FixedHistory {
+            thread: thread.clone(),
+            turns: turns.clone(),
+            context: context.clone(),
+        }),
         _ => None,
     })
 }
@@ -40,6 +57,79 @@ pub enum HistoryError {
     Missing { run: String, up_to: i64, found: i64 },
     #[error("turn {run} of the history: {detail}")]
     Unreadable { run: String, detail: String },
+    /// The history is larger than the thread's `maxHistoryTokens`, and its `onOverflow` is
+    /// `Fail`.
+    #[error(
+        "the history ({turns} earlier turn(s)) is {tokens} tokens (estimated: one per 4 bytes), \
+         over the thread's context.maxHistoryTokens ({max}); its onOverflow is Fail \
+         (DropOldestTurns leaves the oldest turns out)"
+    )]
+    TooLong { turns: usize, tokens: i64, max: i64 },
+}
+
+impl HistoryError {
+    /// The reason the turn ends with.
+    pub fn reason(&self) -> EndReason {
+        match self {
+            HistoryError::TooLong { .. } => EndReason::ContextExceeded,
+            _ => EndReason::HistoryUnavailable,
+        }
+    }
+}
+
+/// The history a turn's model is sent: the earlier turns that fit its context policy, and the
+/// turns left out (oldest first) with their estimated tokens.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Fitted {
+    pub messages: Vec<ReplayedMessage>,
+    pub dropped: Vec<String>,
+    pub dropped_tokens: i64,
+}
+
+/// Fits the earlier turns' conversations (in order, with their turns) to `policy`. Whole turns
+/// only: a tool call is never sent without its result. Deterministic, so every attempt of a
+/// turn sends the same history.
+pub fn fit(
+    turns: Vec<(HistoryTurn, Vec<ReplayedMessage>)>,
+    policy: Option<&ContextPolicy>,
+) -> Result<Fitted, HistoryError> {
+    let sized: Vec<(HistoryTurn, Vec<ReplayedMessage>, i64)> = turns
+        .into_iter()
+        .map(|(turn, messages)| {
+            let tokens = estimated_tokens(&messages);
+            (turn, messages, tokens)
+        })
+        .collect();
+    let total: i64 = sized.iter().map(|(_, _, t)| t).sum();
+    let mut fitted = Fitted::default();
+    let Some(policy) = policy.filter(|p| total > p.max_history_tokens) else {
+        fitted.messages = sized.into_iter().flat_map(|(_, m, _)| m).collect();
+        return Ok(fitted);
+    };
+    if policy.on_overflow == Overflow::Fail {
+        return Err(HistoryError::TooLong {
+            turns: sized.len(),
+            tokens: total,
+            max: policy.max_history_tokens,
+        });
+    }
+    let mut kept = total;
+    for (turn, messages, tokens) in sized {
+        if kept > policy.max_history_tokens {
+            kept -= tokens;
+            fitted.dropped.push(turn.run);
+            fitted.dropped_tokens += tokens;
+        } else {
+            fitted.messages.extend(messages);
+        }
+    }
+    Ok(fitted)
+}
+
+/// Tokens of `messages`, one per 4 bytes, as the scripted provider estimates usage.
+pub fn estimated_tokens(messages: &[ReplayedMessage]) -> i64 {
+    let bytes: usize = messages.iter().map(ReplayedMessage::text_bytes).sum();
+    bytes.div_ceil(4) as i64
 }
 
 /// The conversation of one earlier turn: its ledger's segments up to `turn.up_to` (exactly

@@ -2,7 +2,8 @@
 //! conversation rebuilt in order with every tool call answered.
 
 use super::*;
-use crate::crd::v1alpha1::Role;
+use crate::crd::v1alpha1::{ContextPolicy, Overflow, Role};
+use crate::fence::EndReason;
 use crate::fence::Fence;
 use crate::fence::test_segment as seg;
 use crate::ledger::UNKNOWN_EFFECT_NOTICE;
@@ -43,6 +44,7 @@ fn history(up_to: i64) -> LedgerEvent {
     LedgerEvent::History {
         thread: "t".into(),
         turns: vec![turn(up_to)],
+        context: None,
     }
 }
 
@@ -57,7 +59,12 @@ fn turn(up_to: i64) -> HistoryTurn {
 #[test]
 fn only_the_first_seals_history_counts() {
     let fixed = [seg(1, 1, vec![claimed(1), history(4)])];
-    assert_eq!(recorded_history(&fixed), Some(("t".into(), vec![turn(4)])));
+    let expected = FixedHistory {
+        thread: "t".into(),
+        turns: vec![turn(4)],
+        context: None,
+    };
+    assert_eq!(recorded_history(&fixed), Some(expected));
     // A `history` event anywhere else is not the controller's first seal: not read.
     let later = [seg(1, 1, vec![claimed(1)]), seg(2, 1, vec![history(9)])];
     assert_eq!(recorded_history(&later), None);
@@ -157,4 +164,82 @@ fn a_turn_missing_any_segment_up_to_its_position_fails_naming_it() {
     );
     let gone = turn_conversation(&turn(2), &[]).unwrap_err();
     assert!(gone.to_string().contains("turn t-1"), "{gone}");
+}
+
+/// Turn `run` whose conversation is `bytes` bytes of user text (bytes / 4 tokens).
+fn sized(run: &str, bytes: usize) -> (HistoryTurn, Vec<ReplayedMessage>) {
+    let turn = HistoryTurn {
+        run: run.into(),
+        uid: format!("uid-{run}"),
+        up_to: 1,
+    };
+    (turn, vec![ReplayedMessage::User("x".repeat(bytes))])
+}
+
+fn policy(max: i64, on_overflow: Overflow) -> ContextPolicy {
+    ContextPolicy {
+        max_history_tokens: max,
+        on_overflow,
+    }
+}
+
+#[test]
+fn a_history_within_its_policy_is_sent_whole() {
+    let turns = vec![sized("t-1", 400), sized("t-2", 400)];
+    let whole = fit(turns.clone(), None).unwrap();
+    assert_eq!(whole.messages.len(), 2);
+    let within = fit(turns, Some(&policy(200, Overflow::Fail))).unwrap();
+    assert_eq!(within.messages.len(), 2);
+    assert!(within.dropped.is_empty());
+}
+
+#[test]
+fn a_history_over_its_policy_fails_naming_the_sizes() {
+    let turns = vec![sized("t-1", 400), sized("t-2", 404)];
+    let err = fit(turns, Some(&policy(150, Overflow::Fail))).unwrap_err();
+    assert_eq!(
+        err,
+        HistoryError::TooLong {
+            turns: 2,
+            tokens: 201,
+            max: 150
+        }
+    );
+    assert_eq!(err.reason(), EndReason::ContextExceeded);
+    assert!(err.to_string().contains("201 tokens") && err.to_string().contains("(150)"));
+}
+
+#[test]
+fn dropping_leaves_out_whole_oldest_turns_until_the_rest_fits() {
+    let mut turns = vec![sized("t-1", 400), sized("t-2", 400), sized("t-3", 400)];
+    // A turn with a tool call keeps it with its result, or goes whole.
+    turns[1].1 = vec![
+        ReplayedMessage::Assistant {
+            text: "x".repeat(392),
+            tool_calls: vec![crate::ledger::ToolCallRecord {
+                step: 1,
+                call_id: "c1".into(),
+                tool: "sh".into(),
+                input: "ls".into(),
+            }],
+        },
+        ReplayedMessage::ToolResult {
+            step: 1,
+            call_id: "c1".into(),
+            tool: "sh".into(),
+            content: "abcdef".into(),
+            is_error: false,
+        },
+    ];
+    let fitted = fit(turns.clone(), Some(&policy(150, Overflow::DropOldestTurns))).unwrap();
+    assert_eq!(fitted.dropped, ["t-1", "t-2"]);
+    assert_eq!(fitted.dropped_tokens, 200);
+    assert_eq!(fitted.messages, turns[2].1);
+    let fitted = fit(turns.clone(), Some(&policy(200, Overflow::DropOldestTurns))).unwrap();
+    assert_eq!(fitted.dropped, ["t-1"]);
+    assert_eq!(fitted.messages.len(), 3);
+    // Even the newest turn alone too large: none is sent.
+    let none = fit(turns, Some(&policy(10, Overflow::DropOldestTurns))).unwrap();
+    assert_eq!(none.dropped.len(), 3);
+    assert!(none.messages.is_empty());
 }

@@ -10,7 +10,10 @@ mod replay;
 mod store;
 
 pub use chunk::{EncodeError, SEGMENT_BUDGET_BYTES, encode_events, event_bytes};
-pub use history::{ENDED_WITHOUT_RESULT, HistoryError, recorded_history, turn_conversation};
+pub use history::{
+    ENDED_WITHOUT_RESULT, Fitted, FixedHistory, HistoryError, estimated_tokens, fit,
+    recorded_history, turn_conversation,
+};
 pub use replay::{
     Replay, ReplayedMessage, ReplayedStep, StepState, ToolCallRecord, UNKNOWN_EFFECT_NOTICE,
 };

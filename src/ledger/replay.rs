@@ -37,6 +37,19 @@ pub enum ReplayedMessage {
     },
 }
 
+impl ReplayedMessage {
+    /// Bytes of its text: what a token estimate counts.
+    pub fn text_bytes(&self) -> usize {
+        match self {
+            ReplayedMessage::System(t) | ReplayedMessage::User(t) => t.len(),
+            ReplayedMessage::Assistant { text, tool_calls } => {
+                text.len() + tool_calls.iter().map(|c| c.input.len()).sum::<usize>()
+            }
+            ReplayedMessage::ToolResult { content, .. } => content.len(),
+        }
+    }
+}
+
 /// A tool call as the model made it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolCallRecord {
@@ -106,6 +119,8 @@ pub struct Replay {
     pub abandoned_chunks: usize,
     /// What the run spent, as recorded.
     pub usage: RunUsage,
+    /// A turn's first attempt recorded which earlier turns its model is not sent.
+    pub history_dropped: bool,
     /// The tools each MCP server (by the spec's tool name) offered when first listed.
     pub mcp_tools: BTreeMap<String, Vec<McpToolRecord>>,
 }
@@ -216,6 +231,7 @@ impl Replay {
             }
             LedgerEvent::Stopped => self.stopped = true,
             LedgerEvent::Claimed { .. } | LedgerEvent::History { .. } => {}
+            LedgerEvent::HistoryDropped { .. } => self.history_dropped = true,
             LedgerEvent::Closed { .. } => self.count_cut_call(),
             LedgerEvent::Chunk { .. } => {}
         }

@@ -88,13 +88,13 @@ impl Holder {
         Ok(segments)
     }
 
-    /// The conversation of the earlier turns `turns` (a turn's history, as its first seal
+    /// The conversation of each earlier turn of `turns` (a turn's history, as its first seal
     /// fixed it), in order; or why it cannot be rebuilt. Reads only. The outer error is the
     /// API server's (a retry may pass); the inner one is the history's own (none will).
     pub async fn read_history(
         &self,
         turns: &[HistoryTurn],
-    ) -> Result<Result<Vec<ReplayedMessage>, HistoryError>, kube::Error> {
+    ) -> Result<Result<Vec<(HistoryTurn, Vec<ReplayedMessage>)>, HistoryError>, kube::Error> {
         let ns = &self.id.namespace;
         let reads = turns
             .iter()
@@ -111,7 +111,7 @@ impl Holder {
                 }),
             };
             match conversation {
-                Ok(messages) => history.extend(messages),
+                Ok(messages) => history.push((turn.clone(), messages)),
                 Err(err) => return Ok(Err(err)),
             }
         }

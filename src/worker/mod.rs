@@ -61,7 +61,7 @@ use tools::executor::Executor;
 use crate::crd::v1alpha1::{AgentRun, AgentRunStatus, LedgerSegment, Phase};
 use crate::fence::Fence;
 use crate::lease::LeaseError;
-use crate::ledger::{LedgerError, Replay, recorded_history};
+use crate::ledger::{Fitted, LedgerError, Replay, fit, recorded_history};
 use crate::telemetry::init_logging;
 use holder::Holder;
 
@@ -276,8 +276,11 @@ async fn open_session(
     };
     let replay = Replay::from_segments(&segments)?;
     let history = match recorded_history(&segments) {
-        Some((_, turns)) => holder.read_history(&turns).await?,
-        None => Ok(Vec::new()),
+        Some(fixed) => holder
+            .read_history(&fixed.turns)
+            .await?
+            .and_then(|turns| fit(turns, fixed.context.as_ref())),
+        None => Ok(Fitted::default()),
     };
     let start = appender::Start {
         tail: replay.tail,

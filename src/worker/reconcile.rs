@@ -13,7 +13,6 @@ use crate::approval::{self, Settlement};
 use crate::crd::v1alpha1::{
     ApprovalOutcome, LedgerEvent, ProbeOutcome, Resolution, Role, UnknownEffect,
 };
-use crate::fence::EndReason;
 
 /// What a probe that confirmed the effect puts in the step's result.
 pub const APPLIED_BY_PROBE: &str = "effect confirmed applied by probe; not re-run";
@@ -31,6 +30,16 @@ pub async fn resume(s: &mut Session, plan: ResumePlan) -> Resumed {
         fence: s.fence(),
         pod: s.me.cfg.pod.clone(),
     }];
+    // The earlier turns a turn's model is not sent: recorded once, by the first attempt.
+    if let Ok(fitted) = &s.me.history
+        && !fitted.dropped.is_empty()
+        && !s.turn.replay.history_dropped
+    {
+        first.push(LedgerEvent::HistoryDropped {
+            turns: fitted.dropped.clone(),
+            tokens: fitted.dropped_tokens,
+        });
+    }
     // The user's input opens the conversation: recorded once, by the first attempt's first
     // append (a ledger with any message already holds it, or predates this record).
     if s.turn.replay.messages.is_empty() {
@@ -83,7 +92,7 @@ fn history_lost(s: &Session, standing: &Standing) -> Option<Ending> {
         Standing::Finished { .. } | Standing::Failed { .. } | Standing::Stopped
     );
     (!ended).then(|| Ending::Failed {
-        reason: EndReason::HistoryUnavailable,
+        reason: err.reason(),
         message: err.to_string(),
     })
 }

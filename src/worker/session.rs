@@ -24,7 +24,7 @@ use crate::crd::v1alpha1::{
     AgentRun, AgentRunSpec, AgentSpec, LedgerEvent, LedgerStats, UnknownEffect,
 };
 use crate::fence::Fence;
-use crate::ledger::{HistoryError, Replay, ReplayedMessage};
+use crate::ledger::{Fitted, HistoryError, Replay, ReplayedMessage};
 
 /// One attempt at a run: who it is, what it acts through, and where its turn stands.
 pub struct Session {
@@ -42,9 +42,9 @@ pub struct Identity {
     pub run: AgentRun,
     /// Its agent (a turn's is its thread's, copied in when it was admitted).
     pub agent: AgentSpec,
-    /// A turn's history: its thread's earlier turns as its first seal fixed them (empty for
-    /// a run that is no turn), or why it cannot be rebuilt.
-    pub history: Result<Vec<ReplayedMessage>, HistoryError>,
+    /// A turn's history: its thread's earlier turns as its first seal fixed them, fitted to
+    /// its context policy (empty for a run that is no turn), or why it cannot be sent.
+    pub history: Result<Fitted, HistoryError>,
 }
 
 /// What the attempt acts through. None of it is a raw API client: the holder is its only way
@@ -135,7 +135,7 @@ impl Session {
 
     /// What the model is sent: the turn's history, then its own conversation.
     pub fn conversation(&self) -> Vec<ReplayedMessage> {
-        let history = self.me.history.as_deref().unwrap_or_default();
+        let history = self.me.history.as_ref().map_or(&[][..], |h| &h.messages);
         history
             .iter()
             .chain(&self.turn.replay.messages)

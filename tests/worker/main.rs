@@ -10,7 +10,8 @@
 //! - `resume`: zombies, effect probes, idempotent re-runs, askUser answered later;
 //! - `run`: a run from claim to Finishing, handoff on SIGTERM, stop;
 //! - `threads`: turns of a thread with the real controller: history carried, resumed the same,
-//!   a deleted earlier turn failing the turn.
+//!   a deleted earlier turn failing the turn, each busy policy;
+//! - `thread_context`: each overflow policy of a thread's context.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -50,4 +51,5 @@ mod mcp;
 mod openai;
 mod resume;
 mod run;
+mod thread_context;
 mod threads;

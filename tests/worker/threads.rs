@@ -28,10 +28,10 @@ use kube::{Api, ResourceExt};
 use serde_json::Value;
 use tokio::task::JoinHandle;
 
-const T: Duration = Duration::from_secs(60);
+pub(crate) const T: Duration = Duration::from_secs(60);
 
 /// The controller, scoped to the test's namespace, for as long as the test holds it.
-struct Running(JoinHandle<()>);
+pub(crate) struct Running(JoinHandle<()>);
 
 impl Drop for Running {
     fn drop(&mut self) {
@@ -39,7 +39,7 @@ impl Drop for Running {
     }
 }
 
-fn start_controller(ns: &TestNamespace) -> Running {
+pub(crate) fn start_controller(ns: &TestNamespace) -> Running {
     let config = Config {
         namespace: Some(ns.name.clone()),
         leader_election: false,
@@ -56,12 +56,12 @@ fn start_controller(ns: &TestNamespace) -> Running {
 }
 
 /// A thread whose model is the test server, with a shell tool, and short leases.
-fn thread(name: &str, server: &Server) -> AgentThread {
+pub(crate) fn thread(name: &str, server: &Server) -> AgentThread {
     thread_busy(name, server, "Enqueue")
 }
 
 /// [`thread`] with the busy policy `on_busy`.
-fn thread_busy(name: &str, server: &Server, on_busy: &str) -> AgentThread {
+pub(crate) fn thread_busy(name: &str, server: &Server, on_busy: &str) -> AgentThread {
     let agent = AgentSpec {
         model: ModelSpec {
             provider: Provider::Openai,
@@ -84,7 +84,7 @@ fn thread_busy(name: &str, server: &Server, on_busy: &str) -> AgentThread {
 }
 
 /// A turn of `thread`, as a user writes it: its input and its thread, nothing else.
-fn turn(name: &str, thread: &str, input: &str) -> AgentRun {
+pub(crate) fn turn(name: &str, thread: &str, input: &str) -> AgentRun {
     serde_json::from_value(serde_json::json!({
         "apiVersion": "baton.dev/v1alpha1", "kind": "AgentRun",
         "metadata": {"name": name},
@@ -93,7 +93,7 @@ fn turn(name: &str, thread: &str, input: &str) -> AgentRun {
     .expect("a turn")
 }
 
-async fn create<K>(ns: &TestNamespace, object: &K)
+pub(crate) async fn create<K>(ns: &TestNamespace, object: &K)
 where
     K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
         + Clone
@@ -110,7 +110,7 @@ where
 
 /// Waits for the controller to create the worker pod of `run` at `fence`, then starts the
 /// worker it names (as a kubelet would).
-async fn run_pod(ns: &TestNamespace, run: &str, fence: i64) -> WorkerProc {
+pub(crate) async fn run_pod(ns: &TestNamespace, run: &str, fence: i64) -> WorkerProc {
     let pod = worker_pod_name(run, Fence::new(fence));
     let pods: Api<Pod> = ns.api();
     wait_until(T, &format!("pod {pod}"), || async {
@@ -127,7 +127,7 @@ async fn run_pod(ns: &TestNamespace, run: &str, fence: i64) -> WorkerProc {
     )
 }
 
-async fn wait_phase(ns: &TestNamespace, run: &str, phase: Phase) -> AgentRun {
+pub(crate) async fn wait_phase(ns: &TestNamespace, run: &str, phase: Phase) -> AgentRun {
     let runs: Api<AgentRun> = ns.api();
     wait_until(T, &format!("{run} {phase}"), || async {
         let got = runs.get(run).await.unwrap();
@@ -138,7 +138,7 @@ async fn wait_phase(ns: &TestNamespace, run: &str, phase: Phase) -> AgentRun {
 }
 
 /// A turn from creation to `Succeeded`, its one worker run to the end.
-async fn whole_turn(ns: &TestNamespace, name: &str, input: &str) -> AgentRun {
+pub(crate) async fn whole_turn(ns: &TestNamespace, name: &str, input: &str) -> AgentRun {
     create(ns, &turn(name, "geo", input)).await;
     let mut worker = run_pod(ns, name, 1).await;
     let code = worker.wait(EXIT_TIMEOUT).await;
@@ -148,7 +148,7 @@ async fn whole_turn(ns: &TestNamespace, name: &str, input: &str) -> AgentRun {
 
 /// The messages of a recorded Chat Completions request, as (role, text) pairs; a tool call is
 /// `assistant` with `call <name> <arguments>`, a tool result is `tool` with its content.
-fn conversation(request: &Received) -> Vec<(String, String)> {
+pub(crate) fn conversation(request: &Received) -> Vec<(String, String)> {
     let messages = request.body["messages"]
         .as_array()
         .cloned()
@@ -175,13 +175,13 @@ fn conversation(request: &Received) -> Vec<(String, String)> {
         .collect()
 }
 
-fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
+pub(crate) fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
     list.iter()
         .map(|(r, t)| (r.to_string(), t.to_string()))
         .collect()
 }
 
-async fn ledger(ns: &TestNamespace, run: &AgentRun) -> Vec<LedgerSegment> {
+pub(crate) async fn ledger(ns: &TestNamespace, run: &AgentRun) -> Vec<LedgerSegment> {
     SegmentStore::for_run(ns.client.clone(), run)
         .list()
         .await
@@ -245,6 +245,7 @@ async fn the_second_turn_sends_the_first_turns_conversation_then_its_own_input()
                 uid: first.uid().unwrap(),
                 up_to: first_len,
             }],
+            context: None,
         }),
         "{seal:?}"
     );

@@ -58,6 +58,34 @@ pub struct AgentThreadSpec {
     /// What a new turn does while another turn of the thread is live.
     #[serde(default)]
     pub on_busy: BusyPolicy,
+    /// How much of the conversation a turn's model is sent. Unset: all of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<ContextPolicy>,
+}
+
+/// How much of the conversation a turn's model is sent. Fixed for a turn when it is first
+/// claimed (recorded in its ledger with its history).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ContextPolicy {
+    /// The most tokens the earlier turns may take, estimated as the scripted provider
+    /// estimates usage (one token per 4 bytes of text).
+    #[schemars(range(min = 1))]
+    pub max_history_tokens: i64,
+    /// What a turn whose history is larger does.
+    #[serde(default)]
+    pub on_overflow: Overflow,
+}
+
+/// What a turn whose history passes `maxHistoryTokens` does.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum Overflow {
+    /// The turn ends `Failed`, reason `ContextExceeded`, naming the sizes.
+    #[default]
+    Fail,
+    /// The oldest whole turns are left out until the rest fits (never a tool call without its
+    /// result); which ones, and their tokens, is recorded in the turn's ledger.
+    DropOldestTurns,
 }
 
 fn default_max_attempts() -> i32 {

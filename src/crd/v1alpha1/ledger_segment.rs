@@ -8,6 +8,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::ContextPolicy;
 use crate::fence::value::Fence;
 use crate::fence::{CloseReason, EndReason};
 
@@ -215,7 +216,13 @@ pub enum LedgerEvent {
     History {
         thread: String,
         turns: Vec<HistoryTurn>,
+        /// The thread's context policy then (none: the whole history is sent).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        context: Option<ContextPolicy>,
     },
+    /// Whole earlier turns a turn's model is not sent, oldest first, to fit its context
+    /// policy, and the tokens they were estimated at. Recorded once, by its first attempt.
+    HistoryDropped { turns: Vec<String>, tokens: i64 },
     /// Seal: the controller ended the run; nothing may be appended after it.
     Closed { fence: Fence, reason: CloseReason },
     /// A piece of an event too large for one segment; `total` pieces rebuild its JSON.

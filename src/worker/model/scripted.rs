@@ -63,21 +63,15 @@ impl ScriptedModel {
 pub fn estimated_usage(request: &ModelRequest, text: &str, calls: &[ModelToolCall]) -> Usage {
     let tokens = |bytes: usize| bytes.div_ceil(4) as i64;
     let input: usize = request.system_prompt.as_deref().map_or(0, str::len)
-        + request.messages.iter().map(message_bytes).sum::<usize>();
+        + request
+            .messages
+            .iter()
+            .map(ReplayedMessage::text_bytes)
+            .sum::<usize>();
     let output = text.len() + calls.iter().map(|c| c.arguments.len()).sum::<usize>();
     Usage {
         input_tokens: tokens(input),
         output_tokens: tokens(output),
-    }
-}
-
-fn message_bytes(message: &ReplayedMessage) -> usize {
-    match message {
-        ReplayedMessage::System(t) | ReplayedMessage::User(t) => t.len(),
-        ReplayedMessage::Assistant { text, tool_calls } => {
-            text.len() + tool_calls.iter().map(|c| c.input.len()).sum::<usize>()
-        }
-        ReplayedMessage::ToolResult { content, .. } => content.len(),
     }
 }
 
