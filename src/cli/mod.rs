@@ -33,6 +33,30 @@ pub enum Verb {
     Deny(DenyArgs),
     /// Show a run's phase, attempts and fences, unknown effects, conditions and Events.
     Describe(RunArgs),
+    /// Say something in a thread: creates a turn, prints its transcript as its ledger grows,
+    /// and exits with its outcome (0 once it succeeded).
+    Chat(ChatArgs),
+    /// Print a thread's conversation, turn by turn, from the turns' ledgers.
+    Thread(ThreadArgs),
+}
+
+/// Flags of `chat`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ChatArgs {
+    #[command(flatten)]
+    pub target: ThreadArgs,
+    /// The message: the new turn's input.
+    pub message: String,
+}
+
+/// A verb on one thread.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ThreadArgs {
+    /// The AgentThread's name.
+    pub thread: String,
+    /// Namespace (default: the kubeconfig context's).
+    #[arg(short = 'n', long)]
+    pub namespace: Option<String>,
 }
 
 /// `kubectl-baton`: the same verbs as a kubectl plugin (`kubectl baton get ...`).
@@ -142,6 +166,21 @@ pub enum CliError {
     CallNotShown { name: String, step: i64 },
     #[error("writing output: {0}")]
     Io(#[from] std::io::Error),
+    #[error("thread {name} not found in namespace {namespace}")]
+    ThreadNotFound { name: String, namespace: String },
+    #[error("turn {name} ended {phase}: {reason}: {message}")]
+    TurnDidNotSucceed {
+        name: String,
+        phase: String,
+        reason: String,
+        message: String,
+    },
+    #[error("turn {name} waits ({phase}): {message}")]
+    TurnWaits {
+        name: String,
+        phase: String,
+        message: String,
+    },
 }
 
 impl CliError {
@@ -158,6 +197,9 @@ impl CliError {
             CliError::Contended { .. } => "contended",
             CliError::CallNotShown { .. } => "call_not_shown",
             CliError::Io(_) => "io",
+            CliError::ThreadNotFound { .. } => "thread_not_found",
+            CliError::TurnDidNotSucceed { .. } => "turn_did_not_succeed",
+            CliError::TurnWaits { .. } => "turn_waits",
         }
     }
 }

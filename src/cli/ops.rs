@@ -57,6 +57,8 @@ impl Session {
                     .await
             }
             Verb::Describe(args) => self.describe(args, out).await,
+            Verb::Chat(args) => self.chat(args, out).await,
+            Verb::Thread(args) => self.thread(args, out).await,
         }
     }
 
@@ -76,14 +78,15 @@ impl Session {
                 format!("namespace {namespace}")
             };
             writeln!(out, "No AgentRuns found in {scope}.")?;
-            return Ok(());
+        } else {
+            runs.sort_by_key(|r| (r.namespace(), r.name_any()));
+            let table = render::runs_table(&runs, args.all_namespaces, Timestamp::now());
+            write!(out, "{table}")?;
         }
-        runs.sort_by_key(|r| (r.namespace(), r.name_any()));
-        write!(
-            out,
-            "{}",
-            render::runs_table(&runs, args.all_namespaces, Timestamp::now())
-        )?;
+        if args.run.is_none() {
+            self.print_threads(&namespace, args.all_namespaces, out)
+                .await?;
+        }
         Ok(())
     }
 
@@ -96,7 +99,7 @@ impl Session {
             print_lines(out, transcript.segment(segment))?;
         }
         if args.follow && !is_finished(&run) {
-            self.follow(&run, &mut transcript, out).await?;
+            self.follow(&run, &mut transcript, out, is_finished).await?;
         }
         print_lines(out, transcript.finish())
     }
@@ -270,13 +273,14 @@ impl Session {
 
     // === follow ===
 
-    /// Prints segments as they are appended, in order, until the run reaches a terminal phase
+    /// Prints segments as they are appended, in order, until the run is where `ends` says
     /// (then the rest of the ledger is read once more and printed) or is deleted.
     async fn follow(
         &self,
         run: &AgentRun,
         t: &mut Transcript,
         out: &mut impl Write,
+        ends: fn(&AgentRun) -> bool,
     ) -> Result<(), CliError> {
         let namespace = run.namespace().unwrap_or_default();
         let selector = format!("{RUN_UID_LABEL}={}", run.uid().unwrap_or_default());
@@ -303,7 +307,7 @@ impl Session {
                     }
                 }
                 Some(event) = runs.next() => {
-                    if let Ok(event) = event && run_ended(&event, run) {
+                    if let Ok(event) = event && run_ended(&event, run, ends) {
                         break;
                     }
                 }
@@ -431,11 +435,15 @@ fn is_finished(run: &AgentRun) -> bool {
     phase_of(run).is_terminal()
 }
 
-/// True when a watch event on the run says it finished or was deleted.
-fn run_ended(event: &watcher::Event<AgentRun>, run: &AgentRun) -> bool {
+/// True when a watch event on the run says it is where `ends` says, or was deleted.
+fn run_ended(
+    event: &watcher::Event<AgentRun>,
+    run: &AgentRun,
+    ends: fn(&AgentRun) -> bool,
+) -> bool {
     match event {
         watcher::Event::Apply(current) | watcher::Event::InitApply(current) => {
-            current.uid() == run.uid() && is_finished(current)
+            current.uid() == run.uid() && ends(current)
         }
         watcher::Event::Delete(_) => true,
         watcher::Event::Init | watcher::Event::InitDone => false,
@@ -486,6 +494,9 @@ fn print_lines(out: &mut impl Write, lines: Vec<String>) -> Result<(), CliError>
     out.flush()?;
     Ok(())
 }
+
+#[path = "thread_ops.rs"]
+mod thread_ops;
 
 #[cfg(test)]
 #[path = "ops_tests.rs"]

@@ -8,7 +8,8 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
 use crate::crd::v1alpha1::{
-    AgentRun, AgentRunStatus, ApprovalOutcome, LedgerEvent, LedgerSegment, ProbeOutcome, Role,
+    AgentRun, AgentRunStatus, AgentThread, ApprovalOutcome, LedgerEvent, LedgerSegment,
+    ProbeOutcome, Role,
 };
 use crate::fence::Fence;
 
@@ -42,6 +43,36 @@ pub fn runs_table(runs: &[AgentRun], all_namespaces: bool, now: Timestamp) -> St
         ];
         if all_namespaces {
             row.insert(0, run.namespace().unwrap_or_default());
+        }
+        rows.push(row);
+    }
+    align(&rows)
+}
+
+/// `baton get`'s threads: name, phase, turns, last turn, tokens, age.
+pub fn threads_table(threads: &[AgentThread], all_namespaces: bool, now: Timestamp) -> String {
+    let mut header = vec!["THREAD", "PHASE", "TURNS", "LAST TURN", "TOKENS", "AGE"];
+    if all_namespaces {
+        header.insert(0, "NAMESPACE");
+    }
+    let mut rows = vec![header.iter().map(|h| h.to_string()).collect::<Vec<_>>()];
+    for thread in threads {
+        let status = thread.status.clone().unwrap_or_default();
+        let last = match (&status.last_turn, status.last_turn_phase) {
+            (Some(turn), Some(phase)) => format!("{turn} ({phase})"),
+            (Some(turn), None) => turn.clone(),
+            _ => "<none>".into(),
+        };
+        let mut row = vec![
+            thread.name_any(),
+            format!("{:?}", status.phase),
+            status.turns.to_string(),
+            last,
+            status.usage.total_tokens.to_string(),
+            age(thread.metadata.creation_timestamp.as_ref(), now),
+        ];
+        if all_namespaces {
+            row.insert(0, thread.namespace().unwrap_or_default());
         }
         rows.push(row);
     }

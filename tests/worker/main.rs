@@ -11,7 +11,8 @@
 //! - `run`: a run from claim to Finishing, handoff on SIGTERM, stop;
 //! - `threads`: turns of a thread with the real controller: history carried, resumed the same,
 //!   a deleted earlier turn failing the turn, each busy policy;
-//! - `thread_context`: each overflow policy of a thread's context.
+//! - `thread_context`: each overflow policy of a thread's context;
+//! - `thread_cli`: `baton chat`, `baton thread` and `baton get` on a thread.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -51,5 +52,6 @@ mod mcp;
 mod openai;
 mod resume;
 mod run;
+mod thread_cli;
 mod thread_context;
 mod threads;
