@@ -9,6 +9,8 @@
 //! - no write from a stale fence was accepted: no segment after a `claimed{F}` seal has a
 //!   fence below F, nothing follows `closed`, and the status fence equals the last seal;
 //! - every transcript is contiguous, and no segment changed after it was first seen.
+//!
+//! And `examples/thread.yaml` with a worker killed in its second turn, then deleted whole.
 
 mod e2e_support;
 mod node_support;
@@ -204,5 +206,91 @@ async fn node_chaos() {
     }
     eprintln!("chaos: seed {seed}: outcomes {tally:?}");
     wait_controllers_ready(&env.client, Duration::from_secs(180)).await;
+    env.finish().await;
+}
+
+/// `examples/thread.yaml` as a user applies it: three turns, one after the other; the worker
+/// of turn 2 killed with SIGKILL mid-answer; every turn succeeds, turn 3's history holds the
+/// first two; then the thread deleted leaves nothing behind (turns, ledgers, pods, Leases,
+/// worker accounts).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_the_thread_example_survives_a_kill_and_its_deletion_leaves_nothing() {
+    use baton::crd::v1alpha1::{AgentRun, AgentThread, LedgerEvent, LedgerSegment, ThreadPhase};
+    use k8s_openapi::api::coordination::v1::Lease;
+    use k8s_openapi::api::core::v1::ServiceAccount;
+
+    let env = NodeEnv::start("example-thread").await;
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/thread.yaml");
+    kubectl(&["-n", &env.ns, "apply", "-f", path]).expect("kubectl apply -f the example");
+    let turns = ["support-4711-1", "support-4711-2", "support-4711-3"];
+    env.wait_succeeded(turns[0]).await;
+    let (pod, _) = env.wait_worker(turns[1], 1).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    env.signal_worker(&pod, libc::SIGKILL).await;
+    for turn in &turns[1..] {
+        env.wait_succeeded(turn).await;
+    }
+    let second = env.status(turns[1]).await;
+    assert!(second.attempt >= 2, "turn 2 was resumed: {second:#?}");
+    assert_eq!(
+        second.output.as_deref(),
+        Some("It should arrive on Friday, by the afternoon.")
+    );
+    let third = env.ledger(turns[2]).await;
+    let history = third[0].spec.events.iter().find_map(|e| match e {
+        LedgerEvent::History { turns, .. } => Some(turns.len()),
+        _ => None,
+    });
+    assert_eq!(history, Some(2), "{:?}", third[0].spec.events);
+    let threads: Api<AgentThread> = env.api();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let status = retry(|| threads.get("support-4711")).await.status;
+        if status
+            .as_ref()
+            .is_some_and(|s| s.turns == 3 && s.phase == ThreadPhase::Idle)
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "thread status: {status:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
+    kubectl(&["-n", &env.ns, "delete", "agentthread", "support-4711"])
+        .expect("deleting the thread");
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let (runs, segments, pods) = (
+        env.api::<AgentRun>(),
+        env.api::<LedgerSegment>(),
+        env.pods(),
+    );
+    let (leases, accounts) = (env.api::<Lease>(), env.api::<ServiceAccount>());
+    let all = kube::api::ListParams::default();
+    loop {
+        let worker_accounts = retry(|| accounts.list(&all)).await.items;
+        let left = (
+            retry(|| runs.list(&all)).await.items.len(),
+            retry(|| segments.list(&all)).await.items.len(),
+            retry(|| pods.list(&all)).await.items.len(),
+            retry(|| leases.list(&all)).await.items.len(),
+            worker_accounts
+                .iter()
+                .filter(|a| {
+                    a.metadata
+                        .name
+                        .as_deref()
+                        .is_some_and(|n| n.starts_with("baton-run-"))
+                })
+                .count(),
+        );
+        if left == (0, 0, 0, 0, 0) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "left behind (runs, segments, pods, leases, worker accounts): {left:?}"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
     env.finish().await;
 }
