@@ -2,21 +2,17 @@
 //! `render`. Every kube error is turned into a [`CliError`] that names the run, namespace or
 //! server involved.
 
-use std::collections::BTreeMap;
 use std::io::Write;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Event;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, Patch, PatchParams};
-use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 
 use super::describe::{self, Description};
 use super::render::{self, Transcript};
 use super::{CliError, GetArgs, InputArgs, RunArgs, TranscriptArgs, Verb};
 use crate::approval;
-use crate::crd::RUN_UID_LABEL;
 use crate::crd::v1alpha1::{AgentRun, LedgerSegment, Phase, Verdict};
 use crate::kube_util::{is_conflict, is_not_found};
 use crate::ledger::{LedgerError, SegmentStore};
@@ -271,54 +267,6 @@ impl Session {
         Ok(())
     }
 
-    // === follow ===
-
-    /// Prints segments as they are appended, in order, until the run is where `ends` says
-    /// (then the rest of the ledger is read once more and printed) or is deleted.
-    async fn follow(
-        &self,
-        run: &AgentRun,
-        t: &mut Transcript,
-        out: &mut impl Write,
-        ends: fn(&AgentRun) -> bool,
-    ) -> Result<(), CliError> {
-        let namespace = run.namespace().unwrap_or_default();
-        let selector = format!("{RUN_UID_LABEL}={}", run.uid().unwrap_or_default());
-        let segments = watcher(
-            self.segments(&namespace),
-            watcher::Config::default().labels(&selector),
-        )
-        .default_backoff()
-        .applied_objects();
-        let runs = watcher(
-            self.runs(&namespace),
-            watcher::Config::default().fields(&format!("metadata.name={}", run.name_any())),
-        )
-        .default_backoff();
-        let mut segments = std::pin::pin!(segments);
-        let mut runs = std::pin::pin!(runs);
-        let mut pending = BTreeMap::new();
-        loop {
-            tokio::select! {
-                Some(seg) = segments.next() => {
-                    if let Ok(seg) = seg {
-                        pending.insert(seg.spec.seq, seg);
-                        print_contiguous(t, &mut pending, out)?;
-                    }
-                }
-                Some(event) = runs.next() => {
-                    if let Ok(event) = event && run_ended(&event, run, ends) {
-                        break;
-                    }
-                }
-                else => break,
-            }
-        }
-        let rest = self.ledger(run).await?;
-        pending.extend(rest.into_iter().map(|s| (s.spec.seq, s)));
-        print_contiguous(t, &mut pending, out)
-    }
-
     // === reads ===
 
     fn namespace(&self, flag: Option<&str>) -> String {
@@ -435,21 +383,6 @@ fn is_finished(run: &AgentRun) -> bool {
     phase_of(run).is_terminal()
 }
 
-/// True when a watch event on the run says it is where `ends` says, or was deleted.
-fn run_ended(
-    event: &watcher::Event<AgentRun>,
-    run: &AgentRun,
-    ends: fn(&AgentRun) -> bool,
-) -> bool {
-    match event {
-        watcher::Event::Apply(current) | watcher::Event::InitApply(current) => {
-            current.uid() == run.uid() && ends(current)
-        }
-        watcher::Event::Delete(_) => true,
-        watcher::Event::Init | watcher::Event::InitDone => false,
-    }
-}
-
 /// Whether baton's controller or a worker reported the Event: anyone who may create Events in
 /// the namespace can post one about a run, and `describe` shows only baton's. (Which worker
 /// posted it the Event cannot tell; the admission webhook does not review Events.)
@@ -474,19 +407,6 @@ fn event_time(e: &Event) -> Option<Timestamp> {
         .or_else(|| e.metadata.creation_timestamp.as_ref().map(|t| t.0))
 }
 
-/// Prints the segments that continue the transcript without a gap, and drops older ones.
-fn print_contiguous(
-    t: &mut Transcript,
-    pending: &mut BTreeMap<i64, LedgerSegment>,
-    out: &mut impl Write,
-) -> Result<(), CliError> {
-    pending.retain(|seq, _| *seq > t.tail);
-    while let Some(segment) = pending.remove(&(t.tail + 1)) {
-        print_lines(out, t.segment(&segment))?;
-    }
-    Ok(())
-}
-
 fn print_lines(out: &mut impl Write, lines: Vec<String>) -> Result<(), CliError> {
     for line in lines {
         writeln!(out, "{line}")?;
@@ -495,6 +415,8 @@ fn print_lines(out: &mut impl Write, lines: Vec<String>) -> Result<(), CliError>
     Ok(())
 }
 
+#[path = "follow.rs"]
+mod follow;
 #[path = "thread_ops.rs"]
 mod thread_ops;
 

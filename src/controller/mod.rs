@@ -31,6 +31,7 @@ mod statuses;
 pub mod testing;
 mod turn;
 pub mod validate;
+mod watches;
 mod writer;
 
 use std::net::SocketAddr;

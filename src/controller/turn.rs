@@ -20,6 +20,7 @@ use crate::crd::v1alpha1::{
 };
 use crate::lease::{lease_holder, thread_lease_name};
 use crate::ledger::recorded_history;
+use crate::status::set_condition;
 
 const THREAD_KIND: &str = "AgentThread";
 
@@ -244,7 +245,7 @@ pub async fn publish_thread_status(ctx: &Context, run: &AgentRun) -> Result<(), 
     else {
         return Ok(());
     };
-    let status = thread_status(&turns_of(ctx, &ns, &owner.uid));
+    let status = thread_status(&turns_of(ctx, &ns, &owner.uid), thread.status.as_ref());
     if thread.status.as_ref() == Some(&status) {
         return Ok(());
     }
@@ -260,8 +261,12 @@ pub async fn publish_thread_status(ctx: &Context, run: &AgentRun) -> Result<(), 
     Ok(())
 }
 
-/// The status of a thread whose turns are `turns` (pure).
-pub fn thread_status(turns: &[std::sync::Arc<AgentRun>]) -> AgentThreadStatus {
+/// The status of a thread whose turns are `turns`, its conditions carried on from `previous`
+/// (a condition's transition time moves only when it changes).
+pub fn thread_status(
+    turns: &[std::sync::Arc<AgentRun>],
+    previous: Option<&AgentThreadStatus>,
+) -> AgentThreadStatus {
     let live = |r: &AgentRun| {
         r.status
             .as_ref()
@@ -277,8 +282,22 @@ pub fn thread_status(turns: &[std::sync::Arc<AgentRun>]) -> AgentThreadStatus {
             usage.add(spent);
         }
     }
+    let live_turn = turns.iter().find(|r| live(r)).map(|r| r.name_any());
+    let mut conditions = previous.map(|p| p.conditions.clone()).unwrap_or_default();
+    let (reason, message) = match &live_turn {
+        Some(turn) => ("TurnLive", format!("turn {turn} is live")),
+        None => ("NoLiveTurn", "no turn is live".to_string()),
+    };
+    set_condition(
+        &mut conditions,
+        "Busy",
+        live_turn.is_some(),
+        reason,
+        &message,
+        None,
+    );
     AgentThreadStatus {
-        phase: if turns.iter().any(|r| live(r)) {
+        phase: if live_turn.is_some() {
             ThreadPhase::Busy
         } else {
             ThreadPhase::Idle
@@ -287,5 +306,10 @@ pub fn thread_status(turns: &[std::sync::Arc<AgentRun>]) -> AgentThreadStatus {
         last_turn: last.map(|r| r.name_any()),
         last_turn_phase: last.and_then(|r| r.status.as_ref().map(|s| s.phase)),
         usage,
+        conditions,
     }
 }
+
+#[cfg(test)]
+#[path = "turn_tests.rs"]
+mod tests;

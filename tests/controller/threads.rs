@@ -1,7 +1,11 @@
-//! Thread admission: two runs on one thread run strictly one after the other.
+//! Thread admission: two runs on one thread key run strictly one after the other; turns of
+//! an AgentThread under two controllers, one killed, are live one at a time.
 
 use crate::controller_support::*;
-use baton::crd::v1alpha1::{LedgerEvent, Phase};
+use std::time::Duration;
+
+use baton::crd::v1alpha1::{AgentRun, LedgerEvent, Phase};
+use kube::ResourceExt;
 
 #[tokio::test]
 async fn two_runs_on_one_thread_are_strictly_sequential() {
@@ -62,5 +66,83 @@ async fn runs_without_a_thread_key_are_admitted_at_once() {
     create(&ns, agent_run("b", 10)).await;
     wait_fence(&ns, "a", 1, T).await;
     wait_fence(&ns, "b", 1, T).await;
+    ns.cleanup().await;
+}
+
+/// Turns of one AgentThread under two controllers at once (no election: both act), one of
+/// them killed after the first turn: one turn live at a time, always, in creation order, and
+/// each turn's history the turns before it.
+#[tokio::test]
+async fn turns_of_a_thread_under_two_controllers_one_killed_are_live_one_at_a_time() {
+    use baton::crd::v1alpha1::AgentThread;
+    use kube::api::PostParams;
+
+    let ns = TestNamespace::new("ctl-turns").await;
+    let agent = agent_run("x", 10).spec.agent;
+    let thread: AgentThread = serde_json::from_value(serde_json::json!({
+        "apiVersion": "baton.dev/v1alpha1", "kind": "AgentThread",
+        "metadata": {"name": "conv"},
+        "spec": {"agent": agent, "lease": {"durationSeconds": 30, "renewSeconds": 10, "startupSeconds": 10}},
+    }))
+    .unwrap();
+    ns.api::<AgentThread>()
+        .create(&PostParams::default(), &thread)
+        .await
+        .unwrap();
+    let first = start(&ns.client, config(&ns.name));
+    let _second = start(&ns.client, config(&ns.name));
+    let names = ["conv-1", "conv-2", "conv-3", "conv-4"];
+    for name in names {
+        let turn: AgentRun = serde_json::from_value(serde_json::json!({
+            "apiVersion": "baton.dev/v1alpha1", "kind": "AgentRun",
+            "metadata": {"name": name},
+            "spec": {"input": format!("message {name}"), "thread": "conv"},
+        }))
+        .unwrap();
+        create(&ns, turn).await;
+        // Distinct creation times: turns run in creation order.
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+    }
+    let mut first = Some(first);
+    for (i, name) in names.iter().enumerate() {
+        wait_fence(&ns, name, 1, T).await;
+        let runs: Vec<AgentRun> = ns
+            .api::<AgentRun>()
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items;
+        let live: Vec<String> = runs
+            .iter()
+            .filter(|r| {
+                r.status
+                    .as_ref()
+                    .is_some_and(|s| s.fence.get() > 0 && !s.phase.is_terminal())
+            })
+            .map(|r| r.name_any())
+            .collect();
+        assert_eq!(live, [name.to_string()], "one live turn, in creation order");
+        let mut w = FakeWorker::new(&ns, name, 1);
+        let ledger = w.resume().await;
+        let history = ledger[0].spec.events.iter().find_map(|e| match e {
+            LedgerEvent::History { turns, .. } => {
+                Some(turns.iter().map(|t| t.run.clone()).collect::<Vec<_>>())
+            }
+            _ => None,
+        });
+        assert_eq!(
+            history,
+            Some(names[..i].iter().map(|n| n.to_string()).collect())
+        );
+        w.renew().await.unwrap();
+        w.finish(vec![]).await;
+        match w.lease.release().await {
+            Ok(_) | Err(baton::lease::LeaseError::Lost { holder: None, .. }) => {}
+            Err(err) => panic!("releasing the lease: {err}"),
+        }
+        wait_run(&ns, name, T, |s| s.phase == Phase::Succeeded).await;
+        // One controller dies after the first turn (mid-admission of the next, perhaps).
+        drop(first.take());
+    }
     ns.cleanup().await;
 }

@@ -5,6 +5,7 @@
 // kube's `printcolumn(...)` attributes repeat `type_` by design; clippy reads that as a mistake.
 #![allow(clippy::duplicated_attributes)]
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -135,4 +136,7 @@ pub struct AgentThreadStatus {
     /// What the thread's existing turns spent, summed from their own `status.usage`.
     #[serde(default)]
     pub usage: RunUsage,
+    /// `Busy`: True while a turn is live (its message names it), False otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
 }

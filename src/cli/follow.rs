@@ -1,0 +1,90 @@
+//! Following a run's ledger as it grows (`transcript -f`, `chat`): segments printed in order,
+//! without a gap or a repeat, until the run is where the caller says.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+
+use futures::StreamExt;
+use kube::ResourceExt;
+use kube::runtime::{WatchStreamExt, watcher};
+
+use super::{CliError, Session, print_lines};
+use crate::cli::render::Transcript;
+use crate::crd::RUN_UID_LABEL;
+use crate::crd::v1alpha1::{AgentRun, LedgerSegment};
+
+impl Session {
+    /// Prints segments as they are appended, in order, until the run is where `ends` says
+    /// (then the rest of the ledger is read once more and printed) or is deleted.
+    pub(super) async fn follow(
+        &self,
+        run: &AgentRun,
+        t: &mut Transcript,
+        out: &mut impl Write,
+        ends: fn(&AgentRun) -> bool,
+    ) -> Result<(), CliError> {
+        let namespace = run.namespace().unwrap_or_default();
+        let selector = format!("{RUN_UID_LABEL}={}", run.uid().unwrap_or_default());
+        let segments = watcher(
+            self.segments(&namespace),
+            watcher::Config::default().labels(&selector),
+        )
+        .default_backoff()
+        .applied_objects();
+        let runs = watcher(
+            self.runs(&namespace),
+            watcher::Config::default().fields(&format!("metadata.name={}", run.name_any())),
+        )
+        .default_backoff();
+        let mut segments = std::pin::pin!(segments);
+        let mut runs = std::pin::pin!(runs);
+        let mut pending = BTreeMap::new();
+        loop {
+            tokio::select! {
+                Some(seg) = segments.next() => {
+                    if let Ok(seg) = seg {
+                        pending.insert(seg.spec.seq, seg);
+                        print_contiguous(t, &mut pending, out)?;
+                    }
+                }
+                Some(event) = runs.next() => {
+                    if let Ok(event) = event && run_ended(&event, run, ends) {
+                        break;
+                    }
+                }
+                else => break,
+            }
+        }
+        let rest = self.ledger(run).await?;
+        pending.extend(rest.into_iter().map(|s| (s.spec.seq, s)));
+        print_contiguous(t, &mut pending, out)
+    }
+}
+
+/// True when a watch event on the run says it is where `ends` says, or was deleted.
+fn run_ended(
+    event: &watcher::Event<AgentRun>,
+    run: &AgentRun,
+    ends: fn(&AgentRun) -> bool,
+) -> bool {
+    match event {
+        watcher::Event::Apply(current) | watcher::Event::InitApply(current) => {
+            current.uid() == run.uid() && ends(current)
+        }
+        watcher::Event::Delete(_) => true,
+        watcher::Event::Init | watcher::Event::InitDone => false,
+    }
+}
+
+/// Prints the segments that continue the transcript without a gap, and drops older ones.
+fn print_contiguous(
+    t: &mut Transcript,
+    pending: &mut BTreeMap<i64, LedgerSegment>,
+    out: &mut impl Write,
+) -> Result<(), CliError> {
+    pending.retain(|seq, _| *seq > t.tail);
+    while let Some(segment) = pending.remove(&(t.tail + 1)) {
+        print_lines(out, t.segment(&segment))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,77 @@
+//! The pure parts of turns: joined or not, what a turn may not set, the thread's status.
+
+use std::sync::Arc;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+use k8s_openapi::jiff::Timestamp;
+
+use super::*;
+use crate::crd::v1alpha1::Phase;
+use crate::fence::Fence;
+
+fn turn(name: &str, at: i64, phase: Phase, fence: i64, tokens: i64) -> Arc<AgentRun> {
+    let mut r = AgentRun::builder(name).build();
+    r.spec.thread = Some("t".into());
+    r.metadata.creation_timestamp = Some(Time(Timestamp::from_second(at).unwrap()));
+    r.metadata.owner_references = Some(vec![OwnerReference {
+        kind: "AgentThread".into(),
+        name: "t".into(),
+        uid: "thread-uid".into(),
+        ..OwnerReference::default()
+    }]);
+    let mut status = r.status.take().unwrap_or_default();
+    status.phase = phase;
+    status.fence = Fence::new(fence);
+    status.usage = Some(RunUsage {
+        total_tokens: tokens,
+        model_calls: 1,
+        ..RunUsage::default()
+    });
+    r.status = Some(status);
+    Arc::new(r)
+}
+
+#[test]
+fn a_turn_has_joined_once_its_thread_owns_it() {
+    let owned = turn("a", 1, Phase::Pending, 0, 0);
+    assert!(joined(&owned));
+    let mut other = (*owned).clone();
+    other.spec.thread = Some("another".into());
+    assert!(!joined(&other), "owned by a thread it does not name");
+    other.metadata.owner_references = None;
+    other.spec.thread = Some("t".into());
+    assert!(!joined(&other));
+}
+
+#[test]
+fn the_thread_status_follows_its_turns() {
+    let turns = vec![
+        turn("t-1", 1, Phase::Succeeded, 1, 100),
+        turn("t-2", 2, Phase::Running, 2, 40),
+        turn("t-3", 3, Phase::Pending, 0, 0),
+    ];
+    let status = thread_status(&turns, None);
+    assert_eq!(status.phase, ThreadPhase::Busy);
+    assert_eq!(status.turns, 3);
+    assert_eq!(
+        status.last_turn.as_deref(),
+        Some("t-2"),
+        "the newest claimed"
+    );
+    assert_eq!(status.last_turn_phase, Some(Phase::Running));
+    assert_eq!(
+        (status.usage.total_tokens, status.usage.model_calls),
+        (140, 3)
+    );
+    let busy = &status.conditions[0];
+    assert_eq!(
+        (busy.type_.as_str(), busy.status.as_str()),
+        ("Busy", "True")
+    );
+    assert!(busy.message.contains("t-2"));
+    // Computed again from the same turns, it is the same status: nothing to write.
+    assert_eq!(thread_status(&turns, Some(&status)), status);
+    let idle = thread_status(&turns[..1], Some(&status));
+    assert_eq!(idle.phase, ThreadPhase::Idle);
+    assert_eq!(idle.conditions[0].status, "False");
+}
