@@ -274,11 +274,11 @@ fn a_failed_turns_reason_is_kept_as_written_when_unknown() {
     let json = serde_json::to_value(&failed).unwrap();
     assert_eq!(json["reason"], "BudgetExceeded");
     assert_eq!(serde_json::from_value::<LedgerEvent>(json).unwrap(), failed);
-    let newer = serde_json::json!({"type": "failed", "reason": "ContextExceeded", "message": "m"});
+    let newer = serde_json::json!({"type": "failed", "reason": "QuotaRevoked", "message": "m"});
     let read = serde_json::from_value::<LedgerEvent>(newer).unwrap();
     let LedgerEvent::Failed { reason, .. } = read else {
         panic!("a failed event reads as one: {read:?}");
     };
-    assert_eq!(reason, EndReason::Unrecognized("ContextExceeded".into()));
+    assert_eq!(reason, EndReason::Unrecognized("QuotaRevoked".into()));
     assert_eq!(reason.to_string(), "ContextExceeded");
 }
