@@ -280,5 +280,5 @@ fn a_failed_turns_reason_is_kept_as_written_when_unknown() {
         panic!("a failed event reads as one: {read:?}");
     };
     assert_eq!(reason, EndReason::Unrecognized("QuotaRevoked".into()));
-    assert_eq!(reason.to_string(), "ContextExceeded");
+    assert_eq!(reason.to_string(), "QuotaRevoked");
 }
