@@ -17,8 +17,7 @@ use crate::fence::{Fence, lease_reached};
 use crate::rbac::{RbacError, RunRbac};
 
 pub use super::decision::*;
-use super::turn;
-use super::validate::validate;
+use super::validate::{join_problem, validate};
 
 /// How long a Lease that names a never-renewed pod must stay unchanged before a missing pod
 /// counts as gone: the time the claiming controller has to create it after moving the Lease.
@@ -47,8 +46,8 @@ pub fn decide(obs: &Observation<'_>) -> Decision {
 }
 
 fn decide_pending(obs: &Observation<'_>) -> Decision {
-    if obs.run.spec.thread.is_some() && !turn::joined(obs.run) {
-        return Decision::act(match turn::join_problem(obs.run) {
+    if obs.run.spec.thread.is_some() && !obs.run.has_joined() {
+        return Decision::act(match join_problem(&obs.run.spec) {
             Some(message) => Action::Reject { message },
             None => Action::JoinThread,
         });

@@ -22,44 +22,6 @@ use crate::lease::{lease_holder, thread_lease_name};
 use crate::ledger::recorded_history;
 use crate::status::set_condition;
 
-const THREAD_KIND: &str = "AgentThread";
-
-/// True when `run` is a turn whose thread owns it: it has joined (taken the thread's agent).
-pub fn joined(run: &AgentRun) -> bool {
-    run.spec
-        .thread
-        .as_deref()
-        .is_some_and(|thread| thread_reference(run).is_some_and(|o| o.name == thread))
-}
-
-/// The owner reference of a turn to its thread.
-fn thread_reference(run: &AgentRun) -> Option<&OwnerReference> {
-    run.owner_references()
-        .iter()
-        .find(|o| o.kind == THREAD_KIND)
-}
-
-/// Why a turn that has not joined yet can never join (the field it sets that its thread
-/// gives), or None.
-pub fn join_problem(run: &AgentRun) -> Option<String> {
-    let thread = run.spec.thread.as_deref()?;
-    let spec = &run.spec;
-    let own = [
-        ("spec.agent", spec.agent.is_some()),
-        ("spec.budget", spec.budget.is_some()),
-        ("spec.workspace", spec.workspace.is_some()),
-        (
-            "spec.ttlSecondsAfterFinished",
-            spec.ttl_seconds_after_finished.is_some(),
-        ),
-    ];
-    let (field, _) = own.into_iter().find(|(_, set)| *set)?;
-    Some(format!(
-        "{field} must not be set on a turn of thread {thread} (spec.thread): a turn takes its \
-         agent and settings from its thread, and its thread keeps its history"
-    ))
-}
-
 /// The cached thread `run` is a turn of.
 fn thread_of(ctx: &Context, run: &AgentRun) -> Option<std::sync::Arc<AgentThread>> {
     let thread = run.spec.thread.as_deref()?;
@@ -175,7 +137,7 @@ fn take_settings(turn: &mut AgentRun, thread: &AgentThread) {
 /// order, each up to its ledger's end now. The turn before carries on the history its own seal
 /// fixed, so one ledger is read however long the thread. None for a run that is no turn.
 pub async fn history(ctx: &Context, run: &AgentRun) -> Result<Option<LedgerEvent>, Error> {
-    let Some(thread) = run.spec.thread.clone().filter(|_| joined(run)) else {
+    let Some(thread) = run.spec.thread.clone().filter(|_| run.has_joined()) else {
         return Ok(None);
     };
     let ns = run.namespace().unwrap_or_default();
@@ -207,7 +169,7 @@ pub async fn history(ctx: &Context, run: &AgentRun) -> Result<Option<LedgerEvent
 
 /// The turns of `run`'s thread created before it that ended, oldest first.
 fn earlier_turns(ctx: &Context, run: &AgentRun) -> Vec<std::sync::Arc<AgentRun>> {
-    let Some(owner) = thread_reference(run) else {
+    let Some(owner) = run.thread_owner() else {
         return Vec::new();
     };
     let order = |r: &AgentRun| (r.creation_timestamp().map(|t| t.0), r.name_any());
@@ -226,14 +188,14 @@ fn turns_of(ctx: &Context, ns: &str, thread_uid: &str) -> Vec<std::sync::Arc<Age
         .state()
         .into_iter()
         .filter(|r| r.namespace().as_deref() == Some(ns))
-        .filter(|r| thread_reference(r).is_some_and(|o| o.uid == thread_uid))
+        .filter(|r| r.thread_owner().is_some_and(|o| o.uid == thread_uid))
         .collect()
 }
 
 /// Writes the status of `run`'s thread as its turns show it, when it differs from the cached
 /// one. Best effort: the next change of any turn writes it again.
 pub async fn publish_thread_status(ctx: &Context, run: &AgentRun) -> Result<(), Error> {
-    let Some(owner) = thread_reference(run) else {
+    let Some(owner) = run.thread_owner() else {
         return Ok(());
     };
     let ns = run.namespace().unwrap_or_default();
@@ -270,11 +232,11 @@ pub fn thread_status(
     let live = |r: &AgentRun| {
         r.status
             .as_ref()
-            .is_some_and(|s| !s.phase.is_terminal() && s.fence.get() > 0)
+            .is_some_and(|s| !s.phase.is_terminal() && !s.fence.never_claimed())
     };
     let last = turns
         .iter()
-        .filter(|r| r.status.as_ref().is_some_and(|s| s.fence.get() > 0))
+        .filter(|r| r.status.as_ref().is_some_and(|s| !s.fence.never_claimed()))
         .max_by_key(|r| (r.creation_timestamp().map(|t| t.0), r.name_any()));
     let mut usage = RunUsage::default();
     for turn in turns {

@@ -34,13 +34,13 @@ fn turn(name: &str, at: i64, phase: Phase, fence: i64, tokens: i64) -> Arc<Agent
 #[test]
 fn a_turn_has_joined_once_its_thread_owns_it() {
     let owned = turn("a", 1, Phase::Pending, 0, 0);
-    assert!(joined(&owned));
+    assert!(owned.has_joined());
     let mut other = (*owned).clone();
     other.spec.thread = Some("another".into());
-    assert!(!joined(&other), "owned by a thread it does not name");
+    assert!(!other.has_joined(), "owned by a thread it does not name");
     other.metadata.owner_references = None;
     other.spec.thread = Some("t".into());
-    assert!(!joined(&other));
+    assert!(!other.has_joined());
 }
 
 #[test]

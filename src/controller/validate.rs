@@ -18,6 +18,26 @@ pub fn validate(spec: &AgentRunSpec) -> Result<(), String> {
     check_script_tools(spec, agent)
 }
 
+/// Why a turn that has not joined its thread yet can never join: the field it sets that its
+/// thread gives (or that would take history its thread keeps), or None.
+pub fn join_problem(spec: &AgentRunSpec) -> Option<String> {
+    let thread = spec.thread.as_deref()?;
+    let own = [
+        ("spec.agent", spec.agent.is_some()),
+        ("spec.budget", spec.budget.is_some()),
+        ("spec.workspace", spec.workspace.is_some()),
+        (
+            "spec.ttlSecondsAfterFinished",
+            spec.ttl_seconds_after_finished.is_some(),
+        ),
+    ];
+    let (field, _) = own.into_iter().find(|(_, set)| *set)?;
+    Some(format!(
+        "{field} must not be set on a turn of thread {thread} (spec.thread): a turn takes its \
+         agent and settings from its thread, and its thread keeps its history"
+    ))
+}
+
 /// A turn's thread is its admission key: it sets no other.
 fn check_thread(spec: &AgentRunSpec) -> Result<(), String> {
     match (&spec.thread, &spec.thread_key) {

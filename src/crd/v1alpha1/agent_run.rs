@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{ResourceRequirements, Toleration};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -228,6 +229,24 @@ fn default_renew() -> i32 {
 }
 fn default_startup() -> i32 {
     300
+}
+
+impl AgentRun {
+    /// The owner reference of a turn to its thread: set when the turn joined it.
+    pub fn thread_owner(&self) -> Option<&OwnerReference> {
+        self.metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|o| o.kind == "AgentThread")
+    }
+
+    /// True when the run is a turn whose thread owns it: it has joined (taken the thread's
+    /// agent and settings).
+    pub fn has_joined(&self) -> bool {
+        let thread = self.spec.thread.as_deref();
+        thread.is_some_and(|t| self.thread_owner().is_some_and(|o| o.name == t))
+    }
 }
 
 impl AgentRunSpec {
