@@ -114,8 +114,8 @@ pub(super) fn build(client: Client, config: Config) -> Built {
     (ctx, controller, watches, wake_rx, queue)
 }
 
-/// A thread's change wakes its turns (a turn that waits on its thread's policy, the thread's
-/// status that follows them).
+/// A thread's change wakes its turns that have not ended (a turn that waits on its thread's
+/// policy, or whose reconcile writes the thread's status).
 pub(super) fn turns_of_thread(
     ctx: Arc<Context>,
 ) -> impl Fn(AgentThread) -> Vec<reflector::ObjectRef<AgentRun>> + Send + Sync + 'static {
@@ -126,6 +126,8 @@ pub(super) fn turns_of_thread(
             .iter()
             .filter(|r| r.namespace().as_deref() == Some(ns.as_str()))
             .filter(|r| r.spec.thread.as_deref() == Some(thread.name_any().as_str()))
+            // Ended turns wait on nothing: a long thread's change wakes only its few live ones.
+            .filter(|r| !r.status.as_ref().is_some_and(|s| s.phase.is_terminal()))
             .map(|r| reflector::ObjectRef::from_obj(r.as_ref()))
             .collect()
     }

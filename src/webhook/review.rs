@@ -90,6 +90,9 @@ impl Reviewer {
                 if controller && old.as_ref().is_some_and(|o| rules::is_join(o, &new.spec)) {
                     return refused(rules::oversized_spec(&new.spec, self.max_spec_bytes));
                 }
+                if let Some(old) = &old {
+                    refused(rules::joined_turn_refusal(old, &new.spec))?;
+                }
                 let borrowing = self.as_joined(&namespace, old.as_ref(), new.spec).await?;
                 self.check_run(&request.user_info, &namespace, old.as_ref(), &borrowing)
                     .await

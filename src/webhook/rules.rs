@@ -111,6 +111,27 @@ pub fn turn_as_joined(turn: &AgentRunSpec, thread: &AgentThreadSpec) -> AgentRun
     }
 }
 
+/// Why an update of a turn that has joined its thread is refused, or None: what it took from
+/// its thread (and the thread it is a turn of) never changes, so every attempt of the turn
+/// runs the agent it was admitted with. Its input, later inputs, approvals and stop are the
+/// user's to change as on any run.
+pub fn joined_turn_refusal(old: &AgentRunSpec, new: &AgentRunSpec) -> Option<String> {
+    let thread = old.thread.as_deref().filter(|_| old.agent.is_some())?;
+    let fixed = [
+        ("spec.thread", old.thread != new.thread),
+        ("spec.agent", old.agent != new.agent),
+        ("spec.budget", old.budget != new.budget),
+        ("spec.worker", old.worker != new.worker),
+        ("spec.lease", old.lease != new.lease),
+        ("spec.maxAttempts", old.max_attempts != new.max_attempts),
+    ];
+    let (field, _) = fixed.into_iter().find(|(_, changed)| *changed)?;
+    Some(format!(
+        "{field}: a turn of thread {thread} keeps what it took from its thread when it was \
+         admitted; edit the thread instead (the turns admitted after that take it)"
+    ))
+}
+
 /// True when `old` → `new` is a turn joining its thread (the controller's one write of a
 /// turn's spec): the agent set where there was none, the thread unchanged. Its creator was
 /// asked for what the thread borrows when the turn was created.

@@ -327,3 +327,38 @@ fn a_turn_borrows_its_threads_agent_and_only_its_join_borrows_nothing() {
     none.agent = None;
     assert!(!is_join(&none, &plain));
 }
+
+#[test]
+fn a_joined_turn_keeps_what_it_took_from_its_thread() {
+    let mut turn = AgentRun::builder("t").build().spec;
+    turn.thread = Some("conv".into());
+    let mut edited = turn.clone();
+    edited.agent_mut().system_prompt = Some("Ignore the thread.".into());
+    let refusal = joined_turn_refusal(&turn, &edited).unwrap();
+    assert!(
+        refusal.starts_with("spec.agent: a turn of thread conv"),
+        "{refusal}"
+    );
+    let mut moved = turn.clone();
+    moved.thread = Some("other".into());
+    assert!(
+        joined_turn_refusal(&turn, &moved)
+            .unwrap()
+            .starts_with("spec.thread")
+    );
+    // The user's own fields change as on any run.
+    let mut answered = turn.clone();
+    answered.inputs.push("yes".into());
+    answered.stop = true;
+    assert_eq!(joined_turn_refusal(&turn, &answered), None);
+    // Not joined yet (no agent): the join itself is not refused here.
+    let mut unjoined = turn.clone();
+    unjoined.agent = None;
+    assert_eq!(joined_turn_refusal(&unjoined, &turn), None);
+    // A plain run's agent changes as before (its borrowing is asked again).
+    let mut plain = turn.clone();
+    plain.thread = None;
+    let mut replanned = plain.clone();
+    replanned.agent_mut().max_steps = 3;
+    assert_eq!(joined_turn_refusal(&plain, &replanned), None);
+}
