@@ -184,8 +184,10 @@ fn the_controller_gets_exactly_the_verbs_it_uses() {
     let objects = render(json!({}), &[]).unwrap();
     let role = named(&objects, "ClusterRole", "baton-controller");
     let expected: Rules = [
-        ("baton.dev", "agentruns", "get list watch delete"),
+        ("baton.dev", "agentruns", "get list watch update delete"),
         ("baton.dev", "agentruns/status", "get update"),
+        ("baton.dev", "agentthreads", "get list watch"),
+        ("baton.dev", "agentthreads/status", "get update"),
         ("baton.dev", "agentruns/finalizers", "update"),
         ("baton.dev", "ledgersegments", "create get list delete"),
         (

@@ -125,12 +125,18 @@ async fn the_installed_chart_gives_the_controller_exactly_what_it_needs() {
             yes("delete", "serviceaccounts", None),
             yes("delete", "roles.rbac.authorization.k8s.io", None),
             yes("delete", "rolebindings.rbac.authorization.k8s.io", None),
-            // Nothing more: no Secrets, no ledger rewrites, no spec edits, no escalation.
+            // A turn's spec once, when it joins its thread, and `spec.stop` of a turn a newer
+            // one interrupts (CAS writes; the webhook refuses any other change of a joined
+            // turn's agent); threads read, and their status written.
+            yes("update", "agentruns.baton.dev", None),
+            yes("watch", "agentthreads.baton.dev", None),
+            yes("update", "agentthreads.baton.dev", Some("status")),
+            // Nothing more: no Secrets, no ledger rewrites, no patches, no escalation.
             no("get", "secrets", None),
             no("list", "secrets", None),
             no("update", "ledgersegments.baton.dev", None),
             no("patch", "ledgersegments.baton.dev", None),
-            no("update", "agentruns.baton.dev", None),
+            no("update", "agentthreads.baton.dev", None),
             no("patch", "agentruns.baton.dev", None),
             no("create", "agentruns.baton.dev", None),
             no("update", "pods", None),
