@@ -85,7 +85,10 @@ pub(super) fn build(client: Client, config: Config) -> Built {
         )
         .modify(slim_run),
     )
-    .inspect_ok(move |event| prune_memory(&pruning, event))
+    .inspect_ok(move |event| {
+        prune_memory(&pruning, event);
+        recount_thread(&pruning, event);
+    })
     .applied_objects();
     let controller = Controller::for_stream(run_events, runs)
         .with_config(controller::Config::default().concurrency(ctx.config().concurrency));
@@ -181,6 +184,26 @@ fn prune_memory(ctx: &Context, event: &watcher::Event<AgentRun>) {
         watcher::Event::InitDone => ctx.forget_uncached(),
         _ => {}
     }
+}
+
+/// A deleted turn leaves its thread's status: written again at once (no reconcile of the turn
+/// will), from the cache, which no longer holds it.
+fn recount_thread(ctx: &Arc<Context>, event: &watcher::Event<AgentRun>) {
+    let watcher::Event::Delete(run) = event else {
+        return;
+    };
+    if run.thread_owner().is_none() {
+        return;
+    }
+    let (ctx, run) = (ctx.clone(), run.clone());
+    tokio::spawn(async move {
+        match super::turn::publish_thread_status(&ctx, &run).await {
+            Ok(()) | Err(super::Error::NotLeader) => {}
+            Err(err) => {
+                tracing::warn!(run = %run.name_any(), %err, "writing its thread's status failed")
+            }
+        }
+    });
 }
 
 /// A run Lease change is seen when its watch event arrives, not when the run is next

@@ -144,5 +144,25 @@ async fn turns_of_a_thread_under_two_controllers_one_killed_are_live_one_at_a_ti
         // One controller dies after the first turn (mid-admission of the next, perhaps).
         drop(first.take());
     }
+    // Turns deleted: the thread's status counts what is left.
+    let runs = ns.api::<AgentRun>();
+    for name in &names[..3] {
+        runs.delete(name, &Default::default()).await.unwrap();
+    }
+    let threads = ns.api::<AgentThread>();
+    let deadline = std::time::Instant::now() + T;
+    loop {
+        let status = threads
+            .get("conv")
+            .await
+            .unwrap()
+            .status
+            .unwrap_or_default();
+        if status.turns == 1 && status.last_turn.as_deref() == Some("conv-4") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{status:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     ns.cleanup().await;
 }
