@@ -46,12 +46,7 @@ impl Session {
             .into_iter()
             .filter(|r| r.spec.thread.as_deref() == Some(args.thread.as_str()))
             .collect();
-        turns.sort_by_key(|r| {
-            (
-                r.metadata.creation_timestamp.clone().map(|t| t.0),
-                r.name_any(),
-            )
-        });
+        turns.sort_by_key(AgentRun::turn_order);
         if turns.is_empty() {
             writeln!(out, "Thread {} has no turns yet.", thread.name_any())?;
         }

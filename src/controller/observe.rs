@@ -203,7 +203,7 @@ pub fn oldest_pending(ctx: &Context, ns: &str, key: &str) -> Option<String> {
                 .as_ref()
                 .is_none_or(|s| s.phase == crate::crd::v1alpha1::Phase::Pending)
         })
-        .min_by_key(|r| (r.creation_timestamp().map(|t| t.0), r.name_any()))
+        .min_by_key(|r| r.turn_order())
         .map(|r| r.name_any())
 }
 

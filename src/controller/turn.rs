@@ -13,11 +13,11 @@ use super::Error;
 use super::context::Context;
 use super::statuses::{self, run_name};
 use super::writer::{Applied, Wrote};
-use crate::crd::INTERRUPTED_BY_ANNOTATION;
 use crate::crd::v1alpha1::{
     AgentRun, AgentThread, AgentThreadStatus, BusyPolicy, HistoryTurn, LedgerEvent, RunUsage,
     ThreadPhase,
 };
+use crate::crd::{INTERRUPTED_BY_ANNOTATION, TURN_ANNOTATION};
 use crate::lease::{lease_holder, thread_lease_name};
 use crate::ledger::recorded_history;
 use crate::status::set_condition;
@@ -100,7 +100,17 @@ pub async fn join(ctx: &Context, run: &AgentRun) -> Result<Applied, Error> {
             None => Applied::Conflict,
         });
     };
-    take_settings(&mut fresh, &thread);
+    // The turn's place first, counted on the thread by CAS: two joins never share one. A
+    // controller that stops before the turn's write leaves a place unused, never reused.
+    let place = thread.status.as_ref().map_or(0, |s| s.joined) + 1;
+    let mut counted = thread.clone();
+    counted.status.get_or_insert_with(Default::default).joined = place;
+    let params = PostParams::default();
+    let count = threads.replace_status(&thread_name, &params, &counted);
+    if ctx.write("join", count).await?.written().is_none() {
+        return Ok(Applied::Conflict);
+    }
+    take_settings(&mut fresh, &thread, place);
     let api = ctx.runs_api(run);
     match ctx
         .write("join", api.replace(&name, &PostParams::default(), &fresh))
@@ -115,7 +125,9 @@ pub async fn join(ctx: &Context, run: &AgentRun) -> Result<Applied, Error> {
 }
 
 /// The thread's settings, and the thread as owner, on the turn.
-fn take_settings(turn: &mut AgentRun, thread: &AgentThread) {
+fn take_settings(turn: &mut AgentRun, thread: &AgentThread, place: i64) {
+    turn.annotations_mut()
+        .insert(TURN_ANNOTATION.into(), place.to_string());
     let spec = &mut turn.spec;
     spec.agent = Some(thread.spec.agent.clone());
     spec.budget = thread.spec.budget.clone();
@@ -172,7 +184,7 @@ fn earlier_turns(ctx: &Context, run: &AgentRun) -> Vec<std::sync::Arc<AgentRun>>
     let Some(owner) = run.thread_owner() else {
         return Vec::new();
     };
-    let order = |r: &AgentRun| (r.creation_timestamp().map(|t| t.0), r.name_any());
+    let order = |r: &AgentRun| r.turn_order();
     let mut turns: Vec<_> = turns_of(ctx, &run.namespace().unwrap_or_default(), &owner.uid)
         .into_iter()
         .filter(|t| order(t) < order(run))
@@ -237,7 +249,7 @@ pub fn thread_status(
     let last = turns
         .iter()
         .filter(|r| r.status.as_ref().is_some_and(|s| !s.fence.never_claimed()))
-        .max_by_key(|r| (r.creation_timestamp().map(|t| t.0), r.name_any()));
+        .max_by_key(|r| r.turn_order());
     let mut usage = RunUsage::default();
     for turn in turns {
         if let Some(spent) = turn.status.as_ref().and_then(|s| s.usage.as_ref()) {
@@ -268,6 +280,7 @@ pub fn thread_status(
         last_turn: last.map(|r| r.name_any()),
         last_turn_phase: last.and_then(|r| r.status.as_ref().map(|s| s.phase)),
         usage,
+        joined: previous.map_or(0, |p| p.joined),
         conditions,
     }
 }

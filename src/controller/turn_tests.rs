@@ -75,3 +75,19 @@ fn the_thread_status_follows_its_turns() {
     assert_eq!(idle.phase, ThreadPhase::Idle);
     assert_eq!(idle.conditions[0].status, "False");
 }
+
+#[test]
+fn turns_made_in_the_same_second_keep_the_order_they_joined_in() {
+    let place = |t: &Arc<AgentRun>, n: i64| {
+        let mut r = (**t).clone();
+        r.annotations_mut()
+            .insert(crate::crd::TURN_ANNOTATION.into(), n.to_string());
+        Arc::new(r)
+    };
+    // Same creation second; the name alone would put "t-b" after "t-a".
+    let later = place(&turn("t-a", 5, Phase::Succeeded, 1, 0), 2);
+    let earlier = place(&turn("t-b", 5, Phase::Succeeded, 1, 0), 1);
+    assert!(earlier.turn_order() < later.turn_order());
+    let status = thread_status(&[later, earlier], None);
+    assert_eq!(status.last_turn.as_deref(), Some("t-a"));
+}

@@ -18,6 +18,10 @@ pub const THREAD_KEY_ANNOTATION: &str = "baton.dev/thread-key";
 /// Annotation the controller sets on a turn it stops for a newer turn of its thread
 /// (`onBusy: Interrupt`): the newer turn's name.
 pub const INTERRUPTED_BY_ANNOTATION: &str = "baton.dev/interrupted-by";
+/// Annotation the controller sets on a turn when it joins its thread: its place in the
+/// thread's order (1, 2, ...). Creation times have a one-second grain, so two turns made in
+/// the same second could not be told apart by them.
+pub const TURN_ANNOTATION: &str = "baton.dev/turn";
 /// Label on everything baton creates for a run (Lease, Pods, segments): the run's name.
 pub const RUN_LABEL: &str = "baton.dev/run";
 /// Label on LedgerSegments: the owning run's UID, so a new run with an old name never reads

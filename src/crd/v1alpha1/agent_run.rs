@@ -241,6 +241,23 @@ impl AgentRun {
             .find(|o| o.kind == "AgentThread")
     }
 
+    /// The order runs of one thread (or thread key) take turns in: a turn's place in its
+    /// thread (set when it joined), then creation time, then name.
+    pub fn turn_order(&self) -> (Option<i64>, Option<k8s_openapi::jiff::Timestamp>, String) {
+        let place = self
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(crate::crd::TURN_ANNOTATION))
+            .and_then(|v| v.parse().ok());
+        let created = self.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        (
+            place,
+            created,
+            self.metadata.name.clone().unwrap_or_default(),
+        )
+    }
+
     /// True when the run is a turn whose thread owns it: it has joined (taken the thread's
     /// agent and settings).
     pub fn has_joined(&self) -> bool {

@@ -136,6 +136,10 @@ pub struct AgentThreadStatus {
     /// What the thread's existing turns spent, summed from their own `status.usage`.
     #[serde(default)]
     pub usage: RunUsage,
+    /// Turns that ever joined the thread: the next one to join takes place `joined + 1`
+    /// (the order of its history), counted by compare-and-swap on this status.
+    #[serde(default)]
+    pub joined: i64,
     /// `Busy`: True while a turn is live (its message names it), False otherwise.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
