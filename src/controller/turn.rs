@@ -184,18 +184,18 @@ fn earlier_turns(ctx: &Context, run: &AgentRun) -> Vec<std::sync::Arc<AgentRun>>
     let Some(owner) = run.thread_owner() else {
         return Vec::new();
     };
-    let order = |r: &AgentRun| r.turn_order();
+    let before = run.turn_order();
     let mut turns: Vec<_> = turns_of(ctx, &run.namespace().unwrap_or_default(), &owner.uid)
         .into_iter()
-        .filter(|t| order(t) < order(run))
+        .filter(|t| t.turn_order() < before)
         .filter(|t| t.status.as_ref().is_some_and(|s| s.phase.is_terminal()))
         .collect();
-    turns.sort_by_key(|t| order(t));
+    turns.sort_by_cached_key(|t| t.turn_order());
     turns
 }
 
-/// The cached turns of the thread with UID `thread_uid` in `ns`.
-fn turns_of(ctx: &Context, ns: &str, thread_uid: &str) -> Vec<std::sync::Arc<AgentRun>> {
+/// The cached turns of the thread with UID `thread_uid` in `ns` (those that joined it).
+pub(super) fn turns_of(ctx: &Context, ns: &str, thread_uid: &str) -> Vec<std::sync::Arc<AgentRun>> {
     ctx.run_cache()
         .state()
         .into_iter()

@@ -117,18 +117,16 @@ pub(super) fn build(client: Client, config: Config) -> Built {
     (ctx, controller, watches, wake_rx, queue)
 }
 
-/// A thread's change wakes its turns that have not ended (a turn that waits on its thread's
-/// policy, or whose reconcile writes the thread's status).
+/// A thread's change wakes its turns (those that joined it) that have not ended: a turn that
+/// waits on its thread's policy, or whose reconcile writes the thread's status. A turn that
+/// has not joined waits on nothing of its thread: it joins at its next reconcile.
 pub(super) fn turns_of_thread(
     ctx: Arc<Context>,
 ) -> impl Fn(AgentThread) -> Vec<reflector::ObjectRef<AgentRun>> + Send + Sync + 'static {
     move |thread| {
-        let ns = thread.namespace().unwrap_or_default();
-        ctx.run_cache()
-            .state()
+        let (ns, uid) = (thread.namespace().unwrap_or_default(), thread.uid());
+        super::turn::turns_of(&ctx, &ns, &uid.unwrap_or_default())
             .iter()
-            .filter(|r| r.namespace().as_deref() == Some(ns.as_str()))
-            .filter(|r| r.spec.thread.as_deref() == Some(thread.name_any().as_str()))
             // Ended turns wait on nothing: a long thread's change wakes only its few live ones.
             .filter(|r| !r.status.as_ref().is_some_and(|s| s.phase.is_terminal()))
             .map(|r| reflector::ObjectRef::from_obj(r.as_ref()))
@@ -142,7 +140,7 @@ fn lease_events(
     ctx: Arc<Context>,
     writer: reflector::store::Writer<Lease>,
     wc: watcher::Config,
-) -> std::pin::Pin<Box<dyn Stream<Item = Result<Lease, watcher::Error>> + Send>> {
+) -> Watch<Lease> {
     reflector(
         writer,
         watcher(scoped::<Lease>(client, ctx.config()), wc).modify(strip_metadata),
