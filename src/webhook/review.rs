@@ -155,8 +155,8 @@ impl Reviewer {
         }
     }
 
-    /// What a run borrows: for a turn being created, its thread's agent and worker (as if
-    /// written in it); for anything else, its own spec. A thread that does not exist lends
+    /// What a run borrows: for a turn being created (or moved to another thread before it
+    /// joined one), its thread's agent and worker (as if written in it); for anything else, its own spec. A thread that does not exist lends
     /// nothing (the controller fails the turn, naming it).
     async fn as_joined(
         &self,
@@ -164,10 +164,11 @@ impl Reviewer {
         old: Option<&AgentRunSpec>,
         new: AgentRunSpec,
     ) -> Result<AgentRunSpec, ReviewError> {
+        let moved = old.is_none_or(|o| o.thread != new.thread);
         let Some(thread) = new
             .thread
             .as_deref()
-            .filter(|_| old.is_none() && new.agent.is_none())
+            .filter(|_| moved && new.agent.is_none())
         else {
             return Ok(new);
         };
@@ -189,7 +190,7 @@ impl Reviewer {
                 resource_attributes: Some(ResourceAttributes {
                     namespace: Some(namespace.to_string()),
                     verb: Some(ask.verb.to_string()),
-                    group: Some(String::new()),
+                    group: Some(ask.group.to_string()),
                     resource: Some(ask.resource.to_string()),
                     name: ask.name.clone(),
                     ..ResourceAttributes::default()

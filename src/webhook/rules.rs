@@ -17,6 +17,8 @@ pub struct Ask {
     /// The field that needs it, as the user wrote it (`spec.worker.image`).
     pub field: String,
     pub verb: &'static str,
+    /// The API group of `resource` (`""`: the core group).
+    pub group: &'static str,
     pub resource: &'static str,
     /// The object, when the permission is on one object (a Secret); None: the namespace.
     pub name: Option<String>,
@@ -27,6 +29,7 @@ impl Ask {
         Ask {
             field,
             verb: "get",
+            group: "",
             resource: "secrets",
             name: Some(name.to_string()),
         }
@@ -36,7 +39,20 @@ impl Ask {
         Ask {
             field: field.to_string(),
             verb: "create",
+            group: "",
             resource: "pods",
+            name: None,
+        }
+    }
+
+    /// A turn's worker reads its thread's earlier turns' ledgers: its creator must be able
+    /// to read them too.
+    fn read_ledgers(field: &str) -> Ask {
+        Ask {
+            field: field.to_string(),
+            verb: "list",
+            group: crate::crd::GROUP,
+            resource: "ledgersegments",
             name: None,
         }
     }
@@ -62,6 +78,9 @@ pub fn run_asks(old: Option<&AgentRunSpec>, new: &AgentRunSpec) -> Vec<Ask> {
         return Vec::new();
     }
     let mut asks = Vec::new();
+    if new.thread.is_some() {
+        asks.push(Ask::read_ledgers("spec.thread"));
+    }
     let agent = new.agent();
     if let Some(key) = agent.and_then(|a| a.model.api_key_secret_ref.as_ref()) {
         asks.push(Ask::get_secret(
@@ -140,7 +159,7 @@ pub fn is_join(old: &AgentRunSpec, new: &AgentRunSpec) -> bool {
 }
 
 fn same_borrowing_fields(old: &AgentRunSpec, new: &AgentRunSpec) -> bool {
-    old.agent == new.agent && old.worker == new.worker
+    old.agent == new.agent && old.worker == new.worker && old.thread == new.thread
 }
 
 /// A spec larger than `max` bytes (as JSON): the message names its size and largest field.

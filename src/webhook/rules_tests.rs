@@ -317,7 +317,27 @@ fn a_turn_borrows_its_threads_agent_and_only_its_join_borrows_nothing() {
         serde_json::from_value(serde_json::json!({ "agent": thread_agent })).unwrap();
     let joined = turn_as_joined(&turn, &thread);
     let asks = run_asks(None, &joined);
-    assert_eq!(asks[0].field, "spec.agent.model.apiKeySecretRef.name");
+    // Its worker reads the thread's earlier ledgers, and uses the thread's key.
+    let fields: Vec<(&str, &str, &str)> = asks
+        .iter()
+        .map(|a| (a.field.as_str(), a.verb, a.resource))
+        .collect();
+    assert_eq!(
+        fields,
+        [
+            ("spec.thread", "list", "ledgersegments"),
+            ("spec.agent.model.apiKeySecretRef.name", "get", "secrets")
+        ]
+    );
+    assert_eq!(asks[0].group, "baton.dev");
+    // A turn moved to another thread before it joined is asked again; once joined, an
+    // input is not.
+    let mut moved = turn.clone();
+    moved.thread = Some("other".into());
+    assert!(!run_asks(Some(&turn), &moved).is_empty());
+    let mut answered = joined.clone();
+    answered.inputs.push("yes".into());
+    assert!(run_asks(Some(&joined), &answered).is_empty());
     assert!(is_join(&turn, &joined));
     // Not a join: an agent changed on a turn that has one, or on a run of no thread.
     assert!(!is_join(&joined, &joined));

@@ -51,7 +51,7 @@ impl Watched {
 }
 
 /// Mallory may do anything with AgentRuns and nothing else; Alice may also read the Secrets
-/// and create pods. A Secret `model-key` exists.
+/// and the ledgers, and create pods. A Secret `model-key` exists.
 async fn users(ns: &TestNamespace) {
     let rule = |resources: &[&str], group: &str| PolicyRule {
         api_groups: Some(vec![group.into()]),
@@ -60,7 +60,11 @@ async fn users(ns: &TestNamespace) {
         ..PolicyRule::default()
     };
     let runs = rule(&["agentruns"], "baton.dev");
-    let more = vec![runs.clone(), rule(&["secrets", "pods"], "")];
+    let read_ledgers = PolicyRule {
+        verbs: vec!["get".into(), "list".into()],
+        ..rule(&["ledgersegments"], "baton.dev")
+    };
+    let more = vec![runs.clone(), rule(&["secrets", "pods"], ""), read_ledgers];
     for (user, rules) in [(MALLORY, vec![runs]), (ALICE, more)] {
         grant_user(&ns.client, &ns.name, user, rules).await;
     }
@@ -436,10 +440,23 @@ async fn a_turn_borrows_what_its_thread_borrows_and_its_creator_is_asked_for_it(
         .patch("t2", &PatchParams::default(), &Patch::Merge(&input))
         .await
         .expect("an input is the user's");
-    // A turn of a thread that does not exist borrows nothing: admitted, and the controller
-    // ends it naming the thread.
-    create_as(MALLORY, &w.ns.name, &turn_of("t3", "nowhere"))
+    // A turn's worker reads the thread's earlier transcripts: a creator who may not read
+    // ledgers gets no turn, even of a thread that lends nothing else.
+    let mut plain = keyed_thread("plain");
+    plain.spec.agent.model.api_key_secret_ref = None;
+    w.ns.api::<AgentThread>()
+        .create(&PostParams::default(), &plain)
         .await
-        .expect("nothing borrowed");
+        .unwrap();
+    let text = refusal(create_as(MALLORY, &w.ns.name, &turn_of("t3", "plain")).await);
+    assert!(
+        text.contains("spec.thread: mallory may not list ledgersegments"),
+        "{text}"
+    );
+    // A turn of a thread that does not exist borrows no agent: admitted for one who may read
+    // ledgers, and the controller ends it naming the thread.
+    create_as(ALICE, &w.ns.name, &turn_of("t4", "nowhere"))
+        .await
+        .expect("nothing more borrowed");
     w.cleanup().await;
 }
