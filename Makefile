@@ -64,6 +64,11 @@ bench-executor: ## Figures: latency a tool step gets from the tools container's 
 	$(CARGO) build --release -p baton-exec
 	$(CARGO) run --release --example executor_bench -- --exec target/release/baton-exec
 
+.PHONY: bench-stream
+bench-stream: ## Figures: append-to-SSE-receipt latency (p50/p99) with 10 and 1,000 followers; the server's memory, CPU and API watches
+	$(CARGO) build --release --bin baton
+	bash hack/with-control-plane.sh $(CARGO) run --release --example stream_bench
+
 .PHONY: bench-controller
 bench-controller: ## Figures: takeover lateness, controller memory and writes with 1,000 and 5,000 runs
 	$(CARGO) build --release --bin baton

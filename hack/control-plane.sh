@@ -431,15 +431,6 @@ stop_all() {
   stop_proc etcd
 }
 
-read_state() { # read_state KEY — from $CP_DIR/state (KEY=VALUE lines written by up)
-  [[ -f $CP_DIR/state ]] || return 1
-  local k v
-  while IFS='=' read -r k v; do
-    [[ $k == "$1" ]] && { echo "$v"; return 0; }
-  done <"$CP_DIR/state"
-  return 1
-}
-
 readyz() { # prints the /readyz body; status 0 only if it is "ok"
   local port token body
   port=$(read_state API_PORT) || return 1

@@ -204,6 +204,17 @@ stop_proc() {
 }
 
 
+# read_state KEY — the value of KEY in $STATE_DIR/state (KEY=VALUE lines an `up` wrote);
+# status 1 when there is none.
+read_state() {
+  [[ -f $STATE_DIR/state ]] || return 1
+  local k v
+  while IFS='=' read -r k v; do
+    [[ $k == "$1" ]] && { echo "$v"; return 0; }
+  done <"$STATE_DIR/state"
+  return 1
+}
+
 port_in_use() { # something accepts connections on 127.0.0.1:PORT
   (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
 }

@@ -106,11 +106,6 @@ cmd_install() {
 # ---------------------------------------------------------------------------
 # state
 
-read_state() { # KEY
-  [[ -f $STATE_DIR/state ]] || return 1
-  sed -n "s/^$1=//p" "$STATE_DIR/state" | head -1
-}
-
 in_netns() { nsenter "--net=$NETNS_PATH" "$@"; }
 
 kubectl_node() { kubectl --kubeconfig "$KUBECONFIG_OUT" --request-timeout=5s "$@"; }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # hack/setup.sh — everything `make test` and `make demo` need on a fresh Debian machine, each
 # step skipped when already there: system packages, kubectl, the Helm SDK and the MCP SDK
-# (the tests' MCP server) from PyPI, the
+# (the tests' MCP server) from PyPI, Debian's chromium and npm's playwright-core (the
+# console's browser tests), Debian's PostgreSQL (the PostgreSQL ledger's tests), the
 # node's packages and server binaries (built once from Debian's kubernetes source and cached),
 # and the images (pause, a Debian base, baton's own from the Dockerfile). Progress is shown.
 set -euo pipefail
@@ -52,6 +53,26 @@ if ! "$mcp_venv/bin/python" -c 'import mcp.server' 2>/dev/null; then
   "$mcp_venv/bin/python" -m pip install --quiet --disable-pip-version-check mcp==2.3.0
 fi
 "$mcp_venv/bin/python" -c 'import importlib.metadata as m; print("mcp", m.version("mcp"))'
+
+step "a real browser for the console's tests: Debian's chromium, driven by npm's playwright-core"
+# Playwright's own browser download cannot work here: its npm package is installed without
+# one, and the tests launch /usr/bin/chromium (tests/browser/console.mjs).
+need=()
+pkg_installed chromium || need+=(chromium)
+command -v node >/dev/null 2>&1 || need+=(nodejs)
+command -v npm >/dev/null 2>&1 || need+=(npm)
+if ((${#need[@]})); then apt_install "${need[@]}"; fi
+if [[ ! -f tests/browser/node_modules/playwright-core/package.json ]]; then
+  (cd tests/browser && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --no-audit --no-fund --loglevel=error)
+fi
+echo "chromium $(/usr/bin/chromium --version 2>/dev/null | awk '{print $2}'), playwright-core $(node -p 'require("./tests/browser/node_modules/playwright-core/package.json").version')"
+
+step "a real PostgreSQL for the PostgreSQL ledger's tests: Debian's postgresql-15"
+# hack/postgres.sh runs its own throwaway cluster from these binaries; whatever cluster the
+# package itself sets up is never started or used.
+pg_ctl=$(find /usr/lib/postgresql -mindepth 3 -maxdepth 3 -path '*/bin/pg_ctl' 2>/dev/null | sort -V | tail -1)
+[[ -n $pg_ctl ]] || apt_install postgresql-15
+"$(find /usr/lib/postgresql -mindepth 3 -maxdepth 3 -path '*/bin/postgres' | sort -V | tail -1)" --version
 
 step "the API server for the integration tests (built once, cached)"
 bash hack/control-plane.sh install

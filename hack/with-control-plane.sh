@@ -1,22 +1,31 @@
 #!/usr/bin/env bash
-# Runs a command with KUBECONFIG pointing at the local control plane. Starts the control plane
-# if it is not up, and stops it afterwards only in that case (an already-running one is left
-# as found).
+# Runs a command against the bed: KUBECONFIG pointing at the local control plane and
+# BATON_TEST_POSTGRES_URL at a throwaway PostgreSQL (hack/postgres.sh). Starts each if it is
+# not up, and stops afterwards only what it started (one already running is left as found).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 cp=hack/control-plane.sh
-started_here=0
-stop_control_plane() {
-  if [[ $started_here == 1 ]]; then bash "$cp" down || true; fi
+pg=hack/postgres.sh
+cp_started=0
+pg_started=0
+stop_bed() {
+  if [[ $pg_started == 1 ]]; then bash "$pg" down || true; fi
+  if [[ $cp_started == 1 ]]; then bash "$cp" down || true; fi
 }
-trap stop_control_plane EXIT
+trap stop_bed EXIT
 
 if ! bash "$cp" status >/dev/null 2>&1; then
-  started_here=1
+  cp_started=1
   echo "==> starting the local control plane"
   bash "$cp" up
 fi
+if ! bash "$pg" status >/dev/null 2>&1; then
+  pg_started=1
+  echo "==> starting PostgreSQL"
+  bash "$pg" up
+fi
 eval "$(bash "$cp" env)"
+eval "$(bash "$pg" env)"
 echo "==> KUBECONFIG=$KUBECONFIG"
 "$@"

@@ -12,8 +12,10 @@ pub mod lease;
 pub mod ledger;
 mod owned;
 pub mod rbac;
+pub mod requests;
+pub mod server;
 pub mod status;
-mod telemetry;
+pub mod telemetry;
 pub mod webhook;
 pub mod worker;
 

@@ -11,7 +11,6 @@ mod e2e_support;
 #[path = "common/events.rs"]
 mod events;
 mod node_support;
-mod rbac_support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -24,8 +23,8 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::PostParams;
 use kube::{Api, Resource, ResourceExt};
+use node_support::rbac::forged_segment;
 use node_support::*;
-use rbac_support::forged_segment;
 
 /// The turn under which the forged step would record its effect, were it ever run.
 const FORGED_TURN: usize = 99;

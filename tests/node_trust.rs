@@ -7,7 +7,6 @@
 
 mod e2e_support;
 mod node_support;
-mod rbac_support;
 
 use baton::crd::v1alpha1::{AgentRun, ApprovalPolicy, Phase, ScriptToolCall, ScriptTurn};
 use baton::fence::Fence;
@@ -16,8 +15,8 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::rbac::v1::PolicyRule;
 use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, ResourceExt};
+use node_support::rbac::grant_user;
 use node_support::*;
-use rbac_support::grant_user;
 
 /// A user who may do anything with AgentRuns in the namespace, and nothing else.
 const MALLORY: &str = "mallory";

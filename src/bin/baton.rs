@@ -22,6 +22,10 @@ enum Command {
     Crd(CrdArgs),
     /// Run the controller: admission, claims, takeovers, finish, rollouts.
     Controller(baton::controller::cli::ControllerArgs),
+    /// Serve the HTTP API (runs, threads, their live streams) with each caller's own identity.
+    Server(baton::server::ServerArgs),
+    /// Open the web console on a loopback port, acting as your kubeconfig's user.
+    Console(baton::server::ConsoleArgs),
     /// Run one attempt of an AgentRun (what runs inside a worker pod).
     Worker(baton::worker::WorkerArgs),
     #[command(flatten)]
@@ -78,6 +82,10 @@ async fn run(cli: Cli) -> ExitCode {
             .await
             .map(|()| ExitCode::SUCCESS)
             .map_err(Into::into),
+        Command::Server(args) => baton::server::main(args).await.map(|()| ExitCode::SUCCESS),
+        Command::Console(args) => baton::server::console_main(args)
+            .await
+            .map(|()| ExitCode::SUCCESS),
         Command::Worker(args) => Ok(ExitCode::from(baton::worker::cli_main(args).await)),
         Command::Cli(verb) => baton::cli::main(verb)
             .await

@@ -12,6 +12,7 @@ use kube::Client;
 
 use neutral::Neutral;
 pub use neutral::neutralize;
+pub use render::age;
 
 pub use ops::Session;
 

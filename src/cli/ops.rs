@@ -6,20 +6,16 @@ use std::io::Write;
 
 use k8s_openapi::api::core::v1::Event;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{ListParams, Patch, PatchParams};
+use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
 
 use super::describe::{self, Description};
 use super::render::{self, Transcript};
 use super::{CliError, GetArgs, InputArgs, RunArgs, TranscriptArgs, Verb};
-use crate::approval;
-use crate::crd::v1alpha1::{AgentRun, LedgerSegment, Phase, Verdict};
-use crate::kube_util::{is_conflict, is_not_found};
+use crate::crd::v1alpha1::{AgentRun, LedgerSegment, Verdict};
+use crate::kube_util::is_not_found;
 use crate::ledger::{LedgerError, SegmentStore};
-
-/// How many times `input`, `approve` and `deny` re-read and retry when the run changes
-/// under them.
-const UPDATE_RETRIES: usize = 5;
+use crate::requests::{RequestError, RunRequests, Stopped};
 
 /// A client plus what error messages and defaults need: the server and the default namespace.
 pub struct Session {
@@ -102,26 +98,17 @@ impl Session {
 
     async fn stop(&self, args: RunArgs, out: &mut impl Write) -> Result<(), CliError> {
         let namespace = self.namespace(args.namespace.as_deref());
-        let run = self.read_run(&namespace, &args.run).await?;
-        let phase = phase_of(&run);
-        if phase.is_terminal() {
-            writeln!(
+        let name = &args.run;
+        match self.requests(&namespace).stop(name).await {
+            Ok(Stopped::AlreadyEnded(phase)) => {
+                writeln!(out, "run {name} already ended ({phase}); nothing to stop")?
+            }
+            Ok(Stopped::Requested(phase)) => writeln!(
                 out,
-                "run {} already ended ({phase}); nothing to stop",
-                args.run
-            )?;
-            return Ok(());
+                "run {name} in {namespace}: stop requested (phase was {phase})"
+            )?,
+            Err(e) => return Err(self.request_error(e)),
         }
-        let patch = serde_json::json!({ "spec": { "stop": true } });
-        self.runs(&namespace)
-            .patch(&args.run, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .map_err(|e| self.run_error(e, &namespace, &args.run))?;
-        writeln!(
-            out,
-            "run {} in {namespace}: stop requested (phase was {phase})",
-            args.run
-        )?;
         Ok(())
     }
 
@@ -129,25 +116,17 @@ impl Session {
         let namespace = self.namespace(args.target.namespace.as_deref());
         let name = &args.target.run;
         let sent = self
-            .append_to_spec(&namespace, name, |run| {
-                let phase = phase_of(run);
-                if phase != Phase::WaitingInput {
-                    return Err(CliError::NotWaitingForInput {
-                        name: name.clone(),
-                        phase: phase.to_string(),
-                    });
-                }
-                let mut inputs = run.spec.inputs.clone();
-                inputs.push(args.text.clone());
-                Ok((serde_json::json!({ "inputs": inputs }), inputs.len()))
-            })
-            .await?;
+            .requests(&namespace)
+            .input(name, &args.text)
+            .await
+            .map_err(|e| self.request_error(e))?;
         writeln!(out, "run {name} in {namespace}: input #{sent} sent")?;
         Ok(())
     }
 
     /// `approve` and `deny`: appends the decision on the call the run waits on, checked
     /// against the run as read (a stale step, a second decision, a run that moved on: refused).
+    /// What a human approves is what runs: the call, whole, from the ledger, is printed first.
     async fn decide(
         &self,
         target: &RunArgs,
@@ -158,98 +137,36 @@ impl Session {
     ) -> Result<(), CliError> {
         let namespace = self.namespace(target.namespace.as_deref());
         let name = &target.run;
-        // What a human approves is what runs: the call, whole, from the ledger, or nothing.
+        let requests = self.requests(&namespace);
         let step = match verdict {
-            Verdict::Approve => Some(self.show_call(&namespace, name, step, out).await?),
+            Verdict::Approve => {
+                let (step, call) = requests
+                    .recorded_call(name, step)
+                    .await
+                    .map_err(|e| self.request_error(e))?;
+                writeln!(
+                    out,
+                    "step {step} ({}), call {}, as the ledger records it:\n  {}",
+                    call.tool, call.call_id, call.arguments
+                )?;
+                Some(step)
+            }
             Verdict::Deny => step,
         };
-        let step = self
-            .append_to_spec(&namespace, name, |run| {
-                let decision = approval::decision(run, step, verdict, reason.clone())?;
-                let step = decision.step;
-                let mut approvals = run.spec.approvals.clone();
-                approvals.push(decision);
-                Ok((serde_json::json!({ "approvals": approvals }), step))
-            })
-            .await?;
+        let decided = requests
+            .decide(name, step, verdict, reason)
+            .await
+            .map_err(|e| self.request_error(e))?;
         let done = match verdict {
             Verdict::Approve => "approved",
             Verdict::Deny => "denied",
         };
-        writeln!(out, "run {name} in {namespace}: step {step} {done}")?;
-        Ok(())
-    }
-
-    /// Prints the call an approval of `step` (None: the waiting one) would run, as the ledger
-    /// records it; returns its step. Refused when the decision would be, or when the ledger
-    /// does not show the call whole.
-    async fn show_call(
-        &self,
-        namespace: &str,
-        name: &str,
-        step: Option<i64>,
-        out: &mut impl Write,
-    ) -> Result<i64, CliError> {
-        let run = self.read_run(namespace, name).await?;
-        let decision = approval::decision(&run, step, Verdict::Approve, None)?;
-        let segments = self.ledger(&run).await?;
-        let Some((tool, arguments)) = approval::recorded_call(&segments, &decision) else {
-            return Err(CliError::CallNotShown {
-                name: name.into(),
-                step: decision.step,
-            });
-        };
         writeln!(
             out,
-            "step {} ({tool}), call {}, as the ledger records it:\n  {arguments}",
-            decision.step, decision.call_id
+            "run {name} in {namespace}: step {} {done}",
+            decided.step
         )?;
-        Ok(decision.step)
-    }
-
-    /// Reads the run, asks `change` for the spec fields to merge (an append to one of its
-    /// append-only lists) and merges them if the run has not changed since; re-reads and
-    /// asks again when it has, a few times. Returns what `change` said of the change that
-    /// landed.
-    async fn append_to_spec<T>(
-        &self,
-        namespace: &str,
-        name: &str,
-        change: impl Fn(&AgentRun) -> Result<(serde_json::Value, T), CliError>,
-    ) -> Result<T, CliError> {
-        for _ in 0..UPDATE_RETRIES {
-            let run = self.read_run(namespace, name).await?;
-            let (spec, said) = change(&run)?;
-            if self.patch_spec(namespace, &run, spec).await? {
-                return Ok(said);
-            }
-        }
-        Err(CliError::Contended { name: name.into() })
-    }
-
-    /// Merges `spec` into the run as read, only if it has not changed since: false when it
-    /// had (read it again). The resourceVersion makes the merge patch a compare-and-swap:
-    /// the lists it appends to are append-only, and a concurrent append must not be lost.
-    async fn patch_spec(
-        &self,
-        namespace: &str,
-        run: &AgentRun,
-        spec: serde_json::Value,
-    ) -> Result<bool, CliError> {
-        let name = run.name_any();
-        let patch = serde_json::json!({
-            "metadata": { "resourceVersion": run.resource_version() },
-            "spec": spec,
-        });
-        match self
-            .runs(namespace)
-            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => Ok(true),
-            Err(e) if is_conflict(&e) => Ok(false),
-            Err(e) => Err(self.run_error(e, namespace, &name)),
-        }
+        Ok(())
     }
 
     async fn describe(&self, args: RunArgs, out: &mut impl Write) -> Result<(), CliError> {
@@ -333,7 +250,28 @@ impl Session {
         Ok(events)
     }
 
+    fn requests(&self, namespace: &str) -> RunRequests {
+        RunRequests::new(self.client.clone(), namespace)
+    }
+
     // === errors ===
+
+    /// A refused request becomes the CLI's error of the same name; a kube error is worded
+    /// as every other.
+    fn request_error(&self, err: RequestError) -> CliError {
+        match err {
+            RequestError::NotFound { name, namespace } => CliError::RunNotFound { name, namespace },
+            RequestError::NotWaitingForInput { name, phase } => CliError::NotWaitingForInput {
+                name,
+                phase: phase.to_string(),
+            },
+            RequestError::Decision(e) => CliError::Decision(e),
+            RequestError::CallNotShown { name, step } => CliError::CallNotShown { name, step },
+            RequestError::Contended { name } => CliError::Contended { name },
+            RequestError::Ledger { name, detail } => CliError::Ledger { name, detail },
+            RequestError::Kube(e) => self.error(e),
+        }
+    }
 
     fn run_error(&self, err: kube::Error, namespace: &str, name: &str) -> CliError {
         if is_not_found(&err) {
@@ -375,9 +313,7 @@ fn error_chain(err: &dyn std::error::Error) -> String {
     parts.join(": ")
 }
 
-fn phase_of(run: &AgentRun) -> Phase {
-    run.status.as_ref().map(|s| s.phase).unwrap_or_default()
-}
+use crate::requests::phase_of;
 
 fn is_finished(run: &AgentRun) -> bool {
     phase_of(run).is_terminal()

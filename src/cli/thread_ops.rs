@@ -4,13 +4,13 @@
 use std::io::Write;
 
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{ObjectMeta, PostParams};
+use kube::api::PostParams;
 use kube::{Api, ResourceExt};
 
 use super::{Session, is_finished, phase_of, print_lines};
 use crate::cli::render::{self, Transcript};
 use crate::cli::{ChatArgs, CliError, ThreadArgs};
-use crate::crd::v1alpha1::{AgentRun, AgentRunSpec, AgentThread, Phase};
+use crate::crd::v1alpha1::{AgentRun, AgentThread, Phase};
 
 impl Session {
     /// Creates a turn of the thread with `message` as its input, prints its transcript as its
@@ -21,7 +21,7 @@ impl Session {
         let thread = self.read_thread(&namespace, &args.target.thread).await?;
         let created = self
             .runs(&namespace)
-            .create(&PostParams::default(), &new_turn(&thread, &args.message))
+            .create(&PostParams::default(), &thread.new_turn(&args.message))
             .await
             .map_err(|e| self.error(e))?;
         let name = created.name_any();
@@ -102,22 +102,6 @@ impl Session {
 }
 
 /// A turn of `thread`: its input and its thread, named after the thread by the API server.
-fn new_turn(thread: &AgentThread, message: &str) -> AgentRun {
-    // Through serde: the spec's defaults are the schema's (what the API server fills in).
-    let spec: AgentRunSpec = serde_json::from_value(
-        serde_json::json!({ "input": message, "thread": thread.name_any() }),
-    )
-    .expect("a turn's spec");
-    AgentRun {
-        metadata: ObjectMeta {
-            generate_name: Some(format!("{}-", thread.name_any())),
-            ..ObjectMeta::default()
-        },
-        spec,
-        status: None,
-    }
-}
-
 /// A turn `chat` stops following: ended, or waiting for a person.
 fn settled(run: &AgentRun) -> bool {
     is_finished(run) || matches!(phase_of(run), Phase::WaitingInput | Phase::WaitingApproval)

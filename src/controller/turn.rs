@@ -204,34 +204,36 @@ pub(super) fn turns_of(ctx: &Context, ns: &str, thread_uid: &str) -> Vec<std::sy
         .collect()
 }
 
-/// Writes the status of `run`'s thread as its turns show it, when it differs from the cached
-/// one. Best effort: the next change of any turn writes it again.
+/// Writes the status of `run`'s thread as its turns show it, when it differs from the thread's.
+/// A conflict means the thread cache is behind a write (another turn's, or another replica's):
+/// the thread is read again and the status recomputed from the turns as they are then, so the
+/// last write always counts every turn. Without that, a turn's deletion (which no later
+/// reconcile of that turn follows) could leave its thread counting it.
 pub async fn publish_thread_status(ctx: &Context, run: &AgentRun) -> Result<(), Error> {
+    const ATTEMPTS: usize = 5;
     let Some(owner) = run.thread_owner() else {
         return Ok(());
     };
     let ns = run.namespace().unwrap_or_default();
     let key = ObjectRef::new(&owner.name).within(&ns);
-    let Some(thread) = ctx
-        .thread_cache()
-        .get(&key)
-        .filter(|t| t.uid() == Some(owner.uid.clone()))
-    else {
-        return Ok(());
-    };
-    let status = thread_status(&turns_of(ctx, &ns, &owner.uid), thread.status.as_ref());
-    if thread.status.as_ref() == Some(&status) {
-        return Ok(());
-    }
-    let mut desired = (*thread).clone();
-    desired.status = Some(status);
     let api = ctx.api::<AgentThread>(&ns);
     let params = PostParams::default();
-    ctx.write(
-        "thread_status",
-        api.replace_status(&owner.name, &params, &desired),
-    )
-    .await?;
+    let mut thread = ctx.thread_cache().get(&key).map(|t| (*t).clone());
+    for _ in 0..ATTEMPTS {
+        let Some(mut desired) = thread.filter(|t| t.uid() == Some(owner.uid.clone())) else {
+            return Ok(());
+        };
+        let status = thread_status(&turns_of(ctx, &ns, &owner.uid), desired.status.as_ref());
+        if desired.status.as_ref() == Some(&status) {
+            return Ok(());
+        }
+        desired.status = Some(status);
+        let request = api.replace_status(&owner.name, &params, &desired);
+        match ctx.write("thread_status", request).await? {
+            Wrote::Conflict => thread = api.get_opt(&owner.name).await?,
+            _ => return Ok(()),
+        }
+    }
     Ok(())
 }
 

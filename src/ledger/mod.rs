@@ -1,14 +1,18 @@
 //! The run's durable, append-only ledger (docs/protocol.md).
 //!
 //! `replay` and `chunk` are pure: they turn segments into a conversation, a step record and a
-//! salvage, and split events too large for one segment. `store` is the only I/O: the fenced
-//! append and the ordered list.
+//! salvage, and split events too large for one segment. `store` (LedgerSegments in the API
+//! server) and `postgres` (rows in PostgreSQL) are the I/O: the fenced append, the ordered
+//! list; `append` is what both make of a taken position.
 
+mod append;
 mod chunk;
 mod history;
+pub mod postgres;
 mod replay;
 mod store;
 
+pub use append::Appended;
 pub use chunk::{EncodeError, SEGMENT_BUDGET_BYTES, encode_events, event_bytes};
 pub use history::{
     ENDED_WITHOUT_RESULT, Fitted, FixedHistory, HistoryError, estimated_tokens, fit,
@@ -17,7 +21,7 @@ pub use history::{
 pub use replay::{
     Replay, ReplayedMessage, ReplayedStep, StepState, ToolCallRecord, UNKNOWN_EFFECT_NOTICE,
 };
-pub use store::{Appended, SegmentStore};
+pub use store::SegmentStore;
 
 use crate::crd::v1alpha1::LedgerSegment;
 #[cfg(test)]
@@ -53,6 +57,8 @@ pub enum LedgerError {
     Encode(#[from] EncodeError),
     #[error("kubernetes API: {0}")]
     Kube(#[from] kube::Error),
+    #[error(transparent)]
+    Postgres(#[from] postgres::PgError),
 }
 
 impl LedgerError {
@@ -74,6 +80,7 @@ impl LedgerError {
             LedgerError::CorruptChunk { .. } => "corrupt_chunk",
             LedgerError::Encode(_) => "encode",
             LedgerError::Kube(_) => "kube",
+            LedgerError::Postgres(_) => "postgres",
         }
     }
 }

@@ -1,31 +1,16 @@
 //! The segment store: the only code that reads or writes LedgerSegments.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{ListParams, ObjectMeta, PostParams};
+use kube::api::{ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 
-use super::{
-    LedgerError, SEGMENT_BUDGET_BYTES, check_contiguous, encode_events, is_segment_of, lost_to,
-};
+use super::append::{Appended, Next, segment_of_run, settle};
+use super::{LedgerError, SEGMENT_BUDGET_BYTES, check_contiguous, encode_events, is_segment_of};
 use crate::crd::RUN_UID_LABEL;
-use crate::crd::v1alpha1::{
-    AgentRun, LEDGER_FORMAT_VERSION, LedgerEvent, LedgerSegment, LedgerSegmentSpec,
-};
-use crate::fence::{Fence, Verdict, segment_name, verdict};
+use crate::crd::v1alpha1::{AgentRun, LedgerEvent, LedgerSegment};
+use crate::fence::{Fence, segment_name};
 use crate::kube_util::is_already_exists;
-use crate::owned::{Ownership, owner_reference, run_labels};
-
-/// Where an append landed.
-#[derive(Debug, Clone, Default)]
-pub struct Appended {
-    /// Position of the last segment written: the new tail.
-    pub tail: i64,
-    /// Segments of older owners that slipped in before ours. They are legitimate history:
-    /// the caller folds them into its replay.
-    pub slipped: Vec<LedgerSegment>,
-    /// Segments this append created (more than one when events were split).
-    pub written: Vec<LedgerSegment>,
-}
+use crate::owned::{Ownership, owner_reference};
 
 /// One run's ledger in the API server.
 #[derive(Clone)]
@@ -138,17 +123,8 @@ impl SegmentStore {
                 Err(err) if is_already_exists(&err) => {
                     let existing = self.api.get(&segment_name(&self.run, seq)).await?;
                     self.check_ours(&existing)?;
-                    match verdict(fence, &existing, Some(&events)) {
-                        Verdict::OwnRetry => {
-                            appended.tail = seq;
-                            appended.written.push(existing);
-                            return Ok(());
-                        }
-                        Verdict::Older => {
-                            appended.tail = seq;
-                            appended.slipped.push(existing);
-                        }
-                        lost => return Err(lost_to(&existing, lost, fence)),
+                    if settle(appended, fence, &events, existing)? == Next::Stored {
+                        return Ok(());
                     }
                 }
                 Err(err) => return Err(err.into()),
@@ -166,22 +142,8 @@ impl SegmentStore {
     }
 
     fn segment(&self, seq: i64, fence: Fence, events: Vec<LedgerEvent>) -> LedgerSegment {
-        let mut labels = run_labels(&self.run);
-        labels.insert(RUN_UID_LABEL.to_string(), self.run_uid.clone());
-        LedgerSegment {
-            metadata: ObjectMeta {
-                name: Some(segment_name(&self.run, seq)),
-                labels: Some(labels),
-                owner_references: Some(vec![self.owner.clone()]),
-                ..ObjectMeta::default()
-            },
-            spec: LedgerSegmentSpec {
-                run: self.run.clone(),
-                seq,
-                fence,
-                format: LEDGER_FORMAT_VERSION,
-                events,
-            },
-        }
+        let mut segment = segment_of_run(&self.run, &self.run_uid, seq, fence, events);
+        segment.metadata.owner_references = Some(vec![self.owner.clone()]);
+        segment
     }
 }

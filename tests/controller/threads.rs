@@ -144,10 +144,13 @@ async fn turns_of_a_thread_under_two_controllers_one_killed_are_live_one_at_a_ti
         // One controller dies after the first turn (mid-admission of the next, perhaps).
         drop(first.take());
     }
-    // Turns deleted: the thread's status counts what is left.
+    // Turns deleted at once: each deletion recounts the thread from a cache the others race;
+    // the thread's status still ends counting what is left.
     let runs = ns.api::<AgentRun>();
-    for name in &names[..3] {
-        runs.delete(name, &Default::default()).await.unwrap();
+    let params = kube::api::DeleteParams::default();
+    let deletions = names[..3].iter().map(|n| runs.delete(n, &params));
+    for deleted in futures::future::join_all(deletions).await {
+        deleted.unwrap();
     }
     let threads = ns.api::<AgentThread>();
     let deadline = std::time::Instant::now() + T;

@@ -47,7 +47,7 @@ fn the_chart_lints_clean_with_default_and_ci_values() {
 #[test]
 fn the_controller_runs_two_replicas_with_election_probes_and_a_pdb() {
     let objects = render(json!({}), &[]).unwrap();
-    let deploy = one(&objects, "Deployment");
+    let deploy = named(&objects, "Deployment", "baton-controller");
     assert_eq!(deploy["spec"]["replicas"], 2);
     assert_eq!(
         deploy["spec"]["minReadySeconds"], 5,
@@ -95,7 +95,7 @@ fn the_controller_runs_two_replicas_with_election_probes_and_a_pdb() {
         env.contains("POD_NAMESPACE") && env.contains("POD_NAME"),
         "{env:?}"
     );
-    let pdb = one(&objects, "PodDisruptionBudget");
+    let pdb = named(&objects, "PodDisruptionBudget", "baton-controller");
     assert_eq!(pdb["spec"]["minAvailable"], 1);
     assert_eq!(
         pdb["spec"]["selector"]["matchLabels"],
@@ -259,7 +259,7 @@ fn one_namespace_mode_binds_only_there_and_in_the_release_namespace() {
         .map(|b| b["metadata"]["namespace"].as_str().unwrap())
         .collect();
     assert_eq!(namespaces, BTreeSet::from(["agents", "baton-system"]));
-    let deploy = one(&objects, "Deployment");
+    let deploy = named(&objects, "Deployment", "baton-controller");
     let args = deploy["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
     assert!(
         args.contains("--namespace=agents")
@@ -333,7 +333,10 @@ fn the_admission_policy_renders_for_servers_that_serve_it() {
     assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
     // Offline (Helm's default capabilities) the PDB is policy/v1; a 1.20 server, which lacks
     // it, gets policy/v1beta1 (checked by tests/helm/install.rs).
-    assert_eq!(one(&old, "PodDisruptionBudget")["apiVersion"], "policy/v1");
+    assert_eq!(
+        named(&old, "PodDisruptionBudget", "baton-controller")["apiVersion"],
+        "policy/v1"
+    );
 }
 
 #[test]

@@ -9,7 +9,7 @@ fn the_webhook_is_served_by_every_replica_behind_a_service() {
     let objects = render(json!({}), &[]).unwrap();
     let svc = named(&objects, "Service", "baton-webhook");
     assert_eq!(svc["spec"]["ports"][0]["targetPort"], "webhook");
-    let deploy = one(&objects, "Deployment");
+    let deploy = named(&objects, "Deployment", "baton-controller");
     let c = &deploy["spec"]["template"]["spec"]["containers"][0];
     assert_eq!(
         svc["spec"]["selector"],
@@ -67,7 +67,11 @@ fn the_webhook_is_served_by_every_replica_behind_a_service() {
 
     let off = render(json!({"webhook": {"enabled": false}}), &[]).unwrap();
     assert!(of_kind(&off, "ValidatingWebhookConfiguration").is_empty());
-    assert!(!one(&off, "Deployment").to_string().contains("--webhook"));
+    assert!(
+        !named(&off, "Deployment", "baton-controller")
+            .to_string()
+            .contains("--webhook")
+    );
 }
 
 /// With cert-manager, the certificate is cert-manager's (into the same Secret, its CA injected
@@ -101,8 +105,10 @@ fn with_cert_manager_the_controller_only_serves_its_certificate() {
         config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
         "baton-system/baton-webhook"
     );
-    let args = one(&objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
-        .to_string();
+    let args =
+        named(&objects, "Deployment", "baton-controller")["spec"]["template"]["spec"]["containers"]
+            [0]["args"]
+            .to_string();
     assert!(args.contains("--webhook-cert-issuer=external"), "{args}");
     assert!(!args.contains("--webhook-configuration"), "{args}");
     let role = named(&objects, "ClusterRole", "baton-webhook");

@@ -16,8 +16,50 @@ pub async fn installed(client: &Client) {
                 helm_install(&serde_json::json!({}));
             }
             wait_controllers_ready(client, Duration::from_secs(180)).await;
+            wait_webhook_answers(client, Duration::from_secs(60)).await;
         })
         .await;
+}
+
+/// Ready controller pods are not yet a reachable webhook: the Service's endpoints and
+/// kube-proxy's rules follow a moment later, and until then every create of an AgentRun is
+/// refused ("failed calling webhook … connection refused"). A server-side dry run of a valid
+/// run reaches the webhook (dry runs are admitted like writes) without creating anything.
+async fn wait_webhook_answers(client: &Client, timeout: Duration) {
+    let runs: Api<AgentRun> = Api::namespaced(client.clone(), "default");
+    let probe = scripted_run(
+        "127.0.0.1:1",
+        "webhook-probe",
+        &Script {
+            turns: 1,
+            think_ms: 1,
+            tool_ms: 1,
+        },
+    );
+    let deadline = Instant::now() + timeout;
+    loop {
+        let err = match runs
+            .create(
+                &PostParams {
+                    dry_run: true,
+                    ..Default::default()
+                },
+                &probe,
+            )
+            .await
+        {
+            Ok(_) => return,
+            Err(err) => err.to_string(),
+        };
+        if !err.contains("failed calling webhook") {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the webhook does not answer after {timeout:?}: {err}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
 
 pub fn deployment_name() -> String {
@@ -139,7 +181,10 @@ pub fn scale_controllers(replicas: u32) {
 /// The controller pods of the Deployment, and which one holds the leader Lease.
 pub async fn controller_pods(client: &Client) -> (Vec<Pod>, Option<String>) {
     let pods: Api<Pod> = Api::namespaced(client.clone(), SYSTEM_NS);
-    let params = ListParams::default().labels(&format!("app.kubernetes.io/instance={RELEASE}"));
+    // The release's baton server pods share its instance label; the component tells them apart.
+    let params = ListParams::default().labels(&format!(
+        "app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=controller"
+    ));
     let list = retry(|| pods.list(&params)).await;
     let leases: Api<Lease> = Api::namespaced(client.clone(), SYSTEM_NS);
     let holder = leases

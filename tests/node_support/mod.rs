@@ -22,9 +22,14 @@ use tokio::sync::{Mutex, MutexGuard, OnceCell};
 
 mod chart;
 mod effects;
+#[path = "../rbac_support/mod.rs"]
+pub mod rbac;
+mod server;
 
 pub use chart::*;
 pub use effects::EffectsServer;
+#[allow(unused_imports)]
+pub use server::*;
 
 use crate::e2e_support::{
     Effects, Recorder, Script, check_ledger, check_worker_field_manager, retry, scripted_run,
@@ -320,7 +325,9 @@ impl NodeEnv {
 
     /// The host PID of one of a pod's containers (`worker`, `tools`) while it runs.
     pub async fn container_pid_of(&self, pod: &str, container: &str) -> Option<u32> {
-        let pod = self.pods().get_opt(pod).await.ok().flatten()?;
+        // An API hiccup must not read as "not running": retried, only a missing pod is None.
+        let pods = self.pods();
+        let pod = retry(|| pods.get_opt(pod)).await?;
         let status = pod
             .status?
             .container_statuses?
@@ -341,10 +348,11 @@ impl NodeEnv {
     /// A signal to the worker container's process, from the host (as the OOM killer or an
     /// operator's `kill` would send it: no API involved).
     pub async fn signal_worker(&self, pod: &str, signal: libc::c_int) {
-        let pid = self
-            .container_pid(pod)
-            .await
-            .expect("the worker container's host PID");
+        let Some(pid) = self.container_pid(pod).await else {
+            let pods = self.pods();
+            let status = retry(|| pods.get_opt(pod)).await.and_then(|p| p.status);
+            panic!("pod {pod} has no running worker container to signal: {status:#?}");
+        };
         signal_pid(pid, signal);
     }
 

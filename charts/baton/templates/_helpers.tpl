@@ -46,3 +46,18 @@ app.kubernetes.io/part-of: baton
 {{- $svc := printf "%s-webhook" (include "baton.fullname" .) -}}
 {{ $svc }}.{{ .Release.Namespace }}.svc,{{ $svc }}.{{ .Release.Namespace }}.svc.cluster.local
 {{- end }}
+
+{{/* baton server's pods: a component of their own, so no controller selector (its Services,
+its PDB) ever takes them in. */}}
+{{- define "baton.serverSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "baton.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: server
+{{- end }}
+
+{{- define "baton.serverLabels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "baton.serverSelectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: baton
+{{- end }}

@@ -144,3 +144,35 @@ pub struct AgentThreadStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }
+
+impl AgentThread {
+    /// A new turn of this thread, as a user writes one: its input and its thread, named
+    /// `<thread>-<random>` by the API server. Everything else it takes from the thread when
+    /// it joins.
+    pub fn new_turn(&self, input: &str) -> super::AgentRun {
+        let thread = kube::ResourceExt::name_any(self);
+        // Through serde: the spec's defaults are the schema's (what the API server fills in).
+        let spec: super::AgentRunSpec =
+            serde_json::from_value(serde_json::json!({ "input": input, "thread": thread }))
+                .expect("a turn's spec is valid JSON for its type");
+        super::AgentRun {
+            metadata: kube::api::ObjectMeta {
+                generate_name: Some(format!("{thread}-")),
+                ..Default::default()
+            },
+            spec,
+            status: None,
+        }
+    }
+
+    /// What the `Busy` condition says while a turn is live ("turn X is live"); None when
+    /// the thread is idle.
+    pub fn busy(&self) -> Option<&str> {
+        let status = self.status.as_ref()?;
+        if status.phase != ThreadPhase::Busy {
+            return None;
+        }
+        let busy = status.conditions.iter().find(|c| c.type_ == "Busy")?;
+        Some(busy.message.as_str())
+    }
+}

@@ -1,0 +1,399 @@
+//! The ledger in PostgreSQL (docs/ledger-backends.md): the same segments, the same fence, for
+//! clusters whose etcd should not hold every transcript byte.
+//!
+//! A segment is a row keyed by (run UID, position). An append is one statement: it inserts
+//! the row if the position is free and otherwise returns the row that holds it, which
+//! [`crate::fence::verdict`] judges exactly as it judges a LedgerSegment met by a create.
+//! Every statement runs with its session naming one namespace (`baton.namespace`), and the
+//! table's row-level security lets it see and write only that namespace's rows.
+
+pub mod schema;
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use futures::StreamExt;
+use tokio::sync::broadcast;
+use tokio_postgres::types::Json;
+use tokio_postgres::{AsyncMessage, NoTls, Row};
+
+use super::append::{Appended, Next, segment_of_run, settle};
+use super::{LedgerError, SEGMENT_BUDGET_BYTES, check_contiguous, encode_events, is_segment_of};
+use crate::crd::v1alpha1::{LEDGER_FORMAT_VERSION, LedgerEvent, LedgerSegment};
+use crate::fence::{Fence, segment_name};
+
+/// Errors of the PostgreSQL ledger.
+#[derive(Debug, thiserror::Error)]
+pub enum PgError {
+    #[error("PostgreSQL: {0}")]
+    Db(#[from] tokio_postgres::Error),
+    #[error("PostgreSQL connection pool: {0}")]
+    Pool(#[from] deadpool_postgres::PoolError),
+    #[error("the PostgreSQL URL is not valid: {0}")]
+    Url(String),
+    /// Row-level security would not bind this role: baton refuses to serve as it.
+    #[error(
+        "PostgreSQL role {role} is a superuser or has BYPASSRLS: row-level security would not \
+         keep namespaces apart; connect as a role without either"
+    )]
+    BypassingRole { role: String },
+    #[error(
+        "the PostgreSQL ledger's schema is at version {found}, newer than this baton knows \
+         ({known}): upgrade baton"
+    )]
+    SchemaTooNew { found: i32, known: i32 },
+    /// A position is taken by a row this namespace's session cannot see (a UID collision
+    /// across namespaces: never a legitimate state).
+    #[error("ledger position {seq} of run UID {uid} is taken by a row of another namespace")]
+    Invisible { uid: String, seq: i64 },
+}
+
+/// The statement that names the namespace a session works in; sent ahead of every statement
+/// on the same connection, in the same round trip.
+const IN_NAMESPACE: &str = "SELECT set_config('baton.namespace', $1, false)";
+
+/// The fenced append, one statement: the row is inserted if its position is free; if not,
+/// the row holding it comes back (the `NOT EXISTS` arm reads it in the same snapshot).
+const APPEND: &str = "
+    WITH inserted AS (
+        INSERT INTO ledger_segments (namespace, run, run_uid, seq, fence, format, events)
+        VALUES ($1, $2, $3, $4, $5, $6, $7)
+        ON CONFLICT (run_uid, seq) DO NOTHING
+        RETURNING seq)
+    SELECT true AS created, NULL::text AS run, NULL::bigint AS fence, NULL::integer AS format,
+           NULL::json AS events
+      FROM inserted
+    UNION ALL
+    SELECT false, run, fence, format, events FROM ledger_segments
+     WHERE run_uid = $3 AND seq = $4 AND NOT EXISTS (SELECT 1 FROM inserted)";
+
+const LIST_AFTER: &str = "
+    SELECT run, seq, fence, format, events FROM ledger_segments
+     WHERE run_uid = $1 AND seq > $2 ORDER BY seq";
+
+const DELETE_RUN: &str = "
+    WITH deleted AS (DELETE FROM ledger_segments WHERE run_uid = $1 RETURNING 1)
+    SELECT count(*) FROM deleted";
+
+/// How many connections a process keeps at most.
+pub const DEFAULT_POOL_SIZE: usize = 16;
+
+/// A segment appended, as the database announces it (`NOTIFY baton_ledger`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Notice {
+    Appended {
+        namespace: String,
+        run_uid: String,
+        seq: i64,
+    },
+    /// The listening connection was lost and made again: notices may have been missed, so
+    /// every follower reads its run again.
+    Resync,
+}
+
+/// The PostgreSQL ledger of a whole cluster: a connection pool, schema migrated.
+#[derive(Clone)]
+pub struct PgLedger {
+    pool: Pool,
+    config: tokio_postgres::Config,
+}
+
+impl PgLedger {
+    /// Connects to `url` (a `postgres://` URL or key=value string), checks the role cannot
+    /// bypass row-level security, and migrates the schema.
+    pub async fn connect(url: &str, pool_size: usize) -> Result<Self, PgError> {
+        let config =
+            tokio_postgres::Config::from_str(url).map_err(|e| PgError::Url(e.to_string()))?;
+        let (mut client, connection) = config.connect(NoTls).await?;
+        let driver = tokio::spawn(connection);
+        let migrated = schema::migrate(&mut client).await;
+        drop(client);
+        let _ = driver.await;
+        migrated?;
+        let manager = Manager::from_config(
+            config.clone(),
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(pool_size)
+            .build()
+            .map_err(|e| PgError::Url(e.to_string()))?;
+        Ok(Self { pool, config })
+    }
+
+    /// The ledger of one run: `run` with UID `uid` in `namespace`.
+    pub fn for_run(&self, namespace: &str, run: &str, uid: &str) -> PgRunLedger {
+        PgRunLedger {
+            db: self.clone(),
+            namespace: namespace.to_string(),
+            run: run.to_string(),
+            run_uid: uid.to_string(),
+            budget: SEGMENT_BUDGET_BYTES,
+        }
+    }
+
+    /// Rows of `query` run in `namespace`'s session, one round trip: the namespace statement
+    /// and `query` go out together on one connection no one else uses meanwhile.
+    async fn in_namespace(
+        &self,
+        namespace: &str,
+        query: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<Row>, PgError> {
+        let client = self.pool.get().await?;
+        let scope = client.prepare_cached(IN_NAMESPACE).await?;
+        let statement = client.prepare_cached(query).await?;
+        let scope_params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&namespace];
+        let (_, rows) = futures::try_join!(
+            client.query(&scope, &scope_params),
+            client.query(&statement, params)
+        )?;
+        Ok(rows)
+    }
+
+    /// Every append the database announces, from now on; a lost listening connection is made
+    /// again (after `retry`) and announced as [`Notice::Resync`]. Ends when every receiver
+    /// is gone.
+    pub fn listen(&self, retry: Duration) -> broadcast::Receiver<Notice> {
+        let (tx, rx) = broadcast::channel(1024);
+        let config = self.config.clone();
+        // Every (re)connection announces itself with a resync once its LISTEN holds.
+        tokio::spawn(async move {
+            while tx.receiver_count() > 0 {
+                if let Err(err) = forward_notices(&config, &tx).await {
+                    tracing::warn!(%err, "listening for ledger appends failed; listening again");
+                }
+                tokio::time::sleep(retry).await;
+            }
+        });
+        rx
+    }
+}
+
+/// One listening connection's life: LISTEN, then every notification forwarded as a
+/// [`Notice`], until the connection ends.
+async fn forward_notices(
+    config: &tokio_postgres::Config,
+    tx: &broadcast::Sender<Notice>,
+) -> Result<(), PgError> {
+    let (client, mut connection) = config.connect(NoTls).await?;
+    let (messages_tx, mut messages) = tokio::sync::mpsc::unbounded_channel();
+    // The connection is polled for its messages here (tokio-postgres hands notifications out
+    // only so); the client's LISTEN goes through it.
+    let driver = tokio::spawn(async move {
+        let mut stream = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(message) = stream.next().await {
+            if messages_tx.send(message).is_err() {
+                break;
+            }
+        }
+    });
+    client.batch_execute("LISTEN baton_ledger").await?;
+    // The listening session's own reads would need a namespace; it reads nothing.
+    let _ = tx.send(Notice::Resync);
+    while let Some(message) = messages.recv().await {
+        let AsyncMessage::Notification(n) = message? else {
+            continue;
+        };
+        if let Some(notice) = parse_notice(n.payload())
+            && tx.send(notice).is_err()
+        {
+            break;
+        }
+    }
+    driver.abort();
+    Ok(())
+}
+
+/// `<namespace>/<run UID>/<seq>`, as the insert trigger writes it.
+fn parse_notice(payload: &str) -> Option<Notice> {
+    let mut parts = payload.splitn(3, '/');
+    let (namespace, run_uid, seq) = (parts.next()?, parts.next()?, parts.next()?);
+    Some(Notice::Appended {
+        namespace: namespace.to_string(),
+        run_uid: run_uid.to_string(),
+        seq: seq.parse().ok()?,
+    })
+}
+
+/// One run's ledger in PostgreSQL: what [`super::SegmentStore`] is in the API server.
+#[derive(Clone)]
+pub struct PgRunLedger {
+    db: PgLedger,
+    namespace: String,
+    run: String,
+    run_uid: String,
+    budget: usize,
+}
+
+impl PgRunLedger {
+    /// Overrides the per-segment budget (tests use a small one to exercise splitting).
+    pub fn with_budget(mut self, budget: usize) -> Self {
+        self.budget = budget;
+        self
+    }
+
+    /// All segments of the run, ordered by position and checked to be contiguous.
+    pub async fn list(&self) -> Result<Vec<LedgerSegment>, LedgerError> {
+        let segments = self.list_after(0).await?;
+        check_contiguous(&segments)?;
+        Ok(segments)
+    }
+
+    /// The segments after position `after`, in order (a follower's read).
+    pub async fn list_after(&self, after: i64) -> Result<Vec<LedgerSegment>, LedgerError> {
+        let rows = self
+            .db
+            .in_namespace(&self.namespace, LIST_AFTER, &[&self.run_uid, &after])
+            .await?;
+        let mut segments = Vec::with_capacity(rows.len());
+        for row in rows {
+            let segment = self.segment_of_row(&row, 0)?;
+            if is_segment_of(&segment, &self.run, &self.run_uid) {
+                segments.push(segment);
+            } else {
+                tracing::warn!(run = %self.run, claims = %segment.spec.run,
+                    "a ledger row with this run's UID names another run: ignored");
+            }
+        }
+        Ok(segments)
+    }
+
+    /// Deletes every segment of the run; returns how many there were.
+    pub async fn delete(&self) -> Result<i64, LedgerError> {
+        let rows = self
+            .db
+            .in_namespace(&self.namespace, DELETE_RUN, &[&self.run_uid])
+            .await?;
+        Ok(rows.first().map_or(0, |r| r.get(0)))
+    }
+
+    /// Fenced append (docs/protocol.md), as [`super::SegmentStore::append`]: `events` at
+    /// `tail + 1` onwards under `fence`; each position one statement, one round trip.
+    pub async fn append(
+        &self,
+        tail: i64,
+        fence: Fence,
+        events: Vec<LedgerEvent>,
+    ) -> Result<Appended, LedgerError> {
+        let mut appended = Appended {
+            tail,
+            ..Appended::default()
+        };
+        for group in encode_events(events, self.budget)? {
+            self.append_group(&mut appended, fence, group).await?;
+        }
+        Ok(appended)
+    }
+
+    async fn append_group(
+        &self,
+        appended: &mut Appended,
+        fence: Fence,
+        events: Vec<LedgerEvent>,
+    ) -> Result<(), LedgerError> {
+        // A position taken by a transaction that commits while ours runs is neither inserted
+        // nor visible to our snapshot: the statement comes back empty, and once more reads it.
+        let mut unseen = 0;
+        loop {
+            let seq = appended.tail + 1;
+            let rows = self
+                .db
+                .in_namespace(
+                    &self.namespace,
+                    APPEND,
+                    &[
+                        &self.namespace,
+                        &self.run,
+                        &self.run_uid,
+                        &seq,
+                        &fence.get(),
+                        &LEDGER_FORMAT_VERSION,
+                        &Json(&events),
+                    ],
+                )
+                .await?;
+            let Some(row) = rows.first() else {
+                unseen += 1;
+                if unseen > 1 {
+                    return Err(PgError::Invisible {
+                        uid: self.run_uid.clone(),
+                        seq,
+                    }
+                    .into());
+                }
+                continue;
+            };
+            if row.get::<_, bool>("created") {
+                appended.tail = seq;
+                appended
+                    .written
+                    .push(self.segment(seq, fence, LEDGER_FORMAT_VERSION, events));
+                return Ok(());
+            }
+            let existing = self.segment_of_row(row, seq)?;
+            if !is_segment_of(&existing, &self.run, &self.run_uid) {
+                return Err(LedgerError::ForeignSegment {
+                    name: segment_name(&existing.spec.run, seq),
+                });
+            }
+            if settle(appended, fence, &events, existing)? == Next::Stored {
+                return Ok(());
+            }
+            unseen = 0;
+        }
+    }
+
+    /// The segment a row holds (`seq` when the row carries none).
+    fn segment_of_row(&self, row: &Row, seq: i64) -> Result<LedgerSegment, LedgerError> {
+        let seq = row.try_get::<_, i64>("seq").unwrap_or(seq);
+        let Json(events): Json<Vec<LedgerEvent>> =
+            row.try_get("events")
+                .map_err(|e| LedgerError::CorruptChunk {
+                    seq,
+                    detail: format!("the row's events do not read as events: {e}"),
+                })?;
+        let mut segment =
+            self.segment(seq, Fence::new(row.get("fence")), row.get("format"), events);
+        segment.spec.run = row.get("run");
+        Ok(segment)
+    }
+
+    /// A segment of this run, as the API server's ledger would hold it: the same name,
+    /// labels and spec, so every reader and rule takes it alike.
+    fn segment(
+        &self,
+        seq: i64,
+        fence: Fence,
+        format: i32,
+        events: Vec<LedgerEvent>,
+    ) -> LedgerSegment {
+        let mut segment = segment_of_run(&self.run, &self.run_uid, seq, fence, events);
+        segment.metadata.namespace = Some(self.namespace.clone());
+        segment.spec.format = format;
+        segment
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_notice_is_read_from_the_triggers_payload() {
+        assert_eq!(
+            parse_notice("team-a/7f0c/12"),
+            Some(Notice::Appended {
+                namespace: "team-a".into(),
+                run_uid: "7f0c".into(),
+                seq: 12
+            })
+        );
+        assert_eq!(parse_notice("team-a/7f0c/x"), None);
+        assert_eq!(parse_notice("team-a/7f0c"), None);
+    }
+}

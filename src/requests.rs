@@ -1,0 +1,258 @@
+//! What a person asks of a run: stop it, send it an input, decide the call it waits on. The
+//! CLI's verbs and `baton server`'s POSTs both come here, with the asker's own client: each
+//! request is checked against the run as read, and lands by a resourceVersion
+//! compare-and-swap, so a concurrent append to the same append-only list is never lost.
+
+use kube::api::{Patch, PatchParams};
+use kube::{Api, ResourceExt};
+
+use crate::approval::{self, DecisionError};
+use crate::crd::v1alpha1::{AgentRun, LedgerSegment, Phase, Verdict};
+use crate::kube_util::{is_conflict, is_not_found};
+use crate::ledger::{LedgerError, SegmentStore};
+
+/// How many times a request re-reads and retries when the run changes under it.
+const UPDATE_RETRIES: usize = 5;
+
+/// Why a request on a run was not carried out.
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    #[error("run {name} not found in namespace {namespace}")]
+    NotFound { name: String, namespace: String },
+    #[error("run {name} is not waiting for input (phase {phase})")]
+    NotWaitingForInput { name: String, phase: Phase },
+    #[error(transparent)]
+    Decision(#[from] DecisionError),
+    #[error(
+        "the call of step {step} is not in the ledger of run {name}: not approving a call that cannot be shown whole"
+    )]
+    CallNotShown { name: String, step: i64 },
+    #[error("run {name} kept changing while we tried to update it; try again")]
+    Contended { name: String },
+    #[error("reading the ledger of run {name}: {detail}")]
+    Ledger { name: String, detail: String },
+    #[error(transparent)]
+    Kube(kube::Error),
+}
+
+/// What a stop request found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stopped {
+    /// `spec.stop` is now set; the run was in this phase.
+    Requested(Phase),
+    /// The run had already ended in this phase: nothing was written.
+    AlreadyEnded(Phase),
+}
+
+/// A decision that landed, with the call it decided as the ledger records it (an approval
+/// always has one: what a human approves is what runs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decided {
+    pub step: i64,
+    pub call: Option<RecordedCall>,
+}
+
+/// A tool call as its `stepIntent` records it, whole.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordedCall {
+    pub call_id: String,
+    pub tool: String,
+    pub arguments: String,
+}
+
+/// The requests on the runs of one namespace, made with one asker's client.
+pub struct RunRequests {
+    runs: Api<AgentRun>,
+    client: kube::Client,
+    namespace: String,
+}
+
+impl RunRequests {
+    pub fn new(client: kube::Client, namespace: &str) -> Self {
+        Self {
+            runs: Api::namespaced(client.clone(), namespace),
+            client,
+            namespace: namespace.to_string(),
+        }
+    }
+
+    /// Sets `spec.stop` unless the run already ended.
+    pub async fn stop(&self, name: &str) -> Result<Stopped, RequestError> {
+        let run = self.read(name).await?;
+        let phase = phase_of(&run);
+        if phase.is_terminal() {
+            return Ok(Stopped::AlreadyEnded(phase));
+        }
+        let patch = serde_json::json!({ "spec": { "stop": true } });
+        self.runs
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(|e| self.error(e, name))?;
+        Ok(Stopped::Requested(phase))
+    }
+
+    /// Appends `text` to `spec.inputs` of a run that waits for input; returns how many inputs
+    /// it has now.
+    pub async fn input(&self, name: &str, text: &str) -> Result<usize, RequestError> {
+        self.append_to_spec(name, |run| {
+            let phase = phase_of(run);
+            if phase != Phase::WaitingInput {
+                return Err(RequestError::NotWaitingForInput {
+                    name: name.to_string(),
+                    phase,
+                });
+            }
+            let mut inputs = run.spec.inputs.clone();
+            inputs.push(text.to_string());
+            Ok((serde_json::json!({ "inputs": inputs }), inputs.len()))
+        })
+        .await
+    }
+
+    /// Appends a decision on the call the run waits on (`step`: the one the asker means, if
+    /// they said). An approval is refused unless the ledger shows the call whole.
+    pub async fn decide(
+        &self,
+        name: &str,
+        step: Option<i64>,
+        verdict: Verdict,
+        reason: Option<String>,
+    ) -> Result<Decided, RequestError> {
+        let call = match verdict {
+            Verdict::Approve => Some(self.recorded_call(name, step).await?),
+            Verdict::Deny => None,
+        };
+        let (step, call) = match call {
+            Some((step, call)) => (Some(step), Some(call)),
+            None => (step, None),
+        };
+        let step = self
+            .append_to_spec(name, |run| {
+                let decision = approval::decision(run, step, verdict, reason.clone())?;
+                let step = decision.step;
+                let mut approvals = run.spec.approvals.clone();
+                approvals.push(decision);
+                Ok((serde_json::json!({ "approvals": approvals }), step))
+            })
+            .await?;
+        Ok(Decided { step, call })
+    }
+
+    /// The call an approval of `step` (None: the waiting one) would run, as the ledger
+    /// records it, with its step; refused when the decision would be, or when the ledger does
+    /// not show the call whole.
+    pub async fn recorded_call(
+        &self,
+        name: &str,
+        step: Option<i64>,
+    ) -> Result<(i64, RecordedCall), RequestError> {
+        let run = self.read(name).await?;
+        let decision = approval::decision(&run, step, Verdict::Approve, None)?;
+        let segments = self.ledger(&run).await?;
+        let Some((tool, arguments)) = approval::recorded_call(&segments, &decision) else {
+            return Err(RequestError::CallNotShown {
+                name: name.into(),
+                step: decision.step,
+            });
+        };
+        let call = RecordedCall {
+            call_id: decision.call_id.clone(),
+            tool: tool.to_string(),
+            arguments: arguments.to_string(),
+        };
+        Ok((decision.step, call))
+    }
+
+    /// The run, or `NotFound` naming it.
+    pub async fn read(&self, name: &str) -> Result<AgentRun, RequestError> {
+        self.runs.get(name).await.map_err(|e| self.error(e, name))
+    }
+
+    /// The run's ledger, checked by the store's reader (contiguous, its own run's segments).
+    pub async fn ledger(&self, run: &AgentRun) -> Result<Vec<LedgerSegment>, RequestError> {
+        SegmentStore::for_run(self.client.clone(), run)
+            .list()
+            .await
+            .map_err(|e| match e {
+                LedgerError::Kube(e) => RequestError::Kube(e),
+                other => RequestError::Ledger {
+                    name: run.name_any(),
+                    detail: other.to_string(),
+                },
+            })
+    }
+
+    /// Fails as a read of the run's ledger would (403 for a caller who may not list
+    /// LedgerSegments here), reading one segment at most: a stream is refused with a plain
+    /// HTTP answer before it opens, not part-way.
+    pub async fn probe_ledger(&self, run: &AgentRun) -> Result<(), RequestError> {
+        let api: Api<LedgerSegment> = Api::namespaced(self.client.clone(), &self.namespace);
+        let selector = format!(
+            "{}={}",
+            crate::crd::RUN_UID_LABEL,
+            run.uid().unwrap_or_default()
+        );
+        let params = kube::api::ListParams::default().labels(&selector).limit(1);
+        api.list_metadata(&params)
+            .await
+            .map_err(RequestError::Kube)?;
+        Ok(())
+    }
+
+    /// Reads the run, asks `change` for the spec fields to merge (an append to one of its
+    /// append-only lists) and merges them if the run has not changed since; re-reads and
+    /// asks again when it has, a few times. Returns what `change` said of the change that
+    /// landed.
+    async fn append_to_spec<T>(
+        &self,
+        name: &str,
+        change: impl Fn(&AgentRun) -> Result<(serde_json::Value, T), RequestError>,
+    ) -> Result<T, RequestError> {
+        for _ in 0..UPDATE_RETRIES {
+            let run = self.read(name).await?;
+            let (spec, said) = change(&run)?;
+            if self.patch_spec(&run, spec).await? {
+                return Ok(said);
+            }
+        }
+        Err(RequestError::Contended { name: name.into() })
+    }
+
+    /// Merges `spec` into the run as read, only if it has not changed since: false when it
+    /// had (read it again). The resourceVersion makes the merge patch a compare-and-swap.
+    async fn patch_spec(
+        &self,
+        run: &AgentRun,
+        spec: serde_json::Value,
+    ) -> Result<bool, RequestError> {
+        let name = run.name_any();
+        let patch = serde_json::json!({
+            "metadata": { "resourceVersion": run.resource_version() },
+            "spec": spec,
+        });
+        match self
+            .runs
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) if is_conflict(&e) => Ok(false),
+            Err(e) => Err(self.error(e, &name)),
+        }
+    }
+
+    fn error(&self, err: kube::Error, name: &str) -> RequestError {
+        if is_not_found(&err) {
+            return RequestError::NotFound {
+                name: name.to_string(),
+                namespace: self.namespace.clone(),
+            };
+        }
+        RequestError::Kube(err)
+    }
+}
+
+/// The run's phase as its status says (Pending before it has one).
+pub fn phase_of(run: &AgentRun) -> Phase {
+    run.status.as_ref().map(|s| s.phase).unwrap_or_default()
+}

@@ -1,0 +1,434 @@
+//! The web console: server-rendered pages (askama templates, HTML-escaped) and a little
+//! hand-written script over the browser's EventSource (`assets/console.js`); every read and
+//! write is the signed-in user's own, through the same API the console's script calls.
+//! Pages: the run index, a run, the threads, a thread (chat), the approvals inbox, sign-in.
+
+use std::sync::Arc;
+
+use askama::Template;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::ListParams;
+use kube::{Api, ResourceExt};
+use serde::Deserialize;
+
+use super::ServerState;
+use super::caller::Caller;
+use super::error::ApiError;
+use super::identity::csrf_token;
+use crate::crd::v1alpha1::{AgentRun, AgentThread, Phase};
+use crate::kube_util::is_forbidden;
+use crate::requests::{RunRequests, phase_of};
+
+/// What every page's header shows.
+pub struct Nav {
+    namespace: String,
+    csrf: String,
+    waiting: usize,
+}
+
+#[derive(Template)]
+#[template(path = "console/index.html")]
+struct IndexPage {
+    nav: Nav,
+    runs: Vec<RunRow>,
+}
+
+struct RunRow {
+    name: String,
+    phase: String,
+    thread: Option<String>,
+    tokens: i64,
+    unknown: usize,
+    attempt: i64,
+    age: String,
+}
+
+#[derive(Template)]
+#[template(path = "console/threads.html")]
+struct ThreadsPage {
+    nav: Nav,
+    threads: Vec<ThreadRow>,
+}
+
+struct ThreadRow {
+    name: String,
+    phase: String,
+    turns: i64,
+    last_turn: String,
+    tokens: i64,
+}
+
+#[derive(Template)]
+#[template(path = "console/run.html")]
+struct RunPage {
+    nav: Nav,
+    name: String,
+    phase: String,
+}
+
+#[derive(Template)]
+#[template(path = "console/thread.html")]
+struct ThreadPage {
+    nav: Nav,
+    name: String,
+    on_busy: String,
+}
+
+#[derive(Template)]
+#[template(path = "console/approvals.html")]
+struct ApprovalsPage {
+    nav: Nav,
+    calls: Vec<WaitingCall>,
+    refused: Vec<String>,
+}
+
+/// A call waiting for a decision, shown whole (from the ledger) or not at all.
+struct WaitingCall {
+    namespace: String,
+    run: String,
+    step: i64,
+    tool: String,
+    arguments: Option<String>,
+    problem: String,
+}
+
+#[derive(Template)]
+#[template(path = "console/error.html")]
+struct ErrorPage {
+    nav: Nav,
+    code: u16,
+    reason: String,
+    message: String,
+}
+
+/// Where the console starts and which namespaces the inbox looks in when the user may not
+/// list runs cluster-wide.
+#[derive(Clone, Debug, Default)]
+pub struct ConsoleSettings {
+    pub namespace: String,
+    pub namespaces: Vec<String>,
+}
+
+#[derive(Deserialize, Default)]
+pub struct NsQuery {
+    ns: Option<String>,
+}
+
+/// A page, or where to go instead.
+type PageResult = Result<Response, Refusal>;
+
+/// A page answered instead of the one asked for: the sign-in, or a refusal (boxed: a
+/// `Response` is large for the error side of a `Result`).
+pub struct Refusal(Box<Response>);
+
+impl From<Response> for Refusal {
+    fn from(response: Response) -> Self {
+        Self(Box::new(response))
+    }
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        *self.0
+    }
+}
+
+pub(super) fn html(page: impl Template) -> Response {
+    match page.render() {
+        Ok(body) => guarded(Html(body).into_response()),
+        Err(err) => (StatusCode::INTERNAL_SERVER_ERROR, err.to_string()).into_response(),
+    }
+}
+
+/// No page of the console may be framed (its buttons approve tool calls), and it runs only
+/// its own script.
+pub(super) fn guarded(mut response: Response) -> Response {
+    let h = response.headers_mut();
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static("default-src 'self'; frame-ancestors 'none'; form-action 'self'"),
+    );
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
+/// The signed-in caller, or the sign-in page.
+fn signed_in(caller: Result<Caller, ApiError>) -> Result<Caller, Refusal> {
+    caller.map_err(|_| Redirect::to("/console/login").into_response().into())
+}
+
+impl ServerState {
+    /// The namespace `?ns=` names, or the console's own when it names none (or is not a
+    /// namespace's name at all).
+    fn namespace_of(&self, query: &NsQuery) -> String {
+        query
+            .ns
+            .clone()
+            .filter(|n| super::is_object_name(n))
+            .unwrap_or_else(|| self.console.namespace.clone())
+    }
+
+    async fn nav(&self, caller: &Caller, namespace: &str) -> Nav {
+        let waiting = self.waiting_runs(caller, namespace).await.0.len();
+        Nav {
+            namespace: namespace.to_string(),
+            csrf: csrf_token(caller.token()),
+            waiting,
+        }
+    }
+
+    /// The runs waiting for approval that the caller may see: cluster-wide if it may list
+    /// runs there, else in the console's namespaces and `namespace`; with the namespaces it
+    /// was refused.
+    async fn waiting_runs(&self, caller: &Caller, namespace: &str) -> (Vec<AgentRun>, Vec<String>) {
+        let waiting = |runs: Vec<AgentRun>| {
+            runs.into_iter()
+                .filter(|r| phase_of(r) == Phase::WaitingApproval)
+                .collect::<Vec<_>>()
+        };
+        let all: Api<AgentRun> = Api::all(caller.client().clone());
+        if let Ok(list) = all.list(&ListParams::default()).await {
+            return (waiting(list.items), Vec::new());
+        }
+        let mut namespaces = self.console.namespaces.clone();
+        if !namespaces.iter().any(|n| n == namespace) {
+            namespaces.push(namespace.to_string());
+        }
+        let (mut runs, mut refused) = (Vec::new(), Vec::new());
+        for ns in namespaces {
+            let api: Api<AgentRun> = Api::namespaced(caller.client().clone(), &ns);
+            match api.list(&ListParams::default()).await {
+                Ok(list) => runs.extend(waiting(list.items)),
+                Err(e) if is_forbidden(&e) => refused.push(ns),
+                Err(_) => refused.push(ns),
+            }
+        }
+        (runs, refused)
+    }
+
+    /// A refusal as a page (a forbidden namespace, a missing run), with the API server's words.
+    async fn error_page(&self, caller: &Caller, namespace: &str, err: ApiError) -> Refusal {
+        let (code, reason) = err.code_and_reason();
+        let page = ErrorPage {
+            nav: self.nav(caller, namespace).await,
+            code: code.as_u16(),
+            reason,
+            message: err.to_string(),
+        };
+        let mut response = html(page);
+        *response.status_mut() = code;
+        response.into()
+    }
+}
+
+pub async fn index(
+    State(state): State<Arc<ServerState>>,
+    caller: Result<Caller, ApiError>,
+    Query(query): Query<NsQuery>,
+) -> PageResult {
+    let caller = signed_in(caller)?;
+    let ns = state.namespace_of(&query);
+    let api: Api<AgentRun> = Api::namespaced(caller.client().clone(), &ns);
+    let mut runs = match api.list(&ListParams::default()).await {
+        Ok(list) => list.items,
+        Err(e) => return Err(state.error_page(&caller, &ns, e.into()).await),
+    };
+    runs.sort_by_key(|r| std::cmp::Reverse(r.metadata.creation_timestamp.clone()));
+    let now = Timestamp::now();
+    let rows = runs.iter().map(|r| run_row(r, now)).collect();
+    Ok(html(IndexPage {
+        nav: state.nav(&caller, &ns).await,
+        runs: rows,
+    }))
+}
+
+fn run_row(run: &AgentRun, now: Timestamp) -> RunRow {
+    let status = run.status.clone().unwrap_or_default();
+    let age = crate::cli::age(run.metadata.creation_timestamp.as_ref(), now);
+    RunRow {
+        name: run.name_any(),
+        phase: status.phase.to_string(),
+        thread: run.spec.thread.clone(),
+        tokens: status.usage.map(|u| u.total_tokens).unwrap_or(0),
+        unknown: status.unknown_effects.len(),
+        attempt: status.attempt,
+        age,
+    }
+}
+
+pub async fn threads(
+    State(state): State<Arc<ServerState>>,
+    caller: Result<Caller, ApiError>,
+    Query(query): Query<NsQuery>,
+) -> PageResult {
+    let caller = signed_in(caller)?;
+    let ns = state.namespace_of(&query);
+    let api: Api<AgentThread> = Api::namespaced(caller.client().clone(), &ns);
+    let threads = match api.list(&ListParams::default()).await {
+        Ok(list) => list.items,
+        Err(e) => return Err(state.error_page(&caller, &ns, e.into()).await),
+    };
+    let rows = threads
+        .iter()
+        .map(|t| {
+            let st = t.status.clone().unwrap_or_default();
+            ThreadRow {
+                name: t.name_any(),
+                phase: format!("{:?}", st.phase),
+                turns: st.turns,
+                last_turn: st.last_turn.unwrap_or_default(),
+                tokens: st.usage.total_tokens,
+            }
+        })
+        .collect();
+    Ok(html(ThreadsPage {
+        nav: state.nav(&caller, &ns).await,
+        threads: rows,
+    }))
+}
+
+pub async fn run(
+    State(state): State<Arc<ServerState>>,
+    caller: Result<Caller, ApiError>,
+    Path((ns, name)): Path<(String, String)>,
+) -> PageResult {
+    let caller = signed_in(caller)?;
+    let run = match RunRequests::new(caller.client().clone(), &ns)
+        .read(&name)
+        .await
+    {
+        Ok(run) => run,
+        Err(e) => return Err(state.error_page(&caller, &ns, e.into()).await),
+    };
+    Ok(html(RunPage {
+        nav: state.nav(&caller, &ns).await,
+        name,
+        phase: phase_of(&run).to_string(),
+    }))
+}
+
+pub async fn thread(
+    State(state): State<Arc<ServerState>>,
+    caller: Result<Caller, ApiError>,
+    Path((ns, name)): Path<(String, String)>,
+) -> PageResult {
+    let caller = signed_in(caller)?;
+    let api: Api<AgentThread> = Api::namespaced(caller.client().clone(), &ns);
+    let thread = match api.get(&name).await {
+        Ok(t) => t,
+        Err(e) => return Err(state.error_page(&caller, &ns, e.into()).await),
+    };
+    Ok(html(ThreadPage {
+        nav: state.nav(&caller, &ns).await,
+        name,
+        on_busy: format!("{:?}", thread.spec.on_busy),
+    }))
+}
+
+pub async fn approvals(
+    State(state): State<Arc<ServerState>>,
+    caller: Result<Caller, ApiError>,
+    Query(query): Query<NsQuery>,
+) -> PageResult {
+    let caller = signed_in(caller)?;
+    let ns = state.namespace_of(&query);
+    let (runs, refused) = state.waiting_runs(&caller, &ns).await;
+    let mut calls = Vec::new();
+    for run in &runs {
+        calls.push(waiting_call(&caller, run).await);
+    }
+    let nav = Nav {
+        namespace: ns,
+        csrf: csrf_token(caller.token()),
+        waiting: calls.len(),
+    };
+    Ok(html(ApprovalsPage {
+        nav,
+        calls,
+        refused,
+    }))
+}
+
+/// The call `run` waits on, whole from its ledger (read with the caller's credential), or
+/// why it cannot be shown (then it cannot be approved from here).
+async fn waiting_call(caller: &Caller, run: &AgentRun) -> WaitingCall {
+    let namespace = run.namespace().unwrap_or_default();
+    let pending = run.status.as_ref().and_then(|s| s.pending_approval.clone());
+    let mut call = WaitingCall {
+        namespace: namespace.clone(),
+        run: run.name_any(),
+        step: pending.as_ref().map_or(0, |p| p.step),
+        tool: pending.map(|p| p.tool).unwrap_or_default(),
+        arguments: None,
+        problem: String::new(),
+    };
+    let requests = RunRequests::new(caller.client().clone(), &namespace);
+    match requests.recorded_call(&call.run, None).await {
+        Ok((step, recorded)) => {
+            call.step = step;
+            call.tool = recorded.tool;
+            call.arguments = Some(recorded.arguments);
+        }
+        Err(e) => call.problem = e.to_string(),
+    }
+    call
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nav() -> Nav {
+        Nav {
+            namespace: "team-a".into(),
+            csrf: "c".into(),
+            waiting: 1,
+        }
+    }
+
+    #[test]
+    fn what_a_model_wrote_is_escaped_on_the_page() {
+        let page = ApprovalsPage {
+            nav: nav(),
+            calls: vec![WaitingCall {
+                namespace: "team-a".into(),
+                run: "r".into(),
+                step: 1,
+                tool: "sh\"><img src=x onerror=alert(1)>".into(),
+                arguments: Some("<script>alert(1)</script>".into()),
+                problem: String::new(),
+            }],
+            refused: vec![],
+        };
+        let body = page.render().unwrap();
+        assert!(!body.contains("<script>alert"), "{body}");
+        assert!(
+            body.contains("&#60;script&#62;alert(1)&#60;/script&#62;"),
+            "{body}"
+        );
+        assert!(!body.contains("<img src=x"), "{body}");
+    }
+
+    #[test]
+    fn a_call_that_cannot_be_shown_whole_offers_no_approve_button() {
+        let page = ApprovalsPage {
+            nav: nav(),
+            calls: vec![WaitingCall {
+                namespace: "team-a".into(),
+                run: "r".into(),
+                step: 1,
+                tool: "sh".into(),
+                arguments: None,
+                problem: "not in the ledger".into(),
+            }],
+            refused: vec![],
+        };
+        let body = page.render().unwrap();
+        assert!(!body.contains("value=\"Approve\""), "{body}");
+        assert!(body.contains("value=\"Deny\""), "{body}");
+    }
+}

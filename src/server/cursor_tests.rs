@@ -1,0 +1,85 @@
+use super::*;
+use crate::crd::v1alpha1::LedgerSegmentSpec;
+use crate::fence::Fence;
+
+fn seg(seq: i64) -> Arc<LedgerSegment> {
+    Arc::new(LedgerSegment::new(
+        &format!("r-{seq}"),
+        LedgerSegmentSpec {
+            run: "r".into(),
+            seq,
+            fence: Fence::new(1),
+            format: 1,
+            events: vec![],
+        },
+    ))
+}
+
+fn seqs(list: &[Arc<LedgerSegment>]) -> Vec<i64> {
+    list.iter().map(|s| s.spec.seq).collect()
+}
+
+#[test]
+fn an_event_id_is_the_run_uid_and_the_position() {
+    let id = EventId::parse("7c1e-uid:12", "Last-Event-ID").unwrap();
+    assert_eq!(id.uid, "7c1e-uid");
+    assert_eq!(id.seq, 12);
+    assert_eq!(id.to_string(), "7c1e-uid:12");
+}
+
+#[test]
+fn malformed_ids_are_refused_naming_where_they_came_from() {
+    for bad in ["12", "uid:", ":3", "uid:-1", "uid:x", "uid:1.5"] {
+        let err = EventId::parse(bad, "Last-Event-ID").unwrap_err();
+        assert!(err.to_string().starts_with("Last-Event-ID: "), "{err}");
+    }
+}
+
+#[test]
+fn the_header_wins_over_the_query() {
+    let resume = Resume::from_request(Some("u:4"), Some("9")).unwrap();
+    assert_eq!(resume.position_in("u"), 4);
+}
+
+#[test]
+fn after_takes_a_position_or_an_id() {
+    assert_eq!(
+        Resume::from_request(None, Some("3"))
+            .unwrap()
+            .position_in("u"),
+        3
+    );
+    assert_eq!(
+        Resume::from_request(None, Some("u:5"))
+            .unwrap()
+            .position_in("u"),
+        5
+    );
+    assert_eq!(
+        Resume::from_request(None, Some("-2")).unwrap_err(),
+        CursorError::BadAfter("-2".into())
+    );
+    assert_eq!(Resume::from_request(None, None).unwrap(), Resume::Start);
+}
+
+#[test]
+fn an_id_of_another_run_starts_this_one_from_its_beginning() {
+    let resume = Resume::from_request(Some("old-uid:40"), None).unwrap();
+    assert_eq!(resume.position_in("new-uid"), 0);
+}
+
+#[test]
+fn segments_are_released_in_order_without_gaps_or_repeats() {
+    let mut c = Contiguous::after(2);
+    c.offer(seg(4));
+    c.offer(seg(2));
+    assert!(c.release().is_empty());
+    assert!(c.has_gap());
+    c.offer(seg(3));
+    c.offer(seg(3));
+    assert_eq!(seqs(&c.release()), vec![3, 4]);
+    assert!(!c.has_gap());
+    c.offer(seg(4));
+    assert!(c.release().is_empty());
+    assert_eq!(c.tail(), 4);
+}

@@ -1,0 +1,114 @@
+//! The server's one error type, answered as a Kubernetes `Status` (code, reason, message), so
+//! a client reads baton's refusals and the API server's (forwarded as they came) the same way.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+
+use super::cursor::CursorError;
+use crate::requests::RequestError;
+
+/// Why a request was not served.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error(
+        "no credentials: send a Kubernetes bearer token (Authorization: Bearer …) or sign in to the console"
+    )]
+    Unauthenticated,
+    #[error("{0}")]
+    BadRequest(String),
+    #[error(transparent)]
+    Cursor(#[from] CursorError),
+    #[error(transparent)]
+    Request(#[from] RequestError),
+    #[error("thread {name} not found in namespace {namespace}")]
+    ThreadNotFound { name: String, namespace: String },
+    #[error(
+        "thread {thread} is busy ({live}) and its onBusy policy is Reject: no turn was created"
+    )]
+    ThreadBusy { thread: String, live: String },
+    #[error("the console's sign-in token is missing or wrong (a form posted from elsewhere?)")]
+    Csrf,
+    /// The API server's own answer (401, 403, 404, 409, 422 …), passed on.
+    #[error("{}", .0.message)]
+    Kube(Box<kube::core::Status>),
+    /// No answer from the API server at all.
+    #[error("cannot reach the Kubernetes API server: {0}")]
+    Unreachable(String),
+}
+
+impl From<kube::Error> for ApiError {
+    fn from(err: kube::Error) -> Self {
+        match err {
+            kube::Error::Api(status) => ApiError::Kube(status),
+            other => ApiError::Unreachable(other.to_string()),
+        }
+    }
+}
+
+impl ApiError {
+    /// The HTTP code and the `reason` a client can switch on.
+    pub fn code_and_reason(&self) -> (StatusCode, String) {
+        use RequestError as R;
+        let (code, reason) = match self {
+            ApiError::Unauthenticated => (StatusCode::UNAUTHORIZED, "Unauthorized"),
+            ApiError::BadRequest(_) | ApiError::Cursor(_) => {
+                (StatusCode::BAD_REQUEST, "BadRequest")
+            }
+            ApiError::Csrf => (StatusCode::FORBIDDEN, "Forbidden"),
+            ApiError::ThreadNotFound { .. } | ApiError::Request(R::NotFound { .. }) => {
+                (StatusCode::NOT_FOUND, "NotFound")
+            }
+            ApiError::ThreadBusy { .. } => (StatusCode::CONFLICT, "ThreadBusy"),
+            ApiError::Request(R::NotWaitingForInput { .. }) => {
+                (StatusCode::CONFLICT, "NotWaitingForInput")
+            }
+            ApiError::Request(R::Decision(d)) => (StatusCode::CONFLICT, decision_reason(d)),
+            ApiError::Request(R::CallNotShown { .. }) => (StatusCode::CONFLICT, "CallNotShown"),
+            ApiError::Request(R::Contended { .. }) => (StatusCode::CONFLICT, "Conflict"),
+            ApiError::Request(R::Ledger { .. }) => (StatusCode::BAD_GATEWAY, "LedgerUnreadable"),
+            ApiError::Request(R::Kube(e)) => return kube_code(e),
+            ApiError::Kube(status) => {
+                let code = StatusCode::from_u16(status.code).unwrap_or(StatusCode::BAD_GATEWAY);
+                return (code, status.reason.clone());
+            }
+            ApiError::Unreachable(_) => (StatusCode::BAD_GATEWAY, "Unreachable"),
+        };
+        (code, reason.to_string())
+    }
+}
+
+fn decision_reason(d: &crate::approval::DecisionError) -> &'static str {
+    use crate::approval::DecisionError as D;
+    match d {
+        D::NotWaiting { .. } => "NotWaitingForApproval",
+        D::OtherStep { .. } => "OtherStep",
+        D::AlreadyDecided { .. } => "AlreadyDecided",
+    }
+}
+
+fn kube_code(err: &kube::Error) -> (StatusCode, String) {
+    match err {
+        kube::Error::Api(status) => ApiError::Kube(status.clone()).code_and_reason(),
+        _ => (StatusCode::BAD_GATEWAY, "Unreachable".into()),
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (code, reason) = self.code_and_reason();
+        let message = match &self {
+            ApiError::Request(RequestError::Kube(kube::Error::Api(s))) => s.message.clone(),
+            other => other.to_string(),
+        };
+        let body = serde_json::json!({
+            "kind": "Status",
+            "apiVersion": "v1",
+            "status": "Failure",
+            "code": code.as_u16(),
+            "reason": reason,
+            "message": message,
+        });
+        (code, Json(body)).into_response()
+    }
+}

@@ -1,0 +1,256 @@
+//! Where a request's identity comes from, in the server's two modes:
+//! - **in-cluster** (`baton server`): the caller's own Kubernetes token, from
+//!   `Authorization: Bearer …` (the API) or from the console's cookie (a browser that signed
+//!   in with its token), passed through to the API server;
+//! - **behind an authenticating proxy** (`--proxy-user-header`): the proxy sends its own
+//!   token and, in that header, the person it signed in; the server makes the request with the
+//!   proxy's token impersonating that person, so the API server decides both whether the proxy
+//!   may impersonate and what the person may do (baton trusts no header by itself);
+//! - **local** (`baton console`): the kubeconfig's user, for the one browser that opened the
+//!   one-time sign-in URL printed at start (its cookie then holds a random session secret).
+//!
+//! A write authenticated by the cookie must also carry `X-Baton-CSRF` with the credential's
+//! CSRF token, which a page of another origin cannot know: the cookie alone (SameSite=Strict
+//! as well) never authorizes a write.
+
+use std::sync::{Arc, Mutex};
+
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
+use axum::http::{Method, header};
+use kube::Client;
+use sha2::{Digest, Sha256};
+
+use super::ServerState;
+use super::caller::{Caller, Callers, Person, bearer_token, well_formed};
+use super::error::ApiError;
+
+/// The console's cookie: the credential (in-cluster) or the session secret (local).
+pub const COOKIE: &str = "baton_session";
+/// The header a cookie-authenticated write must carry.
+pub const CSRF_HEADER: &str = "x-baton-csrf";
+
+/// The headers an authenticating proxy names its signed-in person in.
+#[derive(Debug, Clone)]
+pub struct ProxyHeaders {
+    pub user: String,
+    pub groups: Option<String>,
+}
+
+impl ProxyHeaders {
+    /// The person the request's headers name, if it names one (groups: the header repeated,
+    /// or comma-separated).
+    fn person(&self, parts: &Parts) -> Option<Person> {
+        let user = parts.headers.get(self.user.as_str())?.to_str().ok()?.trim();
+        if user.is_empty() {
+            return None;
+        }
+        let groups = self
+            .groups
+            .as_deref()
+            .map(|name| {
+                parts
+                    .headers
+                    .get_all(name)
+                    .iter()
+                    .filter_map(|v| v.to_str().ok())
+                    .flat_map(|v| v.split(','))
+                    .map(|g| g.trim().to_string())
+                    .filter(|g| !g.is_empty())
+                    .collect()
+            })
+            .unwrap_or_default();
+        Some(Person {
+            user: user.to_string(),
+            groups,
+        })
+    }
+}
+
+/// How the server knows who asks.
+pub enum Identity {
+    /// Each caller's own token, passed through (impersonating the person a proxy names, in
+    /// proxy mode).
+    PassThrough(Box<Callers>, Option<ProxyHeaders>),
+    /// `baton console`: the local user's client, for the holder of the session.
+    Local(LocalUser),
+}
+
+/// `baton console`'s one user.
+pub struct LocalUser {
+    client: Client,
+    session: String,
+    /// The sign-in secret of the printed URL, until it is used once.
+    one_time: Mutex<Option<String>>,
+}
+
+impl LocalUser {
+    pub fn new(client: Client) -> Self {
+        Self {
+            client,
+            session: random_secret(),
+            one_time: Mutex::new(Some(random_secret())),
+        }
+    }
+
+    /// The sign-in secret for the URL to print (None once used).
+    pub fn one_time(&self) -> Option<String> {
+        self.one_time
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Trades the one-time secret (once) for the session secret to keep in the cookie.
+    pub fn sign_in(&self, secret: &str) -> Option<String> {
+        let mut once = self.one_time.lock().unwrap_or_else(|e| e.into_inner());
+        let matches = once.as_deref().is_some_and(|s| same(s, secret));
+        if matches {
+            *once = None;
+            return Some(self.session.clone());
+        }
+        None
+    }
+
+    fn caller(&self, credential: &str) -> Result<Caller, ApiError> {
+        if same(credential, &self.session) {
+            Ok(Caller::new(credential, self.client.clone()))
+        } else {
+            Err(ApiError::Unauthenticated)
+        }
+    }
+}
+
+impl Identity {
+    /// The caller holding `credential`.
+    pub fn caller(&self, credential: &str) -> Result<Caller, ApiError> {
+        match self {
+            Identity::PassThrough(callers, _) => callers.client_for(credential),
+            Identity::Local(user) => user.caller(credential),
+        }
+    }
+
+    /// In proxy mode, the holder of `token` impersonating the person the headers name; None
+    /// in any other case.
+    fn proxied(&self, token: &str, parts: &Parts) -> Option<Result<Caller, ApiError>> {
+        let Identity::PassThrough(callers, Some(headers)) = self else {
+            return None;
+        };
+        let person = headers.person(parts)?;
+        Some(callers.client_as(token, Some(&person)))
+    }
+}
+
+/// The CSRF token of a credential: a page that cannot read the cookie cannot compute it.
+pub fn csrf_token(credential: &str) -> String {
+    hex(&Sha256::digest(
+        format!("baton-csrf\0{credential}").as_bytes(),
+    ))
+}
+
+/// The credential the browser's cookie holds, if any.
+pub fn cookie_credential(parts: &Parts) -> Option<&str> {
+    parts
+        .headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(name, _)| *name == COOKIE)
+        .map(|(_, value)| value)
+        .filter(|v| well_formed(v))
+}
+
+/// The `Set-Cookie` value that keeps `credential` for this browser: unreadable by scripts,
+/// never sent by another site's requests.
+pub fn session_cookie(credential: &str) -> String {
+    format!("{COOKIE}={credential}; Path=/; HttpOnly; SameSite=Strict")
+}
+
+/// The `Set-Cookie` value that forgets it.
+pub fn cleared_cookie() -> String {
+    format!("{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0")
+}
+
+impl FromRequestParts<Arc<ServerState>> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &Arc<ServerState>,
+    ) -> Result<Self, Self::Rejection> {
+        if let Some(token) = bearer_token(parts) {
+            // A proxy adds its credential to whatever a browser sends it, another site's
+            // form included: its writes need the CSRF header, as the cookie's do.
+            if let Some(proxied) = state.identity.proxied(token, parts) {
+                let caller = proxied?;
+                check_csrf(parts, caller.token())?;
+                return Ok(caller);
+            }
+            return state.identity.caller(token);
+        }
+        let credential = cookie_credential(parts).ok_or(ApiError::Unauthenticated)?;
+        let caller = state.identity.caller(credential)?;
+        check_csrf(parts, credential)?;
+        Ok(caller)
+    }
+}
+
+/// A write must carry the CSRF token of the credential it is made with.
+fn check_csrf(parts: &Parts, credential: &str) -> Result<(), ApiError> {
+    let reads_only = matches!(parts.method, Method::GET | Method::HEAD);
+    let csrf = parts.headers.get(CSRF_HEADER).and_then(|v| v.to_str().ok());
+    if reads_only || csrf.is_some_and(|c| same(c, &csrf_token(credential))) {
+        Ok(())
+    } else {
+        Err(ApiError::Csrf)
+    }
+}
+
+/// Compares secrets in time independent of where they differ.
+fn same(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
+}
+
+fn random_secret() -> String {
+    hex(&rand::random::<[u8; 32]>())
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_one_time_secret_signs_in_once() {
+        let user = LocalUser {
+            client: unreachable_client(),
+            session: "s".repeat(64),
+            one_time: Mutex::new(Some("o".repeat(64))),
+        };
+        assert_eq!(user.sign_in(&"x".repeat(64)), None);
+        assert_eq!(user.sign_in(&"o".repeat(64)), Some("s".repeat(64)));
+        assert_eq!(user.sign_in(&"o".repeat(64)), None, "used once");
+        assert!(user.caller(&"s".repeat(64)).is_ok());
+        assert!(user.caller(&"o".repeat(64)).is_err());
+    }
+
+    #[test]
+    fn the_csrf_token_depends_on_the_credential() {
+        assert_ne!(csrf_token("a"), csrf_token("b"));
+        assert_eq!(csrf_token("a").len(), 64);
+    }
+
+    fn unreachable_client() -> Client {
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        Client::try_from(config).unwrap()
+    }
+}

@@ -1,0 +1,62 @@
+//! The server's Prometheus metrics, prefix `baton_server`: streams open, shared hubs and the
+//! API watches they hold (the figure that must not grow with the number of followers), and
+//! requests answered by status code.
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+/// Every metric the server exports.
+pub struct ServerMetrics {
+    registry: Registry,
+    /// Streams (run or thread) open now.
+    pub followers: Gauge,
+    /// Hubs live now: one per credential and namespace followed.
+    pub hubs: Gauge,
+    /// Watch requests open against the API server now.
+    pub api_watches: Gauge,
+    /// Requests answered, by HTTP status code.
+    pub responses: Family<Vec<(&'static str, String)>, Counter>,
+}
+
+impl Default for ServerMetrics {
+    fn default() -> Self {
+        let mut m = Self {
+            registry: Registry::with_prefix("baton_server"),
+            followers: Gauge::default(),
+            hubs: Gauge::default(),
+            api_watches: Gauge::default(),
+            responses: Family::default(),
+        };
+        m.registry
+            .register("followers", "Streams open now", m.followers.clone());
+        m.registry.register(
+            "hubs",
+            "Shared watch hubs live now (one per credential and namespace followed)",
+            m.hubs.clone(),
+        );
+        m.registry.register(
+            "api_watches",
+            "Watch requests open against the Kubernetes API server now",
+            m.api_watches.clone(),
+        );
+        m.registry.register(
+            "responses",
+            "HTTP responses by status code",
+            m.responses.clone(),
+        );
+        m
+    }
+}
+
+impl ServerMetrics {
+    /// The OpenMetrics text of every metric.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}

@@ -1,0 +1,364 @@
+//! `baton server`: the HTTP API over runs and threads, with Server-Sent Events whose id is
+//! the ledger position (docs/architecture.md, "The server"). Stateless: every request acts
+//! with the caller's own Kubernetes credential, and any replica answers any request the same.
+
+mod caller;
+mod console;
+pub mod cursor;
+mod error;
+mod hub;
+mod identity;
+mod metrics;
+mod runs;
+mod signin;
+mod stream;
+mod threads;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::HeaderValue;
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use tokio::sync::mpsc;
+
+pub use caller::well_formed;
+pub use error::ApiError;
+
+use caller::Callers;
+pub use console::ConsoleSettings;
+use hub::Hubs;
+use identity::{Identity, LocalUser};
+use metrics::ServerMetrics;
+
+/// The longest an open stream stays silent: proxies close idle connections, and a client
+/// tells a dead server from a quiet run by the heartbeat.
+pub const HEARTBEAT: Duration = Duration::from_secs(15);
+
+/// `baton server`'s flags.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ServerArgs {
+    /// Address the HTTP API listens on.
+    #[arg(long, env = "BATON_SERVER_ADDR", default_value = "0.0.0.0:8080")]
+    pub addr: SocketAddr,
+    /// Log format: text or json.
+    #[arg(long, env = "BATON_LOG_FORMAT", default_value = "text")]
+    pub log_format: crate::telemetry::LogFormat,
+    /// The namespace the console opens in.
+    #[arg(long, env = "BATON_CONSOLE_NAMESPACE", default_value = "default")]
+    pub console_namespace: String,
+    /// Namespaces the approvals inbox looks in for a user who may not list runs
+    /// cluster-wide (comma-separated), besides the one shown.
+    #[arg(long, env = "BATON_CONSOLE_NAMESPACES", value_delimiter = ',')]
+    pub console_namespaces: Vec<String>,
+    /// Behind an authenticating proxy: the header naming the person it signed in (say
+    /// X-Remote-User). Requests then act with the proxy's own bearer token impersonating that
+    /// person; the API server checks the proxy may impersonate. Unset: no header is read.
+    #[arg(long, env = "BATON_PROXY_USER_HEADER")]
+    pub proxy_user_header: Option<String>,
+    /// With --proxy-user-header: the header naming that person's groups (repeated or
+    /// comma-separated).
+    #[arg(
+        long,
+        env = "BATON_PROXY_GROUPS_HEADER",
+        requires = "proxy_user_header"
+    )]
+    pub proxy_groups_header: Option<String>,
+}
+
+/// `baton console`'s flags.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ConsoleArgs {
+    /// Address to listen on: loopback only (the console acts as you). Port 0: any free one.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub addr: SocketAddr,
+    /// The namespace it opens in (default: your kubeconfig's).
+    #[arg(long, short = 'n')]
+    pub namespace: Option<String>,
+    /// Namespaces the approvals inbox looks in if you may not list runs cluster-wide.
+    #[arg(long, value_delimiter = ',')]
+    pub namespaces: Vec<String>,
+}
+
+/// What every handler shares.
+pub struct ServerState {
+    identity: Identity,
+    hubs: Hubs,
+    metrics: Arc<ServerMetrics>,
+    console: ConsoleSettings,
+}
+
+impl ServerState {
+    /// In-cluster: `base` says where the API server is and how to trust it; its credentials
+    /// are never used, each caller's own are.
+    pub fn new(base: kube::Config, console: ConsoleSettings) -> Self {
+        Self::with(
+            Identity::PassThrough(Box::new(Callers::new(base)), None),
+            console,
+        )
+    }
+
+    /// In-cluster behind an authenticating proxy that names its signed-in person in
+    /// `user_header` (and groups in `groups_header`).
+    pub fn behind_proxy(
+        base: kube::Config,
+        console: ConsoleSettings,
+        user_header: &str,
+        groups_header: Option<&str>,
+    ) -> Self {
+        let headers = identity::ProxyHeaders {
+            user: user_header.to_ascii_lowercase(),
+            groups: groups_header.map(str::to_ascii_lowercase),
+        };
+        Self::with(
+            Identity::PassThrough(Box::new(Callers::new(base)), Some(headers)),
+            console,
+        )
+    }
+
+    /// `baton console`: `client` is the local user's; the browser that opens the one-time
+    /// address acts as that user.
+    pub fn local(client: kube::Client, console: ConsoleSettings) -> Self {
+        Self::with(Identity::Local(LocalUser::new(client)), console)
+    }
+
+    fn with(identity: Identity, console: ConsoleSettings) -> Self {
+        let metrics = Arc::new(ServerMetrics::default());
+        Self {
+            identity,
+            hubs: Hubs::new(metrics.clone()),
+            metrics,
+            console,
+        }
+    }
+
+    /// The one-time sign-in secret of `baton console` (None in-cluster, or once used).
+    pub fn one_time_secret(&self) -> Option<String> {
+        match &self.identity {
+            Identity::Local(user) => user.one_time(),
+            Identity::PassThrough(..) => None,
+        }
+    }
+}
+
+/// Every route of the server.
+pub fn router(state: Arc<ServerState>) -> Router {
+    let ns = "/api/v1/namespaces/{ns}";
+    Router::new()
+        .route(&format!("{ns}/runs"), get(runs::list))
+        .route(&format!("{ns}/runs/{{run}}"), get(runs::get))
+        .route(&format!("{ns}/runs/{{run}}/events"), get(runs::events))
+        .route(&format!("{ns}/runs/{{run}}/stop"), post(runs::stop))
+        .route(&format!("{ns}/runs/{{run}}/inputs"), post(runs::input))
+        .route(&format!("{ns}/runs/{{run}}/approvals"), post(runs::decide))
+        .route(&format!("{ns}/threads"), get(threads::list))
+        .route(&format!("{ns}/threads/{{thread}}"), get(threads::get))
+        .route(
+            &format!("{ns}/threads/{{thread}}/events"),
+            get(threads::events),
+        )
+        .route(
+            &format!("{ns}/threads/{{thread}}/turns"),
+            post(threads::post_turn),
+        )
+        .route("/console", get(console::index))
+        .route("/console/threads", get(console::threads))
+        .route("/console/approvals", get(console::approvals))
+        .route("/console/ns/{ns}/runs/{run}", get(console::run))
+        .route("/console/ns/{ns}/threads/{thread}", get(console::thread))
+        .route(
+            "/console/login",
+            get(signin::login_page).post(signin::login),
+        )
+        .route("/console/logout", post(signin::logout))
+        .route("/console/assets/console.js", get(signin::script))
+        .route("/console/assets/console.css", get(signin::style))
+        .route_layer(middleware::from_fn(names_checked))
+        .route(
+            "/",
+            get(|| async { axum::response::Redirect::to("/console") }),
+        )
+        .route("/metrics", get(metrics_text))
+        .route("/livez", get(|| async { "ok" }))
+        .route("/readyz", get(|| async { "ok" }))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            count_responses,
+        ))
+        .with_state(state)
+}
+
+async fn metrics_text(State(state): State<Arc<ServerState>>) -> impl IntoResponse {
+    (
+        [(
+            "content-type",
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        state.metrics.render(),
+    )
+}
+
+/// Every name in a path (namespace, run, thread) must be a Kubernetes object name before it
+/// goes into a request to the API server: 400 naming the parameter otherwise.
+async fn names_checked(
+    params: axum::extract::RawPathParams,
+    request: Request,
+    next: Next,
+) -> Response {
+    for (param, value) in &params {
+        if !is_object_name(value) {
+            let message = format!(
+                "{param}: {:?} is not a Kubernetes name (lowercase letters, digits, '-' and '.', at most 253)",
+                value.chars().take(80).collect::<String>()
+            );
+            return ApiError::BadRequest(message).into_response();
+        }
+    }
+    next.run(request).await
+}
+
+/// A DNS subdomain name, as the API server requires of namespaces and of baton's objects.
+pub(crate) fn is_object_name(value: &str) -> bool {
+    let bytes = value.as_bytes();
+    let edge = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+    !value.is_empty()
+        && value.len() <= 253
+        && bytes.first().is_some_and(edge)
+        && bytes.last().is_some_and(edge)
+        && bytes.iter().all(|b| edge(b) || *b == b'-' || *b == b'.')
+}
+
+async fn count_responses(
+    State(state): State<Arc<ServerState>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let response = next.run(request).await;
+    let code = response.status().as_u16().to_string();
+    state
+        .metrics
+        .responses
+        .get_or_create(&vec![("code", code)])
+        .inc();
+    response
+}
+
+/// The HTTP answer of a stream: events as the follower sends them, a heartbeat comment when
+/// it is quiet, and the headers that keep proxies from buffering it.
+fn sse_response(rx: mpsc::Receiver<Event>) -> Response {
+    let events = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|e| (Ok::<_, Infallible>(e), rx))
+    });
+    let mut response = Sse::new(events)
+        .keep_alive(KeepAlive::new().interval(HEARTBEAT).text("heartbeat"))
+        .into_response();
+    let headers = response.headers_mut();
+    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    headers.insert("cache-control", HeaderValue::from_static("no-cache"));
+    response
+}
+
+/// Runs the server until the listener fails or SIGTERM/SIGINT comes. Open streams are not
+/// waited for: their clients reconnect (to another replica) with `Last-Event-ID` and lose
+/// nothing.
+pub async fn main(args: ServerArgs) -> Result<(), crate::Error> {
+    crate::telemetry::init_logging(args.log_format);
+    let base = crate::kube_util::config_for("server").await?;
+    let console = ConsoleSettings {
+        namespace: args.console_namespace,
+        namespaces: args.console_namespaces,
+    };
+    let state = Arc::new(match args.proxy_user_header.as_deref() {
+        Some(user) => {
+            ServerState::behind_proxy(base, console, user, args.proxy_groups_header.as_deref())
+        }
+        None => ServerState::new(base, console),
+    });
+    let listener = tokio::net::TcpListener::bind(args.addr).await?;
+    tracing::info!(addr = %args.addr, "baton server listening");
+    serve(listener, state).await
+}
+
+/// `baton console`: the console and the API on a loopback port, acting as the kubeconfig's
+/// user for the browser that opens the one-time address it prints.
+pub async fn console_main(args: ConsoleArgs) -> Result<(), crate::Error> {
+    if !args.addr.ip().is_loopback() {
+        return Err(crate::Error::Io(std::io::Error::other(format!(
+            "--addr {}: the console acts as you, so it listens on a loopback address only",
+            args.addr
+        ))));
+    }
+    let config = crate::kube_util::config_for("console").await?;
+    let console = ConsoleSettings {
+        namespace: args
+            .namespace
+            .unwrap_or_else(|| config.default_namespace.clone()),
+        namespaces: args.namespaces,
+    };
+    let client = kube::Client::try_from(config)?;
+    let state = Arc::new(ServerState::local(client, console));
+    let listener = tokio::net::TcpListener::bind(args.addr).await?;
+    let addr = listener.local_addr()?;
+    let secret = state.one_time_secret().unwrap_or_default();
+    println!("baton console: open http://{addr}/console/login?once={secret}");
+    println!("(the address signs one browser in, once; stop with Ctrl-C)");
+    serve(listener, state).await
+}
+
+async fn serve(
+    listener: tokio::net::TcpListener,
+    state: Arc<ServerState>,
+) -> Result<(), crate::Error> {
+    tokio::select! {
+        served = axum::serve(listener, router(state)) => served?,
+        () = signalled() => tracing::info!("signal received: stopping"),
+    }
+    Ok(())
+}
+
+async fn signalled() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_object_name;
+
+    #[test]
+    fn only_kubernetes_names_reach_the_api_server() {
+        for ok in ["default", "team-a", "run.1", "a"] {
+            assert!(is_object_name(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "A",
+            "a/b",
+            "..",
+            "a/../../secrets",
+            "-a",
+            "a-",
+            "a b",
+            "ä",
+            &"a".repeat(254),
+        ] {
+            assert!(!is_object_name(bad), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,184 @@
+//! `/api/v1/namespaces/{ns}/runs…`: list, get, the event stream, and what a person asks of a
+//! run (stop, an input, a decision), each made with the caller's own credential.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::HeaderMap;
+use axum::response::Response;
+use kube::api::ListParams;
+use kube::{Api, ResourceExt};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::caller::Caller;
+use super::cursor::Resume;
+use super::error::ApiError;
+use super::stream::Follow;
+use super::{ServerState, sse_response};
+use crate::crd::v1alpha1::{AgentRun, Phase, Verdict};
+use crate::requests::{RunRequests, Stopped, phase_of};
+
+/// `?thread=`, `?phase=`, `?labelSelector=` of a list.
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct RunFilter {
+    thread: Option<String>,
+    phase: Option<String>,
+    label_selector: Option<String>,
+}
+
+pub async fn list(
+    caller: Caller,
+    Path(ns): Path<String>,
+    Query(filter): Query<RunFilter>,
+) -> Result<Json<Value>, ApiError> {
+    let phase = match filter.phase.as_deref() {
+        None | Some("") => None,
+        Some(p) => Some(parse_phase(p)?),
+    };
+    let mut params = ListParams::default();
+    if let Some(selector) = filter.label_selector.as_deref() {
+        params = params.labels(selector);
+    }
+    let api: Api<AgentRun> = Api::namespaced(caller.client().clone(), &ns);
+    let mut runs = api.list(&params).await?.items;
+    runs.retain(|r| {
+        filter
+            .thread
+            .as_deref()
+            .is_none_or(|t| r.spec.thread.as_deref() == Some(t))
+            && phase.is_none_or(|p| phase_of(r) == p)
+    });
+    runs.sort_by_key(|r| (r.spec.thread.clone(), r.turn_order()));
+    Ok(Json(json!({ "kind": "AgentRunList", "items": runs })))
+}
+
+fn parse_phase(text: &str) -> Result<Phase, ApiError> {
+    serde_json::from_value(Value::String(text.to_string()))
+        .map_err(|_| ApiError::BadRequest(format!("phase: {text:?} is not a phase of AgentRun")))
+}
+
+pub async fn get(
+    caller: Caller,
+    Path((ns, name)): Path<(String, String)>,
+) -> Result<Json<AgentRun>, ApiError> {
+    Ok(Json(
+        RunRequests::new(caller.client().clone(), &ns)
+            .read(&name)
+            .await?,
+    ))
+}
+
+/// `?after=` (a position or an event id) and `?lastEventId=` for clients that cannot set a
+/// header.
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct StreamQuery {
+    after: Option<String>,
+    last_event_id: Option<String>,
+}
+
+impl StreamQuery {
+    pub fn resume(&self, headers: &HeaderMap) -> Result<Resume, ApiError> {
+        let header = headers
+            .get("last-event-id")
+            .and_then(|v| v.to_str().ok())
+            .or(self.last_event_id.as_deref());
+        Ok(Resume::from_request(header, self.after.as_deref())?)
+    }
+}
+
+pub async fn events(
+    State(state): State<Arc<ServerState>>,
+    caller: Caller,
+    Path((ns, name)): Path<(String, String)>,
+    Query(query): Query<StreamQuery>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let resume = query.resume(&headers)?;
+    let hub = state.hubs.join(&caller, &ns);
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    let mut follow = Follow::new(RunRequests::new(caller.client().clone(), &ns), hub, tx);
+    // Read (and so authorized) before the stream opens: a refusal is a plain HTTP answer.
+    let run = follow.requests().read(&name).await?;
+    follow.requests().probe_ledger(&run).await?;
+    let after = resume.position_in(&run.uid().unwrap_or_default());
+    let metrics = state.metrics.clone();
+    tokio::spawn(async move {
+        metrics.followers.inc();
+        follow.run(run, after).await;
+        metrics.followers.dec();
+    });
+    Ok(sse_response(rx))
+}
+
+pub async fn stop(
+    caller: Caller,
+    Path((ns, name)): Path<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    let answer = match RunRequests::new(caller.client().clone(), &ns)
+        .stop(&name)
+        .await?
+    {
+        Stopped::Requested(phase) => json!({ "stopRequested": true, "phase": phase }),
+        Stopped::AlreadyEnded(phase) => json!({ "stopRequested": false, "phase": phase }),
+    };
+    Ok(Json(answer))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InputBody {
+    text: String,
+}
+
+pub async fn input(
+    caller: Caller,
+    Path((ns, name)): Path<(String, String)>,
+    body: Result<Json<InputBody>, JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Json(body) = body.map_err(bad_body)?;
+    let count = RunRequests::new(caller.client().clone(), &ns)
+        .input(&name, &body.text)
+        .await?;
+    Ok(Json(json!({ "inputs": count })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DecisionBody {
+    decision: Verdict,
+    step: Option<i64>,
+    reason: Option<String>,
+}
+
+pub async fn decide(
+    caller: Caller,
+    Path((ns, name)): Path<(String, String)>,
+    body: Result<Json<DecisionBody>, JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Json(body) = body.map_err(bad_body)?;
+    let reason = body.reason.filter(|r| !r.trim().is_empty());
+    if body.decision == Verdict::Deny && reason.is_none() {
+        return Err(ApiError::BadRequest(
+            "reason: required to deny a call (the model is told why)".into(),
+        ));
+    }
+    let decided = RunRequests::new(caller.client().clone(), &ns)
+        .decide(&name, body.step, body.decision, reason)
+        .await?;
+    let call = decided
+        .call
+        .map(|c| json!({ "callId": c.call_id, "tool": c.tool, "arguments": c.arguments }));
+    Ok(Json(
+        json!({ "step": decided.step, "decision": body.decision, "call": call }),
+    ))
+}
+
+/// A body that is not the JSON asked for: 400, with serde's words (they name the field).
+pub fn bad_body(rejection: JsonRejection) -> ApiError {
+    ApiError::BadRequest(format!("request body: {}", rejection.body_text()))
+}

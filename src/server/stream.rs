@@ -1,0 +1,271 @@
+//! A run's stream: its status, then its ledger from the client's cursor, read with the
+//! caller's own credential, then the live tail from the caller's hub, in order, without a gap
+//! or a repeat, and an `end` event once the run has ended. The client leaving ends only the
+//! stream: nothing here writes to the run.
+//!
+//! Events (Server-Sent Events):
+//! - `status` (no id): the run's phase, reason, message and pending approval, when it changes;
+//! - `segment` (id `<run UID>:<position>`): one ledger segment, as stored;
+//! - `end` (no id): the run ended (its phase) or was deleted;
+//! - `error` (no id): the ledger could not be read; the stream closes.
+
+use std::sync::Arc;
+
+use axum::response::sse::Event;
+use kube::ResourceExt;
+use tokio::sync::{broadcast, mpsc};
+
+use super::cursor::{Contiguous, EventId};
+use super::hub::{Change, Hub};
+use crate::crd::v1alpha1::{AgentRun, LedgerSegment, Phase};
+use crate::ledger::is_segment_of;
+use crate::requests::{RequestError, RunRequests, phase_of};
+
+/// How a run's stream ended.
+#[derive(Debug)]
+pub enum Ended {
+    /// The run ended; its `end` event was sent.
+    Run,
+    /// The run was deleted; its `end` event was sent.
+    Deleted,
+    /// The client went away.
+    ClientGone,
+    /// The ledger could not be read; an `error` event was sent.
+    Failed,
+}
+
+/// One client's stream: the caller's reads, the caller's hub, the client's channel.
+pub struct Follow {
+    requests: RunRequests,
+    changes: broadcast::Receiver<Change>,
+    out: mpsc::Sender<Event>,
+    _hub: Arc<Hub>,
+}
+
+impl Follow {
+    /// Subscribes to `hub` now, before anything is read: a change from here on is seen either
+    /// in what is read or on the channel (or both: the cursor drops repeats).
+    pub fn new(requests: RunRequests, hub: Arc<Hub>, out: mpsc::Sender<Event>) -> Self {
+        Self {
+            requests,
+            changes: hub.subscribe(),
+            out,
+            _hub: hub,
+        }
+    }
+
+    pub fn requests(&self) -> &RunRequests {
+        &self.requests
+    }
+
+    /// The next change of the namespace, or None once the client is gone. A follower that
+    /// fell behind is told to read again.
+    pub async fn next_change(&mut self) -> Option<Change> {
+        tokio::select! {
+            _ = self.out.closed() => None,
+            change = self.changes.recv() => match change {
+                Ok(change) => Some(change),
+                Err(broadcast::error::RecvError::Lagged(_)) => Some(Change::Resync),
+                Err(broadcast::error::RecvError::Closed) => None,
+            },
+        }
+    }
+
+    /// Sends one event; false once the client is gone.
+    pub async fn send(&self, event: Event) -> bool {
+        self.out.send(event).await.is_ok()
+    }
+
+    /// Streams `run` from after position `after` until it ends, is deleted, or the client
+    /// leaves.
+    pub async fn run(&mut self, run: AgentRun, after: i64) -> Ended {
+        let mut state = RunState {
+            name: run.name_any(),
+            uid: run.uid().unwrap_or_default(),
+            sent: Contiguous::after(after),
+            phase: None,
+        };
+        let mut current = run;
+        // The ledger is read at the start, after a gap or a resync, and once more when the
+        // run has ended (its last segments may come after its last change); a change of the
+        // run alone needs no read.
+        let mut must_read = true;
+        loop {
+            if !self.send_status(&current, &mut state).await {
+                return Ended::ClientGone;
+            }
+            let ended = phase_of(&current).is_terminal();
+            if (must_read || ended)
+                && let Some(stop) = self.read_ledger(&current, &mut state).await
+            {
+                return stop;
+            }
+            if ended {
+                return self.end(&current).await;
+            }
+            match self.wait(&mut state).await {
+                Moved::Run(run, read) => {
+                    current = *run;
+                    must_read = read;
+                }
+                Moved::Gap => must_read = true,
+                Moved::Deleted => return self.deleted(&current).await,
+                Moved::ClientGone => return Ended::ClientGone,
+            }
+        }
+    }
+
+    /// Sends the run's segments as the hub brings them, until something needs more than
+    /// that: a gap, a change of the run, a resync, its deletion or the client leaving.
+    async fn wait(&mut self, state: &mut RunState) -> Moved {
+        loop {
+            match self.next_change().await {
+                None => return Moved::ClientGone,
+                Some(Change::Segment(s)) if is_segment_of(&s, &state.name, &state.uid) => {
+                    state.sent.offer(s);
+                    if !self.send_ready(&mut state.sent).await {
+                        return Moved::ClientGone;
+                    }
+                    if state.sent.has_gap() {
+                        return Moved::Gap;
+                    }
+                }
+                Some(Change::Run(r)) if r.uid().as_deref() == Some(&state.uid) => {
+                    return Moved::Run(Box::new((*r).clone()), false);
+                }
+                Some(Change::RunDeleted(r)) if r.uid().as_deref() == Some(&state.uid) => {
+                    return Moved::Deleted;
+                }
+                Some(Change::Resync) => {
+                    return match self.requests.read(&state.name).await {
+                        Ok(r) if r.uid().as_deref() == Some(&state.uid) => {
+                            Moved::Run(Box::new(r), true)
+                        }
+                        Ok(_) | Err(RequestError::NotFound { .. }) => Moved::Deleted,
+                        Err(_) => Moved::Gap,
+                    };
+                }
+                Some(_) => {}
+            }
+        }
+    }
+
+    /// Reads the ledger (the caller's credential, the store's checks) and sends what follows
+    /// the cursor; Some when the stream must end.
+    async fn read_ledger(&mut self, run: &AgentRun, state: &mut RunState) -> Option<Ended> {
+        match self.requests.ledger(run).await {
+            Ok(segments) => {
+                for s in segments {
+                    state.sent.offer(Arc::new(s));
+                }
+                (!self.send_ready(&mut state.sent).await).then_some(Ended::ClientGone)
+            }
+            Err(err) => {
+                let data = serde_json::json!({ "run": run.name_any(), "message": err.to_string() });
+                let _ = self.send(json_event("error", &data)).await;
+                Some(Ended::Failed)
+            }
+        }
+    }
+
+    async fn send_ready(&self, sent: &mut Contiguous) -> bool {
+        for segment in sent.release() {
+            if !self.send(segment_event(&segment)).await {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// A `status` event when the phase (or what the run waits on) changed since the last one.
+    async fn send_status(&self, run: &AgentRun, state: &mut RunState) -> bool {
+        let status = run.status.clone().unwrap_or_default();
+        let key = (
+            status.phase,
+            status.pending_approval.as_ref().map(|p| p.step),
+        );
+        if state.phase == Some(key) {
+            return true;
+        }
+        state.phase = Some(key);
+        let data = serde_json::json!({
+            "run": run.name_any(),
+            "uid": run.uid(),
+            "phase": status.phase,
+            "reason": status.reason,
+            "message": status.message,
+            "pendingApproval": status.pending_approval,
+        });
+        self.send(json_event("status", &data)).await
+    }
+
+    async fn end(&self, run: &AgentRun) -> Ended {
+        let status = run.status.clone().unwrap_or_default();
+        let data = serde_json::json!({
+            "run": run.name_any(),
+            "uid": run.uid(),
+            "phase": status.phase,
+            "reason": status.reason,
+            "message": status.message,
+        });
+        if self.send(json_event("end", &data)).await {
+            Ended::Run
+        } else {
+            Ended::ClientGone
+        }
+    }
+
+    async fn deleted(&self, run: &AgentRun) -> Ended {
+        let data = serde_json::json!({ "run": run.name_any(), "uid": run.uid(), "deleted": true });
+        if self.send(json_event("end", &data)).await {
+            Ended::Deleted
+        } else {
+            Ended::ClientGone
+        }
+    }
+}
+
+/// What moved a run's stream on.
+enum Moved {
+    /// The run as it is now; true when the ledger must be read again.
+    Run(Box<AgentRun>, bool),
+    /// A segment is missing: read the ledger again.
+    Gap,
+    Deleted,
+    ClientGone,
+}
+
+/// The run a stream follows and what it has sent.
+struct RunState {
+    name: String,
+    uid: String,
+    sent: Contiguous,
+    phase: Option<(Phase, Option<i64>)>,
+}
+
+/// A ledger segment as an SSE event whose id is its place.
+pub fn segment_event(segment: &LedgerSegment) -> Event {
+    let uid = segment
+        .labels()
+        .get(crate::crd::RUN_UID_LABEL)
+        .cloned()
+        .unwrap_or_default();
+    let id = EventId {
+        uid: uid.clone(),
+        seq: segment.spec.seq,
+    };
+    let data = serde_json::json!({
+        "run": segment.spec.run,
+        "uid": uid,
+        "seq": segment.spec.seq,
+        "fence": segment.spec.fence,
+        "events": segment.spec.events,
+    });
+    json_event("segment", &data).id(id.to_string())
+}
+
+/// An event named `name` with `data` as its JSON (one line: JSON escapes every newline, so
+/// nothing a model or a tool wrote can end an event early or forge one).
+pub fn json_event(name: &str, data: &serde_json::Value) -> Event {
+    Event::default().event(name).data(data.to_string())
+}

@@ -1,0 +1,233 @@
+//! `/api/v1/namespaces/{ns}/threads…`: list, get, a new turn, and the thread's stream: every
+//! turn in its place, each as a run's stream, open for the turns still to come.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use kube::api::{ListParams, PostParams};
+use kube::{Api, ResourceExt};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::caller::Caller;
+use super::cursor::Resume;
+use super::error::ApiError;
+use super::hub::Change;
+use super::runs::{StreamQuery, bad_body};
+use super::stream::{Ended, Follow, json_event};
+use super::{ServerState, sse_response};
+use crate::crd::v1alpha1::{AgentRun, AgentThread, BusyPolicy};
+use crate::kube_util::is_not_found;
+use crate::requests::{RunRequests, phase_of};
+
+pub async fn list(caller: Caller, Path(ns): Path<String>) -> Result<Json<Value>, ApiError> {
+    let api: Api<AgentThread> = Api::namespaced(caller.client().clone(), &ns);
+    let threads = api.list(&ListParams::default()).await?.items;
+    Ok(Json(json!({ "kind": "AgentThreadList", "items": threads })))
+}
+
+pub async fn get(
+    caller: Caller,
+    Path((ns, name)): Path<(String, String)>,
+) -> Result<Json<AgentThread>, ApiError> {
+    Ok(Json(read_thread(caller.client(), &ns, &name).await?))
+}
+
+async fn read_thread(client: &kube::Client, ns: &str, name: &str) -> Result<AgentThread, ApiError> {
+    let api: Api<AgentThread> = Api::namespaced(client.clone(), ns);
+    api.get(name).await.map_err(|e| {
+        if is_not_found(&e) {
+            ApiError::ThreadNotFound {
+                name: name.into(),
+                namespace: ns.into(),
+            }
+        } else {
+            e.into()
+        }
+    })
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TurnBody {
+    input: String,
+}
+
+/// Creates a turn. Under `onBusy: Reject` a busy thread is answered 409 `ThreadBusy` and
+/// nothing is created; a turn created in the instant the thread turns busy is still refused,
+/// by the controller (its stream's `end` says `ThreadBusy`).
+pub async fn post_turn(
+    caller: Caller,
+    Path((ns, name)): Path<(String, String)>,
+    body: Result<Json<TurnBody>, JsonRejection>,
+) -> Result<(StatusCode, Json<AgentRun>), ApiError> {
+    let Json(body) = body.map_err(bad_body)?;
+    if body.input.trim().is_empty() {
+        return Err(ApiError::BadRequest("input: must not be empty".into()));
+    }
+    let thread = read_thread(caller.client(), &ns, &name).await?;
+    if thread.spec.on_busy == BusyPolicy::Reject
+        && let Some(live) = thread.busy()
+    {
+        return Err(ApiError::ThreadBusy {
+            thread: name,
+            live: live.to_string(),
+        });
+    }
+    let api: Api<AgentRun> = Api::namespaced(caller.client().clone(), &ns);
+    let created = api
+        .create(&PostParams::default(), &thread.new_turn(&body.input))
+        .await?;
+    Ok((StatusCode::CREATED, Json(created)))
+}
+
+/// The thread's turns, in their places (those that have not joined yet last).
+async fn turns(
+    client: &kube::Client,
+    ns: &str,
+    thread: &AgentThread,
+) -> Result<Vec<AgentRun>, ApiError> {
+    let api: Api<AgentRun> = Api::namespaced(client.clone(), ns);
+    let name = thread.name_any();
+    let uid = thread.uid();
+    let mut turns: Vec<AgentRun> = api
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|r| r.spec.thread.as_deref() == Some(name.as_str()))
+        .filter(|r| {
+            r.thread_owner()
+                .is_none_or(|o| Some(&o.uid) == uid.as_ref())
+        })
+        .collect();
+    turns.sort_by_key(AgentRun::turn_order);
+    Ok(turns)
+}
+
+pub async fn events(
+    State(state): State<Arc<ServerState>>,
+    caller: Caller,
+    Path((ns, name)): Path<(String, String)>,
+    Query(query): Query<StreamQuery>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let resume = query.resume(&headers)?;
+    let thread = read_thread(caller.client(), &ns, &name).await?;
+    // Refused before the stream opens for a caller who may not read transcripts here.
+    let probe: Api<crate::crd::v1alpha1::LedgerSegment> =
+        Api::namespaced(caller.client().clone(), &ns);
+    probe.list_metadata(&ListParams::default().limit(1)).await?;
+    let hub = state.hubs.join(&caller, &ns);
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    let client = caller.client().clone();
+    let follow = Follow::new(RunRequests::new(caller.client().clone(), &ns), hub, tx);
+    let mut stream = ThreadStream {
+        follow,
+        client,
+        ns,
+        thread,
+        streamed: HashSet::new(),
+    };
+    let after = stream.skip_to(&resume).await?;
+    let metrics = state.metrics.clone();
+    tokio::spawn(async move {
+        metrics.followers.inc();
+        stream.run(after).await;
+        metrics.followers.dec();
+    });
+    Ok(sse_response(rx))
+}
+
+/// One client's stream of a thread.
+struct ThreadStream {
+    follow: Follow,
+    client: kube::Client,
+    ns: String,
+    thread: AgentThread,
+    /// The turns streamed to their end (by UID).
+    streamed: HashSet<String>,
+}
+
+impl ThreadStream {
+    /// Marks the turns before the cursor's as streamed; returns the position to continue
+    /// after in the cursor's turn. A cursor naming no turn of this thread is refused (it
+    /// cannot say what the client has).
+    async fn skip_to(&mut self, resume: &Resume) -> Result<Option<(String, i64)>, ApiError> {
+        let Resume::After(id) = resume else {
+            return match resume {
+                Resume::AfterPosition(_) => Err(ApiError::BadRequest(
+                    "after: a thread's stream resumes after an event id (<turn UID>:<position>), not a bare position".into(),
+                )),
+                _ => Ok(None),
+            };
+        };
+        let turns = turns(&self.client, &self.ns, &self.thread).await?;
+        let Some(at) = turns
+            .iter()
+            .position(|t| t.uid().as_deref() == Some(&id.uid))
+        else {
+            return Err(ApiError::BadRequest(format!(
+                "Last-Event-ID: {id} names no turn of thread {} (deleted?); open the stream without it",
+                self.thread.name_any()
+            )));
+        };
+        for t in &turns[..at] {
+            self.streamed.insert(t.uid().unwrap_or_default());
+        }
+        Ok(Some((id.uid.clone(), id.seq)))
+    }
+
+    async fn run(&mut self, mut resume: Option<(String, i64)>) {
+        loop {
+            let Ok(turns) = turns(&self.client, &self.ns, &self.thread).await else {
+                let data = json!({ "thread": self.thread.name_any(), "message": "cannot list the thread's turns" });
+                let _ = self.follow.send(json_event("error", &data)).await;
+                return;
+            };
+            let next = turns.into_iter().find(|t| {
+                !self.streamed.contains(&t.uid().unwrap_or_default())
+                    && (t.has_joined() || phase_of(t).is_terminal())
+            });
+            match next {
+                Some(turn) => {
+                    let uid = turn.uid().unwrap_or_default();
+                    let after = match resume.take() {
+                        Some((u, seq)) if u == uid => seq,
+                        _ => 0,
+                    };
+                    match self.follow.run(turn, after).await {
+                        Ended::ClientGone | Ended::Failed => return,
+                        Ended::Run | Ended::Deleted => self.streamed.insert(uid),
+                    };
+                }
+                None => {
+                    if !self.wait_for_turn().await {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Waits until a run of this thread changes (or the watch starts again); false once the
+    /// client is gone.
+    async fn wait_for_turn(&mut self) -> bool {
+        let name = self.thread.name_any();
+        loop {
+            match self.follow.next_change().await {
+                None => return false,
+                Some(Change::Run(r)) if r.spec.thread.as_deref() == Some(name.as_str()) => {
+                    return true;
+                }
+                Some(Change::Resync) => return true,
+                Some(_) => {}
+            }
+        }
+    }
+}

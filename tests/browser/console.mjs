@@ -1,0 +1,126 @@
+// The console in a real browser (Debian's Chromium, headless, driven by playwright-core), as
+// tests/node_console.rs sets it up on the node: sign in with a token; chat on a thread and see
+// the answer stream in; reload a run's page mid-run and see it continue without a repeat;
+// approve a gated call from the inbox and see the run go on; be refused another namespace.
+// A screenshot of each page goes to $SHOTS. Exits non-zero, saying why, on any failure.
+import { chromium } from "playwright-core";
+import { mkdirSync } from "node:fs";
+import { join } from "node:path";
+
+const env = (name) => {
+  const v = process.env[name];
+  if (!v) throw new Error(`${name} is not set`);
+  return v;
+};
+const URL = env("CONSOLE_URL");
+const NS = env("NS");
+const SHOTS = env("SHOTS");
+mkdirSync(SHOTS, { recursive: true });
+const T = 120_000;
+
+function check(cond, what) {
+  if (!cond) throw new Error(what);
+}
+
+async function shot(page, name) {
+  await page.screenshot({ path: join(SHOTS, `${name}.png`), fullPage: true });
+  console.log(`screenshot ${name}.png`);
+}
+
+async function signIn(page) {
+  await page.goto(`${URL}/console`);
+  check(page.url().endsWith("/console/login"), `not sent to sign in: ${page.url()}`);
+  await shot(page, "01-sign-in");
+  await page.fill("textarea[name=token]", env("TOKEN"));
+  await page.click("button[type=submit]");
+  await page.goto(`${URL}/console?ns=${NS}`);
+  await page.waitForSelector("table#runs");
+  await shot(page, "02-runs");
+}
+
+async function chat(page) {
+  const thread = env("THREAD");
+  await page.goto(`${URL}/console/ns/${NS}/threads/${thread}`);
+  await page.fill("#message", "What is the capital of France?");
+  await page.click("#send");
+  // The turn appears, its answer streams in, and it ends Succeeded.
+  const turn = page.locator("li.turn").first();
+  await turn.locator(".role-assistant", { hasText: "Paris" }).first().waitFor({ timeout: T });
+  await shot(page, "03-thread-answer-shown");
+  await page.waitForSelector('li.turn[data-ended="Succeeded"]', { timeout: T });
+  const user = await turn.locator(".role-user").allTextContents();
+  check(user.some((t) => t.includes("What is the capital of France?")), `the question is not shown: ${user}`);
+  await shot(page, "04-thread-answered");
+}
+
+async function reloadMidRun(page) {
+  const run = env("SLOW_RUN");
+  const steps = Number(env("SLOW_STEPS"));
+  await page.goto(`${URL}/console/ns/${NS}/runs/${run}`);
+  await page.locator("#transcript li.step").nth(1).waitFor({ timeout: T });
+  await shot(page, "05-run-mid-stream");
+  await page.reload();
+  await page.waitForSelector('#phase[data-ended="true"]', { timeout: T });
+  const labels = await page.locator("#transcript li.step .label").allTextContents();
+  check(new Set(labels).size === labels.length, `a step is shown twice: ${labels}`);
+  check(labels.length === steps, `expected ${steps} steps, saw ${labels.length}: ${labels}`);
+  const phase = await page.textContent("#phase");
+  check(phase === "Succeeded", `the run ended ${phase}`);
+  const timeline = await page.locator("#timeline li").count();
+  check(timeline >= 1, "no attempt on the timeline");
+  await shot(page, "06-run-ended");
+}
+
+async function approveFromInbox(page) {
+  const run = env("GATED_RUN");
+  await page.goto(`${URL}/console/approvals?ns=${NS}`);
+  const call = page.locator(`article.call[data-run="${run}"]`);
+  await call.waitFor({ timeout: T });
+  const args = await call.locator("pre.arguments").textContent();
+  check(args.includes(env("GATED_MARK")), `the whole call is not shown: ${args}`);
+  const badge = await page.textContent("#approval-count");
+  check(Number(badge) >= 1, `the badge shows ${badge}`);
+  await shot(page, "07-inbox");
+  await call.locator("input[name=reason]").fill("looks right");
+  await Promise.all([page.waitForNavigation(), call.locator("button[value=Approve]").click()]);
+  await page.goto(`${URL}/console/ns/${NS}/runs/${run}`);
+  await page.waitForSelector('#phase[data-ended="true"]', { timeout: T });
+  const phase = await page.textContent("#phase");
+  check(phase === "Succeeded", `the approved run ended ${phase}`);
+  await shot(page, "08-approved-run");
+}
+
+async function forbidden(page) {
+  const other = env("FORBIDDEN_NS");
+  const response = await page.goto(`${URL}/console?ns=${other}`);
+  check(response.status() === 403, `another namespace answered ${response.status()}`);
+  const refusal = await page.textContent("#refusal");
+  check(/forbidden/i.test(refusal), `the refusal says: ${refusal}`);
+  await shot(page, "09-forbidden-namespace");
+}
+
+const browser = await chromium.launch({
+  executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
+  headless: true,
+  args: ["--no-sandbox"],
+});
+let failed = null;
+try {
+  const page = await (await browser.newContext({ viewport: { width: 1280, height: 900 } })).newPage();
+  page.on("pageerror", (e) => { failed = failed || new Error(`script error on the page: ${e.message}`); });
+  await signIn(page);
+  await chat(page);
+  await reloadMidRun(page);
+  await approveFromInbox(page);
+  await forbidden(page);
+  if (failed) throw failed;
+  console.log("console: every check passed");
+} catch (e) {
+  failed = e;
+} finally {
+  await browser.close();
+}
+if (failed) {
+  console.error(`console test failed: ${failed.stack || failed}`);
+  process.exit(1);
+}

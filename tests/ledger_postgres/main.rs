@@ -1,0 +1,284 @@
+//! The PostgreSQL ledger against a real PostgreSQL (hack/postgres.sh, started by the bed's
+//! script): the fenced append's every case, the namespace boundary the database keeps, the
+//! schema migrated once by many, and the announcements followers wake on.
+
+use std::time::Duration;
+
+use baton::crd::v1alpha1::{LedgerEvent, Role};
+use baton::fence::{CloseReason, Fence};
+use baton::ledger::postgres::{Notice, PgLedger, schema};
+use baton::ledger::{LedgerError, Replay, ReplayedMessage};
+
+/// The database the bed started; without one the test fails (it never skips).
+async fn ledger() -> PgLedger {
+    let url = std::env::var("BATON_TEST_POSTGRES_URL").expect(
+        "BATON_TEST_POSTGRES_URL is not set: run the tests through hack/with-control-plane.sh, \
+         which starts PostgreSQL (hack/postgres.sh)",
+    );
+    PgLedger::connect(&url, 4)
+        .await
+        .expect("connecting to the test PostgreSQL")
+}
+
+fn uid() -> String {
+    format!("uid-{:032x}", rand::random::<u128>())
+}
+
+fn said(text: &str) -> Vec<LedgerEvent> {
+    vec![LedgerEvent::Message {
+        role: Role::Assistant,
+        content: text.to_string(),
+    }]
+}
+
+#[tokio::test]
+async fn an_append_lands_at_the_free_position_and_reads_back_whole() {
+    let db = ledger().await;
+    let run = db.for_run("team-a", "r", &uid());
+    // A model's NUL character and every other byte of its text come back as written.
+    let text = "line\u{0}with a NUL, \"quotes\", and ünïcödé";
+    let appended = run.append(0, Fence::new(1), said(text)).await.unwrap();
+    assert_eq!(appended.tail, 1);
+    assert_eq!(appended.written.len(), 1);
+    assert!(appended.slipped.is_empty());
+    let listed = run.list().await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].spec.events, said(text));
+    assert_eq!(listed[0].spec.fence, Fence::new(1));
+    let replay = Replay::from_segments(&listed).unwrap();
+    assert_eq!(replay.tail, 1);
+}
+
+#[tokio::test]
+async fn our_own_retry_at_a_taken_position_is_success() {
+    let db = ledger().await;
+    let run = db.for_run("team-a", "r", &uid());
+    run.append(0, Fence::new(1), said("once")).await.unwrap();
+    // The same write again (its answer was lost): it is ours, nothing is written twice.
+    let again = run.append(0, Fence::new(1), said("once")).await.unwrap();
+    assert_eq!(again.tail, 1);
+    assert_eq!(again.written.len(), 1);
+    assert_eq!(run.list().await.unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn an_older_owners_segment_is_history_moved_past() {
+    let db = ledger().await;
+    let run = db.for_run("team-a", "r", &uid());
+    run.append(0, Fence::new(1), said("old")).await.unwrap();
+    let appended = run.append(0, Fence::new(2), said("new")).await.unwrap();
+    assert_eq!(appended.tail, 2);
+    assert_eq!(appended.slipped.len(), 1);
+    assert_eq!(appended.slipped[0].spec.events, said("old"));
+    let fences: Vec<_> = run
+        .list()
+        .await
+        .unwrap()
+        .iter()
+        .map(|s| s.spec.fence)
+        .collect();
+    assert_eq!(fences, [Fence::new(1), Fence::new(2)]);
+}
+
+#[tokio::test]
+async fn a_newer_owner_or_another_content_under_our_fence_loses_the_run() {
+    let db = ledger().await;
+    let run = db.for_run("team-a", "r", &uid());
+    run.append(0, Fence::new(3), said("newer")).await.unwrap();
+    let err = run
+        .append(0, Fence::new(2), said("stale"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, LedgerError::Superseded { seq: 1, theirs, .. } if theirs == Fence::new(3)),
+        "{err}"
+    );
+    let err = run
+        .append(0, Fence::new(3), said("not what we wrote"))
+        .await
+        .unwrap_err();
+    assert!(err.is_lost(), "{err}");
+    assert_eq!(
+        run.list().await.unwrap().len(),
+        1,
+        "nothing stale was written"
+    );
+}
+
+#[tokio::test]
+async fn a_seal_at_the_position_closes_the_ledger_for_its_worker() {
+    let db = ledger().await;
+    let run = db.for_run("team-a", "r", &uid());
+    run.append(0, Fence::new(1), said("working")).await.unwrap();
+    // The controller's seal of a terminal claim, at fence 2, lands at position 2 first.
+    let seal = vec![LedgerEvent::Closed {
+        fence: Fence::new(2),
+        reason: CloseReason::StopRequested,
+    }];
+    run.append(1, Fence::new(2), seal).await.unwrap();
+    let err = run
+        .append(1, Fence::new(1), said("late"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LedgerError::Closed { seq: 2, .. }), "{err}");
+}
+
+#[tokio::test]
+async fn two_writers_racing_for_one_position_one_wins_the_other_learns_it() {
+    let db = ledger().await;
+    for _ in 0..30 {
+        let uid = uid();
+        let (a, b) = (
+            db.for_run("team-a", "r", &uid),
+            db.for_run("team-a", "r", &uid),
+        );
+        let (older, newer) = tokio::join!(
+            a.append(0, Fence::new(1), said("older")),
+            b.append(0, Fence::new(2), said("newer")),
+        );
+        // The newer writer always lands: after the older's segment (history to it), or first.
+        let newer = newer.unwrap();
+        let listed = a.list().await.unwrap();
+        match older {
+            Ok(older) => {
+                assert_eq!((older.tail, newer.tail, newer.slipped.len()), (1, 2, 1));
+                assert_eq!(listed.len(), 2);
+            }
+            Err(err) => {
+                assert!(err.is_lost(), "{err}");
+                assert_eq!(
+                    (newer.tail, listed.len()),
+                    (1, 1),
+                    "the older wrote nothing"
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_namespace_neither_reads_nor_writes_another_namespaces_rows() {
+    let db = ledger().await;
+    let uid = uid();
+    let ours = db.for_run("team-a", "r", &uid);
+    ours.append(0, Fence::new(1), said("secret of team-a"))
+        .await
+        .unwrap();
+    // The same run UID asked for from team-b's session: the database shows it nothing...
+    let theirs = db.for_run("team-b", "r", &uid);
+    assert!(theirs.list().await.unwrap().is_empty());
+    // ...and its append at the taken position neither overwrites nor reads the row.
+    let err = theirs
+        .append(0, Fence::new(9), said("forged"))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("another namespace"), "{err}");
+    assert_eq!(
+        theirs.delete().await.unwrap(),
+        0,
+        "nothing of team-a deleted"
+    );
+    assert_eq!(
+        ours.list().await.unwrap()[0].spec.events,
+        said("secret of team-a")
+    );
+}
+
+#[tokio::test]
+async fn a_runs_rows_are_deleted_with_it_and_no_other_runs() {
+    let db = ledger().await;
+    let (gone, kept) = (
+        db.for_run("team-a", "r1", &uid()),
+        db.for_run("team-a", "r2", &uid()),
+    );
+    gone.append(0, Fence::new(1), said("a")).await.unwrap();
+    gone.append(1, Fence::new(1), said("b")).await.unwrap();
+    kept.append(0, Fence::new(1), said("c")).await.unwrap();
+    assert_eq!(gone.delete().await.unwrap(), 2);
+    assert!(gone.list().await.unwrap().is_empty());
+    assert_eq!(kept.list().await.unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn big_events_are_split_across_positions_and_rebuilt() {
+    let db = ledger().await;
+    let run = db.for_run("team-a", "r", &uid()).with_budget(4096);
+    let big = "x".repeat(20_000);
+    let appended = run.append(0, Fence::new(1), said(&big)).await.unwrap();
+    assert!(appended.tail > 1, "split over {} positions", appended.tail);
+    let replay = Replay::from_segments(&run.list().await.unwrap()).unwrap();
+    assert!(
+        replay
+            .messages
+            .iter()
+            .any(|m| matches!(m, ReplayedMessage::Assistant { text, .. } if *text == big)),
+        "the event is rebuilt whole"
+    );
+}
+
+#[tokio::test]
+async fn many_replicas_connecting_at_once_to_a_fresh_database_migrate_it_once() {
+    let url = std::env::var("BATON_TEST_POSTGRES_URL").expect("BATON_TEST_POSTGRES_URL");
+    let fresh = format!("baton_migrate_{:016x}", rand::random::<u64>());
+    let (admin, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    admin
+        .batch_execute(&format!("CREATE DATABASE {fresh}"))
+        .await
+        .unwrap();
+    let fresh_url = format!("{}/{fresh}", url.rsplit_once('/').unwrap().0);
+    let connects = (0..6).map(|_| PgLedger::connect(&fresh_url, 1));
+    for connected in futures::future::join_all(connects).await {
+        connected.expect("every replica connects");
+    }
+    let (db, connection) = tokio_postgres::connect(&fresh_url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let versions: Vec<i32> = db
+        .query("SELECT version FROM baton_schema ORDER BY version", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        versions,
+        (1..=schema::VERSION).collect::<Vec<_>>(),
+        "each step once"
+    );
+}
+
+#[tokio::test]
+async fn followers_hear_of_every_append() {
+    let db = ledger().await;
+    let mut notices = db.listen(Duration::from_millis(200));
+    // The listener announces itself ready with a resync.
+    let ready = tokio::time::timeout(Duration::from_secs(10), notices.recv()).await;
+    assert_eq!(ready.unwrap().unwrap(), Notice::Resync);
+    let uid = uid();
+    let run = db.for_run("team-a", "r", &uid);
+    run.append(0, Fence::new(1), said("one")).await.unwrap();
+    run.append(1, Fence::new(1), said("two")).await.unwrap();
+    let mut heard = Vec::new();
+    while heard.len() < 2 {
+        let notice = tokio::time::timeout(Duration::from_secs(10), notices.recv())
+            .await
+            .expect("an announcement within 10 s")
+            .unwrap();
+        if let Notice::Appended {
+            run_uid,
+            seq,
+            namespace,
+        } = notice
+            && run_uid == uid
+        {
+            assert_eq!(namespace, "team-a");
+            heard.push(seq);
+        }
+    }
+    assert_eq!(heard, [1, 2]);
+    assert_eq!(run.list_after(1).await.unwrap()[0].spec.seq, 2);
+}

@@ -1,0 +1,132 @@
+//! The chart's own `baton server` pods on the real node: clients follow a run through one
+//! server pod, that pod is deleted mid-run, and the clients reconnect through the Service to
+//! the other replica with their last event id: the stream each client saw, put together,
+//! equals the run's ledger, nothing lost and nothing twice. The server acts with the client's
+//! token: a token without transcript rights is refused.
+
+mod e2e_support;
+mod node_support;
+#[path = "sse_support/mod.rs"]
+mod sse;
+
+use std::time::Duration;
+
+use e2e_support::{Script, retry};
+use k8s_openapi::api::core::v1::{Pod, Service};
+use kube::Api;
+use kube::api::DeleteParams;
+use node_support::*;
+use sse::{Sse, SseReader};
+
+const FOLLOWERS: usize = 3;
+
+/// Reads until the stream is cut or ends; what it read.
+async fn read_until_cut(reader: &mut SseReader) -> Vec<Sse> {
+    let mut out = Vec::new();
+    while let Some(e) = reader.next().await {
+        let end = e.event == "end";
+        out.push(e);
+        if end {
+            break;
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_clients_follow_a_run_across_a_server_pod_deletion_and_lose_nothing() {
+    let env = NodeEnv::start("server-follow").await;
+    let servers = servers_ready(&env.client).await;
+    let alice = person(
+        &env.client,
+        &env.ns,
+        "alice",
+        vec![
+            rule(&["agentruns"], &["get", "list", "watch"]),
+            rule(&["ledgersegments"], &["get", "list", "watch"]),
+        ],
+    )
+    .await;
+    let mallory = person(
+        &env.client,
+        &env.ns,
+        "mallory",
+        vec![rule(&["agentruns"], &["get"])],
+    )
+    .await;
+    let doomed = &servers[0];
+    let doomed_name = doomed.metadata.name.clone().unwrap();
+    let pod_ip = doomed
+        .status
+        .as_ref()
+        .and_then(|s| s.pod_ip.clone())
+        .unwrap();
+    let services: Api<Service> = Api::namespaced(env.client.clone(), SYSTEM_NS);
+    let cluster_ip = retry(|| services.get(SERVER))
+        .await
+        .spec
+        .unwrap()
+        .cluster_ip
+        .unwrap();
+    let direct = Relay::start(&format!("{pod_ip}:8080"));
+    let service = Relay::start(&format!("{cluster_ip}:80"));
+
+    env.create(&env.scripted("followed", &Script::new(8, 800)))
+        .await;
+    let path = format!("/api/v1/namespaces/{}/runs/followed/events", env.ns);
+    let refused = SseReader::try_open(&format!("{}{path}", service.url()), &mallory, None).await;
+    let refused = refused.err().expect("mallory may not read the transcript");
+    assert!(refused.contains("403"), "{refused}");
+
+    // The followers all go through the pod about to be deleted.
+    let mut readers = Vec::new();
+    for _ in 0..FOLLOWERS {
+        readers.push(SseReader::open(&format!("{}{path}", direct.url()), &alice, None).await);
+    }
+    let mut seen: Vec<Vec<Sse>> = vec![Vec::new(); FOLLOWERS];
+    for (reader, seen) in readers.iter_mut().zip(seen.iter_mut()) {
+        while seen.iter().filter(|e| e.event == "segment").count() < 3 {
+            seen.push(reader.next().await.expect("the first segments"));
+        }
+    }
+    Api::<Pod>::namespaced(env.client.clone(), SYSTEM_NS)
+        .delete(&doomed_name, &DeleteParams::default())
+        .await
+        .unwrap();
+    for (reader, seen) in readers.iter_mut().zip(seen.iter_mut()) {
+        seen.extend(read_until_cut(reader).await);
+    }
+
+    // Each comes back through the Service, to the other replica, with its last id.
+    for seen in seen.iter_mut() {
+        while seen.last().is_none_or(|e| e.event != "end") {
+            let last = seen.iter().rev().find_map(|e| e.id.clone()).unwrap();
+            let url = format!("{}{path}", service.url());
+            match SseReader::try_open(&url, &alice, Some(&last)).await {
+                Ok(mut again) => seen.extend(read_until_cut(&mut again).await),
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+    }
+
+    env.wait_succeeded("followed").await;
+    let ledger = env.ledger("followed").await;
+    let want: Vec<String> = ledger.iter().map(|s| s.spec.seq.to_string()).collect();
+    for seen in &seen {
+        let got: Vec<String> = seen
+            .iter()
+            .filter(|e| e.event == "segment")
+            .map(|e| e.data["seq"].to_string())
+            .collect();
+        assert_eq!(got, want, "each follower saw every position once, in order");
+        for (event, segment) in seen.iter().filter(|e| e.event == "segment").zip(&ledger) {
+            assert_eq!(
+                event.data["events"],
+                serde_json::to_value(&segment.spec.events).unwrap()
+            );
+        }
+        assert_eq!(seen.last().unwrap().data["phase"], "Succeeded");
+    }
+    drop((direct, service));
+    env.finish().await;
+}

@@ -1,0 +1,140 @@
+//! `baton server` on the node, as the server's tests reach it: a loopback relay into the
+//! node's network namespace (to a pod, or to the Service's cluster IP), the chart's server
+//! Deployment Ready, and people: ServiceAccounts with exactly the rights a test gives them.
+
+use std::net::TcpListener;
+use std::process::{Child, Command};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+
+use super::*;
+
+/// The chart's server Deployment and Service.
+pub const SERVER: &str = "baton-server";
+
+/// A loopback port relayed into the node's network namespace (hack/relay.py), to `target`;
+/// the relay process is stopped by its PID when dropped.
+pub struct Relay {
+    child: Child,
+    pub port: u16,
+}
+
+impl Relay {
+    pub fn start(target: &str) -> Self {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let relay = concat!(env!("CARGO_MANIFEST_DIR"), "/hack/relay.py");
+        let child = Command::new("python3")
+            .args([relay, &port.to_string(), "/run/netns/baton-node", target])
+            .spawn()
+            .expect("starting hack/relay.py");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "the relay to {target} never listened"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Self { child, port }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The chart's server Deployment with both replicas Ready (installed by an upgrade when an
+/// older release on this node has none); the Ready pods.
+pub async fn servers_ready(client: &Client) -> Vec<Pod> {
+    if kubectl(&["-n", SYSTEM_NS, "get", "deployment", SERVER]).is_err() {
+        helm_upgrade(&serde_json::json!({}));
+    }
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), SYSTEM_NS);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), SYSTEM_NS);
+    let params = ListParams::default().labels("app.kubernetes.io/component=server");
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        let d = retry(|| deployments.get(SERVER)).await;
+        let ready = d.status.and_then(|s| s.ready_replicas).unwrap_or(0);
+        let live: Vec<Pod> = retry(|| pods.list(&params))
+            .await
+            .items
+            .into_iter()
+            .filter(|p| is_ready(p) && p.metadata.deletion_timestamp.is_none())
+            .collect();
+        if ready == 2 && live.len() == 2 {
+            return live;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "baton server never had 2 Ready pods"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// A ServiceAccount `name` in `ns` with `rules`, and its token.
+pub async fn person(client: &Client, ns: &str, name: &str, rules: Vec<PolicyRule>) -> String {
+    let meta = || ObjectMeta {
+        name: Some(name.into()),
+        ..ObjectMeta::default()
+    };
+    let params = PostParams::default();
+    let sa = ServiceAccount {
+        metadata: meta(),
+        ..Default::default()
+    };
+    Api::<ServiceAccount>::namespaced(client.clone(), ns)
+        .create(&params, &sa)
+        .await
+        .unwrap();
+    let role = Role {
+        metadata: meta(),
+        rules: Some(rules),
+    };
+    Api::<Role>::namespaced(client.clone(), ns)
+        .create(&params, &role)
+        .await
+        .unwrap();
+    let binding = RoleBinding {
+        metadata: meta(),
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "Role".into(),
+            name: name.into(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: name.into(),
+            namespace: Some(ns.into()),
+            ..Subject::default()
+        }]),
+    };
+    Api::<RoleBinding>::namespaced(client.clone(), ns)
+        .create(&params, &binding)
+        .await
+        .unwrap();
+    super::rbac::mint_token(client, ns, name).await
+}
+
+pub fn rule(resources: &[&str], verbs: &[&str]) -> PolicyRule {
+    PolicyRule {
+        api_groups: Some(vec!["baton.dev".into()]),
+        resources: Some(resources.iter().map(|r| r.to_string()).collect()),
+        verbs: verbs.iter().map(|v| v.to_string()).collect(),
+        ..PolicyRule::default()
+    }
+}

@@ -1,0 +1,311 @@
+//! Who may do what through the server, and what its answers say.
+
+use crate::common::TestNamespace;
+use crate::common::worker_proc::*;
+use crate::support::*;
+use baton::crd::v1alpha1::{AgentRun, ApprovalPolicy, LeaseSpec, Phase};
+use kube::Api;
+use kube::api::PostParams;
+use serde_json::{Value, json};
+
+/// A POST of `body` with `token`; the status code and the JSON answer.
+async fn post(url: &str, token: &str, body: Value) -> (u16, Value) {
+    let response = http()
+        .post(url)
+        .bearer_auth(token)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let code = response.status().as_u16();
+    (code, response.json().await.unwrap_or(Value::Null))
+}
+
+/// A GET with `token` (none: no Authorization header).
+async fn get(url: &str, token: Option<&str>) -> (u16, Value) {
+    let mut request = http().get(url);
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    let response = request.send().await.unwrap();
+    let code = response.status().as_u16();
+    (code, response.json().await.unwrap_or(Value::Null))
+}
+
+async fn wait_phase(runs: &Api<AgentRun>, name: &str, phase: Phase) {
+    wait_until(T, &format!("{name} {phase}"), || async {
+        runs.get(name)
+            .await
+            .unwrap()
+            .status
+            .is_some_and(|s| s.phase == phase)
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn each_request_is_the_callers_own_and_kubernetes_rbac_decides() {
+    let ns = TestNamespace::new("server-auth").await;
+    let other = TestNamespace::new("server-auth-other").await;
+    let (url, _server) = start_server().await;
+    let alice = person(&ns, "alice", run_user_rules()).await;
+    // Mallory may see runs but not read transcripts.
+    let mallory = person(
+        &ns,
+        "mallory",
+        vec![rule(&["agentruns"], &["get", "list", "watch"])],
+    )
+    .await;
+    let runs: Api<AgentRun> = ns.api();
+    let run = scripted_run(
+        "quiet",
+        vec![final_turn("hi", 0)],
+        vec![],
+        LeaseSpec::default(),
+    );
+    runs.create(&PostParams::default(), &run).await.unwrap();
+    let base = format!("{url}/api/v1/namespaces/{}", ns.name);
+
+    let (code, body) = get(&format!("{base}/runs"), None).await;
+    assert_eq!(
+        (code, body["reason"].as_str()),
+        (401, Some("Unauthorized")),
+        "{body}"
+    );
+    let (code, body) = get(&format!("{base}/runs"), Some("not a token")).await;
+    assert_eq!(code, 401, "{body}");
+
+    let (code, body) = get(&format!("{base}/runs"), Some(&alice)).await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["items"][0]["metadata"]["name"], "quiet");
+    let (code, body) = get(&format!("{base}/runs/quiet"), Some(&mallory)).await;
+    assert_eq!(code, 200, "{body}");
+
+    // The stream is refused before it opens, with the API server's own words.
+    let (code, body) = get(&format!("{base}/runs/quiet/events"), Some(&mallory)).await;
+    assert_eq!(
+        (code, body["reason"].as_str()),
+        (403, Some("Forbidden")),
+        "{body}"
+    );
+    assert!(
+        body["message"].as_str().unwrap().contains("ledgersegments"),
+        "{body}"
+    );
+    let (code, _) = get(&format!("{base}/threads"), Some(&mallory)).await;
+    assert_eq!(code, 403);
+    let (code, _) = post(&format!("{base}/runs/quiet/stop"), &mallory, json!({})).await;
+    assert_eq!(code, 403, "mallory may not patch runs");
+
+    // Alice's rights end at her namespace.
+    let elsewhere = format!("{url}/api/v1/namespaces/{}/runs", other.name);
+    let (code, body) = get(&elsewhere, Some(&alice)).await;
+    assert_eq!(
+        (code, body["reason"].as_str()),
+        (403, Some("Forbidden")),
+        "{body}"
+    );
+    let (code, body) = get(&format!("{base}/runs/nope"), Some(&alice)).await;
+    assert_eq!(
+        (code, body["reason"].as_str()),
+        (404, Some("NotFound")),
+        "{body}"
+    );
+    let (code, body) = get(&format!("{base}/runs?phase=Sleeping"), Some(&alice)).await;
+    assert_eq!(code, 400);
+    assert!(
+        body["message"].as_str().unwrap().starts_with("phase: "),
+        "{body}"
+    );
+    let (code, body) = get(&format!("{base}/runs/quiet/events?after=x"), Some(&alice)).await;
+    assert_eq!(code, 400);
+    assert!(
+        body["message"].as_str().unwrap().starts_with("after: "),
+        "{body}"
+    );
+    ns.cleanup().await;
+    other.cleanup().await;
+}
+
+#[tokio::test]
+async fn stop_inputs_and_approvals_answer_what_happened() {
+    let ns = TestNamespace::new("server-requests").await;
+    let _controller = start_controller(&ns);
+    let (url, _server) = start_server().await;
+    let alice = person(&ns, "alice", run_user_rules()).await;
+    let runs: Api<AgentRun> = ns.api();
+    let counter = counter_file("server-approval");
+    let mut deploy = shell_tool("deploy", false);
+    deploy.approval = Some(ApprovalPolicy::Required);
+    let cmd = format!("echo x >> {}", counter.display());
+    let script = vec![
+        shell_turn("deploying", "deploy", &cmd, 0),
+        final_turn("done", 0),
+    ];
+    let run = scripted_run("gated", script, vec![deploy], LeaseSpec::default());
+    runs.create(&PostParams::default(), &run).await.unwrap();
+    let base = format!("{url}/api/v1/namespaces/{}/runs/gated", ns.name);
+
+    let (code, body) = post(
+        &format!("{base}/approvals"),
+        &alice,
+        json!({"decision": "Approve"}),
+    )
+    .await;
+    assert_eq!(
+        (code, body["reason"].as_str()),
+        (409, Some("NotWaitingForApproval")),
+        "{body}"
+    );
+
+    let mut first = run_pod(&ns, "gated", 1).await;
+    assert_eq!(first.wait(T).await, 0, "{}", first.log_text());
+    wait_phase(&runs, "gated", Phase::WaitingApproval).await;
+
+    // Bad bodies name the field and change nothing.
+    let (code, body) = post(
+        &format!("{base}/approvals"),
+        &alice,
+        json!({"decision": "Maybe"}),
+    )
+    .await;
+    assert_eq!(code, 400, "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("decision"),
+        "{body}"
+    );
+    let (code, body) = post(
+        &format!("{base}/approvals"),
+        &alice,
+        json!({"decision": "Deny"}),
+    )
+    .await;
+    assert_eq!(code, 400);
+    assert!(
+        body["message"].as_str().unwrap().starts_with("reason: "),
+        "{body}"
+    );
+    let (code, body) = post(&format!("{base}/inputs"), &alice, json!({})).await;
+    assert_eq!(code, 400);
+    assert!(body["message"].as_str().unwrap().contains("text"), "{body}");
+    let (code, body) = post(&format!("{base}/inputs"), &alice, json!({"text": "hello"})).await;
+    assert_eq!(
+        (code, body["reason"].as_str()),
+        (409, Some("NotWaitingForInput")),
+        "{body}"
+    );
+    let (code, body) = post(
+        &format!("{base}/approvals"),
+        &alice,
+        json!({"decision": "Approve", "step": 7}),
+    )
+    .await;
+    assert_eq!(
+        (code, body["reason"].as_str()),
+        (409, Some("OtherStep")),
+        "{body}"
+    );
+    assert!(runs.get("gated").await.unwrap().spec.approvals.is_empty());
+
+    // The approval shows the whole call it approved; a second one is refused.
+    let (code, body) = post(
+        &format!("{base}/approvals"),
+        &alice,
+        json!({"decision": "Approve", "reason": "ok"}),
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(
+        (body["step"].as_i64(), body["call"]["tool"].as_str()),
+        (Some(1), Some("deploy"))
+    );
+    assert!(
+        body["call"]["arguments"]
+            .as_str()
+            .unwrap()
+            .contains("echo x"),
+        "{body}"
+    );
+    let (code, body) = post(
+        &format!("{base}/approvals"),
+        &alice,
+        json!({"decision": "Approve"}),
+    )
+    .await;
+    assert_eq!(
+        (code, body["reason"].as_str()),
+        (409, Some("AlreadyDecided")),
+        "{body}"
+    );
+
+    let mut second = run_pod(&ns, "gated", 2).await;
+    assert_eq!(second.wait(T).await, 0, "{}", second.log_text());
+    wait_phase(&runs, "gated", Phase::Succeeded).await;
+    assert_eq!(count(&counter), 1, "the approved call ran once");
+    let (code, body) = post(&format!("{base}/stop"), &alice, json!({})).await;
+    assert_eq!(
+        (code, body["stopRequested"].as_bool()),
+        (200, Some(false)),
+        "{body}"
+    );
+    assert_eq!(body["phase"], "Succeeded");
+    ns.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_stop_request_stops_a_live_run_and_its_stream_ends() {
+    let ns = TestNamespace::new("server-stop").await;
+    let _controller = start_controller(&ns);
+    let (url, _server) = start_server().await;
+    let alice = person(&ns, "alice", run_user_rules()).await;
+    let runs: Api<AgentRun> = ns.api();
+    let script = (1..=40)
+        .map(|i| shell_turn("working", "sh", &format!("echo {i}"), 500))
+        .collect();
+    let run = scripted_run(
+        "long",
+        script,
+        vec![shell_tool("sh", false)],
+        LeaseSpec::default(),
+    );
+    runs.create(&PostParams::default(), &run).await.unwrap();
+    let base = format!("{url}/api/v1/namespaces/{}/runs/long", ns.name);
+    let mut stream = SseReader::open(&format!("{base}/events"), &alice, None).await;
+    let mut worker = run_pod(&ns, "long", 1).await;
+    wait_phase(&runs, "long", Phase::Running).await;
+    let (code, body) = post(&format!("{base}/stop"), &alice, json!({})).await;
+    assert_eq!(
+        (code, body["stopRequested"].as_bool()),
+        (200, Some(true)),
+        "{body}"
+    );
+    assert_eq!(worker.wait(T).await, 0, "{}", worker.log_text());
+    let end = stream.until_end().await.pop().unwrap();
+    assert_eq!(
+        (end.event.as_str(), end.data["phase"].as_str()),
+        ("end", Some("Stopped")),
+        "{end:?}"
+    );
+    ns.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_name_that_is_not_a_kubernetes_name_never_reaches_the_api_server() {
+    let ns = TestNamespace::new("server-names").await;
+    let (url, _server) = start_server().await;
+    let alice = person(&ns, "alice", run_user_rules()).await;
+    for (path, param) in [
+        ("/api/v1/namespaces/Default/runs", "ns"),
+        ("/api/v1/namespaces/x/runs/..%2F..%2Fsecrets", "run"),
+        ("/api/v1/namespaces/x/threads/a%20b/events", "thread"),
+    ] {
+        let (code, body) = get(&format!("{url}{path}"), Some(&alice)).await;
+        assert_eq!(code, 400, "{path}: {body}");
+        let message = body["message"].as_str().unwrap();
+        assert!(
+            message.starts_with(&format!("{param}: ")),
+            "{path}: {message}"
+        );
+    }
+    ns.cleanup().await;
+}

@@ -1,0 +1,27 @@
+//! `baton server` against a real API server, the real controller and real `baton worker`
+//! processes; every request made with a ServiceAccount token minted for the test:
+//! - `stream`: a run's stream, across a worker's kill -9 and a handoff, equals its ledger, and a
+//!   reconnect at every position gets exactly the rest; a client that leaves mid-run and
+//!   comes back loses and repeats nothing; many streams of one caller share one hub;
+//! - `api`: who may do what (no token, a token without transcript rights, another
+//!   namespace), the answers to stop, inputs and approvals (409s naming why), bad bodies;
+//! - `console`: signing in (a token, or `baton console`'s one-time address), what a signed-in
+//!   browser is shown and refused, the CSRF header a write by cookie needs;
+//! - `proxy`: behind an authenticating proxy, the API server decides whom its header may name;
+//! - `threads`: a turn posted over HTTP streams on the thread's stream, turn after turn, and
+//!   `onBusy: Reject` answers 409 `ThreadBusy`.
+
+#[path = "../common/mod.rs"]
+mod common;
+#[path = "../rbac_support/mod.rs"]
+mod rbac;
+#[path = "../sse_support/mod.rs"]
+mod sse;
+#[path = "../server_support/mod.rs"]
+mod support;
+
+mod api;
+mod console;
+mod proxy;
+mod stream;
+mod threads;

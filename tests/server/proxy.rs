@@ -1,0 +1,164 @@
+//! Behind an authenticating proxy: the proxy's own token plus the header naming its signed-in
+//! person. The API server decides whether the proxy may impersonate that person and what the
+//! person may do; baton trusts no header by itself.
+
+use std::sync::Arc;
+
+use crate::common::TestNamespace;
+use crate::common::worker_proc::*;
+use crate::rbac::grant_user;
+use crate::support::*;
+use baton::crd::v1alpha1::{AgentRun, LeaseSpec};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
+use kube::Api;
+use kube::api::{DeleteParams, ObjectMeta, PostParams};
+
+/// `baton server --proxy-user-header X-Remote-User`, on a loopback port.
+async fn start_proxied_server() -> (String, Running) {
+    let config = kube::Config::infer().await.unwrap();
+    let settings = baton::server::ConsoleSettings::default();
+    let state = baton::server::ServerState::behind_proxy(config, settings, "X-Remote-User", None);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let app = baton::server::router(Arc::new(state));
+    (
+        url,
+        Running::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        }),
+    )
+}
+
+/// Lets ServiceAccount `ns/sa` impersonate the user `user` (a cluster-wide grant, named
+/// after the namespace so the test can remove it).
+async fn may_impersonate(ns: &TestNamespace, sa: &str, user: &str) -> String {
+    let name = format!("{}-impersonates", ns.name);
+    let meta = || ObjectMeta {
+        name: Some(name.clone()),
+        ..Default::default()
+    };
+    let rule = PolicyRule {
+        api_groups: Some(vec![String::new()]),
+        resources: Some(vec!["users".into()]),
+        resource_names: Some(vec![user.into()]),
+        verbs: vec!["impersonate".into()],
+        ..Default::default()
+    };
+    let pp = PostParams::default();
+    Api::<ClusterRole>::all(ns.client.clone())
+        .create(
+            &pp,
+            &ClusterRole {
+                metadata: meta(),
+                rules: Some(vec![rule]),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let binding = ClusterRoleBinding {
+        metadata: meta(),
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "ClusterRole".into(),
+            name: name.clone(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: sa.into(),
+            namespace: Some(ns.name.clone()),
+            ..Default::default()
+        }]),
+    };
+    Api::<ClusterRoleBinding>::all(ns.client.clone())
+        .create(&pp, &binding)
+        .await
+        .unwrap();
+    name
+}
+
+async fn get_as(url: &str, token: &str, user: Option<&str>) -> (u16, String) {
+    let mut request = http().get(url).bearer_auth(token);
+    if let Some(user) = user {
+        request = request.header("X-Remote-User", user);
+    }
+    let response = request.send().await.unwrap();
+    (response.status().as_u16(), response.text().await.unwrap())
+}
+
+#[tokio::test]
+async fn behind_a_proxy_the_api_server_decides_who_the_header_may_name() {
+    let ns = TestNamespace::new("server-proxy").await;
+    let (url, _server) = start_proxied_server().await;
+    let gateway = person(&ns, "gateway", vec![]).await;
+    let stranger = person(&ns, "stranger", vec![]).await;
+    let grant = may_impersonate(&ns, "gateway", "alice").await;
+    grant_user(&ns.client, &ns.name, "alice", run_user_rules()).await;
+    let runs: Api<AgentRun> = ns.api();
+    let run = scripted_run(
+        "proxied",
+        vec![final_turn("hi", 0)],
+        vec![],
+        LeaseSpec::default(),
+    );
+    runs.create(&PostParams::default(), &run).await.unwrap();
+    let list = format!("{url}/api/v1/namespaces/{}/runs", ns.name);
+
+    let (code, body) = get_as(&list, &gateway, Some("alice")).await;
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("\"proxied\""), "{body}");
+    // A person the proxy may not impersonate, the proxy as itself, and a token that may not
+    // impersonate at all: each refused by the API server.
+    for (token, user) in [
+        (&gateway, Some("mallory")),
+        (&gateway, None),
+        (&stranger, Some("alice")),
+    ] {
+        let (code, body) = get_as(&list, token, user).await;
+        assert_eq!(code, 403, "{user:?}: {body}");
+    }
+
+    // The proxy adds its credential to any request a browser sends it: a write needs the
+    // CSRF token the console's pages carry.
+    let stop = format!("{url}/api/v1/namespaces/{}/runs/proxied/stop", ns.name);
+    let refused = http()
+        .post(&stop)
+        .bearer_auth(&gateway)
+        .header("X-Remote-User", "alice")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 403);
+    assert!(!runs.get("proxied").await.unwrap().spec.stop);
+    let (code, page) = get_as(
+        &format!("{url}/console?ns={}", ns.name),
+        &gateway,
+        Some("alice"),
+    )
+    .await;
+    assert_eq!(code, 200, "{page}");
+    let csrf = page
+        .split("data-csrf=\"")
+        .nth(1)
+        .and_then(|s| s.split('"').next())
+        .unwrap();
+    let done = http()
+        .post(&stop)
+        .bearer_auth(&gateway)
+        .header("X-Remote-User", "alice")
+        .header("x-baton-csrf", csrf)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(done.status(), 200);
+    assert!(runs.get("proxied").await.unwrap().spec.stop);
+
+    let dp = DeleteParams::default();
+    let _ = Api::<ClusterRoleBinding>::all(ns.client.clone())
+        .delete(&grant, &dp)
+        .await;
+    let _ = Api::<ClusterRole>::all(ns.client.clone())
+        .delete(&grant, &dp)
+        .await;
+    ns.cleanup().await;
+}
