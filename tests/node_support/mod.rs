@@ -348,12 +348,23 @@ impl NodeEnv {
     /// A signal to the worker container's process, from the host (as the OOM killer or an
     /// operator's `kill` would send it: no API involved).
     pub async fn signal_worker(&self, pod: &str, signal: libc::c_int) {
+        assert!(
+            self.try_signal_worker(pod, signal).await,
+            "pod {pod} has no running worker container to signal"
+        );
+    }
+
+    /// Like `signal_worker`, but says (false, with the pod's status printed) when the worker
+    /// container no longer runs: a loaded machine may hand a run to a new pod meanwhile.
+    pub async fn try_signal_worker(&self, pod: &str, signal: libc::c_int) -> bool {
         let Some(pid) = self.container_pid(pod).await else {
             let pods = self.pods();
             let status = retry(|| pods.get_opt(pod)).await.and_then(|p| p.status);
-            panic!("pod {pod} has no running worker container to signal: {status:#?}");
+            eprintln!("pod {pod} has no running worker container to signal: {status:#?}");
+            return false;
         };
         signal_pid(pid, signal);
+        true
     }
 
     /// Sets `spec.stop`.
