@@ -1,10 +1,13 @@
-//! What both ledger backends do when an append meets a taken position: the one place that
-//! turns [`crate::fence::verdict`] into "done", "move past it" or "lost". The backends differ
-//! only in how they create a segment and read the one in the way.
+//! The fenced append, once for both ledger backends (docs/protocol.md): events split into
+//! groups, each group created at `tail + 1` if the position is free; a taken position goes to
+//! [`crate::fence::verdict`], which says "done", "move past it" or "lost". A backend supplies
+//! only its [`Positions`]: how to create a segment at a position, or read the one in the way.
+
+use std::future::Future;
 
 use kube::api::ObjectMeta;
 
-use super::{LedgerError, lost_to};
+use super::{LedgerError, encode_events, is_segment_of, lost_to};
 use crate::crd::RUN_UID_LABEL;
 use crate::crd::v1alpha1::{LedgerEvent, LedgerSegment, LedgerSegmentSpec};
 use crate::fence::{Fence, Verdict, segment_name, verdict};
@@ -22,9 +25,75 @@ pub struct Appended {
     pub written: Vec<LedgerSegment>,
 }
 
+/// What a backend found at one position.
+#[derive(Debug)]
+pub(crate) enum AtPosition {
+    /// The position was free: this segment is now there.
+    Created(LedgerSegment),
+    /// The position was taken: by this segment.
+    Taken(LedgerSegment),
+}
+
+/// One run's ledger as a backend stores it: the one primitive the fence needs.
+pub(crate) trait Positions {
+    /// The run (name, UID) whose ledger this is.
+    fn run(&self) -> (&str, &str);
+    /// Serialized events per segment, at most.
+    fn budget(&self) -> usize;
+    /// Creates the segment `seq` of `fence` holding `events` if the position is free, else
+    /// returns the segment that holds it.
+    fn create_at(
+        &self,
+        seq: i64,
+        fence: Fence,
+        events: &[LedgerEvent],
+    ) -> impl Future<Output = Result<AtPosition, LedgerError>> + Send;
+}
+
+/// Fenced append: writes `events` at `tail + 1` onwards under `fence`.
+///
+/// A position taken by our own retried write is success; one taken by an older owner is
+/// history to replay and we move past it; one taken by a newer owner, or a closed ledger,
+/// means the run is lost and nothing more is written. A segment in the way that is not this
+/// run's by its marks ([`is_segment_of`]) stops the append.
+pub(crate) async fn append_fenced<P: Positions + Sync>(
+    positions: &P,
+    tail: i64,
+    fence: Fence,
+    events: Vec<LedgerEvent>,
+) -> Result<Appended, LedgerError> {
+    let mut appended = Appended {
+        tail,
+        ..Appended::default()
+    };
+    for group in encode_events(events, positions.budget())? {
+        loop {
+            let seq = appended.tail + 1;
+            let existing = match positions.create_at(seq, fence, &group).await? {
+                AtPosition::Created(created) => {
+                    appended.tail = seq;
+                    appended.written.push(created);
+                    break;
+                }
+                AtPosition::Taken(existing) => existing,
+            };
+            let (run, uid) = positions.run();
+            if !is_segment_of(&existing, run, uid) {
+                return Err(LedgerError::ForeignSegment {
+                    name: kube::ResourceExt::name_any(&existing),
+                });
+            }
+            if settle(&mut appended, fence, &group, existing)? == Next::Stored {
+                break;
+            }
+        }
+    }
+    Ok(appended)
+}
+
 /// What an append at `existing`'s position does next.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Next {
+enum Next {
     /// The group is stored (ours landed, perhaps by an earlier try of this very request).
     Stored,
     /// An older owner's segment holds the position: it is history; try the next position.
@@ -33,7 +102,7 @@ pub(crate) enum Next {
 
 /// Settles an append of `events` under `fence` that found `existing` at its position:
 /// recorded in `appended` as ours or as history slipped in, or the run is lost.
-pub(crate) fn settle(
+fn settle(
     appended: &mut Appended,
     fence: Fence,
     events: &[LedgerEvent],
@@ -82,3 +151,7 @@ pub(crate) fn segment_of_run(
         },
     }
 }
+
+#[cfg(test)]
+#[path = "append_tests.rs"]
+mod tests;

@@ -4,8 +4,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 
-use super::append::{Appended, Next, segment_of_run, settle};
-use super::{LedgerError, SEGMENT_BUDGET_BYTES, check_contiguous, encode_events, is_segment_of};
+use super::append::{Appended, AtPosition, Positions, append_fenced, segment_of_run};
+use super::{LedgerError, SEGMENT_BUDGET_BYTES, check_contiguous, is_segment_of};
 use crate::crd::RUN_UID_LABEL;
 use crate::crd::v1alpha1::{AgentRun, LedgerEvent, LedgerSegment};
 use crate::fence::{Fence, segment_name};
@@ -84,66 +84,49 @@ impl SegmentStore {
         list_of(&Api::namespaced(client, namespace), run, uid).await
     }
 
-    /// Fenced append (docs/protocol.md): writes `events` at `tail + 1` onwards under `fence`.
-    ///
-    /// A position taken by our own retried write is success; one taken by an older owner is
-    /// history to replay and we move past it; one taken by a newer owner, or a closed ledger,
-    /// means the run is lost and nothing more is written.
+    /// Fenced append (docs/protocol.md): writes `events` at `tail + 1` onwards under `fence`,
+    /// as [`super::append`] rules it.
     pub async fn append(
         &self,
         tail: i64,
         fence: Fence,
         events: Vec<LedgerEvent>,
     ) -> Result<Appended, LedgerError> {
-        let mut appended = Appended {
-            tail,
-            ..Appended::default()
-        };
-        for group in encode_events(events, self.budget)? {
-            self.append_group(&mut appended, fence, group).await?;
-        }
-        Ok(appended)
-    }
-
-    async fn append_group(
-        &self,
-        appended: &mut Appended,
-        fence: Fence,
-        events: Vec<LedgerEvent>,
-    ) -> Result<(), LedgerError> {
-        loop {
-            let seq = appended.tail + 1;
-            let segment = self.segment(seq, fence, events.clone());
-            match self.api.create(&PostParams::default(), &segment).await {
-                Ok(created) => {
-                    appended.tail = seq;
-                    appended.written.push(created);
-                    return Ok(());
-                }
-                Err(err) if is_already_exists(&err) => {
-                    let existing = self.api.get(&segment_name(&self.run, seq)).await?;
-                    self.check_ours(&existing)?;
-                    if settle(appended, fence, &events, existing)? == Next::Stored {
-                        return Ok(());
-                    }
-                }
-                Err(err) => return Err(err.into()),
-            }
-        }
-    }
-
-    fn check_ours(&self, segment: &LedgerSegment) -> Result<(), LedgerError> {
-        if !is_segment_of(segment, &self.run, &self.run_uid) {
-            return Err(LedgerError::ForeignSegment {
-                name: segment.name_any(),
-            });
-        }
-        Ok(())
+        append_fenced(self, tail, fence, events).await
     }
 
     fn segment(&self, seq: i64, fence: Fence, events: Vec<LedgerEvent>) -> LedgerSegment {
         let mut segment = segment_of_run(&self.run, &self.run_uid, seq, fence, events);
         segment.metadata.owner_references = Some(vec![self.owner.clone()]);
         segment
+    }
+}
+
+/// A position is a LedgerSegment named `<run>-<seq>`: creating it is the API server's
+/// "create if absent"; the one in the way is read by its name.
+impl Positions for SegmentStore {
+    fn run(&self) -> (&str, &str) {
+        (&self.run, &self.run_uid)
+    }
+
+    fn budget(&self) -> usize {
+        self.budget
+    }
+
+    async fn create_at(
+        &self,
+        seq: i64,
+        fence: Fence,
+        events: &[LedgerEvent],
+    ) -> Result<AtPosition, LedgerError> {
+        let segment = self.segment(seq, fence, events.to_vec());
+        match self.api.create(&PostParams::default(), &segment).await {
+            Ok(created) => Ok(AtPosition::Created(created)),
+            Err(err) if is_already_exists(&err) => {
+                let existing = self.api.get(&segment_name(&self.run, seq)).await?;
+                Ok(AtPosition::Taken(existing))
+            }
+            Err(err) => Err(err.into()),
+        }
     }
 }

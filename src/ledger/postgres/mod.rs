@@ -18,10 +18,10 @@ use tokio::sync::broadcast;
 use tokio_postgres::types::Json;
 use tokio_postgres::{AsyncMessage, NoTls, Row};
 
-use super::append::{Appended, Next, segment_of_run, settle};
-use super::{LedgerError, SEGMENT_BUDGET_BYTES, check_contiguous, encode_events, is_segment_of};
+use super::append::{Appended, AtPosition, Positions, append_fenced, segment_of_run};
+use super::{LedgerError, SEGMENT_BUDGET_BYTES, check_contiguous, is_segment_of};
 use crate::crd::v1alpha1::{LEDGER_FORMAT_VERSION, LedgerEvent, LedgerSegment};
-use crate::fence::{Fence, segment_name};
+use crate::fence::Fence;
 
 /// Errors of the PostgreSQL ledger.
 #[derive(Debug, thiserror::Error)]
@@ -220,6 +220,37 @@ fn parse_notice(payload: &str) -> Option<Notice> {
     })
 }
 
+/// A position is the row (run UID, seq): one statement inserts it or returns the one there.
+impl Positions for PgRunLedger {
+    fn run(&self) -> (&str, &str) {
+        (&self.run, &self.run_uid)
+    }
+
+    fn budget(&self) -> usize {
+        self.budget
+    }
+
+    async fn create_at(
+        &self,
+        seq: i64,
+        fence: Fence,
+        events: &[LedgerEvent],
+    ) -> Result<AtPosition, LedgerError> {
+        // A position taken by a transaction that commits while ours runs is neither inserted
+        // nor visible to our snapshot: the statement comes back empty, and once more reads it.
+        for _ in 0..2 {
+            if let Some(found) = self.try_position(seq, fence, events).await? {
+                return Ok(found);
+            }
+        }
+        Err(PgError::Invisible {
+            uid: self.run_uid.clone(),
+            seq,
+        }
+        .into())
+    }
+}
+
 /// One run's ledger in PostgreSQL: what [`super::SegmentStore`] is in the API server.
 #[derive(Clone)]
 pub struct PgRunLedger {
@@ -272,7 +303,7 @@ impl PgRunLedger {
         Ok(rows.first().map_or(0, |r| r.get(0)))
     }
 
-    /// Fenced append (docs/protocol.md), as [`super::SegmentStore::append`]: `events` at
+    /// Fenced append (docs/protocol.md), as [`super::append`] rules it: `events` at
     /// `tail + 1` onwards under `fence`; each position one statement, one round trip.
     pub async fn append(
         &self,
@@ -280,72 +311,40 @@ impl PgRunLedger {
         fence: Fence,
         events: Vec<LedgerEvent>,
     ) -> Result<Appended, LedgerError> {
-        let mut appended = Appended {
-            tail,
-            ..Appended::default()
-        };
-        for group in encode_events(events, self.budget)? {
-            self.append_group(&mut appended, fence, group).await?;
-        }
-        Ok(appended)
+        append_fenced(self, tail, fence, events).await
     }
 
-    async fn append_group(
+    /// One [`APPEND`] statement at `seq`: the row created, or the row in the way.
+    async fn try_position(
         &self,
-        appended: &mut Appended,
+        seq: i64,
         fence: Fence,
-        events: Vec<LedgerEvent>,
-    ) -> Result<(), LedgerError> {
-        // A position taken by a transaction that commits while ours runs is neither inserted
-        // nor visible to our snapshot: the statement comes back empty, and once more reads it.
-        let mut unseen = 0;
-        loop {
-            let seq = appended.tail + 1;
-            let rows = self
-                .db
-                .in_namespace(
+        events: &[LedgerEvent],
+    ) -> Result<Option<AtPosition>, LedgerError> {
+        let rows = self
+            .db
+            .in_namespace(
+                &self.namespace,
+                APPEND,
+                &[
                     &self.namespace,
-                    APPEND,
-                    &[
-                        &self.namespace,
-                        &self.run,
-                        &self.run_uid,
-                        &seq,
-                        &fence.get(),
-                        &LEDGER_FORMAT_VERSION,
-                        &Json(&events),
-                    ],
-                )
-                .await?;
-            let Some(row) = rows.first() else {
-                unseen += 1;
-                if unseen > 1 {
-                    return Err(PgError::Invisible {
-                        uid: self.run_uid.clone(),
-                        seq,
-                    }
-                    .into());
-                }
-                continue;
-            };
-            if row.get::<_, bool>("created") {
-                appended.tail = seq;
-                appended
-                    .written
-                    .push(self.segment(seq, fence, LEDGER_FORMAT_VERSION, events));
-                return Ok(());
-            }
-            let existing = self.segment_of_row(row, seq)?;
-            if !is_segment_of(&existing, &self.run, &self.run_uid) {
-                return Err(LedgerError::ForeignSegment {
-                    name: segment_name(&existing.spec.run, seq),
-                });
-            }
-            if settle(appended, fence, &events, existing)? == Next::Stored {
-                return Ok(());
-            }
-            unseen = 0;
+                    &self.run,
+                    &self.run_uid,
+                    &seq,
+                    &fence.get(),
+                    &LEDGER_FORMAT_VERSION,
+                    &Json(events),
+                ],
+            )
+            .await?;
+        let Some(row) = rows.first() else {
+            return Ok(None);
+        };
+        if row.get::<_, bool>("created") {
+            let created = self.segment(seq, fence, LEDGER_FORMAT_VERSION, events.to_vec());
+            return Ok(Some(AtPosition::Created(created)));
         }
+        Ok(Some(AtPosition::Taken(self.segment_of_row(row, seq)?)))
     }
 
     /// The segment a row holds (`seq` when the row carries none).
