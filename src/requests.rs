@@ -9,7 +9,7 @@ use kube::{Api, ResourceExt};
 use crate::approval::{self, DecisionError};
 use crate::crd::v1alpha1::{AgentRun, LedgerSegment, Phase, Verdict};
 use crate::kube_util::{is_conflict, is_not_found};
-use crate::ledger::{LedgerError, SegmentStore};
+use crate::ledger::{LedgerError, Ledgers};
 
 /// How many times a request re-reads and retries when the run changes under it.
 const UPDATE_RETRIES: usize = 5;
@@ -170,16 +170,18 @@ impl RunRequests {
 
     /// The run's ledger, checked by the store's reader (contiguous, its own run's segments).
     pub async fn ledger(&self, run: &AgentRun) -> Result<Vec<LedgerSegment>, RequestError> {
-        SegmentStore::for_run(self.client.clone(), run)
-            .list()
-            .await
-            .map_err(|e| match e {
-                LedgerError::Kube(e) => RequestError::Kube(e),
-                other => RequestError::Ledger {
-                    name: run.name_any(),
-                    detail: other.to_string(),
-                },
-            })
+        let ledger = Ledgers::api_server(self.client.clone()).for_run(run);
+        let listed = match ledger {
+            Ok(ledger) => ledger.list().await,
+            Err(err) => Err(err),
+        };
+        listed.map_err(|e| match e {
+            LedgerError::Kube(e) => RequestError::Kube(e),
+            other => RequestError::Ledger {
+                name: run.name_any(),
+                detail: other.to_string(),
+            },
+        })
     }
 
     /// Fails as a read of the run's ledger would (403 for a caller who may not list

@@ -14,7 +14,7 @@ use super::render::{self, Transcript};
 use super::{CliError, GetArgs, InputArgs, RunArgs, TranscriptArgs, Verb};
 use crate::crd::v1alpha1::{AgentRun, LedgerSegment, Verdict};
 use crate::kube_util::is_not_found;
-use crate::ledger::{LedgerError, SegmentStore};
+use crate::ledger::{LedgerError, Ledgers};
 use crate::requests::{RequestError, RunRequests, Stopped};
 
 /// A client plus what error messages and defaults need: the server and the default namespace.
@@ -214,16 +214,18 @@ impl Session {
     }
 
     async fn ledger(&self, run: &AgentRun) -> Result<Vec<LedgerSegment>, CliError> {
-        SegmentStore::for_run(self.client.clone(), run)
-            .list()
-            .await
-            .map_err(|e| match e {
-                LedgerError::Kube(e) => self.error(e),
-                other => CliError::Ledger {
-                    name: run.name_any(),
-                    detail: other.to_string(),
-                },
-            })
+        let ledger = Ledgers::api_server(self.client.clone()).for_run(run);
+        let listed = match ledger {
+            Ok(ledger) => ledger.list().await,
+            Err(err) => Err(err),
+        };
+        listed.map_err(|e| match e {
+            LedgerError::Kube(e) => self.error(e),
+            other => CliError::Ledger {
+                name: run.name_any(),
+                detail: other.to_string(),
+            },
+        })
     }
 
     /// The run's Events from baton's components (core/v1 view, which also shows events.k8s.io

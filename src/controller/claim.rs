@@ -181,7 +181,7 @@ pub(super) async fn seal<'a>(
     if fence.is_first() {
         seal.extend(super::turn::history(ctx, run).await?);
     }
-    let store = ctx.segments(run);
+    let store = ctx.ledger(run)?;
     let appended = match ctx
         .write_fenced("seal", store.append(tail, fence, seal))
         .await?

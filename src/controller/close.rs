@@ -26,7 +26,7 @@ use super::statuses::{self, run_name};
 use super::writer::Applied;
 use crate::crd::v1alpha1::{AgentRun, LedgerEvent, LedgerSegment};
 use crate::fence::{Fence, Verdict, ledger_verdict, salvage_end, verdict, worker_pod_name};
-use crate::ledger::{Replay, SegmentStore};
+use crate::ledger::{Replay, RunLedger};
 
 /// Stage 3 of a terminal claim, after the claim's prepare and seal for `fence`: ONE status
 /// CAS, the end at the seal's fence with the salvage of the ledger up to the seal, then the
@@ -37,7 +37,7 @@ pub async fn end(
     fence: Fence,
     close: &Close,
 ) -> Result<Applied, Error> {
-    let store = ctx.segments(run);
+    let store = ctx.ledger(run)?;
     let Some(mut replay) = up_to_seal(&store, fence).await? else {
         // Taken by a newer claim, or ended and recorded meanwhile: the CAS would be lost too.
         return Ok(Applied::Conflict);
@@ -59,7 +59,7 @@ pub async fn end(
 /// The ledger up to and including the terminal claim's seal of `fence`, listed from the API
 /// server (the seal's position and all before it) and folded. None: there is no such seal,
 /// or the ledger went on past it (a newer claim, or the record already there).
-async fn up_to_seal(store: &SegmentStore, fence: Fence) -> Result<Option<Replay>, Error> {
+async fn up_to_seal(store: &RunLedger, fence: Fence) -> Result<Option<Replay>, Error> {
     let segments = store.list().await?;
     salvage_end(fence, &segments)
         .map(|seal| fold(&segments[..=seal]))
@@ -85,7 +85,7 @@ fn record_events(replay: &Replay, fence: Fence, reason: CloseReason) -> Vec<Ledg
 async fn append_record(
     ctx: &Context,
     run: &AgentRun,
-    store: &SegmentStore,
+    store: &RunLedger,
     seal: i64,
     fence: Fence,
     record: Vec<LedgerEvent>,
@@ -128,7 +128,7 @@ pub async fn record_closed(ctx: &Context, run: &AgentRun) -> Result<Applied, Err
         ctx.remember(run, |m| m.close_recorded = true);
         return Ok(Applied::Done);
     }
-    let store = ctx.segments(run);
+    let store = ctx.ledger(run)?;
     let Some(replay) = up_to_seal(&store, fence).await? else {
         // Recorded already (or, from an older version, nothing of this fence to record).
         ctx.remember(run, |m| m.close_recorded = true);
@@ -159,7 +159,7 @@ async fn recorded_at(ctx: &Context, run: &AgentRun, fence: Fence, at: i64) -> Re
 /// wrote (it sealed with `closed` before the status) may stand without its status: the run
 /// ends as it records, whatever decided the claim, or every later claim would meet it.
 pub async fn complete_recorded(ctx: &Context, run: &AgentRun) -> Result<Applied, Error> {
-    let store = ctx.segments(run);
+    let store = ctx.ledger(run)?;
     let segments = store.list().await?;
     let Verdict::Closed { fence, reason } = ledger_verdict(Fence::of_run(run).next(), &segments)
     else {

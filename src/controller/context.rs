@@ -16,10 +16,10 @@ use super::Config;
 use super::election::Leadership;
 use super::events::{self, Queued};
 use super::metrics::Metrics;
-use crate::crd::v1alpha1::{AgentRun, AgentThread, LedgerSegment};
+use crate::crd::v1alpha1::{AgentRun, AgentThread, LedgerBackend, LedgerSegment};
 use crate::fence::Fence;
 use crate::lease::{LeaseClient, LeaseSighting};
-use crate::ledger::{LedgerError, SegmentStore};
+use crate::ledger::{LedgerError, Ledgers, RunLedger};
 
 /// What the controller remembers about one run, on its own clock.
 #[derive(Debug, Clone, Default)]
@@ -92,10 +92,12 @@ pub struct Caches {
 }
 
 /// Shared by every reconcile. Its fields are private: the client is reached only through
-/// the writers (`Context::write*`, the [`SegmentStore`] and [`LeaseClient`] it hands out), the
+/// the writers (`Context::write*`, the [`RunLedger`] and [`LeaseClient`] it hands out), the
 /// rest through read accessors.
 pub struct Context {
     client: Client,
+    /// Where runs' ledgers are kept.
+    ledgers: Ledgers,
     config: Config,
     caches: Caches,
     memory: Mutex<HashMap<RunKey, RunMemory>>,
@@ -125,6 +127,7 @@ impl Context {
         synced: bool,
     ) -> Self {
         Self {
+            ledgers: Ledgers::api_server(client.clone()),
             client,
             config,
             caches,
@@ -162,6 +165,10 @@ impl Context {
         &self.caches.threads
     }
 
+    pub fn ledgers(&self) -> &Ledgers {
+        &self.ledgers
+    }
+
     pub fn leadership(&self) -> &Arc<Leadership> {
         &self.leadership
     }
@@ -178,20 +185,23 @@ impl Context {
         &self.wake
     }
 
-    /// The run's ledger, for the controller's seals and salvage reads.
-    pub fn segments(&self, run: &AgentRun) -> SegmentStore {
-        SegmentStore::for_run(self.client.clone(), run)
+    /// The run's ledger, for the controller's seals and salvage reads: in the backend its
+    /// status records.
+    pub fn ledger(&self, run: &AgentRun) -> Result<RunLedger, LedgerError> {
+        self.ledgers.for_run(run)
     }
 
-    /// The ledger of another run of `namespace` (`run`, UID `uid`), read only: the turn
-    /// before a turn that is first claimed, whose history it carries on.
-    pub async fn ledger_of(
-        &self,
-        namespace: &str,
-        run: &str,
-        uid: &str,
-    ) -> Result<Vec<LedgerSegment>, LedgerError> {
-        SegmentStore::list_run(self.client.clone(), namespace, run, uid).await
+    /// The ledger of another run, `run`, read only: the turn before a turn that is first
+    /// claimed, whose history it carries on.
+    pub async fn ledger_of(&self, run: &AgentRun) -> Result<Vec<LedgerSegment>, LedgerError> {
+        let backend = LedgerBackend::of(run.status.as_ref());
+        let (ns, uid) = (
+            run.namespace().unwrap_or_default(),
+            run.uid().unwrap_or_default(),
+        );
+        self.ledgers
+            .read_run(backend, &ns, &run.name_any(), &uid)
+            .await
     }
 
     /// The Lease edge in `namespace`: the claim's moves and reads of run Leases.

@@ -14,8 +14,8 @@ use super::context::Context;
 use super::statuses::{self, run_name};
 use super::writer::{Applied, Wrote};
 use crate::crd::v1alpha1::{
-    AgentRun, AgentThread, AgentThreadStatus, BusyPolicy, HistoryTurn, LedgerEvent, RunUsage,
-    ThreadPhase,
+    AgentRun, AgentThread, AgentThreadStatus, BusyPolicy, HistoryTurn, LedgerBackend, LedgerEvent,
+    RunUsage, ThreadPhase,
 };
 use crate::crd::{INTERRUPTED_BY_ANNOTATION, TURN_ANNOTATION};
 use crate::lease::{lease_holder, thread_lease_name};
@@ -152,12 +152,11 @@ pub async fn history(ctx: &Context, run: &AgentRun) -> Result<Option<LedgerEvent
     let Some(thread) = run.spec.thread.clone().filter(|_| run.has_joined()) else {
         return Ok(None);
     };
-    let ns = run.namespace().unwrap_or_default();
     let mut earlier = earlier_turns(ctx, run);
     let mut turns = Vec::new();
     while let Some(previous) = earlier.pop() {
         let uid = previous.uid().unwrap_or_default();
-        let segments = ctx.ledger_of(&ns, &previous.name_any(), &uid).await?;
+        let segments = ctx.ledger_of(&previous).await?;
         if segments.is_empty() {
             continue;
         }
@@ -168,6 +167,7 @@ pub async fn history(ctx: &Context, run: &AgentRun) -> Result<Option<LedgerEvent
             run: previous.name_any(),
             uid,
             up_to: segments.len() as i64,
+            ledger_backend: Some(LedgerBackend::of(previous.status.as_ref())),
         });
         break;
     }

@@ -114,6 +114,12 @@ impl Context {
         status: AgentRunStatus,
     ) -> Result<Option<AgentRun>, Error> {
         let mut desired = run.clone();
+        let mut status = status;
+        // The first status write records where the run's ledger is kept; every later one
+        // carries it over (statuses start from the run's own), so it never changes.
+        status
+            .ledger_backend
+            .get_or_insert(self.ledgers().for_new_runs());
         desired.status = Some(status);
         let api = self.runs_api(run);
         let (name, params) = (run.name_any(), PostParams::default());

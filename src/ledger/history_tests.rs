@@ -53,6 +53,7 @@ fn turn(up_to: i64) -> HistoryTurn {
         run: "t-1".into(),
         uid: "u1".into(),
         up_to,
+        ledger_backend: None,
     }
 }
 
@@ -172,6 +173,7 @@ fn sized(run: &str, bytes: usize) -> (HistoryTurn, Vec<ReplayedMessage>) {
         run: run.into(),
         uid: format!("uid-{run}"),
         up_to: 1,
+        ledger_backend: None,
     };
     (turn, vec![ReplayedMessage::User("x".repeat(bytes))])
 }

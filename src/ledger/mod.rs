@@ -3,13 +3,15 @@
 //! `replay` and `chunk` are pure: they turn segments into a conversation, a step record and a
 //! salvage, and split events too large for one segment. `store` (LedgerSegments in the API
 //! server) and `postgres` (rows in PostgreSQL) are the I/O: the fenced append, the ordered
-//! list; `append` is what both make of a taken position.
+//! list; `append` is the fenced append both share; `run_ledger` is the one interface callers
+//! use, choosing the backend a run's status records.
 
 mod append;
 mod chunk;
 mod history;
 pub mod postgres;
 mod replay;
+mod run_ledger;
 mod store;
 
 pub use append::Appended;
@@ -21,6 +23,7 @@ pub use history::{
 pub use replay::{
     Replay, ReplayedMessage, ReplayedStep, StepState, ToolCallRecord, UNKNOWN_EFFECT_NOTICE,
 };
+pub use run_ledger::{Ledgers, RunLedger};
 pub use store::SegmentStore;
 
 use crate::crd::v1alpha1::LedgerSegment;
@@ -59,6 +62,11 @@ pub enum LedgerError {
     Kube(#[from] kube::Error),
     #[error(transparent)]
     Postgres(#[from] postgres::PgError),
+    /// The run's ledger is kept where this process cannot reach.
+    #[error("the run's ledger is kept in {backend:?}, which this process cannot reach")]
+    BackendUnavailable {
+        backend: crate::crd::v1alpha1::LedgerBackend,
+    },
 }
 
 impl LedgerError {
@@ -81,6 +89,7 @@ impl LedgerError {
             LedgerError::Encode(_) => "encode",
             LedgerError::Kube(_) => "kube",
             LedgerError::Postgres(_) => "postgres",
+            LedgerError::BackendUnavailable { .. } => "backend_unavailable",
         }
     }
 }

@@ -23,7 +23,7 @@ use crate::events::{Publisher, WORKER_REPORTER};
 use crate::fence::{Fence, RunHolder};
 use crate::lease::{LeaseError, WorkerLease};
 use crate::ledger::{
-    Appended, HistoryError, LedgerError, ReplayedMessage, SegmentStore, check_still_owner,
+    Appended, HistoryError, LedgerError, Ledgers, ReplayedMessage, RunLedger, check_still_owner,
     turn_conversation,
 };
 use crate::status::{StatusError, fenced_update};
@@ -33,25 +33,26 @@ use crate::status::{StatusError, fenced_update};
 pub struct Holder {
     id: RunHolder,
     runs: Api<AgentRun>,
-    store: SegmentStore,
+    store: RunLedger,
     lease: WorkerLease,
     events: Publisher,
     /// The run, as Events refer to it.
     regarding: ObjectReference,
     /// Reads the thread's earlier turns (a turn's history), never writes.
-    client: Client,
+    ledgers: Ledgers,
 }
 
 impl Holder {
     /// The hold of pod `pod` at `fence` on `run` (as read from the API server: its UID tells
-    /// it from a namesake), its segments at most `segment_budget` bytes.
+    /// it from a namesake), its segments at most `segment_budget` bytes; refused when the
+    /// run's ledger is kept where this worker cannot reach.
     pub fn new(
         client: Client,
         run: &AgentRun,
         pod: &str,
         fence: Fence,
         segment_budget: usize,
-    ) -> Self {
+    ) -> Result<Self, LedgerError> {
         let id = RunHolder {
             pod: pod.to_string(),
             ..RunHolder::of(run, fence)
@@ -62,15 +63,16 @@ impl Holder {
             controller: WORKER_REPORTER.into(),
             instance: Some(pod.into()),
         };
-        Self {
+        let ledgers = Ledgers::api_server(client.clone());
+        Ok(Self {
             runs: Api::namespaced(client.clone(), &id.namespace),
             events: Publisher::new(client.clone(), reporter),
             regarding: run.object_ref(&()),
-            store: SegmentStore::for_run(client.clone(), run).with_budget(segment_budget),
-            client,
+            store: ledgers.for_run(run)?.with_budget(segment_budget),
+            ledgers,
             lease,
             id,
-        }
+        })
     }
 
     pub fn id(&self) -> &RunHolder {
@@ -96,9 +98,10 @@ impl Holder {
         turns: &[HistoryTurn],
     ) -> Result<Result<Vec<(HistoryTurn, Vec<ReplayedMessage>)>, HistoryError>, kube::Error> {
         let ns = &self.id.namespace;
-        let reads = turns
-            .iter()
-            .map(|turn| SegmentStore::list_run(self.client.clone(), ns, &turn.run, &turn.uid));
+        let reads = turns.iter().map(|turn| {
+            let backend = turn.ledger_backend.unwrap_or_default();
+            self.ledgers.read_run(backend, ns, &turn.run, &turn.uid)
+        });
         let ledgers = futures::future::join_all(reads).await;
         let mut history = Vec::new();
         for (turn, ledger) in turns.iter().zip(ledgers) {

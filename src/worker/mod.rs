@@ -251,7 +251,7 @@ async fn start_check(
         &cfg.pod,
         cfg.fence,
         cfg.segment_budget,
-    );
+    )?;
     match holder.verify_lease().await {
         Ok(_) => Ok(Some((run, holder))),
         Err(err) if err.is_lost() => Ok(None),

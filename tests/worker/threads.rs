@@ -244,6 +244,7 @@ async fn the_second_turn_sends_the_first_turns_conversation_then_its_own_input()
                 run: "geo-1".into(),
                 uid: first.uid().unwrap(),
                 up_to: first_len,
+                ledger_backend: Some(baton::crd::v1alpha1::LedgerBackend::LedgerSegments),
             }],
             context: None,
         }),

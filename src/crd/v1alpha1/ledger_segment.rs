@@ -121,6 +121,10 @@ pub struct HistoryTurn {
     pub run: String,
     pub uid: String,
     pub up_to: i64,
+    /// Where the turn's ledger is kept (absent: `LedgerSegments`, as in every history
+    /// recorded before backends were).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ledger_backend: Option<super::LedgerBackend>,
 }
 
 /// How a waiting step was decided.

@@ -105,6 +105,10 @@ pub struct AgentRunStatus {
     /// Size of the durable ledger.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ledger: Option<LedgerStats>,
+    /// Where the run's ledger lives, recorded by the controller's first status write and never
+    /// changed after (absent: `LedgerSegments`, as every run before it was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ledger_backend: Option<LedgerBackend>,
     /// What the run has spent, summed from its ledger (so no crash or handoff loses or
     /// double-counts it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -266,6 +270,23 @@ impl RunUsage {
                 self.unknown_model_calls += 1;
             }
         }
+    }
+}
+
+/// The store of a run's ledger (docs/ledger-backends.md).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
+pub enum LedgerBackend {
+    /// LedgerSegment objects in the API server (etcd).
+    #[default]
+    LedgerSegments,
+    /// Rows in PostgreSQL, written through `baton server`.
+    PostgreSQL,
+}
+
+impl LedgerBackend {
+    /// The backend of `status` (absent: `LedgerSegments`).
+    pub fn of(status: Option<&AgentRunStatus>) -> Self {
+        status.and_then(|s| s.ledger_backend).unwrap_or_default()
     }
 }
 

@@ -1,0 +1,175 @@
+//! One run's ledger, whichever backend holds it: the interface every reader and writer of a
+//! ledger goes through (the worker's holder, the controller's seals and salvage reads, the
+//! CLI, `baton server`). The backend a run uses is its status's `ledgerBackend`, recorded by
+//! the controller's first status write; a process chooses by that record, never by its own
+//! configuration, so a run's ledger never moves under it.
+
+use kube::{Client, ResourceExt};
+
+use super::postgres::PgLedger;
+use super::{Appended, LedgerError, SegmentStore};
+use crate::crd::v1alpha1::{AgentRun, LedgerBackend, LedgerEvent, LedgerSegment};
+use crate::fence::Fence;
+
+/// The ledger backends one process can reach: the API server always; PostgreSQL when the
+/// process holds the database's credential (only `baton server` does).
+#[derive(Clone)]
+pub struct Ledgers {
+    client: Client,
+    postgres: Option<PgLedger>,
+    /// What a run not yet recorded gets.
+    new_runs: LedgerBackend,
+}
+
+impl Ledgers {
+    /// LedgerSegments in the API server, for every run.
+    pub fn api_server(client: Client) -> Self {
+        Self {
+            client,
+            postgres: None,
+            new_runs: LedgerBackend::LedgerSegments,
+        }
+    }
+
+    /// The backend a run that has none recorded yet is given.
+    pub fn for_new_runs(&self) -> LedgerBackend {
+        self.new_runs
+    }
+
+    /// The ledger of `run` (read from the API server: it needs its UID), in the backend its
+    /// status records (a run not yet recorded: the one new runs get).
+    pub fn for_run(&self, run: &AgentRun) -> Result<RunLedger, LedgerError> {
+        let backend = run
+            .status
+            .as_ref()
+            .and_then(|s| s.ledger_backend)
+            .unwrap_or(self.new_runs);
+        match backend {
+            LedgerBackend::LedgerSegments => Ok(RunLedger::Segments(SegmentStore::for_run(
+                self.client.clone(),
+                run,
+            ))),
+            LedgerBackend::PostgreSQL => {
+                let db = self.reach(backend)?;
+                let namespace = run.namespace().unwrap_or_default();
+                let uid = run.uid().unwrap_or_default();
+                Ok(RunLedger::Postgres(db.for_run(
+                    &namespace,
+                    &run.name_any(),
+                    &uid,
+                )))
+            }
+        }
+    }
+
+    /// Reads (never writes) the ledger of `run` (UID `uid`) of `namespace`, kept in
+    /// `backend`: a turn reads its thread's earlier turns so.
+    pub async fn read_run(
+        &self,
+        backend: LedgerBackend,
+        namespace: &str,
+        run: &str,
+        uid: &str,
+    ) -> Result<Vec<LedgerSegment>, LedgerError> {
+        match backend {
+            LedgerBackend::LedgerSegments => {
+                SegmentStore::list_run(self.client.clone(), namespace, run, uid).await
+            }
+            LedgerBackend::PostgreSQL => {
+                self.reach(backend)?
+                    .for_run(namespace, run, uid)
+                    .list()
+                    .await
+            }
+        }
+    }
+
+    fn reach(&self, backend: LedgerBackend) -> Result<&PgLedger, LedgerError> {
+        self.postgres
+            .as_ref()
+            .ok_or(LedgerError::BackendUnavailable { backend })
+    }
+}
+
+/// One run's ledger, in one backend.
+#[derive(Clone)]
+pub enum RunLedger {
+    Segments(SegmentStore),
+    Postgres(super::postgres::PgRunLedger),
+}
+
+impl RunLedger {
+    /// Overrides the per-segment budget (tests use a small one to exercise splitting).
+    pub fn with_budget(self, budget: usize) -> Self {
+        match self {
+            RunLedger::Segments(s) => RunLedger::Segments(s.with_budget(budget)),
+            RunLedger::Postgres(p) => RunLedger::Postgres(p.with_budget(budget)),
+        }
+    }
+
+    /// All segments of the run, ordered by position and checked contiguous.
+    pub async fn list(&self) -> Result<Vec<LedgerSegment>, LedgerError> {
+        match self {
+            RunLedger::Segments(s) => s.list().await,
+            RunLedger::Postgres(p) => p.list().await,
+        }
+    }
+
+    /// Fenced append (docs/protocol.md): `events` at `tail + 1` onwards under `fence`.
+    pub async fn append(
+        &self,
+        tail: i64,
+        fence: Fence,
+        events: Vec<LedgerEvent>,
+    ) -> Result<Appended, LedgerError> {
+        match self {
+            RunLedger::Segments(s) => s.append(tail, fence, events).await,
+            RunLedger::Postgres(p) => p.append(tail, fence, events).await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::v1alpha1::AgentRunStatus;
+
+    fn run_kept_in(backend: Option<LedgerBackend>) -> AgentRun {
+        let mut run: AgentRun = serde_json::from_value(serde_json::json!({
+            "apiVersion": "baton.dev/v1alpha1", "kind": "AgentRun",
+            "metadata": {"name": "r", "namespace": "ns", "uid": "u"},
+            "spec": {"thread": "t", "input": "hi"}
+        }))
+        .expect("a run");
+        run.status = Some(AgentRunStatus {
+            ledger_backend: backend,
+            ..AgentRunStatus::default()
+        });
+        run
+    }
+
+    fn unreachable_api_server() -> Client {
+        let config = kube::Config::new("http://127.0.0.1:9".parse().expect("a URL"));
+        Client::try_from(config).expect("a client (it never connects here)")
+    }
+
+    #[tokio::test]
+    async fn a_run_is_read_where_its_status_says_its_ledger_is_kept() {
+        let ledgers = Ledgers::api_server(unreachable_api_server());
+        for recorded in [None, Some(LedgerBackend::LedgerSegments)] {
+            let ledger = ledgers.for_run(&run_kept_in(recorded));
+            assert!(matches!(ledger, Ok(RunLedger::Segments(_))), "{recorded:?}");
+        }
+        let elsewhere = ledgers.for_run(&run_kept_in(Some(LedgerBackend::PostgreSQL)));
+        assert!(matches!(
+            elsewhere,
+            Err(LedgerError::BackendUnavailable {
+                backend: LedgerBackend::PostgreSQL
+            })
+        ));
+        let read = ledgers
+            .read_run(LedgerBackend::PostgreSQL, "ns", "r", "u")
+            .await;
+        assert!(matches!(read, Err(LedgerError::BackendUnavailable { .. })));
+    }
+}
