@@ -384,6 +384,9 @@ evictionHard: {memory.available: 100Mi, nodefs.available: 1%, imagefs.available:
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 serializeImagePulls: false
+# A pod's emptyDir usage is measured this often (default 1m, jittered): a workspace filled past
+# its sizeLimit is evicted within seconds, not after the step that filled it has ended.
+volumeStatsAggPeriod: 10s
 # One pod may not take the node's process table (a fork bomb in a tools container): every
 # cluster that runs baton needs a bound like it (the kubelet's podPidsLimit; no pod field sets one).
 podPidsLimit: 1024
