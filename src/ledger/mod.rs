@@ -12,9 +12,11 @@ mod history;
 pub mod postgres;
 mod replay;
 mod run_ledger;
+pub mod served;
 mod store;
 
 pub use append::Appended;
+pub(crate) use append::segment_of_run;
 pub use chunk::{EncodeError, SEGMENT_BUDGET_BYTES, encode_events, event_bytes};
 pub use history::{
     ENDED_WITHOUT_RESULT, Fitted, FixedHistory, HistoryError, estimated_tokens, fit,

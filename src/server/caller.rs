@@ -118,8 +118,12 @@ pub struct Person {
 
 /// The bearer token of `Authorization`, if the request carries a well-formed one.
 pub fn bearer_token(parts: &Parts) -> Option<&str> {
-    let value = parts
-        .headers
+    bearer_of(&parts.headers)
+}
+
+/// The bearer token of `headers`, if well formed.
+pub fn bearer_of(headers: &axum::http::HeaderMap) -> Option<&str> {
+    let value = headers
         .get(axum::http::header::AUTHORIZATION)?
         .to_str()
         .ok()?;

@@ -35,6 +35,15 @@ pub enum ApiError {
     /// No answer from the API server at all.
     #[error("cannot reach the Kubernetes API server: {0}")]
     Unreachable(String),
+    /// A ledger write or read refused by baton's own rule (the reason names it).
+    #[error("{0}")]
+    Forbidden(String),
+    /// The run the request names does not exist (or is another run by now).
+    #[error("{0}")]
+    Gone(String),
+    /// The ledger's database failed or is out of reach: the writer retries.
+    #[error("the ledger's database: {0}")]
+    LedgerUnavailable(String),
 }
 
 impl From<kube::Error> for ApiError {
@@ -73,6 +82,11 @@ impl ApiError {
                 return (code, status.reason.clone());
             }
             ApiError::Unreachable(_) => (StatusCode::BAD_GATEWAY, "Unreachable"),
+            ApiError::Forbidden(_) => (StatusCode::FORBIDDEN, "Forbidden"),
+            ApiError::Gone(_) => (StatusCode::CONFLICT, "RunGone"),
+            ApiError::LedgerUnavailable(_) => {
+                (StatusCode::SERVICE_UNAVAILABLE, "LedgerUnavailable")
+            }
         };
         (code, reason.to_string())
     }

@@ -8,6 +8,7 @@ pub mod cursor;
 mod error;
 mod hub;
 mod identity;
+mod ledger_api;
 mod metrics;
 mod runs;
 mod signin;
@@ -35,11 +36,16 @@ use caller::Callers;
 pub use console::ConsoleSettings;
 use hub::Hubs;
 use identity::{Identity, LocalUser};
+pub use ledger_api::LedgerService;
 use metrics::ServerMetrics;
 
 /// The longest an open stream stays silent: proxies close idle connections, and a client
 /// tells a dead server from a quiet run by the heartbeat.
 pub const HEARTBEAT: Duration = Duration::from_secs(15);
+
+/// The largest append a writer sends: its events before the split into segments (a worker
+/// appends one step's events at a time; a tool's output is cut long before this).
+const LEDGER_BODY_LIMIT: usize = 64 * 1024 * 1024;
 
 /// `baton server`'s flags.
 #[derive(clap::Args, Debug, Clone)]
@@ -70,6 +76,13 @@ pub struct ServerArgs {
         requires = "proxy_user_header"
     )]
     pub proxy_groups_header: Option<String>,
+    /// The PostgreSQL ledger (a `postgres://` URL): this server then serves the ledgers of
+    /// runs kept there, to the writers that may write them. Unset: it serves none.
+    #[arg(long, env = "BATON_LEDGER_POSTGRES_URL", hide_env_values = true)]
+    pub ledger_postgres_url: Option<String>,
+    /// User names baton's controller authenticates as: the ledger admits their seals.
+    #[arg(long, env = "BATON_CONTROLLER_USERS", value_delimiter = ',')]
+    pub controller_user: Vec<String>,
 }
 
 /// `baton console`'s flags.
@@ -92,6 +105,8 @@ pub struct ServerState {
     hubs: Hubs,
     metrics: Arc<ServerMetrics>,
     console: ConsoleSettings,
+    /// The PostgreSQL ledger, when this server serves one.
+    ledger: Option<LedgerService>,
 }
 
 impl ServerState {
@@ -135,7 +150,14 @@ impl ServerState {
             hubs: Hubs::new(metrics.clone()),
             metrics,
             console,
+            ledger: None,
         }
+    }
+
+    /// Serves the ledgers `ledger` keeps, besides the API.
+    pub fn with_ledger(mut self, ledger: LedgerService) -> Self {
+        self.ledger = Some(ledger);
+        self
     }
 
     /// The one-time sign-in secret of `baton console` (None in-cluster, or once used).
@@ -179,6 +201,12 @@ pub fn router(state: Arc<ServerState>) -> Router {
         .route("/console/logout", post(signin::logout))
         .route("/console/assets/console.js", get(signin::script))
         .route("/console/assets/console.css", get(signin::style))
+        .route(
+            &crate::ledger::served::ledger_path("{ns}", "{run}"),
+            post(ledger_api::append)
+                .get(ledger_api::read)
+                .layer(axum::extract::DefaultBodyLimit::max(LEDGER_BODY_LIMIT)),
+        )
         .route_layer(middleware::from_fn(names_checked))
         .route(
             "/",
@@ -274,15 +302,40 @@ pub async fn main(args: ServerArgs) -> Result<(), crate::Error> {
         namespace: args.console_namespace,
         namespaces: args.console_namespaces,
     };
-    let state = Arc::new(match args.proxy_user_header.as_deref() {
+    let ledger = match args.ledger_postgres_url.as_deref() {
+        Some(url) => Some(ledger_service(url, &base, args.controller_user).await?),
+        None => None,
+    };
+    let mut state = match args.proxy_user_header.as_deref() {
         Some(user) => {
             ServerState::behind_proxy(base, console, user, args.proxy_groups_header.as_deref())
         }
         None => ServerState::new(base, console),
-    });
+    };
+    if let Some(ledger) = ledger {
+        state = state.with_ledger(ledger);
+    }
+    let state = Arc::new(state);
     let listener = tokio::net::TcpListener::bind(args.addr).await?;
     tracing::info!(addr = %args.addr, "baton server listening");
     serve(listener, state).await
+}
+
+/// The PostgreSQL ledger at `url` (schema migrated), served with the server's own identity
+/// from `base` for token and access reviews.
+async fn ledger_service(
+    url: &str,
+    base: &kube::Config,
+    controller_users: Vec<String>,
+) -> Result<LedgerService, crate::Error> {
+    let db =
+        crate::ledger::postgres::PgLedger::connect(url, crate::ledger::postgres::DEFAULT_POOL_SIZE)
+            .await
+            .map_err(|e| {
+                crate::Error::Io(std::io::Error::other(format!("--ledger-postgres-url: {e}")))
+            })?;
+    let client = kube::Client::try_from(base.clone())?;
+    Ok(LedgerService::new(db, client, controller_users))
 }
 
 /// `baton console`: the console and the API on a loopback port, acting as the kubeconfig's

@@ -8,8 +8,8 @@
 //! `rules` decides (pure), `review` reads and answers, `tls` keeps the certificate.
 
 pub mod cert;
-mod review;
-mod rules;
+pub(crate) mod review;
+pub(crate) mod rules;
 mod tls;
 
 use std::net::SocketAddr;

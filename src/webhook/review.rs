@@ -14,8 +14,6 @@ use serde::de::DeserializeOwned;
 
 use super::rules::{self, Ask, RunFacts, Writer};
 use crate::crd::v1alpha1::{AgentRun, AgentRunSpec, AgentThread, LedgerSegment};
-use crate::fence::Fence;
-use crate::rbac::{pod_service_account, service_account_username};
 
 /// Why a request is not admitted.
 #[derive(Debug, thiserror::Error)]
@@ -181,27 +179,7 @@ impl Reviewer {
 
     /// Whether `user` holds `ask` themselves (a SubjectAccessReview on their behalf).
     async fn may(&self, user: &UserInfo, namespace: &str, ask: &Ask) -> Result<bool, ReviewError> {
-        let review = SubjectAccessReview {
-            spec: SubjectAccessReviewSpec {
-                user: user.username.clone(),
-                groups: user.groups.clone(),
-                uid: user.uid.clone(),
-                extra: user.extra.clone(),
-                resource_attributes: Some(ResourceAttributes {
-                    namespace: Some(namespace.to_string()),
-                    verb: Some(ask.verb.to_string()),
-                    group: Some(ask.group.to_string()),
-                    resource: Some(ask.resource.to_string()),
-                    name: ask.name.clone(),
-                    ..ResourceAttributes::default()
-                }),
-                ..SubjectAccessReviewSpec::default()
-            },
-            ..SubjectAccessReview::default()
-        };
-        let api = Api::<SubjectAccessReview>::all(self.client.clone());
-        let answer = api.create(&PostParams::default(), &review).await?;
-        Ok(answer.status.is_some_and(|s| s.allowed))
+        Ok(user_may(&self.client, user, namespace, ask).await?)
     }
 
     /// The live run `name` of `namespace`, read from the API server (not a cache: a worker's
@@ -215,12 +193,40 @@ impl Reviewer {
         let Some(run) = api.get_opt(name).await? else {
             return Ok(None);
         };
-        Ok(Some(RunFacts {
-            uid: run.uid().unwrap_or_default(),
-            fence: Fence::of_run(&run),
-            worker_user: service_account_username(namespace, &pod_service_account(&run)),
-        }))
+        Ok(Some(RunFacts::of(&run)))
     }
+}
+
+/// Whether `user` holds `ask` in `namespace`, asked of the API server with `client` (a
+/// SubjectAccessReview on the user's behalf: RBAC, or whatever authorizer the cluster runs,
+/// decides).
+pub(crate) async fn user_may(
+    client: &Client,
+    user: &UserInfo,
+    namespace: &str,
+    ask: &Ask,
+) -> Result<bool, kube::Error> {
+    let review = SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: user.username.clone(),
+            groups: user.groups.clone(),
+            uid: user.uid.clone(),
+            extra: user.extra.clone(),
+            resource_attributes: Some(ResourceAttributes {
+                namespace: Some(namespace.to_string()),
+                verb: Some(ask.verb.to_string()),
+                group: Some(ask.group.to_string()),
+                resource: Some(ask.resource.to_string()),
+                name: ask.name.clone(),
+                ..ResourceAttributes::default()
+            }),
+            ..SubjectAccessReviewSpec::default()
+        },
+        ..SubjectAccessReview::default()
+    };
+    let api = Api::<SubjectAccessReview>::all(client.clone());
+    let answer = api.create(&PostParams::default(), &review).await?;
+    Ok(answer.status.is_some_and(|s| s.allowed))
 }
 
 fn username(user: &UserInfo) -> &str {

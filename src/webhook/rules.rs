@@ -7,8 +7,9 @@ use kube::ResourceExt;
 use serde_json::Value;
 
 use crate::crd::RUN_UID_LABEL;
-use crate::crd::v1alpha1::{AgentRunSpec, AgentThreadSpec, LedgerSegment};
-use crate::fence::{Fence, append_ceiling, may_append_at, segment_name};
+use crate::crd::v1alpha1::{AgentRun, AgentRunSpec, AgentThreadSpec, LedgerSegment};
+use crate::fence::{Fence, append_ceiling, may_append_at, segment_name, worker_pod_name};
+use crate::rbac::{pod_service_account, service_account_username};
 
 /// A permission the requesting user must hold, because a field of the manifest would make
 /// baton use it on their behalf.
@@ -47,7 +48,7 @@ impl Ask {
 
     /// A turn's worker reads its thread's earlier turns' ledgers: its creator must be able
     /// to read them too.
-    fn read_ledgers(field: &str) -> Ask {
+    pub(crate) fn read_ledgers(field: &str) -> Ask {
         Ask {
             field: field.to_string(),
             verb: "list",
@@ -209,6 +210,18 @@ pub struct RunFacts {
     pub worker_user: String,
 }
 
+impl RunFacts {
+    /// The facts of `run` as read from the API server.
+    pub fn of(run: &AgentRun) -> Self {
+        let namespace = run.namespace().unwrap_or_default();
+        RunFacts {
+            uid: run.uid().unwrap_or_default(),
+            fence: Fence::of_run(run),
+            worker_user: service_account_username(&namespace, &pod_service_account(run)),
+        }
+    }
+}
+
 /// Who is asking, as far as a ledger or a run Lease is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Writer {
@@ -279,6 +292,24 @@ pub fn segment_refusal(
              carry at most {ceiling})"
         )
     })
+}
+
+/// Why a ledger write through `baton server` by a run's worker is refused, or None: beyond
+/// [`segment_refusal`], its token must be bound to the pod of the attempt whose fence it
+/// writes under (`pod`: the pod the API server says the token is bound to), so another
+/// pod of the same ServiceAccount cannot write as that attempt.
+pub fn worker_pod_refusal(run: &str, fence: Fence, pod: Option<&str>) -> Option<String> {
+    let expected = worker_pod_name(run, fence);
+    match pod {
+        Some(pod) if pod == expected => None,
+        Some(pod) => Some(format!(
+            "fence: {fence} is the attempt of pod {expected:?}; this token is bound to pod {pod:?}"
+        )),
+        None => Some(format!(
+            "a run's worker writes its ledger with its pod-bound token (for pod {expected:?}); \
+             this token is bound to no pod"
+        )),
+    }
 }
 
 /// Why an update of the run Lease of `run` is refused, or None. A run's worker renews and

@@ -16,11 +16,41 @@ use kube::{Api, Client, Config};
 
 /// A token for `namespace/sa`, valid for an hour, from the TokenRequest API.
 pub async fn mint_token(client: &Client, namespace: &str, sa: &str) -> String {
+    request_token(client, namespace, sa, vec![], None).await
+}
+
+/// A token for `namespace/sa` issued for `audience`, bound to `pod` (name, UID) when given,
+/// as the kubelet projects one into a pod's volume.
+pub async fn mint_token_for(
+    client: &Client,
+    namespace: &str,
+    sa: &str,
+    audience: &str,
+    pod: Option<(&str, &str)>,
+) -> String {
+    use k8s_openapi::api::authentication::v1::BoundObjectReference;
+    let bound = pod.map(|(name, uid)| BoundObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        name: Some(name.into()),
+        uid: Some(uid.into()),
+    });
+    request_token(client, namespace, sa, vec![audience.to_string()], bound).await
+}
+
+/// The TokenRequest API's token for `namespace/sa`, valid for an hour.
+async fn request_token(
+    client: &Client,
+    namespace: &str,
+    sa: &str,
+    audiences: Vec<String>,
+    bound_object_ref: Option<k8s_openapi::api::authentication::v1::BoundObjectReference>,
+) -> String {
     let request = TokenRequest {
         spec: TokenRequestSpec {
-            audiences: vec![],
+            audiences,
             expiration_seconds: Some(3600),
-            bound_object_ref: None,
+            bound_object_ref,
         },
         ..Default::default()
     };

@@ -6,31 +6,7 @@ use crate::support::*;
 use baton::crd::v1alpha1::{AgentRun, ApprovalPolicy, LeaseSpec, Phase};
 use kube::Api;
 use kube::api::PostParams;
-use serde_json::{Value, json};
-
-/// A POST of `body` with `token`; the status code and the JSON answer.
-async fn post(url: &str, token: &str, body: Value) -> (u16, Value) {
-    let response = http()
-        .post(url)
-        .bearer_auth(token)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let code = response.status().as_u16();
-    (code, response.json().await.unwrap_or(Value::Null))
-}
-
-/// A GET with `token` (none: no Authorization header).
-async fn get(url: &str, token: Option<&str>) -> (u16, Value) {
-    let mut request = http().get(url);
-    if let Some(token) = token {
-        request = request.bearer_auth(token);
-    }
-    let response = request.send().await.unwrap();
-    let code = response.status().as_u16();
-    (code, response.json().await.unwrap_or(Value::Null))
-}
+use serde_json::json;
 
 async fn wait_phase(runs: &Api<AgentRun>, name: &str, phase: Phase) {
     wait_until(T, &format!("{name} {phase}"), || async {

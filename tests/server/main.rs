@@ -7,6 +7,8 @@
 //!   namespace), the answers to stop, inputs and approvals (409s naming why), bad bodies;
 //! - `console`: signing in (a token, or `baton console`'s one-time address), what a signed-in
 //!   browser is shown and refused, the CSRF header a write by cookie needs;
+//! - `ledger`: the PostgreSQL ledger served to its writers: a worker's pod-bound token at its
+//!   own attempt's fence only, the controller's seal, and every other token refused;
 //! - `proxy`: behind an authenticating proxy, the API server decides whom its header may name;
 //! - `threads`: a turn posted over HTTP streams on the thread's stream, turn after turn, and
 //!   `onBusy: Reject` answers 409 `ThreadBusy`.
@@ -22,6 +24,7 @@ mod support;
 
 mod api;
 mod console;
+mod ledger;
 mod proxy;
 mod stream;
 mod threads;

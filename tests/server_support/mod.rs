@@ -13,6 +13,7 @@ use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use kube::Api;
 use kube::api::{ObjectMeta, PostParams};
+use serde_json::Value;
 use tokio::task::JoinHandle;
 
 use crate::common::TestNamespace;
@@ -65,6 +66,30 @@ pub async fn start_server() -> (String, Running) {
         let _ = axum::serve(listener, app).await;
     });
     (url, Running(task))
+}
+
+/// `baton server` serving the PostgreSQL ledger at `BATON_TEST_POSTGRES_URL` (the bed starts
+/// it), its own identity the test's kubeconfig user (for token and access reviews), admitting
+/// seals from `controller_users`; its base URL.
+pub async fn start_ledger_server(controller_users: Vec<String>) -> (String, Running) {
+    let url = std::env::var("BATON_TEST_POSTGRES_URL").expect(
+        "BATON_TEST_POSTGRES_URL is not set: run the tests through hack/with-control-plane.sh, \
+         which starts PostgreSQL (hack/postgres.sh)",
+    );
+    let db = baton::ledger::postgres::PgLedger::connect(&url, 4)
+        .await
+        .expect("the test PostgreSQL");
+    let config = kube::Config::infer().await.expect("a kubeconfig");
+    let own = kube::Client::try_from(config.clone()).expect("a client");
+    let service = baton::server::LedgerService::new(db, own, controller_users);
+    let state = baton::server::ServerState::new(config, Default::default()).with_ledger(service);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let app = baton::server::router(Arc::new(state));
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (base, Running(task))
 }
 
 /// A ServiceAccount `name` in the test's namespace with a Role of `rules`; its token.
@@ -145,6 +170,30 @@ pub async fn run_pod(ns: &TestNamespace, run: &str, fence: i64) -> WorkerProc {
     })
     .await;
     spawn_worker(&ns.name, run, fence, &pod, &["--admin-addr=none"])
+}
+
+/// A POST of `body` with `token`; the status code and the JSON answer.
+pub async fn post(url: &str, token: &str, body: Value) -> (u16, Value) {
+    let response = http()
+        .post(url)
+        .bearer_auth(token)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let code = response.status().as_u16();
+    (code, response.json().await.unwrap_or(Value::Null))
+}
+
+/// A GET with `token` (none: no Authorization header).
+pub async fn get(url: &str, token: Option<&str>) -> (u16, Value) {
+    let mut request = http().get(url);
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    let response = request.send().await.unwrap();
+    let code = response.status().as_u16();
+    (code, response.json().await.unwrap_or(Value::Null))
 }
 
 pub use crate::sse::*;

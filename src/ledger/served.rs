@@ -1,0 +1,142 @@
+//! The ledger as `baton server` serves it to workers and the controller, for runs kept in
+//! PostgreSQL: the wire form of a fenced append and of a read. The database's credential
+//! stays in the server; a writer proves who it is with its pod-bound ServiceAccount token,
+//! issued for [`LEDGER_AUDIENCE`] (docs/ledger-backends.md, "Who may write").
+
+use serde::{Deserialize, Serialize};
+
+use super::{Appended, LedgerError};
+use crate::crd::v1alpha1::{LedgerEvent, LedgerSegment};
+use crate::fence::Fence;
+
+/// The audience a writer's token is issued for: a token for the API server (or anything
+/// else) is refused, and a ledger token is worth nothing to the API server.
+pub const LEDGER_AUDIENCE: &str = "baton.dev/ledger";
+
+/// The path of one run's ledger on the server.
+pub fn ledger_path(namespace: &str, run: &str) -> String {
+    format!("/ledger/v1/namespaces/{namespace}/runs/{run}/segments")
+}
+
+/// A fenced append: `events` at `tail + 1` onwards under `fence`, to the run with `uid`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AppendRequest {
+    pub uid: String,
+    pub tail: i64,
+    pub fence: Fence,
+    pub events: Vec<LedgerEvent>,
+}
+
+/// What a fenced append came to: stored, or the run lost (an answer, not a failure: the
+/// writer stops writing, as it would on LedgerSegments).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "camelCase")]
+pub enum AppendOutcome {
+    #[serde(rename_all = "camelCase")]
+    Appended {
+        tail: i64,
+        written: Vec<LedgerSegment>,
+        slipped: Vec<LedgerSegment>,
+    },
+    #[serde(rename_all = "camelCase")]
+    Superseded {
+        seq: i64,
+        ours: Fence,
+        theirs: Fence,
+    },
+    #[serde(rename_all = "camelCase")]
+    Closed { seq: i64, fence: Fence },
+}
+
+impl AppendOutcome {
+    /// The answer for an append's result; None: a failure the server answers as an error.
+    pub fn of(result: Result<Appended, LedgerError>) -> Result<Self, LedgerError> {
+        match result {
+            Ok(a) => Ok(AppendOutcome::Appended {
+                tail: a.tail,
+                written: a.written,
+                slipped: a.slipped,
+            }),
+            Err(LedgerError::Superseded { seq, ours, theirs }) => {
+                Ok(AppendOutcome::Superseded { seq, ours, theirs })
+            }
+            Err(LedgerError::Closed { seq, fence }) => Ok(AppendOutcome::Closed { seq, fence }),
+            Err(other) => Err(other),
+        }
+    }
+
+    /// The append's result, as the writer's own store would have given it.
+    pub fn into_result(self) -> Result<Appended, LedgerError> {
+        match self {
+            AppendOutcome::Appended {
+                tail,
+                written,
+                slipped,
+            } => Ok(Appended {
+                tail,
+                written,
+                slipped,
+            }),
+            AppendOutcome::Superseded { seq, ours, theirs } => {
+                Err(LedgerError::Superseded { seq, ours, theirs })
+            }
+            AppendOutcome::Closed { seq, fence } => Err(LedgerError::Closed { seq, fence }),
+        }
+    }
+}
+
+/// A read: the run's segments after position `after` (0: all).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReadQuery {
+    pub uid: String,
+    #[serde(default)]
+    pub after: i64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_outcome_comes_back_as_the_result_it_was() {
+        let lost = [
+            LedgerError::Superseded {
+                seq: 4,
+                ours: Fence::new(2),
+                theirs: Fence::new(3),
+            },
+            LedgerError::Closed {
+                seq: 5,
+                fence: Fence::new(2),
+            },
+        ];
+        for err in lost {
+            let text = err.to_string();
+            let outcome = AppendOutcome::of(Err(err)).expect("an answer");
+            let wire = serde_json::to_string(&outcome).unwrap();
+            let back: AppendOutcome = serde_json::from_str(&wire).unwrap();
+            let again = back.into_result().unwrap_err();
+            assert!(again.is_lost());
+            assert_eq!(again.to_string(), text);
+        }
+        let stored = AppendOutcome::of(Ok(Appended {
+            tail: 7,
+            ..Appended::default()
+        }))
+        .unwrap();
+        let wire = serde_json::to_string(&stored).unwrap();
+        assert!(wire.contains(r#""outcome":"appended""#), "{wire}");
+        let back: AppendOutcome = serde_json::from_str(&wire).unwrap();
+        assert_eq!(back.into_result().unwrap().tail, 7);
+        let failure = LedgerError::Gap {
+            expected: 1,
+            found: 2,
+        };
+        assert!(
+            AppendOutcome::of(Err(failure)).is_err(),
+            "a failure is no answer"
+        );
+    }
+}

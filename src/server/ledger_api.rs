@@ -1,0 +1,173 @@
+//! The ledger of runs kept in PostgreSQL, served to its writers and readers
+//! (docs/ledger-backends.md, "Who may write"). The server holds the database's only
+//! credential; a caller proves who it is with a ServiceAccount token issued for
+//! [`LEDGER_AUDIENCE`], which the API server reviews (TokenReview). A write is admitted by
+//! the same rule the admission webhook applies to a LedgerSegment ([`segment_refusal`]: the
+//! run's worker at most at the run's fence, baton's controller one above), and a worker's
+//! token must be bound to the pod of the attempt whose fence it writes under. A read is
+//! admitted when Kubernetes RBAC lets the caller list LedgerSegments in the namespace.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::HeaderMap;
+use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec, UserInfo};
+use kube::api::{Api, PostParams};
+use kube::{Client, ResourceExt};
+
+use super::ServerState;
+use super::caller::bearer_of;
+use super::error::ApiError;
+use crate::crd::v1alpha1::{AgentRun, LedgerSegment};
+use crate::ledger::postgres::PgLedger;
+use crate::ledger::served::{AppendOutcome, AppendRequest, LEDGER_AUDIENCE, ReadQuery};
+use crate::ledger::{LedgerError, segment_of_run};
+use crate::webhook::review::user_may;
+use crate::webhook::rules::{Ask, RunFacts, Writer, segment_refusal, worker_pod_refusal};
+
+/// The extra a pod-bound ServiceAccount token carries: the pod it is bound to.
+const POD_NAME_EXTRA: &str = "authentication.kubernetes.io/pod-name";
+
+/// What the server needs to serve ledgers kept in PostgreSQL.
+pub struct LedgerService {
+    db: PgLedger,
+    /// The server's own identity: token and access reviews, and reading AgentRuns. Never
+    /// used to read a transcript for a caller.
+    client: Client,
+    /// User names baton's controller authenticates as (its seals).
+    controller_users: Vec<String>,
+}
+
+impl LedgerService {
+    pub fn new(db: PgLedger, client: Client, controller_users: Vec<String>) -> Self {
+        Self {
+            db,
+            client,
+            controller_users,
+        }
+    }
+
+    /// The user a ledger token belongs to; refused unless the API server says it is valid for
+    /// [`LEDGER_AUDIENCE`].
+    async fn authenticate(&self, headers: &HeaderMap) -> Result<UserInfo, ApiError> {
+        let token = bearer_of(headers).ok_or(ApiError::Unauthenticated)?;
+        let review = TokenReview {
+            spec: TokenReviewSpec {
+                token: Some(token.to_string()),
+                audiences: Some(vec![LEDGER_AUDIENCE.to_string()]),
+            },
+            ..TokenReview::default()
+        };
+        let api = Api::<TokenReview>::all(self.client.clone());
+        let status = api
+            .create(&PostParams::default(), &review)
+            .await?
+            .status
+            .unwrap_or_default();
+        let for_ledgers = status
+            .audiences
+            .as_ref()
+            .is_some_and(|a| a.iter().any(|a| a == LEDGER_AUDIENCE));
+        match (status.authenticated, status.user) {
+            (Some(true), Some(user)) if for_ledgers => Ok(user),
+            _ => Err(ApiError::Unauthenticated),
+        }
+    }
+
+    /// True when `user` may list LedgerSegments in `namespace` (the read a transcript is).
+    async fn may_read(&self, user: &UserInfo, namespace: &str) -> Result<bool, ApiError> {
+        let ask = Ask::read_ledgers("");
+        Ok(user_may(&self.client, user, namespace, &ask).await?)
+    }
+
+    /// Why `user` may not append under `request.fence` to run `name`, or None.
+    async fn write_refusal(
+        &self,
+        user: &UserInfo,
+        namespace: &str,
+        name: &str,
+        request: &AppendRequest,
+    ) -> Result<Option<String>, ApiError> {
+        let runs = Api::<AgentRun>::namespaced(self.client.clone(), namespace);
+        let gone = || ApiError::Gone(format!("run {name} (UID {}) no longer exists", request.uid));
+        let run = runs.get_opt(name).await?.ok_or_else(gone)?;
+        if run.uid().as_deref() != Some(request.uid.as_str()) {
+            return Err(gone());
+        }
+        let facts = RunFacts::of(&run);
+        let username = user.username.as_deref().unwrap_or_default();
+        let writer = Writer::of(username, &self.controller_users, Some(&facts));
+        let seq = request.tail + 1;
+        let at = segment_of_run(name, &request.uid, seq, request.fence, Vec::new());
+        if let Some(refusal) = segment_refusal(&at, writer, username, Some(&facts)) {
+            return Ok(Some(refusal));
+        }
+        if writer == Writer::RunWorker {
+            return Ok(worker_pod_refusal(name, request.fence, bound_pod(user)));
+        }
+        Ok(None)
+    }
+}
+
+/// The pod a reviewed token is bound to, if any.
+fn bound_pod(user: &UserInfo) -> Option<&str> {
+    let pods = user.extra.as_ref()?.get(POD_NAME_EXTRA)?;
+    pods.first().map(String::as_str)
+}
+
+fn service(state: &ServerState) -> Result<&LedgerService, ApiError> {
+    state.ledger.as_ref().ok_or_else(|| {
+        ApiError::BadRequest(
+            "this server keeps no ledger: it was started without a database".into(),
+        )
+    })
+}
+
+fn unavailable(err: LedgerError) -> ApiError {
+    ApiError::LedgerUnavailable(err.to_string())
+}
+
+/// `POST /ledger/v1/namespaces/{ns}/runs/{run}/segments`: a fenced append.
+pub async fn append(
+    State(state): State<Arc<ServerState>>,
+    Path((namespace, name)): Path<(String, String)>,
+    headers: HeaderMap,
+    Json(request): Json<AppendRequest>,
+) -> Result<Json<AppendOutcome>, ApiError> {
+    let service = service(&state)?;
+    let user = service.authenticate(&headers).await?;
+    if let Some(refusal) = service
+        .write_refusal(&user, &namespace, &name, &request)
+        .await?
+    {
+        return Err(ApiError::Forbidden(refusal));
+    }
+    let ledger = service.db.for_run(&namespace, &name, &request.uid);
+    let result = ledger
+        .append(request.tail, request.fence, request.events)
+        .await;
+    Ok(Json(AppendOutcome::of(result).map_err(unavailable)?))
+}
+
+/// `GET /ledger/v1/namespaces/{ns}/runs/{run}/segments?uid=…&after=…`: the run's segments
+/// after `after`, in order.
+pub async fn read(
+    State(state): State<Arc<ServerState>>,
+    Path((namespace, name)): Path<(String, String)>,
+    Query(query): Query<ReadQuery>,
+    headers: HeaderMap,
+) -> Result<Json<Vec<LedgerSegment>>, ApiError> {
+    let service = service(&state)?;
+    let user = service.authenticate(&headers).await?;
+    if !service.may_read(&user, &namespace).await? {
+        let who = user.username.unwrap_or_default();
+        return Err(ApiError::Forbidden(format!(
+            "{who} may not list ledgersegments in namespace {namespace}: the ledger is read \
+             with the rights to read it from the API server"
+        )));
+    }
+    let ledger = service.db.for_run(&namespace, &name, &query.uid);
+    let segments = ledger.list_after(query.after).await.map_err(unavailable)?;
+    Ok(Json(segments))
+}

@@ -1,0 +1,233 @@
+//! The PostgreSQL ledger served to its writers (`/ledger/v1/…`), against a real PostgreSQL
+//! and real tokens the API server reviews. The attackers are played for real: the same
+//! ServiceAccount's token bound to an older attempt's pod, another run's worker, a user with
+//! AgentRun rights only who mints a ledger token for herself, a reader of another namespace.
+
+use crate::common::TestNamespace;
+use crate::common::worker_proc::*;
+use crate::rbac::mint_token_for;
+use crate::support::*;
+use baton::crd::v1alpha1::{AgentRun, AgentRunStatus, LeaseSpec, LedgerBackend, Phase};
+use baton::fence::{Fence, worker_pod_name};
+use baton::ledger::served::{LEDGER_AUDIENCE, ledger_path};
+use baton::rbac::worker_service_account_name;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::PostParams;
+use kube::{Api, ResourceExt};
+use serde_json::{Value, json};
+
+/// Run `name` at `fence`, its ledger kept in PostgreSQL, its worker account able to read
+/// ledgers (as the controller's per-run Role makes it), and one pod object per attempt up to
+/// `fence` (no kubelet runs them: they are what a token is bound to). Its UID.
+async fn run_at(ns: &TestNamespace, name: &str, fence: i64) -> String {
+    let runs: Api<AgentRun> = ns.api();
+    let run = scripted_run(
+        name,
+        vec![final_turn("hi", 0)],
+        vec![],
+        LeaseSpec::default(),
+    );
+    let mut run = runs.create(&PostParams::default(), &run).await.unwrap();
+    run.status = Some(AgentRunStatus {
+        phase: Phase::Running,
+        fence: Fence::new(fence),
+        attempt: fence,
+        worker: Some(worker_pod_name(name, Fence::new(fence))),
+        ledger_backend: Some(LedgerBackend::PostgreSQL),
+        ..AgentRunStatus::default()
+    });
+    runs.replace_status(name, &PostParams::default(), &run)
+        .await
+        .unwrap();
+    let account = worker_service_account_name(name);
+    person(
+        ns,
+        &account,
+        vec![rule(&["ledgersegments"], &["get", "list"])],
+    )
+    .await;
+    for attempt in 1..=fence {
+        pod(ns, &worker_pod_name(name, Fence::new(attempt)), &account).await;
+    }
+    run.uid().unwrap()
+}
+
+async fn pod(ns: &TestNamespace, name: &str, account: &str) -> Pod {
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "serviceAccountName": account,
+            "automountServiceAccountToken": false,
+            "containers": [{"name": "worker", "image": "baton:never-run"}]
+        }
+    }))
+    .unwrap();
+    ns.api::<Pod>()
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap()
+}
+
+/// The ledger token of the pod `pod` (of `account`), as the kubelet would project it.
+async fn pod_token(ns: &TestNamespace, account: &str, pod: &str) -> String {
+    let uid = ns.api::<Pod>().get(pod).await.unwrap().uid().unwrap();
+    mint_token_for(
+        &ns.client,
+        &ns.name,
+        account,
+        LEDGER_AUDIENCE,
+        Some((pod, &uid)),
+    )
+    .await
+}
+
+fn events(text: &str) -> Value {
+    json!([{"type": "message", "role": "assistant", "content": text}])
+}
+
+async fn append(
+    url: &str,
+    token: &str,
+    uid: &str,
+    tail: i64,
+    fence: i64,
+    text: &str,
+) -> (u16, Value) {
+    let body = json!({"uid": uid, "tail": tail, "fence": fence, "events": events(text)});
+    post(url, token, body).await
+}
+
+async fn read(url: &str, token: &str, uid: &str) -> (u16, Value) {
+    get(&format!("{url}?uid={uid}"), Some(token)).await
+}
+
+#[tokio::test]
+async fn only_the_attempt_holding_the_fence_and_the_controller_write_a_served_ledger() {
+    let ns = TestNamespace::new("served-ledger").await;
+    let controller = "baton-test-controller";
+    let controller_user = format!("system:serviceaccount:{}:{controller}", ns.name);
+    let (base, _server) = start_ledger_server(vec![controller_user]).await;
+    let uid = run_at(&ns, "r", 2).await;
+    let other_uid = run_at(&ns, "s", 1).await;
+    let url = format!("{base}{}", ledger_path(&ns.name, "r"));
+    let account = worker_service_account_name("r");
+    let current = pod_token(&ns, &account, "r-w2").await;
+
+    // The attempt that holds the run writes, and reads back what it wrote.
+    let (code, body) = append(&url, &current, &uid, 0, 2, "first").await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(
+        (body["outcome"].as_str(), body["tail"].as_i64()),
+        (Some("appended"), Some(1))
+    );
+    let (code, body) = read(&url, &current, &uid).await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body.as_array().map(Vec::len), Some(1), "{body}");
+    assert_eq!(body[0]["spec"]["events"], events("first"));
+
+    // The same account's token bound to the older attempt's pod may not write as fence 2.
+    let older = pod_token(&ns, &account, "r-w1").await;
+    let (code, body) = append(&url, &older, &uid, 1, 2, "forged").await;
+    assert_eq!(code, 403, "{body}");
+    assert!(body["message"].as_str().unwrap().contains("r-w1"), "{body}");
+    // Nor may the current attempt write ahead of the run's fence.
+    let (code, body) = append(&url, &current, &uid, 1, 3, "ahead").await;
+    assert_eq!(code, 403, "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("spec.fence"),
+        "{body}"
+    );
+    // A token of the account bound to no pod is refused too.
+    let unbound = mint_token_for(&ns.client, &ns.name, &account, LEDGER_AUDIENCE, None).await;
+    let (code, body) = append(&url, &unbound, &uid, 1, 2, "unbound").await;
+    assert_eq!(code, 403, "{body}");
+    // A token for the API server (not for ledgers) is no ledger credential at all.
+    let api_token = crate::rbac::mint_token(&ns.client, &ns.name, &account).await;
+    let (code, body) = append(&url, &api_token, &uid, 1, 2, "wrong audience").await;
+    assert_eq!(code, 401, "{body}");
+
+    // Another run's worker may not write this run's ledger, even at its own fence.
+    let other = pod_token(&ns, &worker_service_account_name("s"), "s-w1").await;
+    let (code, body) = append(&url, &other, &uid, 1, 1, "not mine").await;
+    assert_eq!(code, 403, "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("may not append"),
+        "{body}"
+    );
+    // A UID that is not the run's (a re-created namesake) is no write at all.
+    let (code, body) = append(&url, &current, &other_uid, 1, 2, "namesake").await;
+    assert_eq!(code, 409, "{body}");
+
+    // A user with AgentRun rights only mints a ledger token for herself: refused both ways.
+    let mallory = "mallory";
+    person(
+        &ns,
+        mallory,
+        vec![rule(&["agentruns"], &["get", "list", "create"])],
+    )
+    .await;
+    let hers = mint_token_for(&ns.client, &ns.name, mallory, LEDGER_AUDIENCE, None).await;
+    let (code, body) = append(&url, &hers, &uid, 1, 2, "mallory").await;
+    assert_eq!(code, 403, "{body}");
+    let (code, body) = read(&url, &hers, &uid).await;
+    assert_eq!(code, 403, "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("ledgersegments"),
+        "{body}"
+    );
+
+    // The controller seals a claim one above the run's fence; the old attempt then learns
+    // it lost the run, as an answer, and nothing of it is stored.
+    person(&ns, controller, vec![]).await;
+    let seal_token = mint_token_for(&ns.client, &ns.name, controller, LEDGER_AUDIENCE, None).await;
+    let (code, body) = append(&url, &seal_token, &uid, 1, 3, "claimed").await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["tail"].as_i64(), Some(2), "{body}");
+    let (code, body) = append(&url, &current, &uid, 1, 2, "late").await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["outcome"].as_str(), Some("superseded"), "{body}");
+    let (_, body) = read(&url, &current, &uid).await;
+    let fences: Vec<i64> = body
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["spec"]["fence"].as_i64().unwrap())
+        .collect();
+    assert_eq!(fences, vec![2, 3], "{body}");
+    ns.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_namespace_cannot_read_another_namespaces_served_ledger() {
+    let ns = TestNamespace::new("served-ledger-a").await;
+    let elsewhere = TestNamespace::new("served-ledger-b").await;
+    let (base, _server) = start_ledger_server(vec![]).await;
+    let uid = run_at(&ns, "r", 1).await;
+    let url = format!("{base}{}", ledger_path(&ns.name, "r"));
+    let writer = pod_token(&ns, &worker_service_account_name("r"), "r-w1").await;
+    let (code, body) = append(&url, &writer, &uid, 0, 1, "secret").await;
+    assert_eq!(code, 200, "{body}");
+
+    // Eve may read every transcript of her own namespace, none of this one's.
+    person(&elsewhere, "eve", run_user_rules()).await;
+    let eve = mint_token_for(
+        &elsewhere.client,
+        &elsewhere.name,
+        "eve",
+        LEDGER_AUDIENCE,
+        None,
+    )
+    .await;
+    let (code, body) = read(&url, &eve, &uid).await;
+    assert_eq!(code, 403, "{body}");
+    // Nor through her own namespace's path: the rows are kept apart by the database.
+    let hers = format!("{base}{}", ledger_path(&elsewhere.name, "r"));
+    let (code, body) = read(&hers, &eve, &uid).await;
+    assert_eq!(
+        (code, body.as_array().map(Vec::len)),
+        (200, Some(0)),
+        "{body}"
+    );
+    elsewhere.cleanup().await;
+    ns.cleanup().await;
+}
