@@ -81,6 +81,17 @@ pub fn is_retry_soon(err: &kube::Error) -> bool {
     })
 }
 
+/// reqwest is built without a default TLS crypto provider (kube brings its own rustls
+/// setup): every reqwest client of the process (model endpoints, HTTP and MCP tools, the
+/// ledger server) is built after this installs ring's, once.
+pub fn ensure_crypto_provider() {
+    static INSTALL: std::sync::Once = std::sync::Once::new();
+    INSTALL.call_once(|| {
+        // Another component may have installed one first; any provider will do.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -25,10 +25,10 @@ use super::decide::{Claim, ClaimReason, Close, CloseReason};
 use super::ledger_end::{LedgerEnd, ledger_end, report_claimants};
 use super::leftovers;
 use super::observe::sight;
-use super::pod::{desired_image, worker_pod};
+use super::pod::{desired_image, with_served_ledger, worker_pod};
 use super::statuses::{self, run_name};
 use super::writer::Applied;
-use crate::crd::v1alpha1::{AgentRun, LedgerEvent};
+use crate::crd::v1alpha1::{AgentRun, LedgerBackend, LedgerEvent};
 use crate::fence::{Fence, RunHolder, run_lease_name, worker_pod_name};
 use crate::kube_util::{is_retry_soon, refused_for_what_it_is};
 use crate::lease::{LeaseError, lease_fence, lease_holder};
@@ -353,7 +353,12 @@ async fn move_lease(ctx: &Context, written: StatusWritten) -> Result<Stage<Lease
 async fn create_pod(ctx: &Context, moved: LeaseMoved) -> Result<(), Error> {
     let LeaseMoved { run, holder } = moved;
     let image = desired_image(&run, &ctx.config().worker_image);
-    let pod = worker_pod(&run, holder.fence, &image);
+    let mut pod = worker_pod(&run, holder.fence, &image);
+    if ctx.ledgers().backend_of(&run) == LedgerBackend::PostgreSQL
+        && let Some(server) = &ctx.config().ledger_server
+    {
+        pod = with_served_ledger(pod, server.base());
+    }
     let created = create_pod_patiently(ctx, &holder.namespace, &pod).await;
     if let Err(Error::Kube(err)) = &created
         && let Some(message) = refused_for_what_it_is(err)

@@ -3,6 +3,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::crd::v1alpha1::LedgerBackend;
+use crate::ledger::{LedgerServer, LedgerToken};
 use crate::telemetry::LogFormat;
 use crate::webhook::{CertIssuer, TlsSettings, WebhookConfig};
 
@@ -63,9 +65,32 @@ pub struct ControllerArgs {
     /// User names the controller authenticates as: the webhook admits their ledger seals.
     #[arg(long, value_delimiter = ',')]
     pub controller_user: Vec<String>,
+    /// `baton server`'s address, serving the ledgers of runs kept in PostgreSQL: the
+    /// controller's seals go there, and worker pods of such runs are given it.
+    #[arg(long, env = crate::crd::env::LEDGER_SERVER)]
+    pub ledger_server: Option<String>,
+    /// The controller's token for the ledger server (a projected token for
+    /// `baton.dev/ledger`, read at every request).
+    #[arg(long, env = crate::crd::env::LEDGER_TOKEN_FILE, default_value = crate::crd::LEDGER_TOKEN_PATH)]
+    pub ledger_token_file: std::path::PathBuf,
+    /// Where the ledgers of new runs are kept: LedgerSegments (in the API server) or
+    /// PostgreSQL (through --ledger-server). A run keeps the backend it started with.
+    #[arg(long, value_parser = parse_backend, default_value = "LedgerSegments",
+          requires_if("PostgreSQL", "ledger_server"))]
+    pub new_runs_ledger: LedgerBackend,
     /// Largest AgentRun spec the webhook admits, in bytes of JSON.
     #[arg(long, default_value_t = crate::webhook::DEFAULT_MAX_SPEC_BYTES)]
     pub max_spec_bytes: usize,
+}
+
+fn parse_backend(s: &str) -> Result<LedgerBackend, String> {
+    match s {
+        "LedgerSegments" => Ok(LedgerBackend::LedgerSegments),
+        "PostgreSQL" => Ok(LedgerBackend::PostgreSQL),
+        other => Err(format!(
+            "unknown ledger backend {other:?} (LedgerSegments | PostgreSQL)"
+        )),
+    }
 }
 
 fn parse_policy(s: &str) -> Result<RolloutPolicy, String> {
@@ -91,6 +116,10 @@ impl ControllerArgs {
             events: true,
             concurrency: self.concurrency,
             webhook: self.webhook(),
+            ledger_server: self.ledger_server.as_deref().map(|url| {
+                LedgerServer::new(url, LedgerToken::File(self.ledger_token_file.clone()))
+            }),
+            new_runs_ledger: self.new_runs_ledger,
         }
     }
 

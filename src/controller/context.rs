@@ -127,7 +127,12 @@ impl Context {
         synced: bool,
     ) -> Self {
         Self {
-            ledgers: Ledgers::api_server(client.clone()),
+            ledgers: match &config.ledger_server {
+                Some(server) => {
+                    Ledgers::with_server(client.clone(), server.clone(), config.new_runs_ledger)
+                }
+                None => Ledgers::api_server(client.clone()),
+            },
             client,
             config,
             caches,

@@ -74,6 +74,11 @@ pub struct Config {
     pub concurrency: u16,
     /// The admission webhook this replica serves (every replica, leader or not); None: none.
     pub webhook: Option<crate::webhook::WebhookConfig>,
+    /// `baton server`, serving the ledgers of runs kept in PostgreSQL (the controller's seals
+    /// go there, and worker pods of such runs are given its address); None: no such runs.
+    pub ledger_server: Option<crate::ledger::LedgerServer>,
+    /// Where the ledgers of new runs are kept.
+    pub new_runs_ledger: crate::crd::v1alpha1::LedgerBackend,
 }
 
 /// Reconciles running at once by default. A claim holds its slot for about 5 API round trips
@@ -99,6 +104,8 @@ impl Default for Config {
             events: true,
             concurrency: DEFAULT_CONCURRENCY,
             webhook: None,
+            ledger_server: None,
+            new_runs_ledger: Default::default(),
         }
     }
 }

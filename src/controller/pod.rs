@@ -72,6 +72,7 @@ mod volume {
     pub const SOCKET: &str = "baton-socket";
     pub const WORKSPACE: &str = "workspace";
     pub const API_ACCESS: &str = "kube-api-access";
+    pub const LEDGER_TOKEN: &str = "baton-ledger-token";
 }
 
 /// The image the run's worker should run: the run's own, else the controller's.
@@ -127,6 +128,50 @@ pub fn worker_pod(run: &AgentRun, fence: Fence, image: &str) -> Pod {
         }),
         status: None,
     }
+}
+
+/// `pod` for a run whose ledger `baton server` serves at `server` (runs kept in PostgreSQL):
+/// its worker container gets the address and a projected token for the ledger's audience,
+/// bound to this pod (the server admits a write only from the pod of the writing attempt).
+/// The tools container gets neither.
+pub fn with_served_ledger(mut pod: Pod, server: &str) -> Pod {
+    let Some(spec) = pod.spec.as_mut() else {
+        return pod;
+    };
+    spec.volumes.get_or_insert_with(Vec::new).push(Volume {
+        name: volume::LEDGER_TOKEN.into(),
+        projected: Some(ProjectedVolumeSource {
+            default_mode: None,
+            sources: Some(vec![VolumeProjection {
+                service_account_token: Some(ServiceAccountTokenProjection {
+                    path: "token".into(),
+                    expiration_seconds: Some(TOKEN_EXPIRATION_SECONDS),
+                    audience: Some(crate::ledger::served::LEDGER_AUDIENCE.into()),
+                }),
+                ..VolumeProjection::default()
+            }]),
+        }),
+        ..Volume::default()
+    });
+    if let Some(worker) = spec
+        .containers
+        .iter_mut()
+        .find(|c| c.name == CONTAINER_NAME)
+    {
+        worker
+            .env
+            .get_or_insert_with(Vec::new)
+            .push(plain(env::LEDGER_SERVER, server));
+        worker
+            .volume_mounts
+            .get_or_insert_with(Vec::new)
+            .push(mount(
+                volume::LEDGER_TOKEN,
+                crate::crd::LEDGER_TOKEN_DIR,
+                true,
+            ));
+    }
+    pod
 }
 
 /// The run's workspace claim, when `spec.workspace` asks for one: owned by the run, labelled

@@ -119,6 +119,10 @@ pub enum InstallError {
 /// Where the worker container has each MCP server's headers Secret: `<dir>/<tool name>/`.
 pub const MCP_HEADERS_DIR: &str = "/baton/mcp-headers";
 
+/// Where a worker pod's ledger token is projected (the worker container only), and the file.
+pub const LEDGER_TOKEN_DIR: &str = "/var/run/secrets/baton.dev/ledger";
+pub const LEDGER_TOKEN_PATH: &str = "/var/run/secrets/baton.dev/ledger/token";
+
 pub mod env {
     /// The run's name.
     pub const RUN: &str = "BATON_RUN";
@@ -134,6 +138,10 @@ pub mod env {
     pub const EXECUTOR_SOCKET: &str = "BATON_EXECUTOR_SOCKET";
     /// Where the MCP servers' header Secrets are mounted in the worker container.
     pub const MCP_HEADERS_DIR: &str = "BATON_MCP_HEADERS_DIR";
+    /// `baton server`'s address, serving the ledgers of runs kept in PostgreSQL.
+    pub const LEDGER_SERVER: &str = "BATON_LEDGER_SERVER";
+    /// The worker's ledger token (a projected token for `baton.dev/ledger`).
+    pub const LEDGER_TOKEN_FILE: &str = "BATON_LEDGER_TOKEN_FILE";
     /// Given to tools: the step number.
     pub const STEP: &str = "BATON_STEP";
     /// Given to tools: `<run-uid>/<step>`.

@@ -10,6 +10,7 @@ mod append;
 mod chunk;
 mod history;
 pub mod postgres;
+mod remote;
 mod replay;
 mod run_ledger;
 pub mod served;
@@ -22,6 +23,7 @@ pub use history::{
     ENDED_WITHOUT_RESULT, Fitted, FixedHistory, HistoryError, estimated_tokens, fit,
     recorded_history, turn_conversation,
 };
+pub use remote::{LedgerServer, LedgerToken, ServedLedger};
 pub use replay::{
     Replay, ReplayedMessage, ReplayedStep, StepState, ToolCallRecord, UNKNOWN_EFFECT_NOTICE,
 };
@@ -64,6 +66,10 @@ pub enum LedgerError {
     Kube(#[from] kube::Error),
     #[error(transparent)]
     Postgres(#[from] postgres::PgError),
+    /// `baton server`, serving the run's ledger, refused or failed the request (its code,
+    /// if it answered, and its message).
+    #[error("ledger server: {message}")]
+    Served { code: Option<u16>, message: String },
     /// The run's ledger is kept where this process cannot reach.
     #[error("the run's ledger is kept in {backend:?}, which this process cannot reach")]
     BackendUnavailable {
@@ -92,6 +98,7 @@ impl LedgerError {
             LedgerError::Kube(_) => "kube",
             LedgerError::Postgres(_) => "postgres",
             LedgerError::BackendUnavailable { .. } => "backend_unavailable",
+            LedgerError::Served { .. } => "served",
         }
     }
 }

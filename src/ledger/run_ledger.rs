@@ -7,16 +7,18 @@
 use kube::{Client, ResourceExt};
 
 use super::postgres::PgLedger;
-use super::{Appended, LedgerError, SegmentStore};
+use super::{Appended, LedgerError, LedgerServer, SegmentStore, ServedLedger};
 use crate::crd::v1alpha1::{AgentRun, LedgerBackend, LedgerEvent, LedgerSegment};
 use crate::fence::Fence;
 
-/// The ledger backends one process can reach: the API server always; PostgreSQL when the
-/// process holds the database's credential (only `baton server` does).
+/// The ledger backends one process can reach: the API server always; PostgreSQL directly
+/// when the process holds the database's credential (only `baton server` does), or through
+/// `baton server` (workers and the controller).
 #[derive(Clone)]
 pub struct Ledgers {
     client: Client,
     postgres: Option<PgLedger>,
+    served: Option<LedgerServer>,
     /// What a run not yet recorded gets.
     new_runs: LedgerBackend,
 }
@@ -27,7 +29,17 @@ impl Ledgers {
         Self {
             client,
             postgres: None,
+            served: None,
             new_runs: LedgerBackend::LedgerSegments,
+        }
+    }
+
+    /// Runs kept in PostgreSQL reached through `server`; new runs given `new_runs`.
+    pub fn with_server(client: Client, server: LedgerServer, new_runs: LedgerBackend) -> Self {
+        Self {
+            served: Some(server),
+            new_runs,
+            ..Self::api_server(client)
         }
     }
 
@@ -36,30 +48,41 @@ impl Ledgers {
         self.new_runs
     }
 
+    /// Where `run`'s ledger is kept: as its status records, else where new runs go.
+    pub fn backend_of(&self, run: &AgentRun) -> LedgerBackend {
+        run.status
+            .as_ref()
+            .and_then(|s| s.ledger_backend)
+            .unwrap_or(self.new_runs)
+    }
+
     /// The ledger of `run` (read from the API server: it needs its UID), in the backend its
     /// status records (a run not yet recorded: the one new runs get).
     pub fn for_run(&self, run: &AgentRun) -> Result<RunLedger, LedgerError> {
-        let backend = run
-            .status
-            .as_ref()
-            .and_then(|s| s.ledger_backend)
-            .unwrap_or(self.new_runs);
-        match backend {
+        match self.backend_of(run) {
             LedgerBackend::LedgerSegments => Ok(RunLedger::Segments(SegmentStore::for_run(
                 self.client.clone(),
                 run,
             ))),
             LedgerBackend::PostgreSQL => {
-                let db = self.reach(backend)?;
                 let namespace = run.namespace().unwrap_or_default();
                 let uid = run.uid().unwrap_or_default();
-                Ok(RunLedger::Postgres(db.for_run(
-                    &namespace,
-                    &run.name_any(),
-                    &uid,
-                )))
+                self.in_postgres(&namespace, &run.name_any(), &uid)
             }
         }
+    }
+
+    /// The PostgreSQL ledger of a run: directly, else through the server.
+    fn in_postgres(&self, namespace: &str, run: &str, uid: &str) -> Result<RunLedger, LedgerError> {
+        if let Some(db) = &self.postgres {
+            return Ok(RunLedger::Postgres(db.for_run(namespace, run, uid)));
+        }
+        if let Some(server) = &self.served {
+            return Ok(RunLedger::Served(server.for_run(namespace, run, uid)));
+        }
+        Err(LedgerError::BackendUnavailable {
+            backend: LedgerBackend::PostgreSQL,
+        })
     }
 
     /// Reads (never writes) the ledger of `run` (UID `uid`) of `namespace`, kept in
@@ -75,19 +98,8 @@ impl Ledgers {
             LedgerBackend::LedgerSegments => {
                 SegmentStore::list_run(self.client.clone(), namespace, run, uid).await
             }
-            LedgerBackend::PostgreSQL => {
-                self.reach(backend)?
-                    .for_run(namespace, run, uid)
-                    .list()
-                    .await
-            }
+            LedgerBackend::PostgreSQL => self.in_postgres(namespace, run, uid)?.list().await,
         }
-    }
-
-    fn reach(&self, backend: LedgerBackend) -> Result<&PgLedger, LedgerError> {
-        self.postgres
-            .as_ref()
-            .ok_or(LedgerError::BackendUnavailable { backend })
     }
 }
 
@@ -96,14 +108,17 @@ impl Ledgers {
 pub enum RunLedger {
     Segments(SegmentStore),
     Postgres(super::postgres::PgRunLedger),
+    Served(ServedLedger),
 }
 
 impl RunLedger {
-    /// Overrides the per-segment budget (tests use a small one to exercise splitting).
+    /// Overrides the per-segment budget (tests use a small one to exercise splitting). A
+    /// served ledger is split by the server, with its own.
     pub fn with_budget(self, budget: usize) -> Self {
         match self {
             RunLedger::Segments(s) => RunLedger::Segments(s.with_budget(budget)),
             RunLedger::Postgres(p) => RunLedger::Postgres(p.with_budget(budget)),
+            served @ RunLedger::Served(_) => served,
         }
     }
 
@@ -112,6 +127,7 @@ impl RunLedger {
         match self {
             RunLedger::Segments(s) => s.list().await,
             RunLedger::Postgres(p) => p.list().await,
+            RunLedger::Served(r) => r.list().await,
         }
     }
 
@@ -125,6 +141,7 @@ impl RunLedger {
         match self {
             RunLedger::Segments(s) => s.append(tail, fence, events).await,
             RunLedger::Postgres(p) => p.append(tail, fence, events).await,
+            RunLedger::Served(r) => r.append(tail, fence, events).await,
         }
     }
 }

@@ -70,6 +70,14 @@ pub struct WorkerArgs {
     /// pod mounts each `headersFromSecret` there, in this container only.
     #[arg(long, env = crate::crd::env::MCP_HEADERS_DIR, default_value = crate::crd::MCP_HEADERS_DIR)]
     pub mcp_headers_dir: PathBuf,
+    /// `baton server`'s address, for a run whose ledger is kept in PostgreSQL (the pod sets it
+    /// when the cluster keeps ledgers there).
+    #[arg(long, env = crate::crd::env::LEDGER_SERVER)]
+    pub ledger_server: Option<String>,
+    /// The token the ledger server is asked with (a projected token for `baton.dev/ledger`,
+    /// read at every request: the kubelet rotates it).
+    #[arg(long, env = crate::crd::env::LEDGER_TOKEN_FILE, default_value = crate::crd::LEDGER_TOKEN_PATH)]
+    pub ledger_token_file: PathBuf,
 }
 
 /// The worker's settings.
@@ -90,6 +98,8 @@ pub struct WorkerConfig {
     pub executor_socket: Option<PathBuf>,
     pub executor_wait: Duration,
     pub mcp_headers_dir: PathBuf,
+    /// Where runs kept in PostgreSQL are reached (None: nowhere).
+    pub ledger_server: Option<crate::ledger::LedgerServer>,
 }
 
 impl std::fmt::Debug for WorkerConfig {
@@ -124,6 +134,12 @@ impl From<WorkerArgs> for WorkerConfig {
             executor_socket: a.executor_socket,
             executor_wait: Duration::from_secs(a.executor_wait_seconds),
             mcp_headers_dir: a.mcp_headers_dir,
+            ledger_server: a.ledger_server.map(|url| {
+                crate::ledger::LedgerServer::new(
+                    &url,
+                    crate::ledger::LedgerToken::File(a.ledger_token_file),
+                )
+            }),
         }
     }
 }

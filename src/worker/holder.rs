@@ -52,6 +52,7 @@ impl Holder {
         pod: &str,
         fence: Fence,
         segment_budget: usize,
+        ledger_server: Option<&crate::ledger::LedgerServer>,
     ) -> Result<Self, LedgerError> {
         let id = RunHolder {
             pod: pod.to_string(),
@@ -63,7 +64,13 @@ impl Holder {
             controller: WORKER_REPORTER.into(),
             instance: Some(pod.into()),
         };
-        let ledgers = Ledgers::api_server(client.clone());
+        // A worker's run is recorded by its claim: the backend for new runs never applies.
+        let ledgers = match ledger_server {
+            Some(server) => {
+                Ledgers::with_server(client.clone(), server.clone(), Default::default())
+            }
+            None => Ledgers::api_server(client.clone()),
+        };
         Ok(Self {
             runs: Api::namespaced(client.clone(), &id.namespace),
             events: Publisher::new(client.clone(), reporter),

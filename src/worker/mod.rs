@@ -251,6 +251,7 @@ async fn start_check(
         &cfg.pod,
         cfg.fence,
         cfg.segment_budget,
+        cfg.ledger_server.as_ref(),
     )?;
     match holder.verify_lease().await {
         Ok(_) => Ok(Some((run, holder))),

@@ -231,3 +231,132 @@ async fn a_namespace_cannot_read_another_namespaces_served_ledger() {
     elsewhere.cleanup().await;
     ns.cleanup().await;
 }
+
+/// The controller scoped to `ns`, keeping new runs' ledgers in PostgreSQL through `server`,
+/// its seals sent with `token`.
+fn start_pg_controller(ns: &TestNamespace, server: &str, token: String) -> Running {
+    use baton::ledger::{LedgerServer, LedgerToken};
+    let config = baton::controller::Config {
+        namespace: Some(ns.name.clone()),
+        leader_election: false,
+        leader_namespace: ns.name.clone(),
+        admin_addr: None,
+        ledger_server: Some(LedgerServer::new(server, LedgerToken::Fixed(token))),
+        new_runs_ledger: LedgerBackend::PostgreSQL,
+        ..baton::controller::Config::default()
+    };
+    let client = ns.client.clone();
+    Running::spawn(async move {
+        if let Err(err) = baton::controller::run(client, config).await {
+            eprintln!("controller stopped: {err}");
+        }
+    })
+}
+
+/// The worker of `run` at `fence`, as its pod would start it: the ledger server's address
+/// from the pod's env, its pod-bound ledger token in a file.
+async fn start_pg_worker(ns: &TestNamespace, run: &str, fence: i64) -> WorkerProc {
+    let pod_name = worker_pod_name(run, Fence::new(fence));
+    let pods: Api<Pod> = ns.api();
+    wait_until(T, &format!("pod {pod_name}"), || async {
+        pods.get_opt(&pod_name).await.ok().flatten().is_some()
+    })
+    .await;
+    let pod = pods.get(&pod_name).await.unwrap();
+    let spec = pod.spec.clone().unwrap();
+    let worker = spec.containers.iter().find(|c| c.name == "worker").unwrap();
+    let server = worker
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == "BATON_LEDGER_SERVER")
+        .and_then(|e| e.value.clone())
+        .expect("the pod of a run kept in PostgreSQL is given the ledger server");
+    let projected = spec
+        .volumes
+        .iter()
+        .flatten()
+        .filter_map(|v| v.projected.as_ref())
+        .flat_map(|p| p.sources.iter().flatten())
+        .filter_map(|s| s.service_account_token.as_ref())
+        .any(|t| t.audience.as_deref() == Some(LEDGER_AUDIENCE));
+    assert!(projected, "the pod projects a ledger token: {spec:?}");
+    let account = worker_service_account_name(run);
+    let token = pod_token(ns, &account, &pod_name).await;
+    let file = std::env::temp_dir().join(format!("baton-{}-{pod_name}.token", ns.name));
+    std::fs::write(&file, token).unwrap();
+    let file = file.to_string_lossy().to_string();
+    spawn_worker_env(
+        &ns.name,
+        run,
+        fence,
+        &pod_name,
+        &["--admin-addr=none"],
+        &[
+            ("BATON_LEDGER_SERVER", &server),
+            ("BATON_LEDGER_TOKEN_FILE", &file),
+        ],
+    )
+}
+
+#[tokio::test]
+async fn a_run_kept_in_postgresql_survives_a_kill_and_leaves_no_segment_in_the_api_server() {
+    use baton::crd::v1alpha1::LedgerSegment;
+    let ns = TestNamespace::new("served-ledger-run").await;
+    let controller = "baton-test-controller";
+    let controller_user = format!("system:serviceaccount:{}:{controller}", ns.name);
+    let (base, _server) = start_ledger_server(vec![controller_user]).await;
+    person(&ns, controller, vec![]).await;
+    let seal_token = mint_token_for(&ns.client, &ns.name, controller, LEDGER_AUDIENCE, None).await;
+    let _controller = start_pg_controller(&ns, &base, seal_token);
+    let lease = LeaseSpec {
+        duration_seconds: 4,
+        renew_seconds: 1,
+        startup_seconds: 60,
+    };
+    let script = vec![final_turn("kept beside the cluster", 3000)];
+    let run = scripted_run("pg", script, vec![], lease);
+    let runs: Api<AgentRun> = ns.api();
+    let uid = runs
+        .create(&PostParams::default(), &run)
+        .await
+        .unwrap()
+        .uid()
+        .unwrap();
+
+    // The first attempt is killed while the model answers; the second resumes it from the
+    // rows the first wrote, read through the server.
+    let mut first = start_pg_worker(&ns, "pg", 1).await;
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    first.kill9().await;
+    let mut second = start_pg_worker(&ns, "pg", 2).await;
+    wait_until(T, "pg Succeeded", || async {
+        runs.get("pg")
+            .await
+            .unwrap()
+            .status
+            .is_some_and(|s| s.phase == Phase::Succeeded)
+    })
+    .await;
+    assert_eq!(second.wait(T).await, 0, "{}", second.log_text());
+    let status = runs.get("pg").await.unwrap().status.unwrap();
+    assert_eq!(status.ledger_backend, Some(LedgerBackend::PostgreSQL));
+    assert_eq!(status.output.as_deref(), Some("kept beside the cluster"));
+
+    // Every segment is a row, none an object in etcd.
+    let objects = ns
+        .api::<LedgerSegment>()
+        .list(&Default::default())
+        .await
+        .unwrap();
+    assert!(objects.items.is_empty(), "{:?}", objects.items);
+    let url = std::env::var("BATON_TEST_POSTGRES_URL").unwrap();
+    let db = baton::ledger::postgres::PgLedger::connect(&url, 1)
+        .await
+        .unwrap();
+    let rows = db.for_run(&ns.name, "pg", &uid).list().await.unwrap();
+    let fences: Vec<i64> = rows.iter().map(|s| s.spec.fence.get()).collect();
+    assert!(fences.contains(&1) && fences.contains(&2), "{fences:?}");
+    assert!(fences.windows(2).all(|w| w[0] <= w[1]), "{fences:?}");
+    ns.cleanup().await;
+}

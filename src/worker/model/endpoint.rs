@@ -4,7 +4,6 @@
 
 use std::error::Error as _;
 use std::fmt;
-use std::sync::Once;
 use std::time::{Duration, SystemTime};
 
 use reqwest::header::{HeaderMap, HeaderValue};
@@ -27,19 +26,10 @@ const MAX_ERROR_BODY: usize = 64 * 1024;
 const KEY_PIECE: usize = 12;
 const REDACTED: &str = "[REDACTED]";
 
-/// reqwest is built without a default TLS crypto provider; install ring's once per process.
-pub fn ensure_crypto_provider() {
-    static INSTALL: Once = Once::new();
-    INSTALL.call_once(|| {
-        // Another component may have installed one first; any provider will do.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    });
-}
-
 /// The HTTP client the providers use: connection pool, timeouts, user agent, redirects only
 /// within the endpoint's origin.
 pub fn http_client() -> Result<reqwest::Client, ModelError> {
-    ensure_crypto_provider();
+    crate::kube_util::ensure_crypto_provider();
     reqwest::Client::builder()
         .redirect(redirect_policy())
         .connect_timeout(CONNECT_TIMEOUT)

@@ -2,7 +2,6 @@
 //! `Idempotency-Key: <run-uid>/<step>` header so the server can recognise a re-run.
 
 use std::collections::BTreeMap;
-use std::sync::Once;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -13,15 +12,6 @@ use super::{
 
 /// Header carrying the step's idempotency key on non-GET requests.
 pub const IDEMPOTENCY_HEADER: &str = "Idempotency-Key";
-
-static RUSTLS_PROVIDER: Once = Once::new();
-
-/// Installs ring as rustls' process-wide crypto provider (reqwest is built without one).
-pub fn install_crypto_provider() {
-    RUSTLS_PROVIDER.call_once(|| {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    });
-}
 
 /// The request method of a call's arguments (GET when absent or unreadable).
 pub fn method_of(arguments: &str) -> String {
@@ -49,7 +39,7 @@ pub async fn run(
     let Ok(method) = reqwest::Method::from_bytes(method.as_bytes()) else {
         return ToolOutput::error(format!("unknown HTTP method {method:?}"));
     };
-    install_crypto_provider();
+    crate::kube_util::ensure_crypto_provider();
     let client = match reqwest::Client::builder().timeout(timeout).build() {
         Ok(c) => c,
         Err(e) => return ToolOutput::error(format!("building the HTTP client: {e}")),

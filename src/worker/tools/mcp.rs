@@ -93,7 +93,7 @@ pub async fn connect(
         url: spec.url.clone(),
         detail,
     };
-    super::http::install_crypto_provider();
+    crate::kube_util::ensure_crypto_provider();
     let client = reqwest::Client::builder()
         .connect_timeout(CONNECT_TIMEOUT)
         .redirect(reqwest::redirect::Policy::none())

@@ -1,0 +1,156 @@
+//! A writer's side of a ledger served by `baton server` (runs kept in PostgreSQL): the same
+//! fenced append and ordered read as a backend of its own, over HTTP, authenticated by the
+//! writer's ServiceAccount token for [`LEDGER_AUDIENCE`]. The fence's verdict is the
+//! server's (`append_fenced` runs there); a run lost comes back as the same error.
+
+use std::path::PathBuf;
+
+use super::served::{AppendOutcome, AppendRequest, ledger_path};
+use super::{Appended, LedgerError, check_contiguous, is_segment_of};
+use crate::crd::v1alpha1::{LedgerEvent, LedgerSegment};
+use crate::fence::Fence;
+
+/// Where a writer's ledger token comes from.
+#[derive(Clone, Debug)]
+pub enum LedgerToken {
+    /// A projected token file, read at every request: the kubelet rotates it.
+    File(PathBuf),
+    /// A token given once (tests; a process with no projected volume).
+    Fixed(String),
+}
+
+impl LedgerToken {
+    fn read(&self) -> Result<String, LedgerError> {
+        match self {
+            LedgerToken::Fixed(token) => Ok(token.clone()),
+            LedgerToken::File(path) => std::fs::read_to_string(path)
+                .map(|t| t.trim().to_string())
+                .map_err(|e| LedgerError::Served {
+                    code: None,
+                    message: format!("reading the ledger token {}: {e}", path.display()),
+                }),
+        }
+    }
+}
+
+/// `baton server`, as a ledger's writers reach it.
+#[derive(Clone, Debug)]
+pub struct LedgerServer {
+    http: reqwest::Client,
+    /// `http://host:port`, no trailing slash.
+    base: String,
+    token: LedgerToken,
+}
+
+impl LedgerServer {
+    pub fn new(base: &str, token: LedgerToken) -> Self {
+        crate::kube_util::ensure_crypto_provider();
+        Self {
+            http: reqwest::Client::new(),
+            base: base.trim_end_matches('/').to_string(),
+            token,
+        }
+    }
+
+    /// The server's address.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    /// The served ledger of `run` (UID `uid`) in `namespace`.
+    pub fn for_run(&self, namespace: &str, run: &str, uid: &str) -> ServedLedger {
+        ServedLedger {
+            server: self.clone(),
+            url: format!("{}{}", self.base, ledger_path(namespace, run)),
+            run: run.to_string(),
+            uid: uid.to_string(),
+        }
+    }
+}
+
+/// One run's ledger, served.
+#[derive(Clone, Debug)]
+pub struct ServedLedger {
+    server: LedgerServer,
+    url: String,
+    run: String,
+    uid: String,
+}
+
+impl ServedLedger {
+    /// Fenced append: `events` at `tail + 1` onwards under `fence`, ruled by the server.
+    pub async fn append(
+        &self,
+        tail: i64,
+        fence: Fence,
+        events: Vec<LedgerEvent>,
+    ) -> Result<Appended, LedgerError> {
+        let request = AppendRequest {
+            uid: self.uid.clone(),
+            tail,
+            fence,
+            events,
+        };
+        let response = self
+            .server
+            .http
+            .post(&self.url)
+            .bearer_auth(self.server.token.read()?)
+            .json(&request)
+            .send()
+            .await
+            .map_err(unreachable)?;
+        let outcome: AppendOutcome = answer(response).await?;
+        outcome.into_result()
+    }
+
+    /// All segments of the run, ordered and checked contiguous, this run's only.
+    pub async fn list(&self) -> Result<Vec<LedgerSegment>, LedgerError> {
+        let params = [("uid", self.uid.as_str()), ("after", "0")];
+        let url = reqwest::Url::parse_with_params(&self.url, params).map_err(|e| {
+            LedgerError::Served {
+                code: None,
+                message: format!("the ledger server's address {}: {e}", self.url),
+            }
+        })?;
+        let response = self
+            .server
+            .http
+            .get(url)
+            .bearer_auth(self.server.token.read()?)
+            .send()
+            .await
+            .map_err(unreachable)?;
+        let mut segments: Vec<LedgerSegment> = answer(response).await?;
+        segments.retain(|s| is_segment_of(s, &self.run, &self.uid));
+        segments.sort_by_key(|s| s.spec.seq);
+        check_contiguous(&segments)?;
+        Ok(segments)
+    }
+}
+
+fn unreachable(err: reqwest::Error) -> LedgerError {
+    LedgerError::Served {
+        code: None,
+        message: format!("cannot reach the ledger server: {err}"),
+    }
+}
+
+/// The body of a 2xx answer; any other answer as the server's own message.
+async fn answer<T: serde::de::DeserializeOwned>(
+    response: reqwest::Response,
+) -> Result<T, LedgerError> {
+    let code = response.status();
+    if !code.is_success() {
+        let body: serde_json::Value = response.json().await.unwrap_or_default();
+        let message = body["message"].as_str().unwrap_or("no message").to_string();
+        return Err(LedgerError::Served {
+            code: Some(code.as_u16()),
+            message,
+        });
+    }
+    response.json().await.map_err(|e| LedgerError::Served {
+        code: Some(code.as_u16()),
+        message: format!("the answer does not read: {e}"),
+    })
+}
