@@ -231,3 +231,32 @@ fn the_workspace_is_the_runs_claim_when_it_asks_for_one() {
         "1Gi"
     );
 }
+
+#[test]
+fn a_served_ledger_reaches_the_worker_container_only_with_a_token_for_ledgers() {
+    let pod = with_served_ledger(worker_pod(&run(), Fence::new(1), "img"), "http://s:80");
+    let spec = pod.spec.unwrap();
+    let worker = container(&spec, CONTAINER_NAME);
+    assert!(env_names(worker).contains(&env::LEDGER_SERVER));
+    assert!(mounts(worker).contains(&(volume::LEDGER_TOKEN, crate::crd::LEDGER_TOKEN_DIR)));
+    let tools = container(&spec, TOOLS_CONTAINER_NAME);
+    assert!(!env_names(tools).contains(&env::LEDGER_SERVER));
+    assert!(
+        mounts(tools)
+            .iter()
+            .all(|(v, _)| *v != volume::LEDGER_TOKEN)
+    );
+    let token = spec
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == volume::LEDGER_TOKEN)
+        .and_then(|v| v.projected.as_ref())
+        .and_then(|p| p.sources.as_ref())
+        .and_then(|s| s[0].service_account_token.as_ref())
+        .expect("a projected token");
+    assert_eq!(
+        token.audience.as_deref(),
+        Some(crate::ledger::served::LEDGER_AUDIENCE)
+    );
+}
