@@ -125,3 +125,97 @@ fn behind_a_proxy_only_the_proxys_identity_may_impersonate() {
             .contains("--proxy-")
     );
 }
+
+/// The values that keep new runs' ledgers in PostgreSQL.
+fn in_postgres() -> serde_json::Value {
+    json!({"ledger": {"backend": "PostgreSQL", "postgres": {"urlSecret": {"name": "baton-db"}}}})
+}
+
+#[test]
+fn a_postgresql_ledger_gives_its_credential_to_the_server_alone_and_reviews_to_it() {
+    let objects = render(in_postgres(), &[]).unwrap();
+    let server = named(&objects, "Deployment", "baton-server");
+    let c = &server["spec"]["template"]["spec"]["containers"][0];
+    let url = c["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "BATON_LEDGER_POSTGRES_URL")
+        .expect("the server is given the database URL");
+    assert_eq!(
+        url["valueFrom"]["secretKeyRef"],
+        json!({"name": "baton-db", "key": "url"})
+    );
+    let args = c["args"].to_string();
+    assert!(
+        args.contains("--controller-user=system:serviceaccount:baton-system:baton"),
+        "{args}"
+    );
+    // Its own identity may review tokens and access, and read runs: nothing else.
+    let role = named(&objects, "ClusterRole", "baton-server-ledger");
+    assert_eq!(
+        role["rules"],
+        json!([
+            {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
+            {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]},
+            {"apiGroups": ["baton.dev"], "resources": ["agentruns"], "verbs": ["get"]},
+        ])
+    );
+    let binding = named(&objects, "ClusterRoleBinding", "baton-server-ledger");
+    assert_eq!(binding["subjects"][0]["name"], "baton-server");
+
+    // The controller writes through the server with a token for ledgers, never the database.
+    let controller = named(&objects, "Deployment", "baton-controller");
+    let pod = &controller["spec"]["template"]["spec"];
+    let args = pod["containers"][0]["args"].to_string();
+    assert!(
+        args.contains("--ledger-server=http://baton-server.baton-system.svc:80"),
+        "{args}"
+    );
+    assert!(args.contains("--new-runs-ledger=PostgreSQL"), "{args}");
+    let token = &pod["volumes"][0]["projected"]["sources"][0]["serviceAccountToken"];
+    assert_eq!(token["audience"], "baton.dev/ledger");
+    assert_eq!(
+        pod["containers"][0]["volumeMounts"][0]["mountPath"],
+        "/var/run/secrets/baton.dev/ledger"
+    );
+    for (_, object) in &objects {
+        let text = object.to_string();
+        if text.contains("baton-db") {
+            assert_eq!(object["metadata"]["name"], "baton-server", "{text}");
+        }
+    }
+    // Every flag the chart passes is one the binaries take.
+    for (command, args) in [
+        ("controller", &pod["containers"][0]["args"]),
+        ("server", &c["args"]),
+    ] {
+        let help = std::process::Command::new(env!("CARGO_BIN_EXE_baton"))
+            .args([command, "--help"])
+            .output()
+            .unwrap();
+        let help = String::from_utf8_lossy(&help.stdout);
+        for arg in args.as_array().unwrap().iter().skip(1) {
+            let flag = arg.as_str().unwrap().split('=').next().unwrap();
+            assert!(help.contains(flag), "`baton {command}` has no {flag}");
+        }
+    }
+}
+
+#[test]
+fn a_postgresql_ledger_needs_its_secret_and_the_server() {
+    let no_secret = json!({"ledger": {"backend": "PostgreSQL"}});
+    assert!(render(no_secret, &[]).is_err());
+    let mut no_server = in_postgres();
+    no_server["server"] = json!({"enabled": false});
+    let err = render(no_server, &[]).unwrap_err();
+    assert!(err.contains("server.enabled"), "{err}");
+    // By default no credential, no review right, no ledger flag anywhere.
+    let plain = render(json!({}), &[]).unwrap();
+    for (_, object) in &plain {
+        let text = object.to_string();
+        assert!(!text.contains("BATON_LEDGER_POSTGRES_URL"), "{text}");
+        assert!(!text.contains("--ledger-server"), "{text}");
+        assert!(!text.contains("tokenreviews"), "{text}");
+    }
+}

@@ -61,3 +61,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/part-of: baton
 {{- end }}
+
+{{/*
+Where workers and the controller reach baton server's ledger (runs kept in PostgreSQL).
+*/}}
+{{- define "baton.ledgerServer" -}}
+http://{{ include "baton.fullname" . }}-server.{{ .Release.Namespace }}.svc:{{ .Values.server.service.port }}
+{{- end }}
