@@ -154,8 +154,21 @@ pub async fn history(ctx: &Context, run: &AgentRun) -> Result<Option<LedgerEvent
     };
     let mut earlier = earlier_turns(ctx, run);
     let mut turns = Vec::new();
-    while let Some(previous) = earlier.pop() {
-        let uid = previous.uid().unwrap_or_default();
+    let runs = ctx.api::<AgentRun>(&run.namespace().unwrap_or_default());
+    while let Some(cached) = earlier.pop() {
+        // Read fresh: the turn before ended moments ago (its end admitted this one), and the
+        // cache may not show it yet; a history fixed without it would be fixed for good.
+        let uid = cached.uid().unwrap_or_default();
+        let Some(previous) = runs.get_opt(&cached.name_any()).await? else {
+            continue;
+        };
+        let ended = previous
+            .status
+            .as_ref()
+            .is_some_and(|s| s.phase.is_terminal());
+        if previous.uid().as_deref() != Some(uid.as_str()) || !ended {
+            continue;
+        }
         let segments = ctx.ledger_of(&previous).await?;
         if segments.is_empty() {
             continue;
@@ -179,7 +192,8 @@ pub async fn history(ctx: &Context, run: &AgentRun) -> Result<Option<LedgerEvent
     }))
 }
 
-/// The turns of `run`'s thread created before it that ended, oldest first.
+/// The turns of `run`'s thread that joined before it, oldest first, as the cache shows them
+/// (whether each ended is for the caller to read fresh).
 fn earlier_turns(ctx: &Context, run: &AgentRun) -> Vec<std::sync::Arc<AgentRun>> {
     let Some(owner) = run.thread_owner() else {
         return Vec::new();
@@ -188,7 +202,6 @@ fn earlier_turns(ctx: &Context, run: &AgentRun) -> Vec<std::sync::Arc<AgentRun>>
     let mut turns: Vec<_> = turns_of(ctx, &run.namespace().unwrap_or_default(), &owner.uid)
         .into_iter()
         .filter(|t| t.turn_order() < before)
-        .filter(|t| t.status.as_ref().is_some_and(|s| s.phase.is_terminal()))
         .collect();
     turns.sort_by_cached_key(|t| t.turn_order());
     turns

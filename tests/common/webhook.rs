@@ -24,6 +24,8 @@ pub const WATCHED: &str = "baton.dev/webhook-test";
 pub struct Served {
     pub configuration: String,
     pub task: tokio::task::JoinHandle<()>,
+    /// The loopback port it serves on.
+    pub port: u16,
 }
 
 impl Served {
@@ -89,6 +91,7 @@ impl Served {
         Served {
             configuration,
             task,
+            port,
         }
     }
 
@@ -109,7 +112,7 @@ pub const SECRET: &str = "baton-webhook-tls";
 /// What cert-manager and its CA injector do, played by the test: a new CA and serving
 /// certificate for 127.0.0.1 in the Secret (cert-manager's keys: `tls.crt`, `tls.key`,
 /// `ca.crt`, no annotation of baton's), and the CA alone in every webhook's caBundle. Returns
-/// the Secret's resourceVersion.
+/// the CA (PEM).
 pub async fn issue_as_cert_manager(
     client: &Client,
     namespace: &str,
@@ -141,6 +144,7 @@ pub async fn issue_as_cert_manager(
         None => secrets.create(&PostParams::default(), &secret).await,
     }
     .expect("writing the certificate Secret");
+    drop(written);
     let configurations = Api::<ValidatingWebhookConfiguration>::all(client.clone());
     let mut config = configurations.get(configuration).await.unwrap();
     for hook in config.webhooks.iter_mut().flatten() {
@@ -150,7 +154,28 @@ pub async fn issue_as_cert_manager(
         .replace(configuration, &PostParams::default(), &config)
         .await
         .expect("injecting the CA");
-    written.metadata.resource_version.unwrap()
+    bundle.ca_pem
+}
+
+/// Waits until the webhook on `port` serves a certificate of the CA `ca_pem` (a rotation has
+/// reached it): until then a review that passes may still pass through the old one, and the
+/// switch would come in the middle of what follows.
+pub async fn wait_serving(port: u16, ca_pem: &str) {
+    baton::kube_util::ensure_crypto_provider();
+    let ca = reqwest::Certificate::from_pem(ca_pem.as_bytes()).expect("a CA in PEM");
+    let client = reqwest::Client::builder()
+        .add_root_certificate(ca)
+        .build()
+        .expect("an HTTPS client");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let url = format!("https://127.0.0.1:{port}/");
+    while let Err(err) = client.get(&url).send().await {
+        assert!(
+            Instant::now() < deadline,
+            "the webhook never served the new certificate: {err}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// Until the API server trusts the CA the webhook just wrote, its reviews fail closed: a

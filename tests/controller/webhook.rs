@@ -8,7 +8,7 @@
 //! or serves one the test issues as cert-manager would.
 
 use crate::controller_support::common::webhook::{
-    CHECK_EVERY, SECRET, Served, issue_as_cert_manager, wait_trusted,
+    CHECK_EVERY, SECRET, Served, issue_as_cert_manager, wait_serving, wait_trusted,
 };
 use crate::controller_support::*;
 use crate::rbac_support::{grant_user, worker_client};
@@ -359,7 +359,10 @@ async fn a_certificate_issued_elsewhere_is_served_and_followed_when_rotated() {
         "the caBundle is the injector's"
     );
 
-    issue_as_cert_manager(&ns.client, &ns.name, &served.configuration).await;
+    let ca = issue_as_cert_manager(&ns.client, &ns.name, &served.configuration).await;
+    // The old certificate may pass a probe until the webhook reloads: wait for the new one
+    // to be served, then for the API server to trust it.
+    wait_serving(served.port, &ca).await;
     wait_trusted(&ns.client, &ns.name).await;
     let refused = refusal(create_as(MALLORY, &ns.name, &key_proxy("q")).await);
     assert!(refused.contains("apiKeySecretRef"), "{refused}");
