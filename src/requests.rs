@@ -184,17 +184,12 @@ impl RunRequests {
         })
     }
 
-    /// Fails as a read of the run's ledger would (403 for a caller who may not list
-    /// LedgerSegments here), reading one segment at most: a stream is refused with a plain
-    /// HTTP answer before it opens, not part-way.
-    pub async fn probe_ledger(&self, run: &AgentRun) -> Result<(), RequestError> {
+    /// Fails as a read of a ledger in the namespace would (403 for a caller who may not list
+    /// LedgerSegments here; RBAC grants it per namespace, never per run), reading one segment
+    /// at most: a stream is refused with a plain HTTP answer before it opens, not part-way.
+    pub async fn probe_ledgers(&self) -> Result<(), RequestError> {
         let api: Api<LedgerSegment> = Api::namespaced(self.client.clone(), &self.namespace);
-        let selector = format!(
-            "{}={}",
-            crate::crd::RUN_UID_LABEL,
-            run.uid().unwrap_or_default()
-        );
-        let params = kube::api::ListParams::default().labels(&selector).limit(1);
+        let params = kube::api::ListParams::default().limit(1);
         api.list_metadata(&params)
             .await
             .map_err(RequestError::Kube)?;

@@ -223,6 +223,19 @@ impl ServerState {
         *response.status_mut() = code;
         response.into()
     }
+
+    /// What a page needs, or the error page for `caller` in `namespace` saying why not.
+    async fn or_error_page<T>(
+        &self,
+        caller: &Caller,
+        namespace: &str,
+        read: Result<T, impl Into<ApiError>>,
+    ) -> Result<T, Refusal> {
+        match read {
+            Ok(value) => Ok(value),
+            Err(e) => Err(self.error_page(caller, namespace, e.into()).await),
+        }
+    }
 }
 
 pub async fn index(
@@ -233,10 +246,8 @@ pub async fn index(
     let caller = signed_in(caller)?;
     let ns = state.namespace_of(&query);
     let api: Api<AgentRun> = Api::namespaced(caller.client().clone(), &ns);
-    let mut runs = match api.list(&ListParams::default()).await {
-        Ok(list) => list.items,
-        Err(e) => return Err(state.error_page(&caller, &ns, e.into()).await),
-    };
+    let listed = api.list(&ListParams::default()).await;
+    let mut runs = state.or_error_page(&caller, &ns, listed).await?.items;
     runs.sort_by_key(|r| std::cmp::Reverse(r.metadata.creation_timestamp.clone()));
     let now = Timestamp::now();
     let rows = runs.iter().map(|r| run_row(r, now)).collect();
@@ -268,10 +279,8 @@ pub async fn threads(
     let caller = signed_in(caller)?;
     let ns = state.namespace_of(&query);
     let api: Api<AgentThread> = Api::namespaced(caller.client().clone(), &ns);
-    let threads = match api.list(&ListParams::default()).await {
-        Ok(list) => list.items,
-        Err(e) => return Err(state.error_page(&caller, &ns, e.into()).await),
-    };
+    let listed = api.list(&ListParams::default()).await;
+    let threads = state.or_error_page(&caller, &ns, listed).await?.items;
     let rows = threads
         .iter()
         .map(|t| {
@@ -297,13 +306,10 @@ pub async fn run(
     Path((ns, name)): Path<(String, String)>,
 ) -> PageResult {
     let caller = signed_in(caller)?;
-    let run = match RunRequests::new(caller.client().clone(), &ns)
+    let read = RunRequests::new(caller.client().clone(), &ns)
         .read(&name)
-        .await
-    {
-        Ok(run) => run,
-        Err(e) => return Err(state.error_page(&caller, &ns, e.into()).await),
-    };
+        .await;
+    let run = state.or_error_page(&caller, &ns, read).await?;
     Ok(html(RunPage {
         nav: state.nav(&caller, &ns).await,
         name,
@@ -318,10 +324,8 @@ pub async fn thread(
 ) -> PageResult {
     let caller = signed_in(caller)?;
     let api: Api<AgentThread> = Api::namespaced(caller.client().clone(), &ns);
-    let thread = match api.get(&name).await {
-        Ok(t) => t,
-        Err(e) => return Err(state.error_page(&caller, &ns, e.into()).await),
-    };
+    let read = api.get(&name).await;
+    let thread = state.or_error_page(&caller, &ns, read).await?;
     Ok(html(ThreadPage {
         nav: state.nav(&caller, &ns).await,
         name,

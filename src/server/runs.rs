@@ -104,7 +104,7 @@ pub async fn events(
     let mut follow = Follow::new(RunRequests::new(caller.client().clone(), &ns), hub, tx);
     // Read (and so authorized) before the stream opens: a refusal is a plain HTTP answer.
     let run = follow.requests().read(&name).await?;
-    follow.requests().probe_ledger(&run).await?;
+    follow.requests().probe_ledgers().await?;
     let after = resume.position_in(&run.uid().unwrap_or_default());
     let metrics = state.metrics.clone();
     tokio::spawn(async move {

@@ -120,13 +120,12 @@ pub async fn events(
     let resume = query.resume(&headers)?;
     let thread = read_thread(caller.client(), &ns, &name).await?;
     // Refused before the stream opens for a caller who may not read transcripts here.
-    let probe: Api<crate::crd::v1alpha1::LedgerSegment> =
-        Api::namespaced(caller.client().clone(), &ns);
-    probe.list_metadata(&ListParams::default().limit(1)).await?;
+    let requests = RunRequests::new(caller.client().clone(), &ns);
+    requests.probe_ledgers().await?;
     let hub = state.hubs.join(&caller, &ns);
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     let client = caller.client().clone();
-    let follow = Follow::new(RunRequests::new(caller.client().clone(), &ns), hub, tx);
+    let follow = Follow::new(requests, hub, tx);
     let mut stream = ThreadStream {
         follow,
         client,

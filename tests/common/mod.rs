@@ -8,6 +8,7 @@
 
 pub mod claim;
 pub mod events;
+pub mod in_process;
 pub mod webhook;
 pub mod worker_proc;
 

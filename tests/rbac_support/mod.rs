@@ -156,8 +156,64 @@ pub fn check<'a>(
 /// Gives user `user` a Role of `rules` in `namespace` (a Role and a RoleBinding named `user`):
 /// a person with exactly these rights, to impersonate (`kubectl --as=user`).
 pub async fn grant_user(client: &Client, namespace: &str, user: &str, rules: Vec<PolicyRule>) {
+    let subject = Subject {
+        kind: "User".into(),
+        name: user.into(),
+        api_group: Some("rbac.authorization.k8s.io".into()),
+        ..Subject::default()
+    };
+    bind_role(client, namespace, user, rules, subject).await;
+}
+
+/// A ServiceAccount `name` in `namespace` with a Role of `rules` (Role and RoleBinding named
+/// like it): a person who signs in with a token; that token.
+pub async fn person(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    rules: Vec<PolicyRule>,
+) -> String {
+    let account = ServiceAccount {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
+        ..ServiceAccount::default()
+    };
+    Api::<ServiceAccount>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &account)
+        .await
+        .unwrap_or_else(|e| panic!("creating ServiceAccount {namespace}/{name}: {e}"));
+    let subject = Subject {
+        kind: "ServiceAccount".into(),
+        name: name.into(),
+        namespace: Some(namespace.into()),
+        ..Subject::default()
+    };
+    bind_role(client, namespace, name, rules, subject).await;
+    mint_token(client, namespace, name).await
+}
+
+/// A rule on baton's resources.
+pub fn rule(resources: &[&str], verbs: &[&str]) -> PolicyRule {
+    PolicyRule {
+        api_groups: Some(vec!["baton.dev".into()]),
+        resources: Some(resources.iter().map(|r| r.to_string()).collect()),
+        verbs: verbs.iter().map(|v| v.to_string()).collect(),
+        ..PolicyRule::default()
+    }
+}
+
+/// A Role `name` of `rules` in `namespace`, bound to `subject`.
+async fn bind_role(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    rules: Vec<PolicyRule>,
+    subject: Subject,
+) {
     let meta = || ObjectMeta {
-        name: Some(user.into()),
+        name: Some(name.into()),
         ..ObjectMeta::default()
     };
     let role = Role {
@@ -169,24 +225,19 @@ pub async fn grant_user(client: &Client, namespace: &str, user: &str, rules: Vec
         role_ref: RoleRef {
             api_group: "rbac.authorization.k8s.io".into(),
             kind: "Role".into(),
-            name: user.into(),
+            name: name.into(),
         },
-        subjects: Some(vec![Subject {
-            kind: "User".into(),
-            name: user.into(),
-            api_group: Some("rbac.authorization.k8s.io".into()),
-            ..Subject::default()
-        }]),
+        subjects: Some(vec![subject]),
     };
     let params = PostParams::default();
     Api::<Role>::namespaced(client.clone(), namespace)
         .create(&params, &role)
         .await
-        .unwrap_or_else(|e| panic!("creating Role {namespace}/{user}: {e}"));
+        .unwrap_or_else(|e| panic!("creating Role {namespace}/{name}: {e}"));
     Api::<RoleBinding>::namespaced(client.clone(), namespace)
         .create(&params, &binding)
         .await
-        .unwrap_or_else(|e| panic!("creating RoleBinding {namespace}/{user}: {e}"));
+        .unwrap_or_else(|e| panic!("creating RoleBinding {namespace}/{name}: {e}"));
 }
 
 /// Run `run`'s worker identity: a client with its ServiceAccount's own token.

@@ -4,6 +4,7 @@
 //! AgentRun rights only who mints a ledger token for herself, a reader of another namespace.
 
 use crate::common::TestNamespace;
+use crate::common::in_process::{controller_config, start_controller_with};
 use crate::common::worker_proc::*;
 use crate::rbac::mint_token_for;
 use crate::support::*;
@@ -237,20 +238,11 @@ async fn a_namespace_cannot_read_another_namespaces_served_ledger() {
 fn start_pg_controller(ns: &TestNamespace, server: &str, token: String) -> Running {
     use baton::ledger::{LedgerServer, LedgerToken};
     let config = baton::controller::Config {
-        namespace: Some(ns.name.clone()),
-        leader_election: false,
-        leader_namespace: ns.name.clone(),
-        admin_addr: None,
         ledger_server: Some(LedgerServer::new(server, LedgerToken::Fixed(token))),
         new_runs_ledger: LedgerBackend::PostgreSQL,
-        ..baton::controller::Config::default()
+        ..controller_config(ns)
     };
-    let client = ns.client.clone();
-    Running::spawn(async move {
-        if let Err(err) = baton::controller::run(client, config).await {
-            eprintln!("controller stopped: {err}");
-        }
-    })
+    start_controller_with(ns, config)
 }
 
 /// The worker of `run` at `fence`, as its pod would start it: the ledger server's address

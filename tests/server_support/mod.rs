@@ -7,52 +7,18 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use baton::controller::{self, Config};
 use baton::fence::{Fence, worker_pod_name};
-use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::rbac::v1::PolicyRule;
 use kube::Api;
-use kube::api::{ObjectMeta, PostParams};
 use serde_json::Value;
-use tokio::task::JoinHandle;
 
 use crate::common::TestNamespace;
 use crate::common::worker_proc::{WorkerProc, spawn_worker, wait_until};
-use crate::rbac::mint_token;
 
 pub const T: Duration = Duration::from_secs(60);
 
-/// A task that is aborted when the test lets go of it.
-pub struct Running(JoinHandle<()>);
-
-impl Running {
-    pub fn spawn(task: impl std::future::Future<Output = ()> + Send + 'static) -> Self {
-        Self(tokio::spawn(task))
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-/// The controller, scoped to the test's namespace.
-pub fn start_controller(ns: &TestNamespace) -> Running {
-    let config = Config {
-        namespace: Some(ns.name.clone()),
-        leader_election: false,
-        leader_namespace: ns.name.clone(),
-        admin_addr: None,
-        ..Config::default()
-    };
-    let client = ns.client.clone();
-    Running(tokio::spawn(async move {
-        if let Err(err) = controller::run(client, config).await {
-            eprintln!("controller stopped: {err}");
-        }
-    }))
-}
+pub use crate::common::in_process::{Running, start_controller};
 
 /// `baton server` on a free loopback port; its base URL. Its own credentials (the test's
 /// kubeconfig) are dropped by the server: it only learns where the API server is.
@@ -62,10 +28,10 @@ pub async fn start_server() -> (String, Running) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let app = baton::server::router(state);
-    let task = tokio::spawn(async move {
+    let task = Running::spawn(async move {
         let _ = axum::serve(listener, app).await;
     });
-    (url, Running(task))
+    (url, task)
 }
 
 /// `baton server` serving the PostgreSQL ledger at `BATON_TEST_POSTGRES_URL` (the bed starts
@@ -86,68 +52,18 @@ pub async fn start_ledger_server(controller_users: Vec<String>) -> (String, Runn
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let app = baton::server::router(Arc::new(state));
-    let task = tokio::spawn(async move {
+    let task = Running::spawn(async move {
         let _ = axum::serve(listener, app).await;
     });
-    (base, Running(task))
+    (base, task)
 }
 
 /// A ServiceAccount `name` in the test's namespace with a Role of `rules`; its token.
 pub async fn person(ns: &TestNamespace, name: &str, rules: Vec<PolicyRule>) -> String {
-    let meta = || ObjectMeta {
-        name: Some(name.into()),
-        ..ObjectMeta::default()
-    };
-    let params = PostParams::default();
-    Api::<ServiceAccount>::namespaced(ns.client.clone(), &ns.name)
-        .create(
-            &params,
-            &ServiceAccount {
-                metadata: meta(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
-    Api::<Role>::namespaced(ns.client.clone(), &ns.name)
-        .create(
-            &params,
-            &Role {
-                metadata: meta(),
-                rules: Some(rules),
-            },
-        )
-        .await
-        .unwrap();
-    let binding = RoleBinding {
-        metadata: meta(),
-        role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".into(),
-            kind: "Role".into(),
-            name: name.into(),
-        },
-        subjects: Some(vec![Subject {
-            kind: "ServiceAccount".into(),
-            name: name.into(),
-            namespace: Some(ns.name.clone()),
-            ..Subject::default()
-        }]),
-    };
-    Api::<RoleBinding>::namespaced(ns.client.clone(), &ns.name)
-        .create(&params, &binding)
-        .await
-        .unwrap();
-    mint_token(&ns.client, &ns.name, name).await
+    crate::rbac::person(&ns.client, &ns.name, name, rules).await
 }
 
-pub fn rule(resources: &[&str], verbs: &[&str]) -> PolicyRule {
-    PolicyRule {
-        api_groups: Some(vec!["baton.dev".into()]),
-        resources: Some(resources.iter().map(|r| r.to_string()).collect()),
-        verbs: verbs.iter().map(|v| v.to_string()).collect(),
-        ..PolicyRule::default()
-    }
-}
+pub use crate::rbac::rule;
 
 /// What a person who works with runs has: runs, threads and their transcripts.
 pub fn run_user_rules() -> Vec<PolicyRule> {

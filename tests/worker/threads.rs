@@ -15,7 +15,6 @@ use crate::common::TestNamespace;
 use crate::common::worker_proc::*;
 use crate::server::{Received, Reply, Server};
 use crate::support::*;
-use baton::controller::{self, Config};
 use baton::crd::v1alpha1::{
     AgentRun, AgentSpec, AgentThread, AgentThreadSpec, HistoryTurn, LedgerEvent, LedgerSegment,
     ModelSpec, Phase, Provider, ThreadPhase,
@@ -26,34 +25,10 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::Value;
-use tokio::task::JoinHandle;
 
 pub(crate) const T: Duration = Duration::from_secs(60);
 
-/// The controller, scoped to the test's namespace, for as long as the test holds it.
-pub(crate) struct Running(JoinHandle<()>);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-pub(crate) fn start_controller(ns: &TestNamespace) -> Running {
-    let config = Config {
-        namespace: Some(ns.name.clone()),
-        leader_election: false,
-        leader_namespace: ns.name.clone(),
-        admin_addr: None,
-        ..Config::default()
-    };
-    let client = ns.client.clone();
-    Running(tokio::spawn(async move {
-        if let Err(err) = controller::run(client, config).await {
-            eprintln!("controller stopped: {err}");
-        }
-    }))
-}
+pub(crate) use crate::common::in_process::start_controller;
 
 /// A thread whose model is the test server, with a shell tool, and short leases.
 pub(crate) fn thread(name: &str, server: &Server) -> AgentThread {
