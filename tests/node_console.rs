@@ -12,8 +12,8 @@ use std::path::Path;
 use std::process::Command;
 
 use baton::crd::v1alpha1::{AgentThread, AgentThreadSpec, ApprovalPolicy, Phase, ScriptTurn};
-use e2e_support::{retry, run_with, shell_tool};
-use k8s_openapi::api::core::v1::{Namespace, Service};
+use e2e_support::{run_with, shell_tool};
+use k8s_openapi::api::core::v1::Namespace;
 use kube::Api;
 use kube::api::{DeleteParams, ObjectMeta, PostParams};
 use node_support::*;
@@ -110,13 +110,7 @@ async fn node_the_console_in_a_real_browser() {
     .await;
     env.create(&slow_run()).await;
 
-    let services: Api<Service> = Api::namespaced(env.client.clone(), SYSTEM_NS);
-    let cluster_ip = retry(|| services.get(SERVER))
-        .await
-        .spec
-        .unwrap()
-        .cluster_ip
-        .unwrap();
+    let cluster_ip = server_cluster_ip(&env.client).await;
     let relay = Relay::start(&format!("{cluster_ip}:80"));
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let shots = root.join("target/console-screenshots");

@@ -11,8 +11,8 @@ mod sse;
 
 use std::time::Duration;
 
-use e2e_support::{Script, retry};
-use k8s_openapi::api::core::v1::{Pod, Service};
+use e2e_support::Script;
+use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::DeleteParams;
 use node_support::*;
@@ -61,13 +61,7 @@ async fn node_clients_follow_a_run_across_a_server_pod_deletion_and_lose_nothing
         .as_ref()
         .and_then(|s| s.pod_ip.clone())
         .unwrap();
-    let services: Api<Service> = Api::namespaced(env.client.clone(), SYSTEM_NS);
-    let cluster_ip = retry(|| services.get(SERVER))
-        .await
-        .spec
-        .unwrap()
-        .cluster_ip
-        .unwrap();
+    let cluster_ip = server_cluster_ip(&env.client).await;
     let direct = Relay::start(&format!("{pod_ip}:8080"));
     let service = Relay::start(&format!("{cluster_ip}:80"));
 

@@ -84,6 +84,17 @@ pub async fn servers_ready(client: &Client) -> Vec<Pod> {
     }
 }
 
+/// The cluster IP of the chart's server Service.
+pub async fn server_cluster_ip(client: &Client) -> String {
+    let services: Api<k8s_openapi::api::core::v1::Service> =
+        Api::namespaced(client.clone(), SYSTEM_NS);
+    let service = retry(|| services.get(SERVER)).await;
+    service
+        .spec
+        .and_then(|s| s.cluster_ip)
+        .expect("the server Service has a cluster IP")
+}
+
 // People are made as the other bed tests make them.
 #[allow(unused_imports)]
 pub use super::rbac::{person, rule};
