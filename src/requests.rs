@@ -9,6 +9,7 @@ use kube::{Api, ResourceExt};
 use crate::approval::{self, DecisionError};
 use crate::crd::v1alpha1::{AgentRun, LedgerSegment, Phase, Verdict};
 use crate::kube_util::{is_conflict, is_not_found};
+use crate::ledger::postgres::PgLedger;
 use crate::ledger::{LedgerError, Ledgers};
 
 /// How many times a request re-reads and retries when the run changes under it.
@@ -65,15 +66,28 @@ pub struct RunRequests {
     runs: Api<AgentRun>,
     client: kube::Client,
     namespace: String,
+    /// Where ledgers are read: the API server with the asker's client, and PostgreSQL when
+    /// this process holds the database (`baton server`).
+    ledgers: Ledgers,
 }
 
 impl RunRequests {
     pub fn new(client: kube::Client, namespace: &str) -> Self {
         Self {
             runs: Api::namespaced(client.clone(), namespace),
+            ledgers: Ledgers::api_server(client.clone()),
             client,
             namespace: namespace.to_string(),
         }
+    }
+
+    /// Reads ledgers kept in PostgreSQL with `db` as well, for an asker RBAC lets read
+    /// ledgers in the namespace.
+    pub fn with_postgres(mut self, db: Option<PgLedger>) -> Self {
+        if let Some(db) = db {
+            self.ledgers = Ledgers::with_postgres(self.client.clone(), db);
+        }
+        self
     }
 
     /// Sets `spec.stop` unless the run already ended.
@@ -170,25 +184,42 @@ impl RunRequests {
 
     /// The run's ledger, checked by the store's reader (contiguous, its own run's segments).
     pub async fn ledger(&self, run: &AgentRun) -> Result<Vec<LedgerSegment>, RequestError> {
-        let ledger = Ledgers::api_server(self.client.clone()).for_run(run);
-        let listed = match ledger {
-            Ok(ledger) => ledger.list().await,
-            Err(err) => Err(err),
-        };
-        listed.map_err(|e| match e {
+        self.ledger_after(run, 0).await
+    }
+
+    /// The run's segments after position `after`, checked as [`Self::ledger`]'s. A ledger
+    /// kept in PostgreSQL is read with this process's credential, never the asker's: the
+    /// API server is asked first whether the asker may read ledgers here, the same question
+    /// it answers for LedgerSegments (RBAC grants it per namespace, never per run).
+    pub async fn ledger_after(
+        &self,
+        run: &AgentRun,
+        after: i64,
+    ) -> Result<Vec<LedgerSegment>, RequestError> {
+        let unreadable = |e: LedgerError| match e {
             LedgerError::Kube(e) => RequestError::Kube(e),
             other => RequestError::Ledger {
                 name: run.name_any(),
                 detail: other.to_string(),
             },
-        })
+        };
+        let ledger = self.ledgers.for_run(run).map_err(unreadable)?;
+        if ledger.read_bypasses_rbac() {
+            let namespace = run.namespace().unwrap_or_else(|| self.namespace.clone());
+            self.probe_ledgers_in(&namespace).await?;
+        }
+        ledger.list_after(after).await.map_err(unreadable)
     }
 
     /// Fails as a read of a ledger in the namespace would (403 for a caller who may not list
     /// LedgerSegments here; RBAC grants it per namespace, never per run), reading one segment
     /// at most: a stream is refused with a plain HTTP answer before it opens, not part-way.
     pub async fn probe_ledgers(&self) -> Result<(), RequestError> {
-        let api: Api<LedgerSegment> = Api::namespaced(self.client.clone(), &self.namespace);
+        self.probe_ledgers_in(&self.namespace).await
+    }
+
+    async fn probe_ledgers_in(&self, namespace: &str) -> Result<(), RequestError> {
+        let api: Api<LedgerSegment> = Api::namespaced(self.client.clone(), namespace);
         let params = kube::api::ListParams::default().limit(1);
         api.list_metadata(&params)
             .await

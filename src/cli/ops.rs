@@ -221,6 +221,14 @@ impl Session {
         };
         listed.map_err(|e| match e {
             LedgerError::Kube(e) => self.error(e),
+            LedgerError::BackendUnavailable { backend } => CliError::Ledger {
+                name: run.name_any(),
+                detail: format!(
+                    "its ledger is kept in {backend:?}, which only baton server reads for                      people: open the run in the server's console, or stream                      /api/v1/namespaces/{}/runs/{}/events from it",
+                    run.namespace().unwrap_or_default(),
+                    run.name_any()
+                ),
+            },
             other => CliError::Ledger {
                 name: run.name_any(),
                 detail: other.to_string(),

@@ -120,8 +120,13 @@ pub fn is_segment_of(seg: &LedgerSegment, run: &str, uid: &str) -> bool {
 
 /// Checks that the segments (sorted by seq) are positions 1..=n, without gaps.
 pub fn check_contiguous(segments: &[LedgerSegment]) -> Result<(), LedgerError> {
+    check_contiguous_after(0, segments)
+}
+
+/// Checks that the segments (sorted by seq) are positions `after + 1`.., without gaps.
+pub fn check_contiguous_after(after: i64, segments: &[LedgerSegment]) -> Result<(), LedgerError> {
     for (i, seg) in segments.iter().enumerate() {
-        let expected = i as i64 + 1;
+        let expected = after + i as i64 + 1;
         if seg.spec.seq != expected {
             return Err(LedgerError::Gap {
                 expected,

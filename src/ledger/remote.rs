@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use super::served::{AppendOutcome, AppendRequest, ledger_path};
-use super::{Appended, LedgerError, check_contiguous, is_segment_of};
+use super::{Appended, LedgerError, check_contiguous_after, is_segment_of};
 use crate::crd::v1alpha1::{LedgerEvent, LedgerSegment};
 use crate::fence::Fence;
 
@@ -106,7 +106,13 @@ impl ServedLedger {
 
     /// All segments of the run, ordered and checked contiguous, this run's only.
     pub async fn list(&self) -> Result<Vec<LedgerSegment>, LedgerError> {
-        let params = [("uid", self.uid.as_str()), ("after", "0")];
+        self.list_after(0).await
+    }
+
+    /// The segments after position `after`, ordered and checked contiguous from there.
+    pub async fn list_after(&self, after: i64) -> Result<Vec<LedgerSegment>, LedgerError> {
+        let position = after.to_string();
+        let params = [("uid", self.uid.as_str()), ("after", position.as_str())];
         let url = reqwest::Url::parse_with_params(&self.url, params).map_err(|e| {
             LedgerError::Served {
                 code: None,
@@ -124,7 +130,7 @@ impl ServedLedger {
         let mut segments: Vec<LedgerSegment> = answer(response).await?;
         segments.retain(|s| is_segment_of(s, &self.run, &self.uid));
         segments.sort_by_key(|s| s.spec.seq);
-        check_contiguous(&segments)?;
+        check_contiguous_after(after, &segments)?;
         Ok(segments)
     }
 }

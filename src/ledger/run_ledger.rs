@@ -43,6 +43,17 @@ impl Ledgers {
         }
     }
 
+    /// Runs kept in PostgreSQL reached directly with `db`: the process holding the
+    /// database's credential (`baton server`), reading for a person. A run whose status does
+    /// not record a backend yet has no ledger anywhere (its first status write comes before
+    /// its first pod), so it is read where nothing is read out of RBAC's sight: the API server.
+    pub fn with_postgres(client: Client, db: PgLedger) -> Self {
+        Self {
+            postgres: Some(db),
+            ..Self::api_server(client)
+        }
+    }
+
     /// The backend a run that has none recorded yet is given.
     pub fn for_new_runs(&self) -> LedgerBackend {
         self.new_runs
@@ -129,6 +140,27 @@ impl RunLedger {
             RunLedger::Postgres(p) => p.list().await,
             RunLedger::Served(r) => r.list().await,
         }
+    }
+
+    /// The segments after position `after`, ordered and checked contiguous from there (a
+    /// follower's read: the API server lists the whole run, a database only what follows).
+    pub async fn list_after(&self, after: i64) -> Result<Vec<LedgerSegment>, LedgerError> {
+        match self {
+            RunLedger::Segments(s) => {
+                let mut segments = s.list().await?;
+                segments.retain(|s| s.spec.seq > after);
+                Ok(segments)
+            }
+            RunLedger::Postgres(p) => p.list_after(after).await,
+            RunLedger::Served(r) => r.list_after(after).await,
+        }
+    }
+
+    /// True when reading this ledger does not pass through the reader's own rights (rows
+    /// read with the database credential of the process): the reader's right to read it must
+    /// be asked of Kubernetes first.
+    pub fn read_bypasses_rbac(&self) -> bool {
+        matches!(self, RunLedger::Postgres(_))
     }
 
     /// Fenced append (docs/protocol.md): `events` at `tail + 1` onwards under `fence`.

@@ -20,7 +20,7 @@ use super::error::ApiError;
 use super::identity::csrf_token;
 use crate::crd::v1alpha1::{AgentRun, AgentThread, Phase};
 use crate::kube_util::is_forbidden;
-use crate::requests::{RunRequests, phase_of};
+use crate::requests::phase_of;
 
 /// What every page's header shows.
 pub struct Nav {
@@ -306,9 +306,7 @@ pub async fn run(
     Path((ns, name)): Path<(String, String)>,
 ) -> PageResult {
     let caller = signed_in(caller)?;
-    let read = RunRequests::new(caller.client().clone(), &ns)
-        .read(&name)
-        .await;
+    let read = state.requests(&caller, &ns).read(&name).await;
     let run = state.or_error_page(&caller, &ns, read).await?;
     Ok(html(RunPage {
         nav: state.nav(&caller, &ns).await,
@@ -343,7 +341,7 @@ pub async fn approvals(
     let (runs, refused) = state.waiting_runs(&caller, &ns).await;
     let mut calls = Vec::new();
     for run in &runs {
-        calls.push(waiting_call(&caller, run).await);
+        calls.push(waiting_call(&state, &caller, run).await);
     }
     let nav = Nav {
         namespace: ns,
@@ -359,7 +357,7 @@ pub async fn approvals(
 
 /// The call `run` waits on, whole from its ledger (read with the caller's credential), or
 /// why it cannot be shown (then it cannot be approved from here).
-async fn waiting_call(caller: &Caller, run: &AgentRun) -> WaitingCall {
+async fn waiting_call(state: &ServerState, caller: &Caller, run: &AgentRun) -> WaitingCall {
     let namespace = run.namespace().unwrap_or_default();
     let pending = run.status.as_ref().and_then(|s| s.pending_approval.clone());
     let mut call = WaitingCall {
@@ -370,7 +368,7 @@ async fn waiting_call(caller: &Caller, run: &AgentRun) -> WaitingCall {
         arguments: None,
         problem: String::new(),
     };
-    let requests = RunRequests::new(caller.client().clone(), &namespace);
+    let requests = state.requests(caller, &namespace);
     match requests.recorded_call(&call.run, None).await {
         Ok((step, recorded)) => {
             call.step = step;

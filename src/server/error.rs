@@ -44,6 +44,9 @@ pub enum ApiError {
     /// The ledger's database failed or is out of reach: the writer retries.
     #[error("the ledger's database: {0}")]
     LedgerUnavailable(String),
+    /// The ledger does not read as one (a gap, a row of another run): no retry mends it.
+    #[error("the ledger: {0}")]
+    LedgerBroken(String),
 }
 
 impl From<kube::Error> for ApiError {
@@ -87,6 +90,7 @@ impl ApiError {
             ApiError::LedgerUnavailable(_) => {
                 (StatusCode::SERVICE_UNAVAILABLE, "LedgerUnavailable")
             }
+            ApiError::LedgerBroken(_) => (StatusCode::INTERNAL_SERVER_ERROR, "LedgerBroken"),
         };
         (code, reason.to_string())
     }

@@ -1,7 +1,9 @@
 //! Fan-out: one pair of API watches (LedgerSegments and AgentRuns of a namespace) per
 //! credential and namespace, however many streams that caller follows there. A follower
 //! subscribes to its hub, reads its replay from the ledger with its own credential, then
-//! takes the live tail from the hub.
+//! takes the live tail from the hub. Runs kept in PostgreSQL have no LedgerSegments to
+//! watch: the database announces each row (LISTEN/NOTIFY, one connection per process), and a
+//! follower reads the rows announced for its run, as it reads its replay.
 //!
 //! Why per credential and not one per namespace: a shared watch is made with somebody's
 //! identity. The server's own would need the right to read every transcript, which it must
@@ -29,6 +31,7 @@ use tokio::task::JoinHandle;
 use super::caller::Caller;
 use super::metrics::ServerMetrics;
 use crate::crd::v1alpha1::{AgentRun, LedgerSegment};
+use crate::ledger::postgres::{Notice, PgLedger};
 
 /// How many changes a slow follower may fall behind before it must read the ledger again.
 const BACKLOG: usize = 1024;
@@ -42,6 +45,13 @@ const RETRY: Duration = Duration::from_secs(2);
 #[derive(Clone, Debug)]
 pub enum Change {
     Segment(Arc<LedgerSegment>),
+    /// The database announced a row at `seq` of the run with UID `run_uid` (runs kept in
+    /// PostgreSQL): the announcement carries no content, the follower reads the row with
+    /// its own rights.
+    Appended {
+        run_uid: String,
+        seq: i64,
+    },
     Run(Arc<AgentRun>),
     RunDeleted(Arc<AgentRun>),
     /// The watch started again from the namespace's present state: what happened meanwhile
@@ -93,6 +103,9 @@ type HubKey = (Arc<str>, String);
 pub struct Hubs {
     live: Mutex<HashMap<HubKey, Weak<Hub>>>,
     metrics: Arc<ServerMetrics>,
+    /// The database's announcements of appended rows, when this server keeps ledgers in
+    /// PostgreSQL: one listening connection for the process, each hub takes its namespace's.
+    rows: Option<broadcast::Receiver<Notice>>,
 }
 
 impl Hubs {
@@ -100,7 +113,14 @@ impl Hubs {
         Self {
             live: Mutex::new(HashMap::new()),
             metrics,
+            rows: None,
         }
+    }
+
+    /// Hubs that also pass on the rows the database announces (`db`'s LISTEN).
+    pub fn with_rows(mut self, db: &PgLedger) -> Self {
+        self.rows = Some(db.listen(RETRY));
+        self
     }
 
     /// The hub of `caller` in `namespace`, started if none is live.
@@ -116,10 +136,13 @@ impl Hubs {
         let runs: Api<AgentRun> = Api::namespaced(caller.client().clone(), namespace);
         let metrics = self.metrics.clone();
         let sender = tx.clone();
+        let rows = self.rows.as_ref().map(broadcast::Receiver::resubscribe);
+        let namespace = namespace.to_string();
         let task = tokio::spawn(async move {
             tokio::join!(
                 tail(segments, sender.clone(), &metrics, segment_change),
-                tail(runs, sender, &metrics, run_change),
+                tail(runs, sender.clone(), &metrics, run_change),
+                announced(rows, &namespace, sender),
             );
         });
         self.metrics.hubs.inc();
@@ -130,6 +153,32 @@ impl Hubs {
         });
         live.insert(key, Arc::downgrade(&hub));
         hub
+    }
+}
+
+/// Passes on the rows the database announces in `namespace`, for ever (none when this
+/// server keeps no ledger in PostgreSQL). A lost announcement (the listening connection made
+/// again, or this hub fallen behind) is a resync: every follower reads again.
+async fn announced(
+    rows: Option<broadcast::Receiver<Notice>>,
+    namespace: &str,
+    tx: broadcast::Sender<Change>,
+) {
+    let Some(mut rows) = rows else {
+        return;
+    };
+    loop {
+        let change = match rows.recv().await {
+            Ok(Notice::Appended {
+                namespace: ns,
+                run_uid,
+                seq,
+            }) if ns == namespace => Change::Appended { run_uid, seq },
+            Ok(Notice::Appended { .. }) => continue,
+            Ok(Notice::Resync) | Err(broadcast::error::RecvError::Lagged(_)) => Change::Resync,
+            Err(broadcast::error::RecvError::Closed) => return,
+        };
+        let _ = tx.send(change);
     }
 }
 

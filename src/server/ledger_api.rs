@@ -20,7 +20,7 @@ use super::ServerState;
 use super::caller::bearer_of;
 use super::error::ApiError;
 use crate::crd::v1alpha1::{AgentRun, LedgerSegment};
-use crate::ledger::postgres::PgLedger;
+use crate::ledger::postgres::{PgError, PgLedger};
 use crate::ledger::served::{AppendOutcome, AppendRequest, LEDGER_AUDIENCE, ReadQuery};
 use crate::ledger::{LedgerError, segment_of_run};
 use crate::webhook::review::user_may;
@@ -46,6 +46,11 @@ impl LedgerService {
             client,
             controller_users,
         }
+    }
+
+    /// The database, for the API's readers (who are asked of Kubernetes first).
+    pub(super) fn db(&self) -> &PgLedger {
+        &self.db
     }
 
     /// The user a ledger token belongs to; refused unless the API server says it is valid for
@@ -124,8 +129,17 @@ fn service(state: &ServerState) -> Result<&LedgerService, ApiError> {
     })
 }
 
-fn unavailable(err: LedgerError) -> ApiError {
-    ApiError::LedgerUnavailable(err.to_string())
+/// A ledger operation's failure as an answer: the database out of reach is worth a retry
+/// (503); events that cannot be stored are the writer's (400); anything else is a ledger
+/// that does not read as one (500), which no retry mends.
+fn failed(err: LedgerError) -> ApiError {
+    match err {
+        LedgerError::Postgres(PgError::Db(_) | PgError::Pool(_)) => {
+            ApiError::LedgerUnavailable(err.to_string())
+        }
+        LedgerError::Encode(_) => ApiError::BadRequest(format!("events: {err}")),
+        other => ApiError::LedgerBroken(other.to_string()),
+    }
 }
 
 /// `POST /ledger/v1/namespaces/{ns}/runs/{run}/segments`: a fenced append.
@@ -147,7 +161,7 @@ pub async fn append(
     let result = ledger
         .append(request.tail, request.fence, request.events)
         .await;
-    Ok(Json(AppendOutcome::of(result).map_err(unavailable)?))
+    Ok(Json(AppendOutcome::of(result).map_err(failed)?))
 }
 
 /// `GET /ledger/v1/namespaces/{ns}/runs/{run}/segments?uid=…&after=…`: the run's segments
@@ -168,6 +182,6 @@ pub async fn read(
         )));
     }
     let ledger = service.db.for_run(&namespace, &name, &query.uid);
-    let segments = ledger.list_after(query.after).await.map_err(unavailable)?;
+    let segments = ledger.list_after(query.after).await.map_err(failed)?;
     Ok(Json(segments))
 }

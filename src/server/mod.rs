@@ -154,10 +154,19 @@ impl ServerState {
         }
     }
 
-    /// Serves the ledgers `ledger` keeps, besides the API.
+    /// Serves the ledgers `ledger` keeps, besides the API: to their writers, and to the
+    /// API's and the console's readers (each asked of Kubernetes first, as for LedgerSegments).
     pub fn with_ledger(mut self, ledger: LedgerService) -> Self {
+        self.hubs = Hubs::new(self.metrics.clone()).with_rows(ledger.db());
         self.ledger = Some(ledger);
         self
+    }
+
+    /// `caller`'s requests on the runs of `namespace`, reading ledgers wherever this server
+    /// can reach them.
+    fn requests(&self, caller: &caller::Caller, namespace: &str) -> crate::requests::RunRequests {
+        crate::requests::RunRequests::new(caller.client().clone(), namespace)
+            .with_postgres(self.ledger.as_ref().map(|l| l.db().clone()))
     }
 
     /// The one-time sign-in secret of `baton console` (None in-cluster, or once used).

@@ -19,7 +19,7 @@ use super::error::ApiError;
 use super::stream::Follow;
 use super::{ServerState, sse_response};
 use crate::crd::v1alpha1::{AgentRun, Phase, Verdict};
-use crate::requests::{RunRequests, Stopped, phase_of};
+use crate::requests::{Stopped, phase_of};
 
 /// `?thread=`, `?phase=`, `?labelSelector=` of a list.
 #[derive(Deserialize, Default)]
@@ -62,14 +62,11 @@ fn parse_phase(text: &str) -> Result<Phase, ApiError> {
 }
 
 pub async fn get(
+    State(state): State<Arc<ServerState>>,
     caller: Caller,
     Path((ns, name)): Path<(String, String)>,
 ) -> Result<Json<AgentRun>, ApiError> {
-    Ok(Json(
-        RunRequests::new(caller.client().clone(), &ns)
-            .read(&name)
-            .await?,
-    ))
+    Ok(Json(state.requests(&caller, &ns).read(&name).await?))
 }
 
 /// `?after=` (a position or an event id) and `?lastEventId=` for clients that cannot set a
@@ -101,7 +98,7 @@ pub async fn events(
     let resume = query.resume(&headers)?;
     let hub = state.hubs.join(&caller, &ns);
     let (tx, rx) = tokio::sync::mpsc::channel(64);
-    let mut follow = Follow::new(RunRequests::new(caller.client().clone(), &ns), hub, tx);
+    let mut follow = Follow::new(state.requests(&caller, &ns), hub, tx);
     // Read (and so authorized) before the stream opens: a refusal is a plain HTTP answer.
     let run = follow.requests().read(&name).await?;
     follow.requests().probe_ledgers().await?;
@@ -116,13 +113,11 @@ pub async fn events(
 }
 
 pub async fn stop(
+    State(state): State<Arc<ServerState>>,
     caller: Caller,
     Path((ns, name)): Path<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
-    let answer = match RunRequests::new(caller.client().clone(), &ns)
-        .stop(&name)
-        .await?
-    {
+    let answer = match state.requests(&caller, &ns).stop(&name).await? {
         Stopped::Requested(phase) => json!({ "stopRequested": true, "phase": phase }),
         Stopped::AlreadyEnded(phase) => json!({ "stopRequested": false, "phase": phase }),
     };
@@ -136,12 +131,14 @@ pub struct InputBody {
 }
 
 pub async fn input(
+    State(state): State<Arc<ServerState>>,
     caller: Caller,
     Path((ns, name)): Path<(String, String)>,
     body: Result<Json<InputBody>, JsonRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let Json(body) = body.map_err(bad_body)?;
-    let count = RunRequests::new(caller.client().clone(), &ns)
+    let count = state
+        .requests(&caller, &ns)
         .input(&name, &body.text)
         .await?;
     Ok(Json(json!({ "inputs": count })))
@@ -156,6 +153,7 @@ pub struct DecisionBody {
 }
 
 pub async fn decide(
+    State(state): State<Arc<ServerState>>,
     caller: Caller,
     Path((ns, name)): Path<(String, String)>,
     body: Result<Json<DecisionBody>, JsonRejection>,
@@ -167,7 +165,8 @@ pub async fn decide(
             "reason: required to deny a call (the model is told why)".into(),
         ));
     }
-    let decided = RunRequests::new(caller.client().clone(), &ns)
+    let decided = state
+        .requests(&caller, &ns)
         .decide(&name, body.step, body.decision, reason)
         .await?;
     let call = decided

@@ -130,6 +130,11 @@ impl Follow {
                         return Moved::Gap;
                     }
                 }
+                Some(Change::Appended { run_uid, seq })
+                    if run_uid == state.uid && seq > state.sent.tail() =>
+                {
+                    return Moved::Gap;
+                }
                 Some(Change::Run(r)) if r.uid().as_deref() == Some(&state.uid) => {
                     return Moved::Run(Box::new((*r).clone()), false);
                 }
@@ -153,7 +158,7 @@ impl Follow {
     /// Reads the ledger (the caller's credential, the store's checks) and sends what follows
     /// the cursor; Some when the stream must end.
     async fn read_ledger(&mut self, run: &AgentRun, state: &mut RunState) -> Option<Ended> {
-        match self.requests.ledger(run).await {
+        match self.requests.ledger_after(run, state.sent.tail()).await {
             Ok(segments) => {
                 for s in segments {
                     state.sent.offer(Arc::new(s));
@@ -229,7 +234,8 @@ impl Follow {
 enum Moved {
     /// The run as it is now; true when the ledger must be read again.
     Run(Box<AgentRun>, bool),
-    /// A segment is missing: read the ledger again.
+    /// A segment is missing, or the database announced one the hub does not carry: read
+    /// the ledger again.
     Gap,
     Deleted,
     ClientGone,

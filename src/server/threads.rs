@@ -23,7 +23,7 @@ use super::stream::{Ended, Follow, json_event};
 use super::{ServerState, sse_response};
 use crate::crd::v1alpha1::{AgentRun, AgentThread, BusyPolicy};
 use crate::kube_util::is_not_found;
-use crate::requests::{RunRequests, phase_of};
+use crate::requests::phase_of;
 
 pub async fn list(caller: Caller, Path(ns): Path<String>) -> Result<Json<Value>, ApiError> {
     let api: Api<AgentThread> = Api::namespaced(caller.client().clone(), &ns);
@@ -120,7 +120,7 @@ pub async fn events(
     let resume = query.resume(&headers)?;
     let thread = read_thread(caller.client(), &ns, &name).await?;
     // Refused before the stream opens for a caller who may not read transcripts here.
-    let requests = RunRequests::new(caller.client().clone(), &ns);
+    let requests = state.requests(&caller, &ns);
     requests.probe_ledgers().await?;
     let hub = state.hubs.join(&caller, &ns);
     let (tx, rx) = tokio::sync::mpsc::channel(64);

@@ -7,6 +7,7 @@ use crate::common::TestNamespace;
 use crate::common::in_process::{controller_config, start_controller_with};
 use crate::common::worker_proc::*;
 use crate::rbac::mint_token_for;
+use crate::sse::{SseReader, segments};
 use crate::support::*;
 use baton::crd::v1alpha1::{AgentRun, AgentRunStatus, LeaseSpec, LedgerBackend, Phase};
 use baton::fence::{Fence, worker_pod_name};
@@ -316,6 +317,23 @@ async fn a_run_kept_in_postgresql_survives_a_kill_and_leaves_no_segment_in_the_a
         .uid()
         .unwrap();
 
+    // A person who may read transcripts here follows the run through the server from the
+    // start; one who may read runs but not transcripts is refused.
+    let reader = person(&ns, "alice", run_user_rules()).await;
+    let events_url = format!("{base}/api/v1/namespaces/{}/runs/pg/events", ns.name);
+    let follower = {
+        let mut stream = SseReader::open(&events_url, &reader, None).await;
+        tokio::spawn(async move { stream.until_end().await })
+    };
+    let runs_only = vec![rule(&["agentruns"], &["get", "list", "watch"])];
+    let nosy = person(&ns, "mallory", runs_only).await;
+    let refused = SseReader::try_open(&events_url, &nosy, None).await;
+    assert!(
+        refused.as_ref().is_err_and(|e| e.contains("403")),
+        "a reader of runs only was not refused the transcript: {:?}",
+        refused.err()
+    );
+
     // The first attempt is killed while the model answers; the second resumes it from the
     // rows the first wrote, read through the server.
     let mut first = start_pg_worker(&ns, "pg", 1).await;
@@ -342,11 +360,32 @@ async fn a_run_kept_in_postgresql_survives_a_kill_and_leaves_no_segment_in_the_a
         .await
         .unwrap();
     assert!(objects.items.is_empty(), "{:?}", objects.items);
+
+    // The follower saw the rows as they were written (the database's announcements), not
+    // only in the read at the end, and saw the whole ledger once, in order.
+    let streamed = follower.await.expect("the follower");
+    let ended_at = streamed
+        .iter()
+        .position(|e| e.event == "status" && e.data["phase"] == "Succeeded")
+        .expect("the run's end was streamed");
+    assert!(
+        streamed[..ended_at].iter().any(|e| e.event == "segment"),
+        "no segment came live, before the run ended: {streamed:?}"
+    );
     let url = std::env::var("BATON_TEST_POSTGRES_URL").unwrap();
     let db = baton::ledger::postgres::PgLedger::connect(&url, 1)
         .await
         .unwrap();
     let rows = db.for_run(&ns.name, "pg", &uid).list().await.unwrap();
+    let positions: Vec<i64> = segments(&streamed)
+        .iter()
+        .map(|e| e.data["seq"].as_i64().unwrap())
+        .collect();
+    let stored: Vec<i64> = rows.iter().map(|s| s.spec.seq).collect();
+    assert_eq!(
+        positions, stored,
+        "the stream is the ledger, once, in order"
+    );
     let fences: Vec<i64> = rows.iter().map(|s| s.spec.fence.get()).collect();
     assert!(fences.contains(&1) && fences.contains(&2), "{fences:?}");
     assert!(fences.windows(2).all(|w| w[0] <= w[1]), "{fences:?}");

@@ -19,7 +19,7 @@ use tokio_postgres::types::Json;
 use tokio_postgres::{AsyncMessage, NoTls, Row};
 
 use super::append::{Appended, AtPosition, Positions, append_fenced, segment_of_run};
-use super::{LedgerError, SEGMENT_BUDGET_BYTES, check_contiguous, is_segment_of};
+use super::{LedgerError, SEGMENT_BUDGET_BYTES, check_contiguous_after, is_segment_of};
 use crate::crd::v1alpha1::{LEDGER_FORMAT_VERSION, LedgerEvent, LedgerSegment};
 use crate::fence::Fence;
 
@@ -270,13 +270,19 @@ impl PgRunLedger {
 
     /// All segments of the run, ordered by position and checked to be contiguous.
     pub async fn list(&self) -> Result<Vec<LedgerSegment>, LedgerError> {
-        let segments = self.list_after(0).await?;
-        check_contiguous(&segments)?;
+        self.list_after(0).await
+    }
+
+    /// The segments after position `after`, in order and checked contiguous from there (a
+    /// follower's read).
+    pub async fn list_after(&self, after: i64) -> Result<Vec<LedgerSegment>, LedgerError> {
+        let segments = self.rows_after(after).await?;
+        check_contiguous_after(after, &segments)?;
         Ok(segments)
     }
 
-    /// The segments after position `after`, in order (a follower's read).
-    pub async fn list_after(&self, after: i64) -> Result<Vec<LedgerSegment>, LedgerError> {
+    /// The rows after position `after`, in order, this run's only.
+    async fn rows_after(&self, after: i64) -> Result<Vec<LedgerSegment>, LedgerError> {
         let rows = self
             .db
             .in_namespace(&self.namespace, LIST_AFTER, &[&self.run_uid, &after])
