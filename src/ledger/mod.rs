@@ -50,6 +50,10 @@ pub enum LedgerError {
     /// The run was closed by the controller: nothing may be appended.
     #[error("ledger is closed at position {seq} (fence {fence})")]
     Closed { seq: i64, fence: Fence },
+    /// The run was deleted and its ledger with it (a run kept in PostgreSQL: its rows are
+    /// deleted behind a tombstone that refuses every later append): nothing may be appended.
+    #[error("the run was deleted: its ledger takes no segment (position {seq})")]
+    Deleted { seq: i64 },
     /// Segments are not contiguous from 1.
     #[error("ledger has a gap: expected position {expected}, found {found}")]
     Gap { expected: i64, found: i64 },
@@ -82,7 +86,9 @@ impl LedgerError {
     pub fn is_lost(&self) -> bool {
         matches!(
             self,
-            LedgerError::Superseded { .. } | LedgerError::Closed { .. }
+            LedgerError::Superseded { .. }
+                | LedgerError::Closed { .. }
+                | LedgerError::Deleted { .. }
         )
     }
 
@@ -91,6 +97,7 @@ impl LedgerError {
         match self {
             LedgerError::Superseded { .. } => "superseded",
             LedgerError::Closed { .. } => "closed",
+            LedgerError::Deleted { .. } => "deleted",
             LedgerError::Gap { .. } => "gap",
             LedgerError::ForeignSegment { .. } => "foreign_segment",
             LedgerError::CorruptChunk { .. } => "corrupt_chunk",

@@ -28,8 +28,9 @@ pub struct AppendRequest {
     pub events: Vec<LedgerEvent>,
 }
 
-/// What a fenced append came to: stored, or the run lost (an answer, not a failure: the
-/// writer stops writing, as it would on LedgerSegments).
+/// What a fenced append came to: stored, or the run lost (to a newer fence, a seal or its
+/// deletion: an answer, not a failure; the writer stops writing, as it would on
+/// LedgerSegments).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "outcome", rename_all = "camelCase")]
 pub enum AppendOutcome {
@@ -47,6 +48,8 @@ pub enum AppendOutcome {
     },
     #[serde(rename_all = "camelCase")]
     Closed { seq: i64, fence: Fence },
+    #[serde(rename_all = "camelCase")]
+    Deleted { seq: i64 },
 }
 
 impl AppendOutcome {
@@ -62,6 +65,7 @@ impl AppendOutcome {
                 Ok(AppendOutcome::Superseded { seq, ours, theirs })
             }
             Err(LedgerError::Closed { seq, fence }) => Ok(AppendOutcome::Closed { seq, fence }),
+            Err(LedgerError::Deleted { seq }) => Ok(AppendOutcome::Deleted { seq }),
             Err(other) => Err(other),
         }
     }
@@ -82,6 +86,7 @@ impl AppendOutcome {
                 Err(LedgerError::Superseded { seq, ours, theirs })
             }
             AppendOutcome::Closed { seq, fence } => Err(LedgerError::Closed { seq, fence }),
+            AppendOutcome::Deleted { seq } => Err(LedgerError::Deleted { seq }),
         }
     }
 }
@@ -111,6 +116,7 @@ mod tests {
                 seq: 5,
                 fence: Fence::new(2),
             },
+            LedgerError::Deleted { seq: 6 },
         ];
         for err in lost {
             let text = err.to_string();

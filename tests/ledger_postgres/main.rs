@@ -200,6 +200,76 @@ async fn a_runs_rows_are_deleted_with_it_and_no_other_runs() {
 }
 
 #[tokio::test]
+async fn a_deleted_runs_writers_append_nothing_more() {
+    let db = ledger().await;
+    let run = db.for_run("team-a", "r", &uid());
+    run.append(0, Fence::new(1), said("a")).await.unwrap();
+    run.append(1, Fence::new(2), said("b")).await.unwrap();
+    assert_eq!(run.delete().await.unwrap(), 2);
+    // Every position is free again, and no fence is there to oppose a writer: the
+    // tombstone does. The writer at the tail and one far behind it both lose the run.
+    for (tail, fence) in [(2, 2), (0, 1), (1, 3)] {
+        let err = run
+            .append(tail, Fence::new(fence), said("late"))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, LedgerError::Deleted { .. }), "{err}");
+        assert!(err.is_lost());
+    }
+    assert!(run.list().await.unwrap().is_empty());
+    assert_eq!(
+        run.delete().await.unwrap(),
+        0,
+        "a second deletion finds nothing"
+    );
+}
+
+#[tokio::test]
+async fn an_append_that_waits_on_a_deletion_sees_its_tombstone() {
+    let db = ledger().await;
+    let uid = uid();
+    let run = db.for_run("team-a", "r", &uid);
+    run.append(0, Fence::new(1), said("a")).await.unwrap();
+    // A deletion holding the lock, its tombstone written and not yet committed...
+    let url = std::env::var("BATON_TEST_POSTGRES_URL").unwrap();
+    let (mut deleter, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let tx = deleter.transaction().await.unwrap();
+    tx.execute("SELECT set_config('baton.namespace', 'team-a', true)", &[])
+        .await
+        .unwrap();
+    tx.batch_execute("LOCK TABLE ledger_segments IN SHARE ROW EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    tx.execute(
+        "INSERT INTO ledger_tombstones (namespace, run_uid) VALUES ('team-a', $1)",
+        &[&uid],
+    )
+    .await
+    .unwrap();
+    // ...an append comes meanwhile, and waits for it.
+    let writer = run.clone();
+    let append = tokio::spawn(async move { writer.append(1, Fence::new(1), said("b")).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !append.is_finished(),
+        "the append waits for the deletion's lock"
+    );
+    tx.commit().await.unwrap();
+    // Its snapshot is taken once the lock is released: it sees the tombstone, not a free
+    // position.
+    let err = append.await.unwrap().unwrap_err();
+    assert!(matches!(err, LedgerError::Deleted { .. }), "{err}");
+    assert_eq!(
+        run.list().await.unwrap().len(),
+        1,
+        "nothing landed after it"
+    );
+}
+
+#[tokio::test]
 async fn big_events_are_split_across_positions_and_rebuilt() {
     let db = ledger().await;
     let run = db.for_run("team-a", "r", &uid()).with_budget(4096);

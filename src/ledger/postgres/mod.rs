@@ -53,20 +53,35 @@ pub enum PgError {
 /// on the same connection, in the same round trip.
 const IN_NAMESPACE: &str = "SELECT set_config('baton.namespace', $1, false)";
 
-/// The fenced append, one statement: the row is inserted if its position is free; if not,
-/// the row holding it comes back (the `NOT EXISTS` arm reads it in the same snapshot).
+/// [`IN_NAMESPACE`] for the rest of one transaction only.
+const IN_NAMESPACE_HERE: &str = "SELECT set_config('baton.namespace', $1, true)";
+
+/// The fenced append, one statement: the row is inserted if its position is free and the
+/// run has no tombstone; if not, the row holding it comes back (the `NOT EXISTS` arm reads it
+/// in the same snapshot), or the tombstone.
 const APPEND: &str = "
     WITH inserted AS (
         INSERT INTO ledger_segments (namespace, run, run_uid, seq, fence, format, events)
-        VALUES ($1, $2, $3, $4, $5, $6, $7)
+        SELECT $1, $2, $3, $4::bigint, $5::bigint, $6::integer, $7::json
+         WHERE NOT EXISTS (SELECT 1 FROM ledger_tombstones WHERE run_uid = $3)
         ON CONFLICT (run_uid, seq) DO NOTHING
         RETURNING seq)
-    SELECT true AS created, NULL::text AS run, NULL::bigint AS fence, NULL::integer AS format,
-           NULL::json AS events
+    SELECT 'created' AS found, NULL::text AS run, NULL::bigint AS fence,
+           NULL::integer AS format, NULL::json AS events
       FROM inserted
     UNION ALL
-    SELECT false, run, fence, format, events FROM ledger_segments
-     WHERE run_uid = $3 AND seq = $4 AND NOT EXISTS (SELECT 1 FROM inserted)";
+    SELECT 'taken', run, fence, format, events FROM ledger_segments
+     WHERE run_uid = $3 AND seq = $4 AND NOT EXISTS (SELECT 1 FROM inserted)
+    UNION ALL
+    SELECT 'deleted', NULL, NULL, NULL, NULL FROM ledger_tombstones WHERE run_uid = $3";
+
+/// A lock no append to the table can share (an insert holds ROW EXCLUSIVE): taken, it waits
+/// for the appends in flight to commit, and an append that comes meanwhile waits for it.
+const NO_APPENDS: &str = "LOCK TABLE ledger_segments IN SHARE ROW EXCLUSIVE MODE";
+
+const TOMBSTONE: &str = "
+    INSERT INTO ledger_tombstones (namespace, run_uid) VALUES ($1, $2)
+    ON CONFLICT (run_uid, namespace) DO NOTHING";
 
 const LIST_AFTER: &str = "
     SELECT run, seq, fence, format, events FROM ledger_segments
@@ -153,6 +168,21 @@ impl PgLedger {
             client.query(&statement, params)
         )?;
         Ok(rows)
+    }
+
+    /// Writes the tombstone of run `run_uid` of `namespace`, after which no append to it
+    /// lands. The lock waits for the appends in flight (their rows are then there to be
+    /// deleted), and an append that waited for the lock takes its snapshot once it is
+    /// released, so it sees the tombstone (READ COMMITTED takes a statement's snapshot after
+    /// the statement's locks are held). The lock is held for this one insert.
+    async fn bury(&self, namespace: &str, run_uid: &str) -> Result<(), PgError> {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        tx.execute(IN_NAMESPACE_HERE, &[&namespace]).await?;
+        tx.batch_execute(NO_APPENDS).await?;
+        tx.execute(TOMBSTONE, &[&namespace, &run_uid]).await?;
+        tx.commit().await?;
+        Ok(())
     }
 
     /// Every append the database announces, from now on; a lost listening connection is made
@@ -300,8 +330,10 @@ impl PgRunLedger {
         Ok(segments)
     }
 
-    /// Deletes every segment of the run; returns how many there were.
+    /// Deletes every segment of the run, for good: its tombstone first (no append lands
+    /// after it), then its rows; returns how many there were. Idempotent.
     pub async fn delete(&self) -> Result<i64, LedgerError> {
+        self.db.bury(&self.namespace, &self.run_uid).await?;
         let rows = self
             .db
             .in_namespace(&self.namespace, DELETE_RUN, &[&self.run_uid])
@@ -320,7 +352,8 @@ impl PgRunLedger {
         append_fenced(self, tail, fence, events).await
     }
 
-    /// One [`APPEND`] statement at `seq`: the row created, or the row in the way.
+    /// One [`APPEND`] statement at `seq`: the row created, or the row in the way; the run
+    /// deleted is an error (lost).
     async fn try_position(
         &self,
         seq: i64,
@@ -343,14 +376,18 @@ impl PgRunLedger {
                 ],
             )
             .await?;
-        let Some(row) = rows.first() else {
-            return Ok(None);
-        };
-        if row.get::<_, bool>("created") {
+        let found = |what: &str| rows.iter().find(|r| r.get::<_, &str>("found") == what);
+        if found("deleted").is_some() {
+            return Err(LedgerError::Deleted { seq });
+        }
+        if found("created").is_some() {
             let created = self.segment(seq, fence, LEDGER_FORMAT_VERSION, events.to_vec());
             return Ok(Some(AtPosition::Created(created)));
         }
-        Ok(Some(AtPosition::Taken(self.segment_of_row(row, seq)?)))
+        match found("taken") {
+            Some(row) => Ok(Some(AtPosition::Taken(self.segment_of_row(row, seq)?))),
+            None => Ok(None),
+        }
     }
 
     /// The segment a row holds (`seq` when the row carries none).

@@ -44,6 +44,25 @@ const STEPS: &[&str] = &[
     CREATE TRIGGER ledger_segments_notify AFTER INSERT ON ledger_segments
         FOR EACH ROW EXECUTE FUNCTION ledger_segments_notify();
     "#,
+    // 2: a deleted run's tombstone. Deleting rows frees their positions, and a fenced
+    // append is judged only where it collides: a writer still running would write at a
+    // freed position unopposed. The append refuses a run with a tombstone; the tombstone is
+    // written under a table lock that waits for appends in flight (see `PgLedger::bury`).
+    // Namespaces apart, as for the segments (keyed by namespace too: a tombstone written in
+    // one namespace's session never stands in for another's).
+    r#"
+    CREATE TABLE ledger_tombstones (
+        namespace  text        NOT NULL CHECK (namespace <> ''),
+        run_uid    text        NOT NULL CHECK (run_uid <> ''),
+        deleted_at timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (run_uid, namespace)
+    );
+    ALTER TABLE ledger_tombstones ENABLE ROW LEVEL SECURITY;
+    ALTER TABLE ledger_tombstones FORCE ROW LEVEL SECURITY;
+    CREATE POLICY one_namespace ON ledger_tombstones
+        USING (namespace = current_setting('baton.namespace', true))
+        WITH CHECK (namespace = current_setting('baton.namespace', true));
+    "#,
 ];
 
 /// The schema version this binary writes.
