@@ -36,6 +36,13 @@ impl ErrorClass {
             Error::Ledger(LedgerError::Kube(e)) if crate::kube_util::is_forbidden(e) => {
                 ErrorClass::Forbidden
             }
+            // `baton server` refused the controller's token (401) or its write (403): a
+            // person fixes that (the token's audience, --controller-user), not a retry.
+            Error::Ledger(LedgerError::Served {
+                code: Some(401 | 403),
+                ..
+            }) => ErrorClass::Forbidden,
+            Error::Ledger(LedgerError::BackendUnavailable { .. }) => ErrorClass::Stuck,
             _ => ErrorClass::Transient,
         }
     }
@@ -103,5 +110,19 @@ mod tests {
             ErrorClass::of(&Error::Kube(unavailable)),
             ErrorClass::Transient
         );
+        let served = |code| {
+            Error::Ledger(LedgerError::Served {
+                code,
+                message: "x".into(),
+            })
+        };
+        assert_eq!(ErrorClass::of(&served(Some(403))), ErrorClass::Forbidden);
+        assert_eq!(ErrorClass::of(&served(Some(401))), ErrorClass::Forbidden);
+        assert_eq!(ErrorClass::of(&served(Some(503))), ErrorClass::Transient);
+        assert_eq!(ErrorClass::of(&served(None)), ErrorClass::Transient);
+        let elsewhere = LedgerError::BackendUnavailable {
+            backend: crate::crd::v1alpha1::LedgerBackend::PostgreSQL,
+        };
+        assert_eq!(ErrorClass::of(&Error::Ledger(elsewhere)), ErrorClass::Stuck);
     }
 }

@@ -21,6 +21,7 @@ mod decision;
 mod election;
 mod events;
 mod ledger_end;
+pub mod ledger_rows;
 mod leftovers;
 mod metrics;
 mod observe;

@@ -17,6 +17,7 @@ use super::context::Context;
 use super::decide::{Action, decide};
 use super::election;
 use super::events;
+use super::ledger_rows;
 use super::observe::observe;
 use super::turn;
 use super::watches::{build, turns_of_thread};
@@ -233,6 +234,14 @@ async fn reconcile_run(run: &AgentRun, ctx: &Context) -> Result<Requeue, Error> 
         // Our own status write has not reached the cache yet; its watch event will bring
         // the run back (the requeue is only a safety net).
         return Ok(Requeue::requeue(SOON));
+    }
+    // A run kept in PostgreSQL is guarded by its finalizer before anything else is done for
+    // it, and while it is deleted nothing else is.
+    if let Some(applied) = ledger_rows::tend(ctx, run).await? {
+        return Ok(match applied {
+            Applied::Done => Requeue::await_change(),
+            Applied::Requeue | Applied::Conflict => Requeue::requeue(SOON),
+        });
     }
     let mut run = run.clone();
     for _ in 0..MAX_REDECIDE {

@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use super::served::{AppendOutcome, AppendRequest, ledger_path};
+use super::served::{AppendOutcome, AppendRequest, Deleted, ledger_path};
 use super::{Appended, LedgerError, check_contiguous_after, is_segment_of};
 use crate::crd::v1alpha1::{LedgerEvent, LedgerSegment};
 use crate::fence::Fence;
@@ -91,16 +91,9 @@ impl ServedLedger {
             fence,
             events,
         };
-        let response = self
-            .server
-            .http
-            .post(&self.url)
-            .bearer_auth(self.server.token.read()?)
-            .json(&request)
-            .send()
-            .await
-            .map_err(unreachable)?;
-        let outcome: AppendOutcome = answer(response).await?;
+        let outcome: AppendOutcome = self
+            .send(self.server.http.post(&self.url).json(&request))
+            .await?;
         outcome.into_result()
     }
 
@@ -113,25 +106,42 @@ impl ServedLedger {
     pub async fn list_after(&self, after: i64) -> Result<Vec<LedgerSegment>, LedgerError> {
         let position = after.to_string();
         let params = [("uid", self.uid.as_str()), ("after", position.as_str())];
-        let url = reqwest::Url::parse_with_params(&self.url, params).map_err(|e| {
-            LedgerError::Served {
-                code: None,
-                message: format!("the ledger server's address {}: {e}", self.url),
-            }
-        })?;
-        let response = self
-            .server
-            .http
-            .get(url)
-            .bearer_auth(self.server.token.read()?)
-            .send()
-            .await
-            .map_err(unreachable)?;
-        let mut segments: Vec<LedgerSegment> = answer(response).await?;
+        let url = self.url_with(&params)?;
+        let mut segments: Vec<LedgerSegment> = self.send(self.server.http.get(url)).await?;
         segments.retain(|s| is_segment_of(s, &self.run, &self.uid));
         segments.sort_by_key(|s| s.spec.seq);
         check_contiguous_after(after, &segments)?;
         Ok(segments)
+    }
+
+    /// Deletes the run's ledger for good (baton's controller, once the run is being
+    /// deleted); returns how many segments there were.
+    pub async fn delete(&self) -> Result<i64, LedgerError> {
+        let url = self.url_with(&[("uid", self.uid.as_str())])?;
+        let deleted: Deleted = self.send(self.server.http.delete(url)).await?;
+        Ok(deleted.segments)
+    }
+
+    /// Sends `request` with the writer's token; the body of a 2xx answer.
+    async fn send<T: serde::de::DeserializeOwned>(
+        &self,
+        request: reqwest::RequestBuilder,
+    ) -> Result<T, LedgerError> {
+        let token = self.server.token.read()?;
+        let response = request
+            .bearer_auth(token)
+            .send()
+            .await
+            .map_err(unreachable)?;
+        answer(response).await
+    }
+
+    /// The run's ledger address with `params`.
+    fn url_with(&self, params: &[(&str, &str)]) -> Result<reqwest::Url, LedgerError> {
+        reqwest::Url::parse_with_params(&self.url, params).map_err(|e| LedgerError::Served {
+            code: None,
+            message: format!("the ledger server's address {}: {e}", self.url),
+        })
     }
 }
 

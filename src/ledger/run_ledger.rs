@@ -163,6 +163,17 @@ impl RunLedger {
         matches!(self, RunLedger::Postgres(_))
     }
 
+    /// Deletes the run's ledger for good, once the run is being deleted; returns how many
+    /// segments there were. LedgerSegments go with their run by themselves (owner
+    /// references, the garbage collector): nothing to do here for them.
+    pub async fn delete(&self) -> Result<i64, LedgerError> {
+        match self {
+            RunLedger::Segments(_) => Ok(0),
+            RunLedger::Postgres(p) => p.delete().await,
+            RunLedger::Served(r) => r.delete().await,
+        }
+    }
+
     /// Fenced append (docs/protocol.md): `events` at `tail + 1` onwards under `fence`.
     pub async fn append(
         &self,

@@ -91,7 +91,15 @@ impl AppendOutcome {
     }
 }
 
-/// A read: the run's segments after position `after` (0: all).
+/// What a deletion of a run's ledger removed.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Deleted {
+    pub segments: i64,
+}
+
+/// A read: the run's segments after position `after` (0: all). A deletion names the run's
+/// UID the same way.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ReadQuery {

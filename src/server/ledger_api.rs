@@ -21,7 +21,7 @@ use super::caller::bearer_of;
 use super::error::ApiError;
 use crate::crd::v1alpha1::{AgentRun, LedgerSegment};
 use crate::ledger::postgres::{PgError, PgLedger};
-use crate::ledger::served::{AppendOutcome, AppendRequest, LEDGER_AUDIENCE, ReadQuery};
+use crate::ledger::served::{AppendOutcome, AppendRequest, Deleted, LEDGER_AUDIENCE, ReadQuery};
 use crate::ledger::{LedgerError, segment_of_run};
 use crate::webhook::review::user_may;
 use crate::webhook::rules::{Ask, RunFacts, Writer, segment_refusal, worker_pod_refusal};
@@ -115,6 +115,32 @@ impl LedgerService {
     }
 }
 
+impl LedgerService {
+    /// Why `user` may not delete the rows of run `name` with UID `uid`, or None: only
+    /// baton's controller may, and only once the run with that UID is gone or being deleted
+    /// (never the rows of a live run).
+    async fn delete_refusal(
+        &self,
+        user: &UserInfo,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+    ) -> Result<Option<String>, ApiError> {
+        let username = user.username.as_deref().unwrap_or_default();
+        if Writer::of(username, &self.controller_users, None) != Writer::Controller {
+            return Ok(Some(format!(
+                "{username} may not delete ledgers: only baton's controller does, once a run \
+                 is deleted"
+            )));
+        }
+        let runs = Api::<AgentRun>::namespaced(self.client.clone(), namespace);
+        let live = runs.get_opt(name).await?.filter(|run| {
+            run.uid().as_deref() == Some(uid) && run.metadata.deletion_timestamp.is_none()
+        });
+        Ok(live.map(|_| format!("run {name} (UID {uid}) is not being deleted: its ledger stays")))
+    }
+}
+
 /// The pod a reviewed token is bound to, if any.
 fn bound_pod(user: &UserInfo) -> Option<&str> {
     let pods = user.extra.as_ref()?.get(POD_NAME_EXTRA)?;
@@ -151,11 +177,18 @@ pub async fn append(
 ) -> Result<Json<AppendOutcome>, ApiError> {
     let service = service(&state)?;
     let user = service.authenticate(&headers).await?;
-    if let Some(refusal) = service
+    match service
         .write_refusal(&user, &namespace, &name, &request)
-        .await?
+        .await
     {
-        return Err(ApiError::Forbidden(refusal));
+        Ok(None) => {}
+        Ok(Some(refusal)) => return Err(ApiError::Forbidden(refusal)),
+        // The run with this UID is gone: its writer lost it for good, as to a tombstone.
+        Err(ApiError::Gone(_)) => {
+            let seq = request.tail + 1;
+            return Ok(Json(AppendOutcome::Deleted { seq }));
+        }
+        Err(err) => return Err(err),
     }
     let ledger = service.db.for_run(&namespace, &name, &request.uid);
     let result = ledger
@@ -184,4 +217,25 @@ pub async fn read(
     let ledger = service.db.for_run(&namespace, &name, &query.uid);
     let segments = ledger.list_after(query.after).await.map_err(failed)?;
     Ok(Json(segments))
+}
+
+/// `DELETE /ledger/v1/namespaces/{ns}/runs/{run}/segments?uid=…`: the run's rows, for good
+/// (baton's controller, finalizing a deleted run).
+pub async fn delete(
+    State(state): State<Arc<ServerState>>,
+    Path((namespace, name)): Path<(String, String)>,
+    Query(query): Query<ReadQuery>,
+    headers: HeaderMap,
+) -> Result<Json<Deleted>, ApiError> {
+    let service = service(&state)?;
+    let user = service.authenticate(&headers).await?;
+    if let Some(refusal) = service
+        .delete_refusal(&user, &namespace, &name, &query.uid)
+        .await?
+    {
+        return Err(ApiError::Forbidden(refusal));
+    }
+    let ledger = service.db.for_run(&namespace, &name, &query.uid);
+    let segments = ledger.delete().await.map_err(failed)?;
+    Ok(Json(Deleted { segments }))
 }

@@ -214,6 +214,7 @@ pub fn router(state: Arc<ServerState>) -> Router {
             &crate::ledger::served::ledger_path("{ns}", "{run}"),
             post(ledger_api::append)
                 .get(ledger_api::read)
+                .delete(ledger_api::delete)
                 .layer(axum::extract::DefaultBodyLimit::max(LEDGER_BODY_LIMIT)),
         )
         .route_layer(middleware::from_fn(names_checked))

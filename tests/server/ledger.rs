@@ -9,6 +9,7 @@ use crate::common::worker_proc::*;
 use crate::rbac::mint_token_for;
 use crate::sse::{SseReader, segments};
 use crate::support::*;
+use baton::controller::ledger_rows::LEDGER_FINALIZER;
 use baton::crd::v1alpha1::{AgentRun, AgentRunStatus, LeaseSpec, LedgerBackend, Phase};
 use baton::fence::{Fence, worker_pod_name};
 use baton::ledger::served::{LEDGER_AUDIENCE, ledger_path};
@@ -103,12 +104,21 @@ async fn read(url: &str, token: &str, uid: &str) -> (u16, Value) {
     get(&format!("{url}?uid={uid}"), Some(token)).await
 }
 
+/// The ledger server for `ns`, admitting a test ServiceAccount as baton's controller; its
+/// base URL, its task, and that controller's ledger token.
+async fn ledger_server_and_controller(ns: &TestNamespace) -> (String, Running, String) {
+    let controller = "baton-test-controller";
+    let controller_user = format!("system:serviceaccount:{}:{controller}", ns.name);
+    let (base, server) = start_ledger_server(vec![controller_user]).await;
+    person(ns, controller, vec![]).await;
+    let token = mint_token_for(&ns.client, &ns.name, controller, LEDGER_AUDIENCE, None).await;
+    (base, server, token)
+}
+
 #[tokio::test]
 async fn only_the_attempt_holding_the_fence_and_the_controller_write_a_served_ledger() {
     let ns = TestNamespace::new("served-ledger").await;
-    let controller = "baton-test-controller";
-    let controller_user = format!("system:serviceaccount:{}:{controller}", ns.name);
-    let (base, _server) = start_ledger_server(vec![controller_user]).await;
+    let (base, _server, seal_token) = ledger_server_and_controller(&ns).await;
     let uid = run_at(&ns, "r", 2).await;
     let other_uid = run_at(&ns, "s", 1).await;
     let url = format!("{base}{}", ledger_path(&ns.name, "r"));
@@ -156,9 +166,12 @@ async fn only_the_attempt_holding_the_fence_and_the_controller_write_a_served_le
         body["message"].as_str().unwrap().contains("may not append"),
         "{body}"
     );
-    // A UID that is not the run's (a re-created namesake) is no write at all.
+    // A UID that is not the run's (a deleted run's, a namesake re-created since) is no
+    // write at all: that run is gone, and its writer is told so.
     let (code, body) = append(&url, &current, &other_uid, 1, 2, "namesake").await;
-    assert_eq!(code, 409, "{body}");
+    assert_eq!((code, &body["outcome"]), (200, &json!("deleted")), "{body}");
+    let (_, rows) = read(&url, &current, &other_uid).await;
+    assert_eq!(rows.as_array().map(Vec::len), Some(0), "{rows}");
 
     // A user with AgentRun rights only mints a ledger token for herself: refused both ways.
     let mallory = "mallory";
@@ -180,8 +193,6 @@ async fn only_the_attempt_holding_the_fence_and_the_controller_write_a_served_le
 
     // The controller seals a claim one above the run's fence; the old attempt then learns
     // it lost the run, as an answer, and nothing of it is stored.
-    person(&ns, controller, vec![]).await;
-    let seal_token = mint_token_for(&ns.client, &ns.name, controller, LEDGER_AUDIENCE, None).await;
     let (code, body) = append(&url, &seal_token, &uid, 1, 3, "claimed").await;
     assert_eq!(code, 200, "{body}");
     assert_eq!(body["tail"].as_i64(), Some(2), "{body}");
@@ -231,6 +242,73 @@ async fn a_namespace_cannot_read_another_namespaces_served_ledger() {
         "{body}"
     );
     elsewhere.cleanup().await;
+    ns.cleanup().await;
+}
+
+async fn delete(url: &str, token: &str, uid: &str) -> (u16, Value) {
+    let response = crate::sse::http()
+        .delete(format!("{url}?uid={uid}"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    let code = response.status().as_u16();
+    (code, response.json().await.unwrap_or_default())
+}
+
+#[tokio::test]
+async fn only_the_controller_deletes_a_served_ledger_and_only_of_a_run_being_deleted() {
+    let ns = TestNamespace::new("served-ledger-del").await;
+    let (base, _server, seal) = ledger_server_and_controller(&ns).await;
+    let uid = run_at(&ns, "r", 1).await;
+    let url = format!("{base}{}", ledger_path(&ns.name, "r"));
+    let writer = pod_token(&ns, &worker_service_account_name("r"), "r-w1").await;
+    let (code, body) = append(&url, &writer, &uid, 0, 1, "kept").await;
+    assert_eq!(code, 200, "{body}");
+
+    // The run's own worker may not delete its ledger; the controller may not while the run
+    // lives.
+    let (code, body) = delete(&url, &writer, &uid).await;
+    assert_eq!(code, 403, "{body}");
+    let (code, body) = delete(&url, &seal, &uid).await;
+    assert_eq!(code, 403, "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("not being deleted"),
+        "{body}"
+    );
+    let (_, rows) = read(&url, &writer, &uid).await;
+    assert_eq!(rows.as_array().map(Vec::len), Some(1), "{rows}");
+
+    // Once the run is gone the controller deletes its rows, and its worker, still running,
+    // learns it lost the run at its next append.
+    ns.api::<AgentRun>()
+        .delete("r", &Default::default())
+        .await
+        .unwrap();
+    let (code, body) = delete(&url, &seal, &uid).await;
+    assert_eq!((code, &body["segments"]), (200, &json!(1)), "{body}");
+    let db = std::env::var("BATON_TEST_POSTGRES_URL").unwrap();
+    let db = baton::ledger::postgres::PgLedger::connect(&db, 1)
+        .await
+        .unwrap();
+    assert!(
+        db.for_run(&ns.name, "r", &uid)
+            .list()
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let late = baton::ledger::LedgerServer::new(&base, baton::ledger::LedgerToken::Fixed(writer))
+        .for_run(&ns.name, "r", &uid)
+        .append(1, Fence::new(1), vec![])
+        .await;
+    assert!(
+        matches!(late, Err(baton::ledger::LedgerError::Deleted { .. })),
+        "{late:?}"
+    );
     ns.cleanup().await;
 }
 
@@ -296,11 +374,7 @@ async fn start_pg_worker(ns: &TestNamespace, run: &str, fence: i64) -> WorkerPro
 async fn a_run_kept_in_postgresql_survives_a_kill_and_leaves_no_segment_in_the_api_server() {
     use baton::crd::v1alpha1::LedgerSegment;
     let ns = TestNamespace::new("served-ledger-run").await;
-    let controller = "baton-test-controller";
-    let controller_user = format!("system:serviceaccount:{}:{controller}", ns.name);
-    let (base, _server) = start_ledger_server(vec![controller_user]).await;
-    person(&ns, controller, vec![]).await;
-    let seal_token = mint_token_for(&ns.client, &ns.name, controller, LEDGER_AUDIENCE, None).await;
+    let (base, _server, seal_token) = ledger_server_and_controller(&ns).await;
     let _controller = start_pg_controller(&ns, &base, seal_token);
     let lease = LeaseSpec {
         duration_seconds: 4,
@@ -389,5 +463,16 @@ async fn a_run_kept_in_postgresql_survives_a_kill_and_leaves_no_segment_in_the_a
     let fences: Vec<i64> = rows.iter().map(|s| s.spec.fence.get()).collect();
     assert!(fences.contains(&1) && fences.contains(&2), "{fences:?}");
     assert!(fences.windows(2).all(|w| w[0] <= w[1]), "{fences:?}");
+
+    // The run held the ledger's finalizer from the start; deleted, it takes its rows along.
+    let ended = runs.get("pg").await.unwrap();
+    assert_eq!(ended.finalizers(), [LEDGER_FINALIZER.to_string()]);
+    runs.delete("pg", &Default::default()).await.unwrap();
+    wait_until(T, "pg gone", || async {
+        runs.get_opt("pg").await.unwrap().is_none()
+    })
+    .await;
+    let left = db.for_run(&ns.name, "pg", &uid).list().await.unwrap();
+    assert!(left.is_empty(), "{left:?}");
     ns.cleanup().await;
 }
