@@ -5,12 +5,14 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use kube::runtime::events::EventType;
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{debug, warn};
 
 use super::guard::LostGuard;
 use super::holder::Holder;
 use super::metrics::{AppendKind, FenceRejection, WorkerMetrics};
+use super::outage::Outage;
 use crate::crd::v1alpha1::{LedgerEvent, LedgerSegment, LedgerStats};
 use crate::ledger::{LedgerError, event_bytes};
 
@@ -114,6 +116,7 @@ impl Appender {
             oldest: None,
             slipped: Vec::new(),
             refused: None,
+            outage: Outage::default(),
         };
         tokio::spawn(tracing::Instrument::in_current_span(task.run(rx)));
         (Self { tx }, stats_rx)
@@ -157,6 +160,7 @@ struct Task {
     slipped: Vec<LedgerSegment>,
     /// Set once an append was refused for good: every later one is refused the same way.
     refused: Option<AppendError>,
+    outage: Outage,
 }
 
 impl Task {
@@ -256,6 +260,7 @@ impl Task {
             };
             match attempt {
                 Ok(appended) => {
+                    self.outage_ended().await;
                     requests += (appended.written.len() + 2 * appended.slipped.len()) as u64;
                     self.record(&appended.written, kind);
                     self.tail = appended.tail;
@@ -282,13 +287,38 @@ impl Task {
         }
     }
 
-    async fn transient(&self, err: &LedgerError, backoff: &mut Duration) {
+    async fn transient(&mut self, err: &LedgerError, backoff: &mut Duration) {
         warn!(error = %err, label = err.label(), "append failed; retrying");
+        if let Some(lasted) = self.outage.failed(Instant::now()) {
+            let note = format!(
+                "appending to the run's ledger has failed for {}s: {err}. The run waits, its \
+                 lease kept, and retries: nothing it did is lost",
+                lasted.as_secs()
+            );
+            let warning = EventType::Warning;
+            self.holder
+                .publish_event(warning, "LedgerUnavailable", "Append", &note)
+                .await;
+        }
         tokio::select! {
             _ = tokio::time::sleep(*backoff) => {}
             _ = self.guard.token().cancelled() => {}
         }
         *backoff = (*backoff * 2).min(Duration::from_secs(2));
+    }
+
+    /// Says so when appends land again after an outage that was told.
+    async fn outage_ended(&mut self) {
+        if let Some(lasted) = self.outage.ended(Instant::now()) {
+            let note = format!(
+                "the run's ledger takes appends again, after {}s",
+                lasted.as_secs()
+            );
+            let normal = EventType::Normal;
+            self.holder
+                .publish_event(normal, "LedgerAvailable", "Append", &note)
+                .await;
+        }
     }
 
     fn record(&mut self, written: &[LedgerSegment], kind: AppendKind) {

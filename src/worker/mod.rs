@@ -27,6 +27,7 @@ mod holder;
 mod mcp_servers;
 mod metrics;
 pub mod model;
+mod outage;
 mod progress;
 mod provider;
 mod reconcile;

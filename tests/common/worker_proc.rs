@@ -154,7 +154,27 @@ where
     }
 }
 
-use baton::crd::v1alpha1::{AgentRun, LeaseSpec, ScriptToolCall, ScriptTurn, ToolKind, ToolSpec};
+use baton::crd::v1alpha1::{
+    AgentRun, LeaseSpec, Phase, ScriptToolCall, ScriptTurn, ToolKind, ToolSpec,
+};
+
+/// Creates `run` in `runs`; its UID.
+pub async fn create_run(runs: &kube::Api<AgentRun>, run: &AgentRun) -> String {
+    let created = runs
+        .create(&Default::default(), run)
+        .await
+        .expect("creating the run");
+    kube::ResourceExt::uid(&created).expect("a created run has a UID")
+}
+
+/// Waits until run `name` of `runs` is in `phase`.
+pub async fn wait_phase(runs: &kube::Api<AgentRun>, name: &str, phase: Phase, timeout: Duration) {
+    wait_until(timeout, &format!("{name} {phase}"), || async {
+        let run = runs.get(name).await.expect("reading the run");
+        run.status.is_some_and(|s| s.phase == phase)
+    })
+    .await;
+}
 
 /// A scripted turn that calls `tool` with `command`.
 pub fn shell_turn(text: &str, tool: &str, command: &str, delay_ms: i64) -> ScriptTurn {

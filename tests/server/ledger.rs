@@ -107,9 +107,18 @@ async fn read(url: &str, token: &str, uid: &str) -> (u16, Value) {
 /// The ledger server for `ns`, admitting a test ServiceAccount as baton's controller; its
 /// base URL, its task, and that controller's ledger token.
 async fn ledger_server_and_controller(ns: &TestNamespace) -> (String, Running, String) {
+    let url = std::env::var("BATON_TEST_POSTGRES_URL").expect("BATON_TEST_POSTGRES_URL");
+    ledger_server_and_controller_at(ns, &url).await
+}
+
+/// [`ledger_server_and_controller`] with the PostgreSQL at `url`.
+pub(crate) async fn ledger_server_and_controller_at(
+    ns: &TestNamespace,
+    url: &str,
+) -> (String, Running, String) {
     let controller = "baton-test-controller";
     let controller_user = format!("system:serviceaccount:{}:{controller}", ns.name);
-    let (base, server) = start_ledger_server(vec![controller_user]).await;
+    let (base, server) = start_ledger_server_at(url, vec![controller_user]).await;
     person(ns, controller, vec![]).await;
     let token = mint_token_for(&ns.client, &ns.name, controller, LEDGER_AUDIENCE, None).await;
     (base, server, token)
@@ -314,7 +323,7 @@ async fn only_the_controller_deletes_a_served_ledger_and_only_of_a_run_being_del
 
 /// The controller scoped to `ns`, keeping new runs' ledgers in PostgreSQL through `server`,
 /// its seals sent with `token`.
-fn start_pg_controller(ns: &TestNamespace, server: &str, token: String) -> Running {
+pub(crate) fn start_pg_controller(ns: &TestNamespace, server: &str, token: String) -> Running {
     use baton::ledger::{LedgerServer, LedgerToken};
     let config = baton::controller::Config {
         ledger_server: Some(LedgerServer::new(server, LedgerToken::Fixed(token))),
@@ -326,7 +335,7 @@ fn start_pg_controller(ns: &TestNamespace, server: &str, token: String) -> Runni
 
 /// The worker of `run` at `fence`, as its pod would start it: the ledger server's address
 /// from the pod's env, its pod-bound ledger token in a file.
-async fn start_pg_worker(ns: &TestNamespace, run: &str, fence: i64) -> WorkerProc {
+pub(crate) async fn start_pg_worker(ns: &TestNamespace, run: &str, fence: i64) -> WorkerProc {
     let pod_name = worker_pod_name(run, Fence::new(fence));
     let pods: Api<Pod> = ns.api();
     wait_until(T, &format!("pod {pod_name}"), || async {
@@ -384,12 +393,7 @@ async fn a_run_kept_in_postgresql_survives_a_kill_and_leaves_no_segment_in_the_a
     let script = vec![final_turn("kept beside the cluster", 3000)];
     let run = scripted_run("pg", script, vec![], lease);
     let runs: Api<AgentRun> = ns.api();
-    let uid = runs
-        .create(&PostParams::default(), &run)
-        .await
-        .unwrap()
-        .uid()
-        .unwrap();
+    let uid = create_run(&runs, &run).await;
 
     // A person who may read transcripts here follows the run through the server from the
     // start; one who may read runs but not transcripts is refused.
@@ -414,14 +418,7 @@ async fn a_run_kept_in_postgresql_survives_a_kill_and_leaves_no_segment_in_the_a
     tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
     first.kill9().await;
     let mut second = start_pg_worker(&ns, "pg", 2).await;
-    wait_until(T, "pg Succeeded", || async {
-        runs.get("pg")
-            .await
-            .unwrap()
-            .status
-            .is_some_and(|s| s.phase == Phase::Succeeded)
-    })
-    .await;
+    wait_phase(&runs, "pg", Phase::Succeeded, T).await;
     assert_eq!(second.wait(T).await, 0, "{}", second.log_text());
     let status = runs.get("pg").await.unwrap().status.unwrap();
     assert_eq!(status.ledger_backend, Some(LedgerBackend::PostgreSQL));

@@ -8,7 +8,10 @@
 //! - `console`: signing in (a token, or `baton console`'s one-time address), what a signed-in
 //!   browser is shown and refused, the CSRF header a write by cookie needs;
 //! - `ledger`: the PostgreSQL ledger served to its writers: a worker's pod-bound token at its
-//!   own attempt's fence only, the controller's seal, and every other token refused;
+//!   own attempt's fence only, the controller's seal, and every other token refused; a run
+//!   kept there, read through the server and deleted with its rows;
+//! - `ledger_outage`: a run kept in PostgreSQL waits out the database's crash, says so, and
+//!   loses nothing;
 //! - `proxy`: behind an authenticating proxy, the API server decides whom its header may name;
 //! - `threads`: a turn posted over HTTP streams on the thread's stream, turn after turn, and
 //!   `onBusy: Reject` answers 409 `ThreadBusy`.
@@ -25,6 +28,7 @@ mod support;
 mod api;
 mod console;
 mod ledger;
+mod ledger_outage;
 mod proxy;
 mod stream;
 mod threads;

@@ -42,7 +42,12 @@ pub async fn start_ledger_server(controller_users: Vec<String>) -> (String, Runn
         "BATON_TEST_POSTGRES_URL is not set: run the tests through hack/with-control-plane.sh, \
          which starts PostgreSQL (hack/postgres.sh)",
     );
-    let db = baton::ledger::postgres::PgLedger::connect(&url, 4)
+    start_ledger_server_at(&url, controller_users).await
+}
+
+/// [`start_ledger_server`] with the PostgreSQL at `url`.
+pub async fn start_ledger_server_at(url: &str, controller_users: Vec<String>) -> (String, Running) {
+    let db = baton::ledger::postgres::PgLedger::connect(url, 4)
         .await
         .expect("the test PostgreSQL");
     let config = kube::Config::infer().await.expect("a kubeconfig");
@@ -113,3 +118,6 @@ pub async fn get(url: &str, token: Option<&str>) -> (u16, Value) {
 }
 
 pub use crate::sse::*;
+
+mod own_postgres;
+pub use own_postgres::OwnPostgres;
