@@ -18,6 +18,9 @@
 #   BATON_PG_DIR      state dir (data, socket, log, password), default ${TMPDIR:-/tmp}/baton-postgres
 #   BATON_PG_PORT     TCP port (default 5432; a busy default is replaced by a free port)
 #   BATON_PG_LISTEN   address to listen on besides the socket (default 127.0.0.1)
+#   BATON_PG_TLS_CERT, BATON_PG_TLS_KEY
+#                     at `up`: a server certificate and its key (PEM). TCP connections must
+#                     then use TLS (`hostssl` only), and `env` adds `sslmode=require`.
 set -euo pipefail
 
 CACHE_DIR=${BATON_CACHE_DIR:-${HOME:?HOME is not set}/.cache/baton}
@@ -83,6 +86,7 @@ cmd_up() {
   as_postgres "$bin/initdb" -D "$PG_DIR/data" -U postgres --auth-local=peer \
     --auth-host=scram-sha-256 -E UTF8 --locale=C.UTF-8 >"$PG_DIR/initdb.log" 2>&1 ||
     { tail -20 "$PG_DIR/initdb.log" >&2; die "initdb failed"; }
+  [[ -n ${BATON_PG_TLS_CERT:-} ]] && tls_only
   start_server
   # The role baton connects as: it owns its database (baton migrates the schema itself) and is
   # no superuser, so row-level security applies to it. CREATEDB: a test migrates a fresh one.
@@ -91,6 +95,16 @@ CREATE ROLE baton LOGIN NOSUPERUSER NOBYPASSRLS CREATEDB PASSWORD '$password';
 CREATE DATABASE baton OWNER baton;
 SQL
   log "PostgreSQL up: database baton, role baton, $LISTEN:$port"
+}
+
+tls_only() { # TLS on, with the given certificate; TCP clients without TLS refused
+  [[ -n ${BATON_PG_TLS_KEY:-} ]] || die "BATON_PG_TLS_CERT needs BATON_PG_TLS_KEY"
+  install -o postgres -m 644 "$BATON_PG_TLS_CERT" "$PG_DIR/data/server.crt"
+  install -o postgres -m 600 "$BATON_PG_TLS_KEY" "$PG_DIR/data/server.key"
+  printf "ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n" \
+    >>"$PG_DIR/data/postgresql.conf"
+  sed -i 's/^host /hostssl /' "$PG_DIR/data/pg_hba.conf"
+  printf 'TLS=1\n' >>"$PG_DIR/state"
 }
 
 cmd_down() {
@@ -105,7 +119,9 @@ cmd_env() {
   local port password
   port=$(read_state PORT) || die "not up (no $PG_DIR/state)"
   password=$(<"$PG_DIR/password")
-  echo "export BATON_TEST_POSTGRES_URL=postgres://baton:$password@$LISTEN:$port/baton"
+  local query=""
+  [[ $(read_state TLS 2>/dev/null) == 1 ]] && query="?sslmode=require"
+  echo "export BATON_TEST_POSTGRES_URL=postgres://baton:$password@$LISTEN:$port/baton$query"
 }
 
 main() {

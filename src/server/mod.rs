@@ -80,6 +80,14 @@ pub struct ServerArgs {
     /// runs kept there, to the writers that may write them. Unset: it serves none.
     #[arg(long, env = "BATON_LEDGER_POSTGRES_URL", hide_env_values = true)]
     pub ledger_postgres_url: Option<String>,
+    /// The CA certificates (PEM) the database's certificate must chain to, instead of the
+    /// system's roots. Whether TLS is used is the URL's `sslmode` (`require` to insist).
+    #[arg(
+        long,
+        env = "BATON_LEDGER_POSTGRES_CA_FILE",
+        requires = "ledger_postgres_url"
+    )]
+    pub ledger_postgres_ca_file: Option<std::path::PathBuf>,
     /// User names baton's controller authenticates as: the ledger admits their seals.
     #[arg(long, env = "BATON_CONTROLLER_USERS", value_delimiter = ',')]
     pub controller_user: Vec<String>,
@@ -313,7 +321,10 @@ pub async fn main(args: ServerArgs) -> Result<(), crate::Error> {
         namespaces: args.console_namespaces,
     };
     let ledger = match args.ledger_postgres_url.as_deref() {
-        Some(url) => Some(ledger_service(url, &base, args.controller_user).await?),
+        Some(url) => {
+            let ca = args.ledger_postgres_ca_file.as_deref();
+            Some(ledger_service(url, ca, &base, args.controller_user).await?)
+        }
         None => None,
     };
     let mut state = match args.proxy_user_header.as_deref() {
@@ -331,19 +342,23 @@ pub async fn main(args: ServerArgs) -> Result<(), crate::Error> {
     serve(listener, state).await
 }
 
-/// The PostgreSQL ledger at `url` (schema migrated), served with the server's own identity
-/// from `base` for token and access reviews.
+/// The PostgreSQL ledger at `url` (schema migrated; its certificate checked against `ca`,
+/// else the system's roots), served with the server's own identity from `base` for token
+/// and access reviews.
 async fn ledger_service(
     url: &str,
+    ca: Option<&std::path::Path>,
     base: &kube::Config,
     controller_users: Vec<String>,
 ) -> Result<LedgerService, crate::Error> {
-    let db =
-        crate::ledger::postgres::PgLedger::connect(url, crate::ledger::postgres::DEFAULT_POOL_SIZE)
-            .await
-            .map_err(|e| {
-                crate::Error::Io(std::io::Error::other(format!("--ledger-postgres-url: {e}")))
-            })?;
+    use crate::ledger::postgres::{DEFAULT_POOL_SIZE, PgLedger};
+    let db = match ca {
+        Some(ca) => PgLedger::connect_trusting(url, DEFAULT_POOL_SIZE, ca).await,
+        None => PgLedger::connect(url, DEFAULT_POOL_SIZE).await,
+    };
+    let db = db.map_err(|e| {
+        crate::Error::Io(std::io::Error::other(format!("--ledger-postgres-url: {e}")))
+    })?;
     let client = kube::Client::try_from(base.clone())?;
     Ok(LedgerService::new(db, client, controller_users))
 }

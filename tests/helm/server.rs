@@ -203,6 +203,43 @@ fn a_postgresql_ledger_gives_its_credential_to_the_server_alone_and_reviews_to_i
 }
 
 #[test]
+fn a_postgresql_ca_goes_to_the_server_alone_and_a_server_url_to_the_controller() {
+    let mut values = in_postgres();
+    values["ledger"]["postgres"]["caSecret"] = json!({"name": "baton-db-ca"});
+    values["ledger"]["serverURL"] = json!("http://10.96.0.20:80");
+    let objects = render(values, &[]).unwrap();
+    let server = named(&objects, "Deployment", "baton-server");
+    let pod = &server["spec"]["template"]["spec"];
+    let c = &pod["containers"][0];
+    let args = c["args"].to_string();
+    assert!(
+        args.contains("--ledger-postgres-ca-file=/etc/baton/ledger-postgres-ca/ca.crt"),
+        "{args}"
+    );
+    assert_eq!(
+        c["volumeMounts"][0]["mountPath"],
+        "/etc/baton/ledger-postgres-ca"
+    );
+    assert_eq!(pod["volumes"][0]["secret"]["secretName"], "baton-db-ca");
+    for (_, object) in &objects {
+        let text = object.to_string();
+        if text.contains("baton-db-ca") {
+            assert_eq!(object["metadata"]["name"], "baton-server", "{text}");
+        }
+    }
+    let controller = named(&objects, "Deployment", "baton-controller");
+    let args = controller["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
+    assert!(
+        args.contains("--ledger-server=http://10.96.0.20:80"),
+        "{args}"
+    );
+    // A server URL with a path, or not HTTP, is refused.
+    let mut bad = in_postgres();
+    bad["ledger"]["serverURL"] = json!("baton-server:80/x");
+    assert!(render(bad, &[]).is_err());
+}
+
+#[test]
 fn a_postgresql_ledger_needs_its_secret_and_the_server() {
     let no_secret = json!({"ledger": {"backend": "PostgreSQL"}});
     assert!(render(no_secret, &[]).is_err());

@@ -6,8 +6,12 @@ use std::time::Duration;
 
 use baton::crd::v1alpha1::{LedgerEvent, Role};
 use baton::fence::{CloseReason, Fence};
-use baton::ledger::postgres::{Notice, PgLedger, schema};
+use baton::ledger::postgres::{Notice, PgError, PgLedger, schema};
 use baton::ledger::{LedgerError, Replay, ReplayedMessage};
+
+#[path = "../server_support/own_postgres.rs"]
+mod own_postgres;
+use own_postgres::OwnPostgres;
 
 /// The database the bed started; without one the test fails (it never skips).
 async fn ledger() -> PgLedger {
@@ -351,4 +355,44 @@ async fn followers_hear_of_every_append() {
     }
     assert_eq!(heard, [1, 2]);
     assert_eq!(run.list_after(1).await.unwrap()[0].spec.seq, 2);
+}
+
+#[tokio::test]
+async fn a_database_that_requires_tls_is_reached_only_with_its_certificate_trusted() {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let issue = || baton::webhook::cert::issue(&["127.0.0.1".into()], now, 3600, None).unwrap();
+    let issued = issue();
+    let db = OwnPostgres::up_tls("tls", &issued.cert_pem, &issued.key_pem).await;
+    assert!(db.url.ends_with("sslmode=require"), "{}", db.url);
+    let ca = std::env::temp_dir().join(format!("baton-pg-ca-{:08x}.pem", rand::random::<u32>()));
+    std::fs::write(&ca, &issued.ca_pem).unwrap();
+
+    // Its CA trusted: the ledger works over TLS.
+    let ledger = PgLedger::connect_trusting(&db.url, 1, &ca).await.unwrap();
+    let run = ledger.for_run("team-a", "r", &uid());
+    run.append(0, Fence::new(1), said("over TLS"))
+        .await
+        .unwrap();
+    assert_eq!(run.list().await.unwrap().len(), 1);
+
+    // The system's roots do not know this CA: refused, naming the certificate.
+    let refused = |result: Result<PgLedger, PgError>| result.err().expect("refused").to_string();
+    let err = refused(PgLedger::connect(&db.url, 1).await);
+    assert!(err.to_lowercase().contains("certificate"), "{err}");
+    // Another CA: refused too.
+    std::fs::write(&ca, issue().ca_pem).unwrap();
+    let err = refused(PgLedger::connect_trusting(&db.url, 1, &ca).await);
+    assert!(err.to_lowercase().contains("certificate"), "{err}");
+    // Without TLS the database itself refuses the connection.
+    let plain = db.url.replace("sslmode=require", "sslmode=disable");
+    let err = refused(PgLedger::connect(&plain, 1).await);
+    assert!(err.contains("no pg_hba.conf entry"), "{err}");
+    // A CA file that holds no certificate is named.
+    std::fs::write(&ca, "not a certificate").unwrap();
+    let err = refused(PgLedger::connect_trusting(&db.url, 1, &ca).await);
+    assert!(err.contains(&ca.display().to_string()), "{err}");
+    let _ = std::fs::remove_file(ca);
 }

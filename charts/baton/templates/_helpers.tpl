@@ -66,5 +66,9 @@ app.kubernetes.io/part-of: baton
 Where workers and the controller reach baton server's ledger (runs kept in PostgreSQL).
 */}}
 {{- define "baton.ledgerServer" -}}
+{{- if .Values.ledger.serverURL -}}
+{{ .Values.ledger.serverURL }}
+{{- else -}}
 http://{{ include "baton.fullname" . }}-server.{{ .Release.Namespace }}.svc:{{ .Values.server.service.port }}
+{{- end }}
 {{- end }}

@@ -8,6 +8,7 @@
 //! table's row-level security lets it see and write only that namespace's rows.
 
 pub mod schema;
+mod tls;
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -16,7 +17,9 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use futures::StreamExt;
 use tokio::sync::broadcast;
 use tokio_postgres::types::Json;
-use tokio_postgres::{AsyncMessage, NoTls, Row};
+use tokio_postgres::{AsyncMessage, Row};
+
+use tls::Tls;
 
 use super::append::{Appended, AtPosition, Positions, append_fenced, segment_of_run};
 use super::{LedgerError, SEGMENT_BUDGET_BYTES, check_contiguous_after, is_segment_of};
@@ -26,12 +29,15 @@ use crate::fence::Fence;
 /// Errors of the PostgreSQL ledger.
 #[derive(Debug, thiserror::Error)]
 pub enum PgError {
-    #[error("PostgreSQL: {0}")]
+    #[error("PostgreSQL: {}", with_causes(.0))]
     Db(#[from] tokio_postgres::Error),
     #[error("PostgreSQL connection pool: {0}")]
     Pool(#[from] deadpool_postgres::PoolError),
     #[error("the PostgreSQL URL is not valid: {0}")]
     Url(String),
+    /// The certificates to check the server's against could not be read.
+    #[error("PostgreSQL TLS: {0}")]
+    Tls(String),
     /// Row-level security would not bind this role: baton refuses to serve as it.
     #[error(
         "PostgreSQL role {role} is a superuser or has BYPASSRLS: row-level security would not \
@@ -47,6 +53,18 @@ pub enum PgError {
     /// across namespaces: never a legitimate state).
     #[error("ledger position {seq} of run UID {uid} is taken by a row of another namespace")]
     Invisible { uid: String, seq: i64 },
+}
+
+/// `err` and every error under it: a TLS handshake's failure says why only in its source
+/// (an unknown issuer, a name that does not match).
+fn with_causes(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    text
 }
 
 /// The statement that names the namespace a session works in; sent ahead of every statement
@@ -112,15 +130,32 @@ pub enum Notice {
 pub struct PgLedger {
     pool: Pool,
     config: tokio_postgres::Config,
+    tls: Tls,
 }
 
 impl PgLedger {
     /// Connects to `url` (a `postgres://` URL or key=value string), checks the role cannot
-    /// bypass row-level security, and migrates the schema.
+    /// bypass row-level security, and migrates the schema. TLS as the URL's `sslmode` asks
+    /// (`prefer`, the default: when the server offers it; `require`: always), the server's
+    /// certificate checked against the system's roots.
     pub async fn connect(url: &str, pool_size: usize) -> Result<Self, PgError> {
+        Self::connect_with(url, pool_size, tls::system_roots()?).await
+    }
+
+    /// [`PgLedger::connect`], the server's certificate checked against the CA certificates
+    /// (PEM) in `ca_file` instead (a managed database's own CA, say).
+    pub async fn connect_trusting(
+        url: &str,
+        pool_size: usize,
+        ca_file: &std::path::Path,
+    ) -> Result<Self, PgError> {
+        Self::connect_with(url, pool_size, tls::trusting(ca_file)?).await
+    }
+
+    async fn connect_with(url: &str, pool_size: usize, tls: Tls) -> Result<Self, PgError> {
         let config =
             tokio_postgres::Config::from_str(url).map_err(|e| PgError::Url(e.to_string()))?;
-        let (mut client, connection) = config.connect(NoTls).await?;
+        let (mut client, connection) = config.connect(tls.clone()).await?;
         let driver = tokio::spawn(connection);
         let migrated = schema::migrate(&mut client).await;
         drop(client);
@@ -128,7 +163,7 @@ impl PgLedger {
         migrated?;
         let manager = Manager::from_config(
             config.clone(),
-            NoTls,
+            tls.clone(),
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },
@@ -137,7 +172,7 @@ impl PgLedger {
             .max_size(pool_size)
             .build()
             .map_err(|e| PgError::Url(e.to_string()))?;
-        Ok(Self { pool, config })
+        Ok(Self { pool, config, tls })
     }
 
     /// The ledger of one run: `run` with UID `uid` in `namespace`.
@@ -190,11 +225,11 @@ impl PgLedger {
     /// is gone.
     pub fn listen(&self, retry: Duration) -> broadcast::Receiver<Notice> {
         let (tx, rx) = broadcast::channel(1024);
-        let config = self.config.clone();
+        let (config, tls) = (self.config.clone(), self.tls.clone());
         // Every (re)connection announces itself with a resync once its LISTEN holds.
         tokio::spawn(async move {
             while tx.receiver_count() > 0 {
-                if let Err(err) = forward_notices(&config, &tx).await {
+                if let Err(err) = forward_notices(&config, &tls, &tx).await {
                     tracing::warn!(%err, "listening for ledger appends failed; listening again");
                 }
                 tokio::time::sleep(retry).await;
@@ -208,9 +243,10 @@ impl PgLedger {
 /// [`Notice`], until the connection ends.
 async fn forward_notices(
     config: &tokio_postgres::Config,
+    tls: &Tls,
     tx: &broadcast::Sender<Notice>,
 ) -> Result<(), PgError> {
-    let (client, mut connection) = config.connect(NoTls).await?;
+    let (client, mut connection) = config.connect(tls.clone()).await?;
     let (messages_tx, mut messages) = tokio::sync::mpsc::unbounded_channel();
     // The connection is polled for its messages here (tokio-postgres hands notifications out
     // only so); the client's LISTEN goes through it.
