@@ -86,6 +86,11 @@ cmd_up() {
   as_postgres "$bin/initdb" -D "$PG_DIR/data" -U postgres --auth-local=peer \
     --auth-host=scram-sha-256 -E UTF8 --locale=C.UTF-8 >"$PG_DIR/initdb.log" 2>&1 ||
     { tail -20 "$PG_DIR/initdb.log" >&2; die "initdb failed"; }
+  # initdb lets TCP clients in from loopback only; on another address (the node's) they come
+  # from elsewhere (its pods).
+  if [[ $LISTEN != 127.0.0.1 ]]; then
+    echo "host all all 0.0.0.0/0 scram-sha-256" >>"$PG_DIR/data/pg_hba.conf"
+  fi
   [[ -n ${BATON_PG_TLS_CERT:-} ]] && tls_only
   start_server
   # The role baton connects as: it owns its database (baton migrates the schema itself) and is

@@ -126,13 +126,17 @@ fn helm(action: &str, flags: &[&str], extra: &serde_json::Value) {
     assert_succeeded(&format!("helm {action}"), &out);
 }
 
-/// Waits until the Deployment has all its replicas updated and Ready.
+/// Waits until the controller Deployment has all its replicas updated and Ready.
 pub async fn wait_controllers_ready(client: &Client, timeout: Duration) {
+    wait_rolled_out(client, &deployment_name(), timeout).await;
+}
+
+/// Waits until Deployment `name` of the release has all its replicas updated and Ready.
+pub async fn wait_rolled_out(client: &Client, name: &str, timeout: Duration) {
     let api: Api<Deployment> = Api::namespaced(client.clone(), SYSTEM_NS);
     let deadline = Instant::now() + timeout;
-    let name = deployment_name();
     loop {
-        let d = retry(|| api.get(&name)).await;
+        let d = retry(|| api.get(name)).await;
         let want = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
         let st = d.status.clone().unwrap_or_default();
         let generation_seen = st.observed_generation >= d.metadata.generation;
@@ -145,7 +149,7 @@ pub async fn wait_controllers_ready(client: &Client, timeout: Duration) {
         }
         assert!(
             Instant::now() < deadline,
-            "controller Deployment not ready after {timeout:?}: {st:?}\n{}",
+            "Deployment {name} not ready after {timeout:?}: {st:?}\n{}",
             kubectl(&["-n", SYSTEM_NS, "describe", "pods"]).unwrap_or_else(|e| e)
         );
         tokio::time::sleep(Duration::from_millis(250)).await;

@@ -22,12 +22,15 @@ use tokio::sync::{Mutex, MutexGuard, OnceCell};
 
 mod chart;
 mod effects;
+mod postgres;
 #[path = "../rbac_support/mod.rs"]
 pub mod rbac;
 mod server;
 
 pub use chart::*;
 pub use effects::EffectsServer;
+#[allow(unused_imports)]
+pub use postgres::NodePostgres;
 #[allow(unused_imports)]
 pub use server::*;
 

@@ -1,0 +1,86 @@
+//! PostgreSQL for the node: started by the project's script (hack/postgres.sh) inside the
+//! node's network namespace, listening on the node's address, where its pods (baton server)
+//! reach it; the test reaches it through a loopback relay. Taken down when dropped.
+
+use super::*;
+
+/// A throwaway PostgreSQL in the node's network namespace.
+pub struct NodePostgres {
+    dir: PathBuf,
+    /// Its URL as pods use it (the node's address).
+    pub url: String,
+    /// Its URL from this process (through the relay).
+    pub local_url: String,
+    _relay: Relay,
+}
+
+impl NodePostgres {
+    pub fn up() -> Self {
+        let dir = std::env::temp_dir().join(format!("baton-node-pg-{:08x}", rand::random::<u32>()));
+        script(&dir, "up");
+        let printed = script(&dir, "env");
+        let url = printed
+            .trim()
+            .strip_prefix("export BATON_TEST_POSTGRES_URL=")
+            .unwrap_or_else(|| panic!("hack/postgres.sh env printed {printed:?}"))
+            .to_string();
+        let address = url
+            .rsplit_once('@')
+            .and_then(|(_, rest)| rest.split_once('/'))
+            .map(|(address, _)| address.to_string())
+            .expect("an address in the URL");
+        let relay = Relay::start(&address);
+        let local_url = url.replace(&address, &format!("127.0.0.1:{}", relay.port));
+        Self {
+            dir,
+            url,
+            local_url,
+            _relay: relay,
+        }
+    }
+
+    /// Stops it the way a crash does.
+    pub fn crash(&self) {
+        script(&self.dir, "crash");
+    }
+
+    /// Starts it again after a crash: same data, same address.
+    pub fn start(&self) {
+        script(&self.dir, "start");
+    }
+}
+
+impl Drop for NodePostgres {
+    fn drop(&mut self) {
+        let _ = in_node()
+            .args(["bash", "hack/postgres.sh", "down"])
+            .env("BATON_PG_DIR", &self.dir)
+            .status();
+    }
+}
+
+/// `hack/postgres.sh command` in the node's network namespace, on the node's address; its
+/// standard output.
+fn script(dir: &Path, command: &str) -> String {
+    let out = in_node()
+        .args(["bash", "hack/postgres.sh", command])
+        .env("BATON_PG_DIR", dir)
+        .env("BATON_PG_LISTEN", NODE_IP)
+        .env_remove("BATON_PG_PORT")
+        .output()
+        .expect("running hack/postgres.sh in the node's network namespace");
+    assert!(
+        out.status.success(),
+        "hack/postgres.sh {command}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn in_node() -> Command {
+    let mut command = Command::new("nsenter");
+    command
+        .arg("--net=/run/netns/baton-node")
+        .current_dir(env!("CARGO_MANIFEST_DIR"));
+    command
+}
