@@ -59,6 +59,10 @@ bench-worker: ## Figures: a 1,000-step run's API round trips per step, ledger by
 bench-webhook: ## Figures: latency the admission webhook adds to a segment append and an AgentRun create (p50/p99)
 	bash hack/with-control-plane.sh $(CARGO) run --release --example webhook_bench
 
+.PHONY: bench-ledger
+bench-ledger: ## Figures: the same transcripts in LedgerSegments and in PostgreSQL: appends/s, awaited requests per append, etcd bytes and API-server memory per transcript byte
+	bash hack/with-control-plane.sh $(CARGO) run --release --example ledger_bench
+
 .PHONY: bench-executor
 bench-executor: ## Figures: latency a tool step gets from the tools container's executor, vs running the command directly
 	$(CARGO) build --release -p baton-exec
