@@ -103,6 +103,14 @@ pub struct TranscriptArgs {
     /// Keep printing new ledger segments until the run ends.
     #[arg(short = 'f', long)]
     pub follow: bool,
+    /// `baton server`'s address (`http://host:port`). A run whose ledger is kept in
+    /// PostgreSQL is read through it: this command holds no credential of the database.
+    #[arg(long, env = "BATON_SERVER")]
+    pub server: Option<String>,
+    /// A file holding the bearer token the server acts with on your behalf (with --server):
+    /// the API server decides what it may read, as for any reader.
+    #[arg(long, env = "BATON_TOKEN_FILE")]
+    pub token_file: Option<std::path::PathBuf>,
 }
 
 /// Flags of `input`.

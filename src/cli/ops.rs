@@ -85,6 +85,14 @@ impl Session {
     async fn transcript(&self, args: TranscriptArgs, out: &mut impl Write) -> Result<(), CliError> {
         let namespace = self.namespace(args.target.namespace.as_deref());
         let run = self.read_run(&namespace, &args.target.run).await?;
+        if let Some(server) = args.server.as_deref()
+            && kept_in_postgres(&run)
+        {
+            let reader = served::ServerReader::new(server, args.token_file.as_deref(), &run)?;
+            return self
+                .transcript_served(&run, &reader, args.follow, out)
+                .await;
+        }
         let segments = self.ledger(&run).await?;
         let mut transcript = Transcript::default();
         for segment in &segments {
@@ -224,9 +232,9 @@ impl Session {
             LedgerError::BackendUnavailable { backend } => CliError::Ledger {
                 name: run.name_any(),
                 detail: format!(
-                    "its ledger is kept in {backend:?}, which only baton server reads for                      people: open the run in the server's console, or stream                      /api/v1/namespaces/{}/runs/{}/events from it",
-                    run.namespace().unwrap_or_default(),
-                    run.name_any()
+                    "its ledger is kept in {backend:?}, which only baton server reads for \
+                     people: pass --server (its address) and --token-file, or open the run \
+                     in the server's console"
                 ),
             },
             other => CliError::Ledger {
@@ -325,6 +333,12 @@ fn error_chain(err: &dyn std::error::Error) -> String {
 
 use crate::requests::phase_of;
 
+/// True when the run's status records its ledger kept in PostgreSQL.
+fn kept_in_postgres(run: &AgentRun) -> bool {
+    let backend = run.status.as_ref().and_then(|s| s.ledger_backend);
+    backend == Some(crate::crd::v1alpha1::LedgerBackend::PostgreSQL)
+}
+
 fn is_finished(run: &AgentRun) -> bool {
     phase_of(run).is_terminal()
 }
@@ -363,6 +377,8 @@ fn print_lines(out: &mut impl Write, lines: Vec<String>) -> Result<(), CliError>
 
 #[path = "follow.rs"]
 mod follow;
+#[path = "served.rs"]
+mod served;
 #[path = "thread_ops.rs"]
 mod thread_ops;
 

@@ -193,6 +193,7 @@ pub fn router(state: Arc<ServerState>) -> Router {
         .route(&format!("{ns}/runs"), get(runs::list))
         .route(&format!("{ns}/runs/{{run}}"), get(runs::get))
         .route(&format!("{ns}/runs/{{run}}/events"), get(runs::events))
+        .route(&format!("{ns}/runs/{{run}}/segments"), get(runs::segments))
         .route(&format!("{ns}/runs/{{run}}/stop"), post(runs::stop))
         .route(&format!("{ns}/runs/{{run}}/inputs"), post(runs::input))
         .route(&format!("{ns}/runs/{{run}}/approvals"), post(runs::decide))

@@ -18,7 +18,7 @@ use super::cursor::Resume;
 use super::error::ApiError;
 use super::stream::Follow;
 use super::{ServerState, sse_response};
-use crate::crd::v1alpha1::{AgentRun, Phase, Verdict};
+use crate::crd::v1alpha1::{AgentRun, LedgerSegment, Phase, Verdict};
 use crate::requests::{Stopped, phase_of};
 
 /// `?thread=`, `?phase=`, `?labelSelector=` of a list.
@@ -110,6 +110,27 @@ pub async fn events(
         metrics.followers.dec();
     });
     Ok(sse_response(rx))
+}
+
+/// `?after=`: a ledger position (0, or absent: from the start).
+#[derive(Deserialize, Default)]
+pub struct SegmentsQuery {
+    #[serde(default)]
+    after: i64,
+}
+
+/// `GET …/runs/{run}/segments?after=N`: the run's segments after position N, as JSON, read
+/// with the caller's rights as a stream's are (for clients that poll, such as `baton
+/// transcript --server`).
+pub async fn segments(
+    State(state): State<Arc<ServerState>>,
+    caller: Caller,
+    Path((ns, name)): Path<(String, String)>,
+    Query(query): Query<SegmentsQuery>,
+) -> Result<Json<Vec<LedgerSegment>>, ApiError> {
+    let requests = state.requests(&caller, &ns);
+    let run = requests.read(&name).await?;
+    Ok(Json(requests.ledger_after(&run, query.after.max(0)).await?))
 }
 
 pub async fn stop(

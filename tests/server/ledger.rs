@@ -4,8 +4,8 @@
 //! AgentRun rights only who mints a ledger token for herself, a reader of another namespace.
 
 use crate::common::TestNamespace;
-use crate::common::in_process::{controller_config, start_controller_with};
 use crate::common::worker_proc::*;
+use crate::pg_runs::{ledger_server_and_controller, start_pg_controller, start_pg_worker};
 use crate::rbac::mint_token_for;
 use crate::sse::{SseReader, segments};
 use crate::support::*;
@@ -72,7 +72,7 @@ async fn pod(ns: &TestNamespace, name: &str, account: &str) -> Pod {
 }
 
 /// The ledger token of the pod `pod` (of `account`), as the kubelet would project it.
-async fn pod_token(ns: &TestNamespace, account: &str, pod: &str) -> String {
+pub(crate) async fn pod_token(ns: &TestNamespace, account: &str, pod: &str) -> String {
     let uid = ns.api::<Pod>().get(pod).await.unwrap().uid().unwrap();
     mint_token_for(
         &ns.client,
@@ -102,26 +102,6 @@ async fn append(
 
 async fn read(url: &str, token: &str, uid: &str) -> (u16, Value) {
     get(&format!("{url}?uid={uid}"), Some(token)).await
-}
-
-/// The ledger server for `ns`, admitting a test ServiceAccount as baton's controller; its
-/// base URL, its task, and that controller's ledger token.
-async fn ledger_server_and_controller(ns: &TestNamespace) -> (String, Running, String) {
-    let url = std::env::var("BATON_TEST_POSTGRES_URL").expect("BATON_TEST_POSTGRES_URL");
-    ledger_server_and_controller_at(ns, &url).await
-}
-
-/// [`ledger_server_and_controller`] with the PostgreSQL at `url`.
-pub(crate) async fn ledger_server_and_controller_at(
-    ns: &TestNamespace,
-    url: &str,
-) -> (String, Running, String) {
-    let controller = "baton-test-controller";
-    let controller_user = format!("system:serviceaccount:{}:{controller}", ns.name);
-    let (base, server) = start_ledger_server_at(url, vec![controller_user]).await;
-    person(ns, controller, vec![]).await;
-    let token = mint_token_for(&ns.client, &ns.name, controller, LEDGER_AUDIENCE, None).await;
-    (base, server, token)
 }
 
 #[tokio::test]
@@ -321,64 +301,6 @@ async fn only_the_controller_deletes_a_served_ledger_and_only_of_a_run_being_del
     ns.cleanup().await;
 }
 
-/// The controller scoped to `ns`, keeping new runs' ledgers in PostgreSQL through `server`,
-/// its seals sent with `token`.
-pub(crate) fn start_pg_controller(ns: &TestNamespace, server: &str, token: String) -> Running {
-    use baton::ledger::{LedgerServer, LedgerToken};
-    let config = baton::controller::Config {
-        ledger_server: Some(LedgerServer::new(server, LedgerToken::Fixed(token))),
-        new_runs_ledger: LedgerBackend::PostgreSQL,
-        ..controller_config(ns)
-    };
-    start_controller_with(ns, config)
-}
-
-/// The worker of `run` at `fence`, as its pod would start it: the ledger server's address
-/// from the pod's env, its pod-bound ledger token in a file.
-pub(crate) async fn start_pg_worker(ns: &TestNamespace, run: &str, fence: i64) -> WorkerProc {
-    let pod_name = worker_pod_name(run, Fence::new(fence));
-    let pods: Api<Pod> = ns.api();
-    wait_until(T, &format!("pod {pod_name}"), || async {
-        pods.get_opt(&pod_name).await.ok().flatten().is_some()
-    })
-    .await;
-    let pod = pods.get(&pod_name).await.unwrap();
-    let spec = pod.spec.clone().unwrap();
-    let worker = spec.containers.iter().find(|c| c.name == "worker").unwrap();
-    let server = worker
-        .env
-        .iter()
-        .flatten()
-        .find(|e| e.name == "BATON_LEDGER_SERVER")
-        .and_then(|e| e.value.clone())
-        .expect("the pod of a run kept in PostgreSQL is given the ledger server");
-    let projected = spec
-        .volumes
-        .iter()
-        .flatten()
-        .filter_map(|v| v.projected.as_ref())
-        .flat_map(|p| p.sources.iter().flatten())
-        .filter_map(|s| s.service_account_token.as_ref())
-        .any(|t| t.audience.as_deref() == Some(LEDGER_AUDIENCE));
-    assert!(projected, "the pod projects a ledger token: {spec:?}");
-    let account = worker_service_account_name(run);
-    let token = pod_token(ns, &account, &pod_name).await;
-    let file = std::env::temp_dir().join(format!("baton-{}-{pod_name}.token", ns.name));
-    std::fs::write(&file, token).unwrap();
-    let file = file.to_string_lossy().to_string();
-    spawn_worker_env(
-        &ns.name,
-        run,
-        fence,
-        &pod_name,
-        &["--admin-addr=none"],
-        &[
-            ("BATON_LEDGER_SERVER", &server),
-            ("BATON_LEDGER_TOKEN_FILE", &file),
-        ],
-    )
-}
-
 #[tokio::test]
 async fn a_run_kept_in_postgresql_survives_a_kill_and_leaves_no_segment_in_the_api_server() {
     use baton::crd::v1alpha1::LedgerSegment;
@@ -460,6 +382,34 @@ async fn a_run_kept_in_postgresql_survives_a_kill_and_leaves_no_segment_in_the_a
     let fences: Vec<i64> = rows.iter().map(|s| s.spec.fence.get()).collect();
     assert!(fences.contains(&1) && fences.contains(&2), "{fences:?}");
     assert!(fences.windows(2).all(|w| w[0] <= w[1]), "{fences:?}");
+
+    // `baton transcript` reads it through the server, with the reader's token; a reader of
+    // runs only is refused there, and without --server the command says what it needs.
+    // (An async child: the server answering it runs on this test's one thread.)
+    let transcript = |token: Option<String>| {
+        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_baton"));
+        command.args(["transcript", "pg", "-n", &ns.name]);
+        if let Some(token) = token {
+            let file =
+                std::env::temp_dir().join(format!("baton-{}-{}.token", ns.name, token.len()));
+            std::fs::write(&file, token).unwrap();
+            command.args(["--server", &base, "--token-file", &file.to_string_lossy()]);
+        }
+        async move {
+            let out = command.output().await.unwrap();
+            let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+            (out.status.success(), text(&out.stdout), text(&out.stderr))
+        }
+    };
+    let (ok, stdout, stderr) = transcript(Some(reader.clone())).await;
+    assert!(
+        ok && stdout.contains("kept beside the cluster"),
+        "{stdout}{stderr}"
+    );
+    let (ok, _, stderr) = transcript(Some(nosy.clone())).await;
+    assert!(!ok && stderr.contains("403"), "{stderr}");
+    let (ok, _, stderr) = transcript(None).await;
+    assert!(!ok && stderr.contains("--server"), "{stderr}");
 
     // The run held the ledger's finalizer from the start; deleted, it takes its rows along.
     let ended = runs.get("pg").await.unwrap();

@@ -11,7 +11,8 @@
 //!   own attempt's fence only, the controller's seal, and every other token refused; a run
 //!   kept there, read through the server and deleted with its rows;
 //! - `ledger_outage`: a run kept in PostgreSQL waits out the database's crash, says so, and
-//!   loses nothing;
+//!   loses nothing (`pg_runs`: such runs' controller, server and workers, as the chart sets
+//!   them up);
 //! - `proxy`: behind an authenticating proxy, the API server decides whom its header may name;
 //! - `threads`: a turn posted over HTTP streams on the thread's stream, turn after turn, and
 //!   `onBusy: Reject` answers 409 `ThreadBusy`.
@@ -29,6 +30,7 @@ mod api;
 mod console;
 mod ledger;
 mod ledger_outage;
+mod pg_runs;
 mod proxy;
 mod stream;
 mod threads;

@@ -1,0 +1,94 @@
+//! Runs kept in PostgreSQL on the bed, as the chart sets them up: the ledger server admitting
+//! a test ServiceAccount as baton's controller, the controller writing through it, and a real
+//! `baton worker` per attempt with its pod's ledger token.
+
+use crate::common::TestNamespace;
+use crate::common::in_process::{controller_config, start_controller_with};
+use crate::common::worker_proc::*;
+use crate::ledger::pod_token;
+use crate::rbac::mint_token_for;
+use crate::support::*;
+use baton::crd::v1alpha1::LedgerBackend;
+use baton::fence::{Fence, worker_pod_name};
+use baton::ledger::served::LEDGER_AUDIENCE;
+use baton::rbac::worker_service_account_name;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+
+/// The ledger server for `ns`, admitting a test ServiceAccount as baton's controller; its
+/// base URL, its task, and that controller's ledger token.
+pub(crate) async fn ledger_server_and_controller(ns: &TestNamespace) -> (String, Running, String) {
+    let url = std::env::var("BATON_TEST_POSTGRES_URL").expect("BATON_TEST_POSTGRES_URL");
+    ledger_server_and_controller_at(ns, &url).await
+}
+
+/// [`ledger_server_and_controller`] with the PostgreSQL at `url`.
+pub(crate) async fn ledger_server_and_controller_at(
+    ns: &TestNamespace,
+    url: &str,
+) -> (String, Running, String) {
+    let controller = "baton-test-controller";
+    let controller_user = format!("system:serviceaccount:{}:{controller}", ns.name);
+    let (base, server) = start_ledger_server_at(url, vec![controller_user]).await;
+    person(ns, controller, vec![]).await;
+    let token = mint_token_for(&ns.client, &ns.name, controller, LEDGER_AUDIENCE, None).await;
+    (base, server, token)
+}
+
+/// The controller scoped to `ns`, keeping new runs' ledgers in PostgreSQL through `server`,
+/// its seals sent with `token`.
+pub(crate) fn start_pg_controller(ns: &TestNamespace, server: &str, token: String) -> Running {
+    use baton::ledger::{LedgerServer, LedgerToken};
+    let config = baton::controller::Config {
+        ledger_server: Some(LedgerServer::new(server, LedgerToken::Fixed(token))),
+        new_runs_ledger: LedgerBackend::PostgreSQL,
+        ..controller_config(ns)
+    };
+    start_controller_with(ns, config)
+}
+
+/// The worker of `run` at `fence`, as its pod would start it: the ledger server's address
+/// from the pod's env, its pod-bound ledger token in a file.
+pub(crate) async fn start_pg_worker(ns: &TestNamespace, run: &str, fence: i64) -> WorkerProc {
+    let pod_name = worker_pod_name(run, Fence::new(fence));
+    let pods: Api<Pod> = ns.api();
+    wait_until(T, &format!("pod {pod_name}"), || async {
+        pods.get_opt(&pod_name).await.ok().flatten().is_some()
+    })
+    .await;
+    let pod = pods.get(&pod_name).await.unwrap();
+    let spec = pod.spec.clone().unwrap();
+    let worker = spec.containers.iter().find(|c| c.name == "worker").unwrap();
+    let server = worker
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == "BATON_LEDGER_SERVER")
+        .and_then(|e| e.value.clone())
+        .expect("the pod of a run kept in PostgreSQL is given the ledger server");
+    let projected = spec
+        .volumes
+        .iter()
+        .flatten()
+        .filter_map(|v| v.projected.as_ref())
+        .flat_map(|p| p.sources.iter().flatten())
+        .filter_map(|s| s.service_account_token.as_ref())
+        .any(|t| t.audience.as_deref() == Some(LEDGER_AUDIENCE));
+    assert!(projected, "the pod projects a ledger token: {spec:?}");
+    let account = worker_service_account_name(run);
+    let token = pod_token(ns, &account, &pod_name).await;
+    let file = std::env::temp_dir().join(format!("baton-{}-{pod_name}.token", ns.name));
+    std::fs::write(&file, token).unwrap();
+    let file = file.to_string_lossy().to_string();
+    spawn_worker_env(
+        &ns.name,
+        run,
+        fence,
+        &pod_name,
+        &["--admin-addr=none"],
+        &[
+            ("BATON_LEDGER_SERVER", &server),
+            ("BATON_LEDGER_TOKEN_FILE", &file),
+        ],
+    )
+}
