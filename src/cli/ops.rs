@@ -12,7 +12,7 @@ use kube::{Api, Client, ResourceExt};
 use super::describe::{self, Description};
 use super::render::{self, Transcript};
 use super::{CliError, GetArgs, InputArgs, RunArgs, TranscriptArgs, Verb};
-use crate::crd::v1alpha1::{AgentRun, LedgerSegment, Verdict};
+use crate::crd::v1alpha1::{AgentRun, LedgerBackend, LedgerSegment, Verdict};
 use crate::kube_util::is_not_found;
 use crate::ledger::{LedgerError, Ledgers};
 use crate::requests::{RequestError, RunRequests, Stopped};
@@ -86,7 +86,7 @@ impl Session {
         let namespace = self.namespace(args.target.namespace.as_deref());
         let run = self.read_run(&namespace, &args.target.run).await?;
         if let Some(server) = args.server.as_deref()
-            && kept_in_postgres(&run)
+            && LedgerBackend::of(run.status.as_ref()) == LedgerBackend::PostgreSQL
         {
             let reader = served::ServerReader::new(server, args.token_file.as_deref(), &run)?;
             return self
@@ -332,12 +332,6 @@ fn error_chain(err: &dyn std::error::Error) -> String {
 }
 
 use crate::requests::phase_of;
-
-/// True when the run's status records its ledger kept in PostgreSQL.
-fn kept_in_postgres(run: &AgentRun) -> bool {
-    let backend = run.status.as_ref().and_then(|s| s.ledger_backend);
-    backend == Some(crate::crd::v1alpha1::LedgerBackend::PostgreSQL)
-}
 
 fn is_finished(run: &AgentRun) -> bool {
     phase_of(run).is_terminal()

@@ -13,7 +13,7 @@ use kube::ResourceExt;
 use super::{CliError, Session, print_lines};
 use crate::cli::render::Transcript;
 use crate::crd::v1alpha1::{AgentRun, LedgerSegment};
-use crate::ledger::{check_contiguous_after, is_segment_of};
+use crate::ledger::own_segments_after;
 
 /// How often a followed run is asked for its new segments.
 const POLL: Duration = Duration::from_secs(1);
@@ -76,14 +76,11 @@ impl ServerReader {
             let message = body["message"].as_str().unwrap_or("no message").to_string();
             return Err(failed(format!("the server answered {code}: {message}")));
         }
-        let mut segments: Vec<LedgerSegment> = response
+        let segments: Vec<LedgerSegment> = response
             .json()
             .await
             .map_err(|e| failed(format!("the server's answer does not read: {e}")))?;
-        segments.retain(|s| is_segment_of(s, &self.run, &self.uid));
-        segments.sort_by_key(|s| s.spec.seq);
-        check_contiguous_after(after, &segments).map_err(|e| failed(e.to_string()))?;
-        Ok(segments)
+        own_segments_after(segments, &self.run, &self.uid, after).map_err(|e| failed(e.to_string()))
     }
 }
 

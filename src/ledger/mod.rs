@@ -125,6 +125,20 @@ pub fn is_segment_of(seg: &LedgerSegment, run: &str, uid: &str) -> bool {
             == Some(uid)
 }
 
+/// The segments of run `run` (UID `uid`) among `segments` (as a server answered), ordered
+/// and checked contiguous after position `after`.
+pub fn own_segments_after(
+    mut segments: Vec<LedgerSegment>,
+    run: &str,
+    uid: &str,
+    after: i64,
+) -> Result<Vec<LedgerSegment>, LedgerError> {
+    segments.retain(|s| is_segment_of(s, run, uid));
+    segments.sort_by_key(|s| s.spec.seq);
+    check_contiguous_after(after, &segments)?;
+    Ok(segments)
+}
+
 /// Checks that the segments (sorted by seq) are positions 1..=n, without gaps.
 pub fn check_contiguous(segments: &[LedgerSegment]) -> Result<(), LedgerError> {
     check_contiguous_after(0, segments)

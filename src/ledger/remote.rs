@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use super::served::{AppendOutcome, AppendRequest, Deleted, ledger_path};
-use super::{Appended, LedgerError, check_contiguous_after, is_segment_of};
+use super::{Appended, LedgerError, own_segments_after};
 use crate::crd::v1alpha1::{LedgerEvent, LedgerSegment};
 use crate::fence::Fence;
 
@@ -107,11 +107,8 @@ impl ServedLedger {
         let position = after.to_string();
         let params = [("uid", self.uid.as_str()), ("after", position.as_str())];
         let url = self.url_with(&params)?;
-        let mut segments: Vec<LedgerSegment> = self.send(self.server.http.get(url)).await?;
-        segments.retain(|s| is_segment_of(s, &self.run, &self.uid));
-        segments.sort_by_key(|s| s.spec.seq);
-        check_contiguous_after(after, &segments)?;
-        Ok(segments)
+        let segments: Vec<LedgerSegment> = self.send(self.server.http.get(url)).await?;
+        own_segments_after(segments, &self.run, &self.uid, after)
     }
 
     /// Deletes the run's ledger for good (baton's controller, once the run is being

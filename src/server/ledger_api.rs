@@ -113,9 +113,7 @@ impl LedgerService {
         }
         Ok(None)
     }
-}
 
-impl LedgerService {
     /// Why `user` may not delete the rows of run `name` with UID `uid`, or None: only
     /// baton's controller may, and only once the run with that UID is gone or being deleted
     /// (never the rows of a live run).
