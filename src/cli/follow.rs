@@ -14,6 +14,23 @@ use crate::crd::RUN_UID_LABEL;
 use crate::crd::v1alpha1::{AgentRun, LedgerSegment};
 
 impl Session {
+    /// `run` once the controller has written its status: its first write records where the
+    /// run's ledger is kept, so a run followed from its creation is read from the right one.
+    pub(super) async fn first_status(&self, run: &AgentRun) -> Result<AgentRun, CliError> {
+        let namespace = run.namespace().unwrap_or_default();
+        let name = run.name_any();
+        let has_status = |r: Option<&AgentRun>| r.is_none_or(|r| r.status.is_some());
+        let seen = kube::runtime::wait::await_condition(self.runs(&namespace), &name, has_status);
+        match seen.await {
+            Ok(Some(now)) if now.uid() == run.uid() => Ok(now),
+            Ok(_) => Err(CliError::RunNotFound { namespace, name }),
+            Err(e) => Err(CliError::Ledger {
+                name,
+                detail: format!("waiting for the run's first status: {e}"),
+            }),
+        }
+    }
+
     /// Prints segments as they are appended, in order, until the run is where `ends` says
     /// (then the rest of the ledger is read once more and printed) or is deleted.
     pub(super) async fn follow(

@@ -107,8 +107,9 @@ pub struct TranscriptArgs {
     /// PostgreSQL is read through it: this command holds no credential of the database.
     #[arg(long, env = "BATON_SERVER")]
     pub server: Option<String>,
-    /// A file holding the bearer token the server acts with on your behalf (with --server):
-    /// the API server decides what it may read, as for any reader.
+    /// A file holding the bearer token the server acts with on your behalf (with --server;
+    /// default: the kubeconfig user's token, token file, exec plugin or auth provider): the
+    /// API server decides what it may read, as for any reader.
     #[arg(long, env = "BATON_TOKEN_FILE")]
     pub token_file: Option<std::path::PathBuf>,
 }
@@ -220,8 +221,8 @@ pub async fn main(verb: Verb) -> Result<(), CliError> {
         .map_err(|e| CliError::NoConfig(e.to_string()))?;
     let server = config.cluster_url.to_string();
     let default_namespace = config.default_namespace.clone();
-    let client = Client::try_from(config).map_err(|e| CliError::NoConfig(e.to_string()))?;
-    let session = Session::new(client, server, default_namespace);
+    let client = Client::try_from(config.clone()).map_err(|e| CliError::NoConfig(e.to_string()))?;
+    let session = Session::new(client, server, default_namespace).with_kubeconfig(config);
     let mut out = Neutral(std::io::stdout());
     session.run(verb, &mut out).await
 }

@@ -22,6 +22,7 @@ pub struct Session {
     client: Client,
     server: String,
     default_namespace: String,
+    kubeconfig: Option<kube::Config>,
 }
 
 impl Session {
@@ -30,6 +31,16 @@ impl Session {
             client,
             server,
             default_namespace,
+            kubeconfig: None,
+        }
+    }
+
+    /// The kubeconfig the client came from, whose user's credential `transcript --server`
+    /// sends to `baton server`.
+    pub fn with_kubeconfig(self, kubeconfig: kube::Config) -> Self {
+        Self {
+            kubeconfig: Some(kubeconfig),
+            ..self
         }
     }
 
@@ -84,14 +95,20 @@ impl Session {
 
     async fn transcript(&self, args: TranscriptArgs, out: &mut impl Write) -> Result<(), CliError> {
         let namespace = self.namespace(args.target.namespace.as_deref());
-        let run = self.read_run(&namespace, &args.target.run).await?;
+        let mut run = self.read_run(&namespace, &args.target.run).await?;
+        if args.follow && run.status.is_none() {
+            run = self.first_status(&run).await?;
+        }
         if let Some(server) = args.server.as_deref()
             && LedgerBackend::of(run.status.as_ref()) == LedgerBackend::PostgreSQL
         {
-            let reader = served::ServerReader::new(server, args.token_file.as_deref(), &run)?;
-            return self
-                .transcript_served(&run, &reader, args.follow, out)
-                .await;
+            let kubeconfig = self
+                .kubeconfig
+                .clone()
+                .unwrap_or_else(|| kube::Config::new(self.server.parse().unwrap_or_default()));
+            let token_file = args.token_file.as_deref();
+            let reader = served::ServerReader::new(server, token_file, &kubeconfig, &run)?;
+            return self.transcript_served(&reader, args.follow, out).await;
         }
         let segments = self.ledger(&run).await?;
         let mut transcript = Transcript::default();

@@ -93,6 +93,22 @@ impl LedgerError {
     }
 
     /// Low-cardinality label for metrics.
+    /// A failure a retry may get past: the ledger server, its database or the API server
+    /// unreachable or overloaded. Not a refusal, a lost run or a broken ledger (the ledger
+    /// server answers those 4xx and 500).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            LedgerError::Served { code, .. } => code.is_none_or(|c| matches!(c, 429 | 502..=504)),
+            LedgerError::Kube(kube::Error::Api(s)) => s.code == 429 || s.code >= 500,
+            LedgerError::Kube(e) => matches!(
+                e,
+                kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::ReadEvents(_)
+            ),
+            LedgerError::Postgres(e) => e.is_connection(),
+            _ => false,
+        }
+    }
+
     pub fn label(&self) -> &'static str {
         match self {
             LedgerError::Superseded { .. } => "superseded",
@@ -189,6 +205,34 @@ pub(crate) fn lost_to(seg: &LedgerSegment, verdict: Verdict, ours: Fence) -> Led
 mod tests {
     use super::*;
     use crate::crd::v1alpha1::LedgerEvent;
+
+    #[test]
+    fn an_unreachable_or_overloaded_server_is_transient_a_refusal_or_broken_ledger_is_not() {
+        let served = |code| LedgerError::Served {
+            code,
+            message: String::new(),
+        };
+        for transient in [None, Some(429), Some(503), Some(502)] {
+            assert!(served(transient).is_transient(), "{transient:?}");
+        }
+        for lasting in [Some(400), Some(401), Some(403), Some(404), Some(500)] {
+            assert!(!served(lasting).is_transient(), "{lasting:?}");
+        }
+        assert!(
+            !LedgerError::Gap {
+                expected: 2,
+                found: 3
+            }
+            .is_transient()
+        );
+        assert!(
+            !LedgerError::Closed {
+                seq: 1,
+                fence: Fence::new(1)
+            }
+            .is_transient()
+        );
+    }
     use crate::fence::test_segment as seg;
 
     #[test]

@@ -346,16 +346,30 @@ fn progress_at_start(replay: &Replay, run: &AgentRun) -> Progress {
 }
 
 /// The ledger as it stands, or None (the guard set) when it shows the run lost.
+///
+/// A transient failure (the ledger server rolling out, its database restarting) is retried
+/// while the lease is held, as an append is: it costs a wait, not the attempt.
 async fn read_own_ledger(
     holder: &Holder,
     guard: &LostGuard,
 ) -> Result<Option<Vec<LedgerSegment>>, WorkerError> {
-    match holder.read_ledger().await {
-        Err(err) if err.is_lost() => {
-            guard.lose(err.to_string());
-            Ok(None)
+    let mut backoff = std::time::Duration::from_millis(100);
+    loop {
+        match holder.read_ledger().await {
+            Err(err) if err.is_lost() => {
+                guard.lose(err.to_string());
+                return Ok(None);
+            }
+            Err(err) if err.is_transient() && !guard.is_lost() => {
+                tracing::warn!(error = %err, "reading the ledger failed; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = guard.token().cancelled() => return Ok(None),
+                }
+                backoff = (backoff * 2).min(std::time::Duration::from_secs(2));
+            }
+            read => return Ok(Some(read?)),
         }
-        read => Ok(Some(read?)),
     }
 }
 

@@ -14,6 +14,8 @@
 //!   loses nothing (`pg_runs`: such runs' controller, server and workers, as the chart sets
 //!   them up);
 //! - `proxy`: behind an authenticating proxy, the API server decides whom its header may name;
+//! - `transcript_cli`: `baton transcript -f --server` with the kubeconfig's own credential
+//!   follows a run kept in PostgreSQL across the real server's kill, each line once;
 //! - `threads`: a turn posted over HTTP streams on the thread's stream, turn after turn, and
 //!   `onBusy: Reject` answers 409 `ThreadBusy`.
 
@@ -34,3 +36,4 @@ mod pg_runs;
 mod proxy;
 mod stream;
 mod threads;
+mod transcript_cli;

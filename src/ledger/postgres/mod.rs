@@ -55,6 +55,18 @@ pub enum PgError {
     Invisible { uid: String, seq: i64 },
 }
 
+impl PgError {
+    /// The database could not be reached or dropped the connection (a restart, a failover):
+    /// not an answer to the statement.
+    pub fn is_connection(&self) -> bool {
+        match self {
+            PgError::Db(e) => e.is_closed() || e.as_db_error().is_none(),
+            PgError::Pool(_) => true,
+            _ => false,
+        }
+    }
+}
+
 /// `err` and every error under it: a TLS handshake's failure says why only in its source
 /// (an unknown issuer, a name that does not match).
 fn with_causes(err: &dyn std::error::Error) -> String {
