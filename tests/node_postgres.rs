@@ -4,8 +4,9 @@
 //! pods writing through the server's Service. Then scripted runs meet the real faults, one
 //! after the other while they run: a worker killed with SIGKILL, a pod deleted (SIGTERM, as a
 //! drain), the controller and the server rolled out, the database crashed and started again.
-//! Then:
-//! - every run succeeds with its answer, its ledger kept in PostgreSQL;
+//! Then three more meet `kubectl drain` of the node, and one of them the node's loss. Then:
+//! - every run succeeds with its answer, its ledger kept in PostgreSQL; a drained run
+//!   consumed no attempt;
 //! - no non-idempotent effect ran twice, and one that never ran is a reported unknown step;
 //! - every ledger, read from the rows, is contiguous, with no stale-fence write after a seal;
 //! - not one LedgerSegment object is left in the API server;
@@ -20,6 +21,7 @@ mod node_support;
 use std::time::{Duration, Instant};
 
 use baton::crd::v1alpha1::{LedgerBackend, LedgerSegment};
+use baton::fence::Fence;
 use baton::ledger::postgres::PgLedger;
 use e2e_support::{Effects, Recorded, Script, check_ledger, retry};
 use k8s_openapi::api::core::v1::Secret;
@@ -77,6 +79,52 @@ async fn node_runs_kept_in_postgresql_survive_every_fault() {
     let db = NodePostgres::up();
     let env = NodeEnv::start("postgres").await;
     let _switched = InPostgres::switch(&env.client, &db).await;
+    let ledger = PgLedger::connect(&db.local_url, 2)
+        .await
+        .expect("the node's database, through the relay");
+    let mut uids = one_fault_of_each_kind(&env, &db, &ledger).await;
+    uids.extend(a_drain_then_the_nodes_loss(&env, &ledger).await);
+    let events = env
+        .api::<Event>()
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    assert!(
+        events
+            .items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("LedgerUnavailable")),
+        "no run said it waited on the database"
+    );
+
+    // Deleted, the runs take their rows along (their finalizer holds them until then).
+    let runs = env.runs();
+    runs.delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let all = ListParams::default();
+    while !retry(|| runs.list(&all)).await.items.is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "runs kept in PostgreSQL never went"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    for (name, uid) in &uids {
+        let left = ledger.for_run(&env.ns, name, uid).list().await.unwrap();
+        assert!(left.is_empty(), "{name}: {} rows left", left.len());
+    }
+    env.finish().await;
+}
+
+/// Six runs meet, one after the other while they run: a worker's SIGKILL, a pod deleted, the
+/// controller and the server rolled out, the database crashed for 10 s. Their names and UIDs.
+async fn one_fault_of_each_kind(
+    env: &NodeEnv,
+    db: &NodePostgres,
+    ledger: &PgLedger,
+) -> Vec<(String, String)> {
     let names: Vec<String> = (0..6).map(|i| format!("pg-{i}")).collect();
     let script = Script {
         turns: 6,
@@ -88,46 +136,121 @@ async fn node_runs_kept_in_postgresql_survive_every_fault() {
     for name in &names {
         workers.push(env.wait_worker(name, 1).await.0);
     }
-    let started = Instant::now();
-    let mut log = Vec::new();
-    let mut note =
-        |what: String| log.push(format!("{:6.1}s {what}", started.elapsed().as_secs_f64()));
-
+    let mut log = FaultLog::new();
     env.wait_effect(&names[0], 1).await;
     env.signal_worker(&workers[0], libc::SIGKILL).await;
-    note(format!("SIGKILL {}", workers[0]));
+    log.note(format!("SIGKILL {}", workers[0]));
     env.delete_pod(&workers[1]).await;
-    note(format!("deleted pod {} (a drain)", workers[1]));
+    log.note(format!("deleted pod {} (a drain)", workers[1]));
     tokio::time::sleep(Duration::from_secs(2)).await;
     restart_controllers();
-    note("controller rolled out".into());
+    log.note("controller rolled out");
     tokio::time::sleep(Duration::from_secs(2)).await;
     kubectl(&["-n", SYSTEM_NS, "rollout", "restart", "deployment", SERVER])
         .expect("rolling the server out");
-    note("server rolled out".into());
+    log.note("server rolled out");
     tokio::time::sleep(Duration::from_secs(2)).await;
     db.crash();
-    note("database crashed".into());
+    log.note("database crashed");
     tokio::time::sleep(Duration::from_secs(10)).await;
     db.start();
-    note("database started again".into());
-    eprintln!("postgres: faults:\n{}", log.join("\n"));
+    log.note("database started again");
+    log.print();
+    all_succeed_from_rows(env, ledger, &names, &script).await
+}
 
+/// Three runs meet `kubectl drain` of the node (the Eviction API; the PodDisruptionBudgets
+/// keep a controller and a server replica, so writes go on), then one of them the node's
+/// loss (kubelet stopped, worker frozen past its lease, woken as a zombie once the node is
+/// back). A drain is a handoff: it consumes no attempt. Their names and UIDs.
+async fn a_drain_then_the_nodes_loss(env: &NodeEnv, ledger: &PgLedger) -> Vec<(String, String)> {
+    let names: Vec<String> = ["pg-drain-0", "pg-drain-1", "pg-lost"]
+        .map(String::from)
+        .into();
+    let script = Script::new(6, 1500);
     for name in &names {
+        let mut run = env.scripted(name, &script);
+        // The next pods wait, unschedulable, while the node is cordoned.
+        run.spec.lease.startup_seconds = 180;
+        env.create(&run).await;
+    }
+    for name in &names {
+        env.wait_worker(name, 1).await;
+        env.wait_effect(name, 1).await;
+    }
+    let mut log = FaultLog::new();
+    let drained = kubectl(&[
+        "drain",
+        "baton-node",
+        "--ignore-daemonsets",
+        "--delete-emptydir-data",
+        "--force",
+        "--timeout=40s",
+    ]);
+    let uncordoned = kubectl(&["uncordon", "baton-node"]);
+    log.note("node drained, then uncordoned");
+    let refusal = drained.expect_err("a single-node drain cannot evict the last pods of a PDB");
+    assert!(refusal.contains("disruption budget"), "{refusal}");
+    uncordoned.expect("kubectl uncordon");
+
+    let lost = &names[2];
+    let (pod, fence) = env.wait_worker(lost, 2).await;
+    env.wait_effect(lost, 2).await;
+    let pid = env
+        .container_pid(&pod)
+        .await
+        .expect("the worker's host PID");
+    tokio::task::spawn_blocking(|| node_sh(&["stop-kubelet"]))
+        .await
+        .unwrap();
+    signal_pid(pid, libc::SIGSTOP);
+    log.note(format!("node lost (kubelet stopped, {pod} frozen)"));
+    env.wait_run(lost, Duration::from_secs(120), "claimed again", |s| {
+        s.fence > Fence::new(fence)
+    })
+    .await;
+    log.note("claimed again without the node");
+    tokio::task::spawn_blocking(|| node_sh(&["start-kubelet"]))
+        .await
+        .unwrap();
+    signal_pid(pid, libc::SIGCONT);
+    log.note("node back, the frozen worker woken");
+    log.print();
+
+    let uids = all_succeed_from_rows(env, ledger, &names, &script).await;
+    for name in &names[..2] {
+        let st = env.status(name).await;
+        assert_eq!(
+            st.failed_attempts, 0,
+            "{name}: a drain is a handoff: {st:#?}"
+        );
+        assert!(st.fence >= Fence::new(2), "{name} moved to a new pod");
+    }
+    assert!(env.status(lost).await.failed_attempts >= 1);
+    uids
+}
+
+/// Waits for every run of `names` to succeed with its answer, then checks each from its rows:
+/// kept in PostgreSQL, contiguous, no stale-fence write after a seal, no effect twice and
+/// none lost unreported, and no LedgerSegment object in the API server. Names and UIDs.
+async fn all_succeed_from_rows(
+    env: &NodeEnv,
+    ledger: &PgLedger,
+    names: &[String],
+    script: &Script,
+) -> Vec<(String, String)> {
+    let started = Instant::now();
+    for name in names {
         env.wait_succeeded(name).await;
     }
     eprintln!(
-        "postgres: every run succeeded after {:?}",
+        "postgres: {names:?} succeeded after {:?}",
         started.elapsed()
     );
-
-    let ledger = PgLedger::connect(&db.local_url, 2)
-        .await
-        .expect("the node's database, through the relay");
     let effects = Effects::read(&env.effects.file);
     let runs = env.runs();
     let mut uids = Vec::new();
-    for name in &names {
+    for name in names {
         let run = retry(|| runs.get(name)).await;
         let st = run.status.clone().unwrap_or_default();
         assert_eq!(st.ledger_backend, Some(LedgerBackend::PostgreSQL), "{name}");
@@ -155,35 +278,29 @@ async fn node_runs_kept_in_postgresql_survive_every_fault() {
         .list(&ListParams::default())
         .await;
     assert!(objects.unwrap().items.is_empty(), "LedgerSegment objects");
-    let events = env
-        .api::<Event>()
-        .list(&ListParams::default())
-        .await
-        .unwrap();
-    assert!(
-        events
-            .items
-            .iter()
-            .any(|e| e.reason.as_deref() == Some("LedgerUnavailable")),
-        "no run said it waited on the database"
-    );
+    uids
+}
 
-    // Deleted, the runs take their rows along (their finalizer holds them until then).
-    runs.delete_collection(&DeleteParams::default(), &ListParams::default())
-        .await
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let all = ListParams::default();
-    while !retry(|| runs.list(&all)).await.items.is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "runs kept in PostgreSQL never went"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
+/// The faults injected, with their times, printed for the log.
+struct FaultLog {
+    started: Instant,
+    lines: Vec<String>,
+}
+
+impl FaultLog {
+    fn new() -> Self {
+        Self {
+            started: Instant::now(),
+            lines: Vec::new(),
+        }
     }
-    for (name, uid) in &uids {
-        let left = ledger.for_run(&env.ns, name, uid).list().await.unwrap();
-        assert!(left.is_empty(), "{name}: {} rows left", left.len());
+
+    fn note(&mut self, what: impl std::fmt::Display) {
+        let t = self.started.elapsed().as_secs_f64();
+        self.lines.push(format!("{t:6.1}s {what}"));
     }
-    env.finish().await;
+
+    fn print(&self) {
+        eprintln!("postgres: faults:\n{}", self.lines.join("\n"));
+    }
 }

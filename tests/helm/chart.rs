@@ -101,6 +101,13 @@ fn the_controller_runs_two_replicas_with_election_probes_and_a_pdb() {
         pdb["spec"]["selector"]["matchLabels"],
         deploy["spec"]["selector"]["matchLabels"]
     );
+    // baton server has its own: with ledger.backend PostgreSQL every append goes through it.
+    let server_pdb = named(&objects, "PodDisruptionBudget", "baton-server");
+    assert_eq!(server_pdb["spec"]["minAvailable"], 1);
+    assert_eq!(
+        server_pdb["spec"]["selector"]["matchLabels"],
+        named(&objects, "Deployment", "baton-server")["spec"]["selector"]["matchLabels"]
+    );
     let svc = named(&objects, "Service", "baton-metrics");
     assert_eq!(svc["spec"]["ports"][0]["targetPort"], "admin");
     assert!(
