@@ -63,6 +63,12 @@ bench-webhook: ## Figures: latency the admission webhook adds to a segment appen
 bench-ledger: ## Figures: the same transcripts in LedgerSegments and in PostgreSQL: appends/s, awaited requests per append, etcd bytes and API-server memory per transcript byte
 	bash hack/with-control-plane.sh $(CARGO) run --release --example ledger_bench
 
+.PHONY: bench-ledger-load
+bench-ledger-load: ## Figures at scale: 10,000 runs, 1 GiB of transcript per backend (7 appends of 15,339 B each), on a bed of its own with an 8 GiB etcd quota: etcd size and API-server memory
+	BATON_CP_DIR=$${TMPDIR:-/tmp}/baton-load-bed BATON_PG_DIR=$${TMPDIR:-/tmp}/baton-load-pg \
+	BATON_CP_ETCD_QUOTA_BYTES=8589934592 \
+	bash hack/with-control-plane.sh $(CARGO) run --release --example ledger_bench -- 10000 7 15339
+
 .PHONY: bench-executor
 bench-executor: ## Figures: latency a tool step gets from the tools container's executor, vs running the command directly
 	$(CARGO) build --release -p baton-exec

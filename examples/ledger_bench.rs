@@ -1,14 +1,19 @@
 //! Ledger benchmark (`make bench-ledger`): the same transcripts written to both backends on
 //! the bed, one after the other, as workers write them: each run one awaited fenced append at
-//! a time, the runs at once. Prints, per backend:
+//! a time, 64 runs at a time. Prints, per backend:
 //! - appends per second;
 //! - awaited requests per append (the worker's: API-server creates for LedgerSegments, HTTP
 //!   calls to `baton server` for PostgreSQL; target 1.0);
 //! - API-server requests per append (for PostgreSQL: the server's token review and its fresh
 //!   read of the run, which store nothing);
-//! - etcd bytes and API-server memory per transcript byte (target with PostgreSQL: no growth).
+//! - etcd bytes and API-server memory per transcript byte (target with PostgreSQL: no growth),
+//!   and both before and after, in MiB.
 //!
 //!     bash hack/with-control-plane.sh cargo run --release --example ledger_bench [-- RUNS APPENDS BYTES]
+//!
+//! `make bench-ledger-load` is the same at scale: 10,000 runs and 1 GiB of transcript per
+//! backend, on a bed of its own whose etcd may hold that much (`--quota-backend-bytes` 8 GiB,
+//! etcd's suggested maximum).
 //!
 //! The PostgreSQL writers are real worker identities: a ServiceAccount per run and a token
 //! bound to its attempt's pod, reviewed by the API server, through an in-process
@@ -25,6 +30,8 @@ mod rbac;
 mod metrics;
 
 use std::sync::Arc;
+
+use futures::{StreamExt, TryStreamExt};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Namespace, Pod};
@@ -37,6 +44,10 @@ use baton::ledger::postgres::PgLedger;
 use baton::ledger::served::LEDGER_AUDIENCE;
 use baton::ledger::{LedgerServer, LedgerToken, RunLedger, SegmentStore};
 use baton::rbac::worker_service_account_name;
+
+/// How many runs are prepared, and written, at a time: a busy cluster's worth of workers,
+/// and few enough that a 10,000-run load does not open 10,000 connections at once.
+const AT_ONCE: usize = 64;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -55,7 +66,9 @@ async fn main() -> anyhow::Result<()> {
         "ledger bench: {runs} runs x {appends} appends x {bytes} B of model text, per backend"
     );
     let mut figures = Vec::new();
-    for backend in [LedgerBackend::LedgerSegments, LedgerBackend::PostgreSQL] {
+    // PostgreSQL first: the API server's and etcd's readings before it are then not those of
+    // a namespace of 1 GiB being deleted.
+    for backend in [LedgerBackend::PostgreSQL, LedgerBackend::LedgerSegments] {
         let ns = namespace(&client).await?;
         let ledgers = prepare(&client, &ns, runs, backend, &server).await?;
         let before = Snapshot::take(&client, etcd, &server).await?;
@@ -74,6 +87,9 @@ async fn main() -> anyhow::Result<()> {
             etcd_per_byte: (after.etcd_bytes - before.etcd_bytes) / (written * bytes as f64),
             rss_per_byte: (after.api_rss - before.api_rss) / (written * bytes as f64),
             heap_per_byte: (after.api_heap - before.api_heap) / (written * bytes as f64),
+            transcript_mib: written * bytes as f64 / MIB,
+            etcd_mib: (before.etcd_bytes / MIB, after.etcd_bytes / MIB),
+            rss_mib: (before.api_rss / MIB, after.api_rss / MIB),
         });
         let _ = Api::<Namespace>::all(client.clone())
             .delete(&ns, &Default::default())
@@ -92,7 +108,14 @@ struct Figures {
     etcd_per_byte: f64,
     rss_per_byte: f64,
     heap_per_byte: f64,
+    /// The transcript written, and what etcd and the API server held before and after it
+    /// (MiB).
+    transcript_mib: f64,
+    etcd_mib: (f64, f64),
+    rss_mib: (f64, f64),
 }
+
+const MIB: f64 = 1024.0 * 1024.0;
 
 fn report(figures: &[Figures]) {
     println!(
@@ -125,6 +148,15 @@ fn report(figures: &[Figures]) {
     });
     row("API-server heap in use per transcript byte", &|f| {
         format!("{:.2}", f.heap_per_byte)
+    });
+    row("transcript written (MiB)", &|f| {
+        format!("{:.0}", f.transcript_mib)
+    });
+    row("etcd in use before → after (MiB)", &|f| {
+        format!("{:.0} → {:.0}", f.etcd_mib.0, f.etcd_mib.1)
+    });
+    row("API-server RSS before → after (MiB)", &|f| {
+        format!("{:.0} → {:.0}", f.rss_mib.0, f.rss_mib.1)
     });
 }
 
@@ -245,11 +277,10 @@ async fn prepare(
     backend: LedgerBackend,
     server: &Served,
 ) -> anyhow::Result<Vec<RunLedger>> {
-    let mut ledgers = Vec::new();
-    for i in 0..runs {
+    let prepared = (0..runs).map(|i| async move {
         let name = format!("bench-{i}");
         let run = held_run(client, ns, &name, backend).await?;
-        let ledger = match backend {
+        anyhow::Ok(match backend {
             LedgerBackend::LedgerSegments => {
                 RunLedger::Segments(SegmentStore::for_run(client.clone(), &run))
             }
@@ -258,10 +289,12 @@ async fn prepare(
                 let writer = LedgerServer::new(&server.base, LedgerToken::Fixed(token));
                 RunLedger::Served(writer.for_run(ns, &name, &run.uid().unwrap_or_default()))
             }
-        };
-        ledgers.push(ledger);
-    }
-    Ok(ledgers)
+        })
+    });
+    futures::stream::iter(prepared)
+        .buffer_unordered(AT_ONCE)
+        .try_collect()
+        .await
 }
 
 /// A run held by its first attempt, its ledger kept in `backend`.
@@ -319,7 +352,7 @@ async fn worker_token(client: &Client, ns: &str, name: &str) -> anyhow::Result<S
 }
 
 /// Every run's `appends` appends of `bytes` of model text, one awaited at a time per run,
-/// the runs at once.
+/// [`AT_ONCE`] runs at a time.
 async fn write(ledgers: Vec<RunLedger>, appends: usize, bytes: usize) -> anyhow::Result<()> {
     let text = "lorem ipsum ".repeat(bytes / 12 + 1)[..bytes].to_string();
     let writers = ledgers.into_iter().map(|ledger| {
@@ -336,8 +369,8 @@ async fn write(ledgers: Vec<RunLedger>, appends: usize, bytes: usize) -> anyhow:
             anyhow::Ok(())
         }
     });
-    for result in futures::future::join_all(writers).await {
-        result?;
-    }
-    Ok(())
+    futures::stream::iter(writers)
+        .buffer_unordered(AT_ONCE)
+        .try_collect::<()>()
+        .await
 }

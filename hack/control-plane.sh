@@ -26,6 +26,8 @@
 #   BATON_CP_ETCD_PEER_PORT etcd peer port (default 2380)
 #                           A port set explicitly must be free; a busy default is replaced by a free port.
 #   BATON_CP_TIMEOUT        seconds to wait for /readyz (default 120)
+#   BATON_CP_ETCD_QUOTA_BYTES  etcd's --quota-backend-bytes (default: etcd's own, 2 GiB; the
+#                           ledger load benchmark needs more)
 #   BATON_KEEP_BUILD=1      keep the kube-apiserver build tree and Go cache after a successful build
 set -euo pipefail
 
@@ -537,6 +539,10 @@ start_etcd() { # CLIENT-PORT PEER-PORT
     --initial-cluster="baton=http://127.0.0.1:$peer_port" --initial-cluster-state=new
     --logger=zap
   )
+  if [[ -n ${BATON_CP_ETCD_QUOTA_BYTES:-} ]]; then
+    [[ $BATON_CP_ETCD_QUOTA_BYTES =~ ^[0-9]+$ ]] || die "BATON_CP_ETCD_QUOTA_BYTES=$BATON_CP_ETCD_QUOTA_BYTES is not a byte count"
+    etcd_args+=(--quota-backend-bytes="$BATON_CP_ETCD_QUOTA_BYTES")
+  fi
   # Test data only: skip fsync when this etcd supports it (3.4.10+).
   if "$ETCD_BIN" --help 2>&1 | grep -- '--unsafe-no-fsync' >/dev/null; then etcd_args+=(--unsafe-no-fsync); fi
   case $(uname -m) in aarch64 | arm64) export ETCD_UNSUPPORTED_ARCH=arm64 ;; esac

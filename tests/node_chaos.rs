@@ -10,6 +10,9 @@
 //!   fence below F, nothing follows `closed`, and the status fence equals the last seal;
 //! - every transcript is contiguous, and no segment changed after it was first seen.
 //!
+//! `node_chaos_in_postgresql` does the same to runs kept in PostgreSQL (default 10 runs), the
+//! database's crash among its faults.
+//!
 //! And `examples/thread.yaml` with a worker killed in its second turn, then deleted whole.
 
 mod e2e_support;
@@ -33,10 +36,41 @@ enum Fault {
     Pause,
     Drain,
     LeaderDeleted,
+    /// The ledger's database crashed (runs kept in PostgreSQL only), started again 3–10 s
+    /// later.
+    DatabaseCrash,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_chaos() {
+    let (seed, n) = seed_and_runs(20);
+    let env = NodeEnv::start("chaos").await;
+    chaos(&env, seed, n, None).await;
+    wait_controllers_ready(&env.client, Duration::from_secs(180)).await;
+    env.finish().await;
+}
+
+/// The same on runs kept in PostgreSQL (the release switched to it, the database in the
+/// node's network namespace), the database's crash among the faults; ledgers read from its
+/// rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_chaos_in_postgresql() {
+    let (seed, n) = seed_and_runs(10);
+    let db = NodePostgres::up();
+    let env = NodeEnv::start("chaos-pg").await;
+    let _switched = InPostgres::switch(&env.client, &db).await;
+    let rows = baton::ledger::postgres::PgLedger::connect(&db.local_url, 2)
+        .await
+        .expect("the node's database, through the relay");
+    let env = env.with_rows(rows);
+    chaos(&env, seed, n, Some(&db)).await;
+    wait_controllers_ready(&env.client, Duration::from_secs(180)).await;
+    env.finish().await;
+}
+
+/// The seed (`BATON_CHAOS_SEED`, else a random one, printed) and the number of runs
+/// (`BATON_CHAOS_RUNS`, else `default`).
+fn seed_and_runs(default: usize) -> (u64, usize) {
     let seed: u64 = std::env::var("BATON_CHAOS_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -44,11 +78,15 @@ async fn node_chaos() {
     let n: usize = std::env::var("BATON_CHAOS_RUNS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(20);
+        .unwrap_or(default);
     eprintln!("chaos: seed {seed} (replay with BATON_CHAOS_SEED={seed}), {n} runs");
-    let mut rng = StdRng::seed_from_u64(seed);
+    (seed, n)
+}
 
-    let env = NodeEnv::start("chaos").await;
+/// `n` scripted runs under random faults from `seed` for a window, at most 3 per run (the
+/// database's crash too when `db` is given), then the invariants and every run's outcome.
+async fn chaos(env: &NodeEnv, seed: u64, n: usize, db: Option<&NodePostgres>) {
+    let mut rng = StdRng::seed_from_u64(seed);
     let names: Vec<String> = (0..n).map(|i| format!("chaos-{i:03}")).collect();
     for name in &names {
         let script = Script {
@@ -59,7 +97,6 @@ async fn node_chaos() {
         env.create(&env.scripted(name, &script)).await;
     }
 
-    // Faults, for a window, at most 3 per run.
     let started = Instant::now();
     let window = Duration::from_secs(
         std::env::var("BATON_CHAOS_WINDOW")
@@ -72,24 +109,48 @@ async fn node_chaos() {
     let mut resumers = Vec::new();
     let mut paused = std::collections::BTreeSet::new();
     let mut drained = std::collections::BTreeSet::new();
+    let mut db_back_at: Option<Instant> = None;
     let pause_for = Duration::from_secs(lease().duration_seconds as u64 + 3);
     while started.elapsed() < window {
         tokio::time::sleep(Duration::from_millis(rng.random_range(300..=1000))).await;
-        let fault = match rng.random_range(0..10) {
+        let kinds = if db.is_some() { 11 } else { 10 };
+        let fault = match rng.random_range(0..kinds) {
             0..=2 => Fault::Kill,
             3..=4 => Fault::Pause,
             5..=8 => Fault::Drain,
-            _ => Fault::LeaderDeleted,
+            9 => Fault::LeaderDeleted,
+            _ => Fault::DatabaseCrash,
         };
         let t = started.elapsed().as_secs_f64();
-        if let Fault::LeaderDeleted = fault {
-            let (pods, holder) = controller_pods(&env.client).await;
-            if let Some(leader) = holder.as_deref().and_then(|h| leader_pod(&pods, h)) {
-                let api: Api<Pod> = Api::namespaced(env.client.clone(), SYSTEM_NS);
-                let _ = api.delete(&leader, &DeleteParams::default()).await;
-                log.push(format!("{t:6.1}s leader controller pod {leader} deleted"));
+        if let (Some(db), Some(at)) = (db, db_back_at)
+            && Instant::now() >= at
+        {
+            db.start();
+            db_back_at = None;
+            log.push(format!("{t:6.1}s database started again"));
+        }
+        match fault {
+            Fault::LeaderDeleted => {
+                let (pods, holder) = controller_pods(&env.client).await;
+                if let Some(leader) = holder.as_deref().and_then(|h| leader_pod(&pods, h)) {
+                    let api: Api<Pod> = Api::namespaced(env.client.clone(), SYSTEM_NS);
+                    let _ = api.delete(&leader, &DeleteParams::default()).await;
+                    log.push(format!("{t:6.1}s leader controller pod {leader} deleted"));
+                }
+                continue;
             }
-            continue;
+            Fault::DatabaseCrash => {
+                if let Some(db) = db
+                    && db_back_at.is_none()
+                {
+                    db.crash();
+                    let down = Duration::from_secs(rng.random_range(3..=10));
+                    db_back_at = Some(Instant::now() + down);
+                    log.push(format!("{t:6.1}s database crashed for {down:?}"));
+                }
+                continue;
+            }
+            _ => {}
         }
         // A run with a live, unpaused worker and fault budget left.
         let api = env.runs();
@@ -147,12 +208,16 @@ async fn node_chaos() {
                 drained.insert(pod.clone());
                 true
             }
-            Fault::LeaderDeleted => unreachable!(),
+            Fault::LeaderDeleted | Fault::DatabaseCrash => unreachable!(),
         };
         if ok {
             *faults.entry(name.clone()).or_default() += 1;
             log.push(format!("{t:6.1}s {fault:?} {pod}"));
         }
+    }
+    if let (Some(db), Some(_)) = (db, db_back_at) {
+        db.start();
+        log.push("database started again after the window".into());
     }
     for r in resumers {
         let _ = r.await;
@@ -165,11 +230,16 @@ async fn node_chaos() {
             .await;
     }
     eprintln!("chaos: all runs terminal after {:?}", started.elapsed());
-
     env.check_invariants(&names).await;
+    check_outcomes(env, &names, seed).await;
+}
+
+/// Every run Succeeded with its answer (an effect that never landed reported as unknown), or
+/// Interrupted after maxAttempts deaths.
+async fn check_outcomes(env: &NodeEnv, names: &[String], seed: u64) {
     let effects = Effects::read(&env.effects.file);
     let mut tally: BTreeMap<&str, usize> = BTreeMap::new();
-    for name in &names {
+    for name in names {
         let runs = env.runs();
         let run = retry(|| runs.get(name)).await;
         let st = run.status.clone().unwrap_or_default();
@@ -205,8 +275,6 @@ async fn node_chaos() {
         }
     }
     eprintln!("chaos: seed {seed}: outcomes {tally:?}");
-    wait_controllers_ready(&env.client, Duration::from_secs(180)).await;
-    env.finish().await;
 }
 
 /// `examples/thread.yaml` as a user applies it: three turns, one after the other; the worker

@@ -24,55 +24,10 @@ use baton::crd::v1alpha1::{LedgerBackend, LedgerSegment};
 use baton::fence::Fence;
 use baton::ledger::postgres::PgLedger;
 use e2e_support::{Effects, Recorded, Script, check_ledger, retry};
-use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
-use kube::{Api, Client, ResourceExt};
+use kube::ResourceExt;
+use kube::api::{DeleteParams, ListParams};
 use node_support::*;
-
-/// The Secret holding the database's URL.
-const DB_SECRET: &str = "baton-node-ledger-db";
-
-/// The release switched to the PostgreSQL ledger for as long as this lives; switched back
-/// (default values) when dropped.
-struct InPostgres;
-
-impl InPostgres {
-    async fn switch(client: &Client, db: &NodePostgres) -> Self {
-        servers_ready(client).await;
-        let secrets: Api<Secret> = Api::namespaced(client.clone(), SYSTEM_NS);
-        let _ = secrets.delete(DB_SECRET, &DeleteParams::default()).await;
-        let secret = Secret {
-            metadata: ObjectMeta {
-                name: Some(DB_SECRET.into()),
-                ..Default::default()
-            },
-            string_data: Some([("url".to_string(), db.url.clone())].into()),
-            ..Default::default()
-        };
-        secrets
-            .create(&PostParams::default(), &secret)
-            .await
-            .expect("the database's Secret");
-        // The node runs no cluster DNS: the server is reached at its Service's cluster IP.
-        let server = format!("http://{}:80", server_cluster_ip(client).await);
-        helm_upgrade(&serde_json::json!({"ledger": {
-            "backend": "PostgreSQL",
-            "postgres": {"urlSecret": {"name": DB_SECRET}},
-            "serverURL": server,
-        }}));
-        let switched = Self;
-        wait_rolled_out(client, SERVER, Duration::from_secs(180)).await;
-        wait_controllers_ready(client, Duration::from_secs(180)).await;
-        switched
-    }
-}
-
-impl Drop for InPostgres {
-    fn drop(&mut self) {
-        helm_upgrade(&serde_json::json!({}));
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_runs_kept_in_postgresql_survive_every_fault() {
@@ -174,8 +129,10 @@ async fn a_drain_then_the_nodes_loss(env: &NodeEnv, ledger: &PgLedger) -> Vec<(S
         run.spec.lease.startup_seconds = 180;
         env.create(&run).await;
     }
+    let mut followed = Vec::new();
     for name in &names {
-        env.wait_worker(name, 1).await;
+        let (pod, _) = env.wait_worker(name, 1).await;
+        followed.push(LogFollower::worker(&env.ns, &pod, &env.dir));
         env.wait_effect(name, 1).await;
     }
     let mut log = FaultLog::new();
@@ -218,11 +175,13 @@ async fn a_drain_then_the_nodes_loss(env: &NodeEnv, ledger: &PgLedger) -> Vec<(S
     log.print();
 
     let uids = all_succeed_from_rows(env, ledger, &names, &script).await;
-    for name in &names[..2] {
+    for (name, drained) in names[..2].iter().zip(&followed) {
         let st = env.status(name).await;
         assert_eq!(
-            st.failed_attempts, 0,
-            "{name}: a drain is a handoff: {st:#?}"
+            st.failed_attempts,
+            0,
+            "{name}: a drain is a handoff: {st:#?}\n---- its drained worker's log ----\n{}",
+            drained.tail(40)
         );
         assert!(st.fence >= Fence::new(2), "{name} moved to a new pod");
     }

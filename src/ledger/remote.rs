@@ -4,6 +4,7 @@
 //! server's (`append_fenced` runs there); a run lost comes back as the same error.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use super::served::{AppendOutcome, AppendRequest, Deleted, ledger_path};
 use super::{Appended, LedgerError, own_segments_after};
@@ -42,11 +43,24 @@ pub struct LedgerServer {
     token: LedgerToken,
 }
 
+/// The longest an append or a read may take before it is given up and retried. A server
+/// replica that dies without closing its connections (its pod's network gone, no reset
+/// sent) would otherwise hold a writer, and a worker's handoff, until TCP gave up minutes
+/// later. A request the server still completes after this is met by the retry as our own.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
 impl LedgerServer {
     pub fn new(base: &str, token: LedgerToken) -> Self {
         crate::kube_util::ensure_crypto_provider();
+        let http = reqwest::Client::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .timeout(REQUEST_TIMEOUT)
+            .tcp_keepalive(CONNECT_TIMEOUT)
+            .build()
+            .expect("an HTTP client with the process's TLS provider");
         Self {
-            http: reqwest::Client::new(),
+            http,
             base: base.trim_end_matches('/').to_string(),
             token,
         }

@@ -7,7 +7,8 @@
 //! token must be bound to the pod of the attempt whose fence it writes under. A read is
 //! admitted when Kubernetes RBAC lets the caller list LedgerSegments in the namespace.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use axum::Json;
 use axum::extract::{Path, Query, State};
@@ -19,6 +20,7 @@ use kube::{Client, ResourceExt};
 use super::ServerState;
 use super::caller::bearer_of;
 use super::error::ApiError;
+use super::token_cache::TokenCache;
 use crate::crd::v1alpha1::{AgentRun, LedgerSegment};
 use crate::ledger::postgres::{PgError, PgLedger};
 use crate::ledger::served::{AppendOutcome, AppendRequest, Deleted, LEDGER_AUDIENCE, ReadQuery};
@@ -37,6 +39,8 @@ pub struct LedgerService {
     client: Client,
     /// User names baton's controller authenticates as (its seals).
     controller_users: Vec<String>,
+    /// Tokens the API server accepted a moment ago.
+    accepted: Mutex<TokenCache>,
 }
 
 impl LedgerService {
@@ -45,6 +49,7 @@ impl LedgerService {
             db,
             client,
             controller_users,
+            accepted: Mutex::default(),
         }
     }
 
@@ -54,9 +59,20 @@ impl LedgerService {
     }
 
     /// The user a ledger token belongs to; refused unless the API server says it is valid for
-    /// [`LEDGER_AUDIENCE`].
+    /// [`LEDGER_AUDIENCE`] (or said so less than [`super::token_cache::TRUST_FOR`] ago).
     async fn authenticate(&self, headers: &HeaderMap) -> Result<UserInfo, ApiError> {
         let token = bearer_of(headers).ok_or(ApiError::Unauthenticated)?;
+        let cache = || self.accepted.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(user) = cache().get(token, Instant::now()) {
+            return Ok(user);
+        }
+        let user = self.review(token).await?;
+        cache().accept(token, user.clone(), Instant::now());
+        Ok(user)
+    }
+
+    /// The API server's TokenReview of `token` for [`LEDGER_AUDIENCE`].
+    async fn review(&self, token: &str) -> Result<UserInfo, ApiError> {
         let review = TokenReview {
             spec: TokenReviewSpec {
                 token: Some(token.to_string()),

@@ -11,9 +11,11 @@ mod identity;
 mod ledger_api;
 mod metrics;
 mod runs;
+mod shutdown;
 mod signin;
 mod stream;
 mod threads;
+mod token_cache;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -311,9 +313,9 @@ fn sse_response(rx: mpsc::Receiver<Event>) -> Response {
     response
 }
 
-/// Runs the server until the listener fails or SIGTERM/SIGINT comes. Open streams are not
-/// waited for: their clients reconnect (to another replica) with `Last-Event-ID` and lose
-/// nothing.
+/// Runs the server until the listener fails or SIGTERM/SIGINT comes (`shutdown.rs`: on
+/// SIGTERM it serves on a moment, then lets requests in flight finish; open streams are cut
+/// and their clients reconnect to another replica with `Last-Event-ID`, losing nothing).
 pub async fn main(args: ServerArgs) -> Result<(), crate::Error> {
     crate::telemetry::init_logging(args.log_format);
     let base = crate::kube_util::config_for("server").await?;
@@ -394,26 +396,7 @@ async fn serve(
     listener: tokio::net::TcpListener,
     state: Arc<ServerState>,
 ) -> Result<(), crate::Error> {
-    tokio::select! {
-        served = axum::serve(listener, router(state)) => served?,
-        () = signalled() => tracing::info!("signal received: stopping"),
-    }
-    Ok(())
-}
-
-async fn signalled() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-        }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
+    Ok(shutdown::serve_until_stopped(listener, router(state)).await?)
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use baton::crd::v1alpha1::{AgentRun, AgentRunStatus, LedgerSegment, Phase};
+use baton::crd::v1alpha1::{AgentRun, AgentRunStatus, LedgerBackend, LedgerSegment, Phase};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
@@ -22,15 +22,19 @@ use tokio::sync::{Mutex, MutexGuard, OnceCell};
 
 mod chart;
 mod effects;
+mod logs;
 mod postgres;
 #[path = "../rbac_support/mod.rs"]
 pub mod rbac;
+mod reads;
 mod server;
 
 pub use chart::*;
 pub use effects::EffectsServer;
 #[allow(unused_imports)]
-pub use postgres::NodePostgres;
+pub use logs::LogFollower;
+#[allow(unused_imports)]
+pub use postgres::{InPostgres, NodePostgres};
 #[allow(unused_imports)]
 pub use server::*;
 
@@ -162,6 +166,8 @@ pub struct NodeEnv {
     pub dir: PathBuf,
     pub effects: EffectsServer,
     pub recorder: Recorder,
+    /// Where runs kept in PostgreSQL are read from (set by [`NodeEnv::with_rows`]).
+    rows: Option<baton::ledger::postgres::PgLedger>,
     _serial: MutexGuard<'static, ()>,
 }
 
@@ -212,7 +218,16 @@ impl NodeEnv {
             dir,
             effects,
             recorder,
+            rows: None,
             _serial: serial,
+        }
+    }
+
+    /// Reads the ledgers of runs kept in PostgreSQL from `rows` (the node's database).
+    pub fn with_rows(self, rows: baton::ledger::postgres::PgLedger) -> Self {
+        Self {
+            rows: Some(rows),
+            ..self
         }
     }
 
@@ -408,70 +423,6 @@ impl NodeEnv {
             .delete(pod, &DeleteParams::default())
             .await
             .expect("deleting the pod");
-    }
-
-    pub async fn ledger(&self, name: &str) -> Vec<LedgerSegment> {
-        let runs = self.runs();
-        let run = retry(|| runs.get(name)).await;
-        baton::ledger::SegmentStore::for_run(self.client.clone(), &run)
-            .list()
-            .await
-            .expect("listing the ledger (contiguous)")
-    }
-
-    /// The last lines of every worker pod's log of run `name` (for failure messages).
-    pub async fn pod_logs(&self, name: &str) -> String {
-        let mut out = String::new();
-        let Ok(list) = self.pods().list(&ListParams::default()).await else {
-            return out;
-        };
-        for pod in list
-            .items
-            .iter()
-            .filter(|p| p.name_any().starts_with(&format!("{name}-w")))
-        {
-            let params = LogParams {
-                container: Some("worker".into()),
-                tail_lines: Some(25),
-                ..LogParams::default()
-            };
-            let text = self
-                .pods()
-                .logs(&pod.name_any(), &params)
-                .await
-                .unwrap_or_else(|e| e.to_string());
-            out.push_str(&format!(
-                "---- {} (last lines) ----\n{text}\n",
-                pod.name_any()
-            ));
-        }
-        out
-    }
-
-    /// The chaos invariants for `names`, which must all be terminal: ledgers contiguous, no
-    /// stale-fence write after a seal, no segment changed, no non-idempotent effect twice.
-    pub async fn check_invariants(&self, names: &[String]) {
-        let effects = Effects::read(&self.effects.file);
-        let recorded = self.recorder.snapshot();
-        for name in names {
-            let st = self.status(name).await;
-            assert!(st.phase.is_terminal(), "{name} is not terminal: {st:#?}");
-            let segments = self.ledger(name).await;
-            check_ledger(name, &st, &segments, &recorded);
-            check_worker_field_manager(name, &segments);
-            for (turn, n) in effects.per_turn(name) {
-                assert!(
-                    n <= 1,
-                    "{name}: the non-idempotent effect of turn {turn} ran {n} times\n{}",
-                    self.pod_logs(name).await
-                );
-            }
-        }
-        assert!(
-            recorded.updated.is_empty(),
-            "segments changed: {:?}",
-            recorded.updated
-        );
     }
 
     /// Deletes the namespace (the garbage collector takes the rest).

@@ -3,6 +3,7 @@
 //! reach it; the test reaches it through a loopback relay. Taken down when dropped.
 
 use super::*;
+use k8s_openapi::api::core::v1::Secret;
 
 /// A throwaway PostgreSQL in the node's network namespace.
 pub struct NodePostgres {
@@ -56,6 +57,50 @@ impl Drop for NodePostgres {
             .args(["bash", "hack/postgres.sh", "down"])
             .env("BATON_PG_DIR", &self.dir)
             .status();
+    }
+}
+
+/// The Secret holding the database's URL.
+const DB_SECRET: &str = "baton-node-ledger-db";
+
+/// The release switched to the PostgreSQL ledger for as long as this lives; switched back
+/// (default values) when dropped.
+pub struct InPostgres;
+
+impl InPostgres {
+    pub async fn switch(client: &Client, db: &NodePostgres) -> Self {
+        servers_ready(client).await;
+        let secrets: Api<Secret> = Api::namespaced(client.clone(), SYSTEM_NS);
+        let _ = secrets.delete(DB_SECRET, &DeleteParams::default()).await;
+        let secret = Secret {
+            metadata: ObjectMeta {
+                name: Some(DB_SECRET.into()),
+                ..Default::default()
+            },
+            string_data: Some([("url".to_string(), db.url.clone())].into()),
+            ..Default::default()
+        };
+        secrets
+            .create(&PostParams::default(), &secret)
+            .await
+            .expect("the database's Secret");
+        // The node runs no cluster DNS: the server is reached at its Service's cluster IP.
+        let server = format!("http://{}:80", server_cluster_ip(client).await);
+        helm_upgrade(&serde_json::json!({"ledger": {
+            "backend": "PostgreSQL",
+            "postgres": {"urlSecret": {"name": DB_SECRET}},
+            "serverURL": server,
+        }}));
+        let switched = Self;
+        wait_rolled_out(client, SERVER, Duration::from_secs(180)).await;
+        wait_controllers_ready(client, Duration::from_secs(180)).await;
+        switched
+    }
+}
+
+impl Drop for InPostgres {
+    fn drop(&mut self) {
+        helm_upgrade(&serde_json::json!({}));
     }
 }
 

@@ -184,3 +184,45 @@ async fn transcript_follows_a_postgresql_run_with_the_kubeconfigs_credential_acr
     );
     ns.cleanup().await;
 }
+
+/// SIGTERM (a rollout, a drain): the server answers on for a moment while the Service drops
+/// it, then stops, cutting a stream still open within its drain deadline.
+#[tokio::test]
+async fn a_server_told_to_stop_serves_on_a_moment_then_cuts_open_streams() {
+    let ns = TestNamespace::new("server-sigterm").await;
+    let addr = free_addr().await;
+    let mut server = server_process(&addr, "nobody").await;
+    let reader = person(&ns, "alice", run_user_rules()).await;
+    let run = scripted_run(
+        "quiet",
+        vec![final_turn("never", 0)],
+        vec![],
+        LeaseSpec::default(),
+    );
+    create_run(&ns.api::<AgentRun>(), &run).await;
+    let events = format!(
+        "http://{addr}/api/v1/namespaces/{}/runs/quiet/events",
+        ns.name
+    );
+    let mut stream = crate::sse::SseReader::open(&events, &reader, None).await;
+
+    let told = std::time::Instant::now();
+    let pid = server.id().expect("the server's PID") as i32;
+    // SAFETY: kill(2) on the PID of the child this test started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let ready = reqwest::get(format!("http://{addr}/readyz")).await;
+    assert!(ready.is_ok_and(|r| r.status().is_success()), "it serves on");
+    let exited = tokio::time::timeout(T, server.wait())
+        .await
+        .expect("it stops");
+    assert!(exited.unwrap().success());
+    let took = told.elapsed();
+    assert!(took >= std::time::Duration::from_secs(5), "{took:?}");
+    let rest = tokio::time::timeout(T, stream.until_end()).await;
+    assert!(
+        rest.is_ok(),
+        "the open stream was cut when the server stopped"
+    );
+    ns.cleanup().await;
+}
