@@ -2,6 +2,7 @@
 //! node drains and rollouts. See docs/protocol.md for the protocol this crate implements.
 
 pub mod approval;
+mod causes;
 pub mod cli;
 pub mod controller;
 pub mod crd;

@@ -57,14 +57,14 @@ async fn node_chaos() {
 async fn node_chaos_in_postgresql() {
     let (seed, n) = seed_and_runs(10);
     let db = NodePostgres::up();
-    let env = NodeEnv::start("chaos-pg").await;
-    let _switched = InPostgres::switch(&env.client, &db).await;
     let rows = baton::ledger::postgres::PgLedger::connect(&db.local_url, 2)
         .await
         .expect("the node's database, through the relay");
-    let env = env.with_rows(rows);
+    let env = NodeEnv::start("chaos-pg").await.with_rows(rows);
+    // Declared after `env`, so a failure drops it (switching back) before the lock goes.
+    let switched = InPostgres::switch(&env.client, &db).await;
     chaos(&env, seed, n, Some(&db)).await;
-    wait_controllers_ready(&env.client, Duration::from_secs(180)).await;
+    switched.switch_back(&env.client).await;
     env.finish().await;
 }
 

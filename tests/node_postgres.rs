@@ -33,7 +33,7 @@ use node_support::*;
 async fn node_runs_kept_in_postgresql_survive_every_fault() {
     let db = NodePostgres::up();
     let env = NodeEnv::start("postgres").await;
-    let _switched = InPostgres::switch(&env.client, &db).await;
+    let switched = InPostgres::switch(&env.client, &db).await;
     let ledger = PgLedger::connect(&db.local_url, 2)
         .await
         .expect("the node's database, through the relay");
@@ -70,6 +70,7 @@ async fn node_runs_kept_in_postgresql_survive_every_fault() {
         let left = ledger.for_run(&env.ns, name, uid).list().await.unwrap();
         assert!(left.is_empty(), "{name}: {} rows left", left.len());
     }
+    switched.switch_back(&env.client).await;
     env.finish().await;
 }
 

@@ -112,6 +112,10 @@ pub struct TranscriptArgs {
     /// API server decides what it may read, as for any reader.
     #[arg(long, env = "BATON_TOKEN_FILE")]
     pub token_file: Option<std::path::PathBuf>,
+    /// The CA (PEM file) an `https://` --server's certificate chains to (default: the
+    /// system's roots).
+    #[arg(long, env = "BATON_SERVER_CA_FILE")]
+    pub server_ca_file: Option<std::path::PathBuf>,
 }
 
 /// Flags of `input`.

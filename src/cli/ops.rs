@@ -106,8 +106,12 @@ impl Session {
                 .kubeconfig
                 .clone()
                 .unwrap_or_else(|| kube::Config::new(self.server.parse().unwrap_or_default()));
-            let token_file = args.token_file.as_deref();
-            let reader = served::ServerReader::new(server, token_file, &kubeconfig, &run)?;
+            let credentials = served::Credentials {
+                token_file: args.token_file.as_deref(),
+                ca_file: args.server_ca_file.as_deref(),
+                kubeconfig: &kubeconfig,
+            };
+            let reader = served::ServerReader::new(server, &credentials, &run)?;
             return self.transcript_served(&reader, args.follow, out).await;
         }
         let segments = self.ledger(&run).await?;

@@ -20,6 +20,7 @@ use serde::Deserialize;
 use sse_stream::SseStream;
 
 use super::{CliError, Session, print_lines};
+use crate::causes::with_causes;
 use crate::cli::render::Transcript;
 use crate::crd::RUN_UID_LABEL;
 use crate::crd::v1alpha1::{AgentRun, LedgerSegment, LedgerSegmentSpec};
@@ -65,20 +66,27 @@ struct SegmentEvent {
     spec: LedgerSegmentSpec,
 }
 
+/// Who the CLI is to the server, and whom it trusts.
+pub struct Credentials<'a> {
+    /// `--token-file`: a bearer token instead of the kubeconfig user's.
+    pub token_file: Option<&'a Path>,
+    /// `--server-ca-file`: the CA an `https://` server's certificate chains to.
+    pub ca_file: Option<&'a Path>,
+    pub kubeconfig: &'a kube::Config,
+}
+
 impl ServerReader {
     /// The reader of `run` at the server `base`, acting with the token in `token_file`, else
     /// with the bearer credential of the kubeconfig's user.
-    pub fn new(
-        base: &str,
-        token_file: Option<&Path>,
-        kubeconfig: &kube::Config,
-        run: &AgentRun,
-    ) -> Result<Self, CliError> {
+    pub fn new(base: &str, with: &Credentials, run: &AgentRun) -> Result<Self, CliError> {
         let failed = |detail: String| CliError::Ledger {
             name: run.name_any(),
             detail,
         };
-        let config = server_config(base, token_file, kubeconfig).map_err(failed)?;
+        let mut config = server_config(base, with.token_file, with.kubeconfig).map_err(failed)?;
+        if let Some(path) = with.ca_file {
+            config.root_cert = Some(ca_of(path).map_err(failed)?);
+        }
         crate::kube_util::ensure_crypto_provider();
         let client = kube::Client::try_from(config)
             .map_err(|e| failed(format!("a client for --server {base}: {e}")))?;
@@ -119,7 +127,7 @@ impl ServerReader {
                     "the server at {} answered {}: {}",
                     self.base, s.code, s.message
                 )),
-                other => self.failed(format!("{}: {other}", self.base)),
+                other => self.failed(format!("{}: {}", self.base, with_causes(&other))),
             })?;
         own_segments_after(segments, &self.run, &self.uid, after)
             .map_err(|e| self.failed(e.to_string()))
@@ -134,7 +142,8 @@ impl ServerReader {
             .client
             .send(request.map(kube::client::Body::from))
             .await;
-        let response = response.map_err(|e| Broken::Retry(format!("{}: {e}", self.base)))?;
+        let response =
+            response.map_err(|e| Broken::Retry(format!("{}: {}", self.base, with_causes(&e))))?;
         let code = response.status();
         if code.is_success() {
             return Ok(SseStream::new(response.into_body()));
@@ -205,6 +214,22 @@ fn server_config(
         None => bearer_of(&kubeconfig.auth_info)?,
     };
     Ok(config)
+}
+
+/// The certificates (DER) of the PEM file at `path`: an `https://` server's CA.
+fn ca_of(path: &Path) -> Result<Vec<Vec<u8>>, String> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let named = |e: &dyn std::fmt::Display| format!("--server-ca-file {}: {e}", path.display());
+    let certs: Vec<Vec<u8>> = CertificateDer::pem_file_iter(path)
+        .map_err(|e| named(&e))?
+        .map(|c| c.map(|c| c.to_vec()))
+        .collect::<Result<_, _>>()
+        .map_err(|e| named(&e))?;
+    if certs.is_empty() {
+        return Err(named(&"no certificate in it"));
+    }
+    Ok(certs)
 }
 
 /// The bearer part of a kubeconfig user. The server acts with a bearer token only: a client

@@ -357,7 +357,7 @@ async fn create_pod(ctx: &Context, moved: LeaseMoved) -> Result<(), Error> {
     if ctx.ledgers().backend_of(&run) == LedgerBackend::PostgreSQL
         && let Some(server) = &ctx.config().ledger_server
     {
-        pod = with_served_ledger(pod, server.base());
+        pod = with_served_ledger(pod, server.base(), server.ca());
     }
     let created = create_pod_patiently(ctx, &holder.namespace, &pod).await;
     if let Err(Error::Kube(err)) = &created

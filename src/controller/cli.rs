@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::crd::v1alpha1::LedgerBackend;
-use crate::ledger::{LedgerServer, LedgerToken};
+use crate::ledger::{LedgerError, LedgerServer, LedgerToken};
 use crate::telemetry::LogFormat;
 use crate::webhook::{CertIssuer, TlsSettings, WebhookConfig};
 
@@ -73,6 +73,10 @@ pub struct ControllerArgs {
     /// `baton.dev/ledger`, read at every request).
     #[arg(long, env = crate::crd::env::LEDGER_TOKEN_FILE, default_value = crate::crd::LEDGER_TOKEN_PATH)]
     pub ledger_token_file: std::path::PathBuf,
+    /// The CA (PEM file) the ledger server's certificate chains to, when it serves TLS: the
+    /// controller trusts it alone for its seals, and gives it to the worker pods.
+    #[arg(long, env = "BATON_LEDGER_SERVER_CA_FILE", requires = "ledger_server")]
+    pub ledger_server_ca_file: Option<std::path::PathBuf>,
     /// Where the ledgers of new runs are kept: LedgerSegments (in the API server) or
     /// PostgreSQL (through --ledger-server). A run keeps the backend it started with.
     #[arg(long, value_parser = parse_backend, default_value = "LedgerSegments",
@@ -102,8 +106,10 @@ fn parse_policy(s: &str) -> Result<RolloutPolicy, String> {
 }
 
 impl ControllerArgs {
-    pub fn config(&self) -> Config {
-        Config {
+    /// The controller's settings; an error when the ledger server's CA file cannot be read
+    /// or holds no certificate.
+    pub fn config(&self) -> Result<Config, Error> {
+        Ok(Config {
             worker_image: self.worker_image.clone(),
             namespace: self.namespace.clone(),
             leader_election: self.leader_election,
@@ -116,11 +122,25 @@ impl ControllerArgs {
             events: true,
             concurrency: self.concurrency,
             webhook: self.webhook(),
-            ledger_server: self.ledger_server.as_deref().map(|url| {
-                LedgerServer::new(url, LedgerToken::File(self.ledger_token_file.clone()))
-            }),
+            ledger_server: self.ledger_server()?,
             new_runs_ledger: self.new_runs_ledger,
-        }
+        })
+    }
+
+    /// The ledger server the seals go to, trusting only `--ledger-server-ca-file` if given.
+    fn ledger_server(&self) -> Result<Option<LedgerServer>, Error> {
+        let Some(url) = self.ledger_server.as_deref() else {
+            return Ok(None);
+        };
+        let server = LedgerServer::new(url, LedgerToken::File(self.ledger_token_file.clone()));
+        let Some(path) = &self.ledger_server_ca_file else {
+            return Ok(Some(server));
+        };
+        let pem = std::fs::read_to_string(path).map_err(|e| LedgerError::Served {
+            code: None,
+            message: format!("--ledger-server-ca-file {}: {e}", path.display()),
+        })?;
+        Ok(Some(server.trusting(&pem)?))
     }
 
     fn webhook(&self) -> Option<WebhookConfig> {
@@ -145,7 +165,7 @@ impl ControllerArgs {
 pub async fn main(args: ControllerArgs) -> Result<(), Error> {
     crate::telemetry::init_logging(args.log_format);
     let client = crate::kube_util::client_for("controller").await?;
-    super::run_until(client, args.config(), terminated()).await
+    super::run_until(client, args.config()?, terminated()).await
 }
 
 /// SIGTERM (a pod being deleted, drained or rolled) or SIGINT. The controller runs as PID 1 in

@@ -134,7 +134,7 @@ pub fn worker_pod(run: &AgentRun, fence: Fence, image: &str) -> Pod {
 /// its worker container gets the address and a projected token for the ledger's audience,
 /// bound to this pod (the server admits a write only from the pod of the writing attempt).
 /// The tools container gets neither.
-pub fn with_served_ledger(mut pod: Pod, server: &str) -> Pod {
+pub fn with_served_ledger(mut pod: Pod, server: &str, ca: Option<&str>) -> Pod {
     let Some(spec) = pod.spec.as_mut() else {
         return pod;
     };
@@ -158,10 +158,13 @@ pub fn with_served_ledger(mut pod: Pod, server: &str) -> Pod {
         .iter_mut()
         .find(|c| c.name == CONTAINER_NAME)
     {
-        worker
-            .env
-            .get_or_insert_with(Vec::new)
-            .push(plain(env::LEDGER_SERVER, server));
+        let vars = worker.env.get_or_insert_with(Vec::new);
+        vars.push(plain(env::LEDGER_SERVER, server));
+        // A CA is public: a value in the pod, since a Secret of the controller's namespace
+        // could not be mounted in the run's.
+        if let Some(ca) = ca {
+            vars.push(plain(env::LEDGER_SERVER_CA, ca));
+        }
         worker
             .volume_mounts
             .get_or_insert_with(Vec::new)

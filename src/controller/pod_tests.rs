@@ -234,10 +234,19 @@ fn the_workspace_is_the_runs_claim_when_it_asks_for_one() {
 
 #[test]
 fn a_served_ledger_reaches_the_worker_container_only_with_a_token_for_ledgers() {
-    let pod = with_served_ledger(worker_pod(&run(), Fence::new(1), "img"), "http://s:80");
+    let plain = with_served_ledger(
+        worker_pod(&run(), Fence::new(1), "img"),
+        "http://s:80",
+        None,
+    );
+    let plain = plain.spec.unwrap();
+    assert!(!env_names(container(&plain, CONTAINER_NAME)).contains(&env::LEDGER_SERVER_CA));
+    let ca = Some("-----BEGIN CERTIFICATE-----");
+    let pod = with_served_ledger(worker_pod(&run(), Fence::new(1), "img"), "https://s", ca);
     let spec = pod.spec.unwrap();
     let worker = container(&spec, CONTAINER_NAME);
     assert!(env_names(worker).contains(&env::LEDGER_SERVER));
+    assert!(env_names(worker).contains(&env::LEDGER_SERVER_CA));
     assert!(mounts(worker).contains(&(volume::LEDGER_TOKEN, crate::crd::LEDGER_TOKEN_DIR)));
     let tools = container(&spec, TOOLS_CONTAINER_NAME);
     assert!(!env_names(tools).contains(&env::LEDGER_SERVER));

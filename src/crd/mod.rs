@@ -142,6 +142,8 @@ pub mod env {
     pub const LEDGER_SERVER: &str = "BATON_LEDGER_SERVER";
     /// The worker's ledger token (a projected token for `baton.dev/ledger`).
     pub const LEDGER_TOKEN_FILE: &str = "BATON_LEDGER_TOKEN_FILE";
+    /// The CA (PEM) `baton server`'s certificate chains to, when it serves TLS.
+    pub const LEDGER_SERVER_CA: &str = "BATON_LEDGER_SERVER_CA";
     /// Given to tools: the step number.
     pub const STEP: &str = "BATON_STEP";
     /// Given to tools: `<run-uid>/<step>`.

@@ -38,9 +38,12 @@ impl LedgerToken {
 #[derive(Clone, Debug)]
 pub struct LedgerServer {
     http: reqwest::Client,
-    /// `http://host:port`, no trailing slash.
+    /// `http(s)://host:port`, no trailing slash.
     base: String,
     token: LedgerToken,
+    /// The CA (PEM) the server's certificate must chain to, when it serves TLS: the only one
+    /// trusted, so no public CA's certificate for that address is taken instead.
+    ca: Option<String>,
 }
 
 /// The longest an append or a read may take before it is given up and retried. A server
@@ -52,18 +55,35 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
 impl LedgerServer {
     pub fn new(base: &str, token: LedgerToken) -> Self {
-        crate::kube_util::ensure_crypto_provider();
-        let http = reqwest::Client::builder()
-            .connect_timeout(CONNECT_TIMEOUT)
-            .timeout(REQUEST_TIMEOUT)
-            .tcp_keepalive(CONNECT_TIMEOUT)
-            .build()
-            .expect("an HTTP client with the process's TLS provider");
         Self {
-            http,
+            http: client(Vec::new()).expect("an HTTP client with the process's TLS provider"),
             base: base.trim_end_matches('/').to_string(),
             token,
+            ca: None,
         }
+    }
+
+    /// The same server, whose certificate must chain to the CA in `pem` (and to no other).
+    pub fn trusting(self, pem: &str) -> Result<Self, LedgerError> {
+        let refused = |detail: String| LedgerError::Served {
+            code: None,
+            message: format!("the ledger server's CA: {detail}"),
+        };
+        let roots = reqwest::Certificate::from_pem_bundle(pem.as_bytes())
+            .map_err(|e| refused(e.to_string()))?;
+        if roots.is_empty() {
+            return Err(refused("no certificate in it".into()));
+        }
+        Ok(Self {
+            http: client(roots).map_err(|e| refused(e.to_string()))?,
+            ca: Some(pem.to_string()),
+            ..self
+        })
+    }
+
+    /// The CA (PEM) the server's certificate is checked against, if it serves TLS.
+    pub fn ca(&self) -> Option<&str> {
+        self.ca.as_deref()
     }
 
     /// The server's address.
@@ -156,10 +176,28 @@ impl ServedLedger {
     }
 }
 
+/// The writers' HTTP client: bounded waits, and when `roots` are given, those alone trusted.
+fn client(roots: Vec<reqwest::Certificate>) -> reqwest::Result<reqwest::Client> {
+    crate::kube_util::ensure_crypto_provider();
+    let builder = reqwest::Client::builder()
+        .connect_timeout(CONNECT_TIMEOUT)
+        .timeout(REQUEST_TIMEOUT)
+        .tcp_keepalive(CONNECT_TIMEOUT);
+    match roots.is_empty() {
+        true => builder.build(),
+        false => builder.tls_certs_only(roots).build(),
+    }
+}
+
+/// A request that got no answer, with every cause under it: a refused certificate says
+/// why only in its source (an unknown issuer, a name that does not match).
 fn unreachable(err: reqwest::Error) -> LedgerError {
     LedgerError::Served {
         code: None,
-        message: format!("cannot reach the ledger server: {err}"),
+        message: format!(
+            "cannot reach the ledger server: {}",
+            crate::causes::with_causes(&err)
+        ),
     }
 }
 

@@ -11,7 +11,7 @@ mod identity;
 mod ledger_api;
 mod metrics;
 mod runs;
-mod shutdown;
+mod serving;
 mod signin;
 mod stream;
 mod threads;
@@ -93,6 +93,12 @@ pub struct ServerArgs {
     /// User names baton's controller authenticates as: the ledger admits their seals.
     #[arg(long, env = "BATON_CONTROLLER_USERS", value_delimiter = ',')]
     pub controller_user: Vec<String>,
+    /// Serve HTTPS with this certificate (PEM, with its chain), read again every minute.
+    #[arg(long, env = "BATON_SERVER_TLS_CERT_FILE", requires = "tls_key_file")]
+    pub tls_cert_file: Option<std::path::PathBuf>,
+    /// The private key (PEM) of --tls-cert-file.
+    #[arg(long, env = "BATON_SERVER_TLS_KEY_FILE", requires = "tls_cert_file")]
+    pub tls_key_file: Option<std::path::PathBuf>,
 }
 
 /// `baton console`'s flags.
@@ -313,7 +319,7 @@ fn sse_response(rx: mpsc::Receiver<Event>) -> Response {
     response
 }
 
-/// Runs the server until the listener fails or SIGTERM/SIGINT comes (`shutdown.rs`: on
+/// Runs the server until the listener fails or SIGTERM/SIGINT comes (`serving.rs`: on
 /// SIGTERM it serves on a moment, then lets requests in flight finish; open streams are cut
 /// and their clients reconnect to another replica with `Last-Event-ID`, losing nothing).
 pub async fn main(args: ServerArgs) -> Result<(), crate::Error> {
@@ -341,8 +347,10 @@ pub async fn main(args: ServerArgs) -> Result<(), crate::Error> {
     }
     let state = Arc::new(state);
     let listener = tokio::net::TcpListener::bind(args.addr).await?;
-    tracing::info!(addr = %args.addr, "baton server listening");
-    serve(listener, state).await
+    let tls = args.tls_cert_file.zip(args.tls_key_file);
+    let tls = tls.map(|(cert, key)| serving::TlsFiles { cert, key });
+    tracing::info!(addr = %args.addr, tls = tls.is_some(), "baton server listening");
+    serve(listener, state, tls).await
 }
 
 /// The PostgreSQL ledger at `url` (schema migrated; its certificate checked against `ca`,
@@ -389,14 +397,15 @@ pub async fn console_main(args: ConsoleArgs) -> Result<(), crate::Error> {
     let secret = state.one_time_secret().unwrap_or_default();
     println!("baton console: open http://{addr}/console/login?once={secret}");
     println!("(the address signs one browser in, once; stop with Ctrl-C)");
-    serve(listener, state).await
+    serve(listener, state, None).await
 }
 
 async fn serve(
     listener: tokio::net::TcpListener,
     state: Arc<ServerState>,
+    tls: Option<serving::TlsFiles>,
 ) -> Result<(), crate::Error> {
-    Ok(shutdown::serve_until_stopped(listener, router(state)).await?)
+    Ok(serving::serve_until_stopped(listener, router(state), tls).await?)
 }
 
 #[cfg(test)]

@@ -78,6 +78,10 @@ pub struct WorkerArgs {
     /// read at every request: the kubelet rotates it).
     #[arg(long, env = crate::crd::env::LEDGER_TOKEN_FILE, default_value = crate::crd::LEDGER_TOKEN_PATH)]
     pub ledger_token_file: PathBuf,
+    /// The CA (PEM text) the ledger server's certificate chains to, when it serves TLS (the
+    /// pod sets it then).
+    #[arg(long, env = crate::crd::env::LEDGER_SERVER_CA, hide_env_values = true)]
+    pub ledger_server_ca: Option<String>,
 }
 
 /// The worker's settings.
@@ -114,9 +118,23 @@ impl std::fmt::Debug for WorkerConfig {
     }
 }
 
-impl From<WorkerArgs> for WorkerConfig {
-    fn from(a: WorkerArgs) -> Self {
-        Self {
+impl TryFrom<WorkerArgs> for WorkerConfig {
+    /// A ledger server CA that does not read as PEM certificates.
+    type Error = crate::ledger::LedgerError;
+
+    fn try_from(a: WorkerArgs) -> Result<Self, Self::Error> {
+        let ledger_server = match a.ledger_server {
+            Some(url) => {
+                let token = crate::ledger::LedgerToken::File(a.ledger_token_file);
+                let server = crate::ledger::LedgerServer::new(&url, token);
+                Some(match a.ledger_server_ca.as_deref() {
+                    Some(ca) => server.trusting(ca)?,
+                    None => server,
+                })
+            }
+            None => None,
+        };
+        Ok(Self {
             run: a.run,
             namespace: a.namespace,
             fence: a.fence,
@@ -134,13 +152,8 @@ impl From<WorkerArgs> for WorkerConfig {
             executor_socket: a.executor_socket,
             executor_wait: Duration::from_secs(a.executor_wait_seconds),
             mcp_headers_dir: a.mcp_headers_dir,
-            ledger_server: a.ledger_server.map(|url| {
-                crate::ledger::LedgerServer::new(
-                    &url,
-                    crate::ledger::LedgerToken::File(a.ledger_token_file),
-                )
-            }),
-        }
+            ledger_server,
+        })
     }
 }
 
@@ -162,7 +175,9 @@ mod tests {
 
     #[test]
     fn the_api_key_never_shows_in_debug_output() {
-        let cfg: WorkerConfig = parse(&["--model-api-key=sk-very-secret-123"]).into();
+        let cfg: WorkerConfig = parse(&["--model-api-key=sk-very-secret-123"])
+            .try_into()
+            .unwrap();
         assert_eq!(cfg.api_key.as_deref(), Some("sk-very-secret-123"));
         let shown = format!("{cfg:?}");
         assert!(!shown.contains("sk-very-secret"), "{shown}");
@@ -174,12 +189,12 @@ mod tests {
         let args = parse(&[]);
         assert_eq!(args.log_format, LogFormat::Text);
         assert_eq!(args.admin_addr, DEFAULT_ADMIN_ADDR.parse().unwrap());
-        let cfg: WorkerConfig = args.into();
+        let cfg: WorkerConfig = args.try_into().unwrap();
         assert_eq!(cfg.segment_budget, SEGMENT_BUDGET_BYTES);
         let args = parse(&["--log-format=json", "--admin-addr=none"]);
         assert_eq!(args.log_format, LogFormat::Json);
         assert_eq!(args.admin_addr, AdminAddr(None));
-        let cfg: WorkerConfig = parse(&["--segment-budget-bytes=4096"]).into();
+        let cfg: WorkerConfig = parse(&["--segment-budget-bytes=4096"]).try_into().unwrap();
         assert_eq!(cfg.segment_budget, 4096);
     }
 }

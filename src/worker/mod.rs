@@ -106,7 +106,13 @@ pub async fn cli_main(args: WorkerArgs) -> u8 {
         ready: Arc::new(AtomicBool::new(false)),
     };
     let admin = admin::start(args.admin_addr, state.clone()).await;
-    let exit = run_observed(args.into(), state).await;
+    let exit = match WorkerConfig::try_from(args) {
+        Ok(cfg) => run_observed(cfg, state).await,
+        Err(err) => {
+            error!(error = %err, "the worker's configuration does not hold");
+            Exit::Failed
+        }
+    };
     if let Some(server) = admin {
         server.abort();
     }

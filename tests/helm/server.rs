@@ -16,11 +16,11 @@ fn the_server_runs_two_replicas_behind_a_service_and_is_bound_to_no_role() {
     assert_eq!(c["args"][0], "server");
     assert_eq!(
         c["livenessProbe"]["httpGet"],
-        json!({"path": "/livez", "port": "http"})
+        json!({"path": "/livez", "port": "http", "scheme": "HTTP"})
     );
     assert_eq!(
         c["readinessProbe"]["httpGet"],
-        json!({"path": "/readyz", "port": "http"})
+        json!({"path": "/readyz", "port": "http", "scheme": "HTTP"})
     );
     let selector = &deploy["spec"]["selector"]["matchLabels"];
     assert_eq!(selector["app.kubernetes.io/component"], "server");
@@ -66,15 +66,7 @@ fn the_server_runs_two_replicas_behind_a_service_and_is_bound_to_no_role() {
     }
 
     // The flags the chart passes are flags `baton server` accepts.
-    let help = std::process::Command::new(env!("CARGO_BIN_EXE_baton"))
-        .args(["server", "--help"])
-        .output()
-        .unwrap();
-    let help = String::from_utf8_lossy(&help.stdout);
-    for arg in c["args"].as_array().unwrap().iter().skip(1) {
-        let flag = arg.as_str().unwrap().split('=').next().unwrap();
-        assert!(help.contains(flag), "`baton server` has no {flag}");
-    }
+    assert_flags_taken("server", &c["args"]);
 
     let off = render(json!({"server": {"enabled": false}}), &[]).unwrap();
     assert!(
@@ -186,20 +178,8 @@ fn a_postgresql_ledger_gives_its_credential_to_the_server_alone_and_reviews_to_i
         }
     }
     // Every flag the chart passes is one the binaries take.
-    for (command, args) in [
-        ("controller", &pod["containers"][0]["args"]),
-        ("server", &c["args"]),
-    ] {
-        let help = std::process::Command::new(env!("CARGO_BIN_EXE_baton"))
-            .args([command, "--help"])
-            .output()
-            .unwrap();
-        let help = String::from_utf8_lossy(&help.stdout);
-        for arg in args.as_array().unwrap().iter().skip(1) {
-            let flag = arg.as_str().unwrap().split('=').next().unwrap();
-            assert!(help.contains(flag), "`baton {command}` has no {flag}");
-        }
-    }
+    assert_flags_taken("controller", &pod["containers"][0]["args"]);
+    assert_flags_taken("server", &c["args"]);
 }
 
 #[test]
@@ -254,5 +234,82 @@ fn a_postgresql_ledger_needs_its_secret_and_the_server() {
         assert!(!text.contains("BATON_LEDGER_POSTGRES_URL"), "{text}");
         assert!(!text.contains("--ledger-server"), "{text}");
         assert!(!text.contains("tokenreviews"), "{text}");
+    }
+}
+
+#[test]
+fn a_tls_secret_gives_the_server_its_key_and_the_controller_its_ca_alone() {
+    let mut values = in_postgres();
+    values["server"]["tls"] = json!({"secretName": "baton-server-tls"});
+    let objects = render(values, &[]).unwrap();
+    let server = named(&objects, "Deployment", "baton-server");
+    let pod = &server["spec"]["template"]["spec"];
+    let c = &pod["containers"][0];
+    assert_flags_taken("server", &c["args"]);
+    let args = c["args"].to_string();
+    for flag in [
+        "--tls-cert-file=/etc/baton/server-tls/tls.crt",
+        "--tls-key-file=/etc/baton/server-tls/tls.key",
+    ] {
+        assert!(args.contains(flag), "{args}");
+    }
+    assert_eq!(c["readinessProbe"]["httpGet"]["scheme"], "HTTPS");
+    assert_eq!(c["livenessProbe"]["httpGet"]["scheme"], "HTTPS");
+    let volume = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["secret"]["secretName"] == "baton-server-tls")
+        .expect("the server mounts its Secret");
+    let keys: Vec<&str> = volume["secret"]["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys, ["tls.crt", "tls.key"]);
+
+    // The controller gets the CA alone, reaches the server by https, and gives the CA on.
+    let controller = named(&objects, "Deployment", "baton-controller");
+    let pod = &controller["spec"]["template"]["spec"];
+    assert_flags_taken("controller", &pod["containers"][0]["args"]);
+    let args = pod["containers"][0]["args"].to_string();
+    assert!(
+        args.contains("--ledger-server=https://baton-server.baton-system.svc:80"),
+        "{args}"
+    );
+    assert!(
+        args.contains("--ledger-server-ca-file=/etc/baton/ledger-server-ca/ca.crt"),
+        "{args}"
+    );
+    let ca = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["secret"]["secretName"] == "baton-server-tls")
+        .expect("the controller mounts the CA");
+    assert_eq!(
+        ca["secret"]["items"],
+        json!([{"key": "ca.crt", "path": "ca.crt"}])
+    );
+
+    // Without it: plain HTTP, and no flag the binary would not take.
+    let plain = render(in_postgres(), &[]).unwrap();
+    let server = named(&plain, "Deployment", "baton-server");
+    let c = &server["spec"]["template"]["spec"]["containers"][0];
+    assert!(!c["args"].to_string().contains("--tls-cert-file"));
+    assert_eq!(c["readinessProbe"]["httpGet"]["scheme"], "HTTP");
+}
+
+/// Every flag in `args` (after the subcommand) is one `baton COMMAND --help` lists.
+fn assert_flags_taken(command: &str, args: &serde_json::Value) {
+    let help = std::process::Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args([command, "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    for arg in args.as_array().unwrap().iter().skip(1) {
+        let flag = arg.as_str().unwrap().split('=').next().unwrap();
+        assert!(help.contains(flag), "`baton {command}` has no {flag}");
     }
 }

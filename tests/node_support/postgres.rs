@@ -98,6 +98,19 @@ impl InPostgres {
     }
 }
 
+impl InPostgres {
+    /// Switches the release back and waits for it, before the test lets the next one run
+    /// (its [`NodeEnv::finish`]): a test that started meanwhile would have its runs kept in
+    /// a database the server is about to forget.
+    pub async fn switch_back(self, client: &Client) {
+        std::mem::forget(self);
+        helm_upgrade(&serde_json::json!({}));
+        wait_rolled_out(client, SERVER, Duration::from_secs(180)).await;
+        wait_controllers_ready(client, Duration::from_secs(180)).await;
+    }
+}
+
+/// A test that failed before [`InPostgres::switch_back`] still switches the release back.
 impl Drop for InPostgres {
     fn drop(&mut self) {
         helm_upgrade(&serde_json::json!({}));

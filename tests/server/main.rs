@@ -10,6 +10,9 @@
 //! - `ledger`: the PostgreSQL ledger served to its writers: a worker's pod-bound token at its
 //!   own attempt's fence only, the controller's seal, and every other token refused; a run
 //!   kept there, read through the server and deleted with its rows;
+//! - `ledger_tls`: the same over HTTPS, the controller trusting the server's CA alone and
+//!   handing it to the worker pod; writers trusting another CA, the system's roots or plain
+//!   HTTP get nothing; `baton transcript --server-ca-file` reads it;
 //! - `ledger_outage`: a run kept in PostgreSQL waits out the database's crash, says so, and
 //!   loses nothing (`pg_runs`: such runs' controller, server and workers, as the chart sets
 //!   them up);
@@ -32,6 +35,7 @@ mod api;
 mod console;
 mod ledger;
 mod ledger_outage;
+mod ledger_tls;
 mod pg_runs;
 mod proxy;
 mod stream;

@@ -14,6 +14,8 @@ use baton::ledger::served::LEDGER_AUDIENCE;
 use baton::rbac::worker_service_account_name;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
+use std::process::Stdio;
+use tokio::process::{Child, Command};
 
 /// The ledger server for `ns`, admitting a test ServiceAccount as baton's controller; its
 /// base URL, its task, and that controller's ledger token.
@@ -39,8 +41,16 @@ pub(crate) async fn ledger_server_and_controller_at(
 /// its seals sent with `token`.
 pub(crate) fn start_pg_controller(ns: &TestNamespace, server: &str, token: String) -> Running {
     use baton::ledger::{LedgerServer, LedgerToken};
+    start_pg_controller_with(ns, LedgerServer::new(server, LedgerToken::Fixed(token)))
+}
+
+/// [`start_pg_controller`] reaching the ledger server as `server` says (its CA, say).
+pub(crate) fn start_pg_controller_with(
+    ns: &TestNamespace,
+    server: baton::ledger::LedgerServer,
+) -> Running {
     let config = baton::controller::Config {
-        ledger_server: Some(LedgerServer::new(server, LedgerToken::Fixed(token))),
+        ledger_server: Some(server),
         new_runs_ledger: LedgerBackend::PostgreSQL,
         ..controller_config(ns)
     };
@@ -80,15 +90,102 @@ pub(crate) async fn start_pg_worker(ns: &TestNamespace, run: &str, fence: i64) -
     let file = std::env::temp_dir().join(format!("baton-{}-{pod_name}.token", ns.name));
     std::fs::write(&file, token).unwrap();
     let file = file.to_string_lossy().to_string();
+    let ca = worker
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == "BATON_LEDGER_SERVER_CA")
+        .and_then(|e| e.value.clone());
+    let mut env = vec![
+        ("BATON_LEDGER_SERVER", server.as_str()),
+        ("BATON_LEDGER_TOKEN_FILE", file.as_str()),
+    ];
+    if let Some(ca) = &ca {
+        env.push(("BATON_LEDGER_SERVER_CA", ca));
+    }
     spawn_worker_env(
         &ns.name,
         run,
         fence,
         &pod_name,
         &["--admin-addr=none"],
-        &[
-            ("BATON_LEDGER_SERVER", &server),
-            ("BATON_LEDGER_TOKEN_FILE", &file),
-        ],
+        &env,
     )
+}
+
+/// The real `baton server` at `addr`, serving the bed's PostgreSQL ledger and admitting
+/// seals from `controller`; killed (SIGKILL, by its handle) when dropped.
+pub(crate) async fn server_process(addr: &str, controller: &str) -> Child {
+    server_process_with(addr, controller, None).await
+}
+
+/// [`server_process`] serving HTTPS with `tls` (its certificate and key; ready once it answers
+/// a client trusting its CA alone).
+pub(crate) async fn server_process_with(
+    addr: &str,
+    controller: &str,
+    tls: Option<&TlsFiles>,
+) -> Child {
+    let url = std::env::var("BATON_TEST_POSTGRES_URL").expect("BATON_TEST_POSTGRES_URL");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_baton"));
+    command
+        .args(["server", "--addr", addr, "--controller-user", controller])
+        .env("BATON_LEDGER_POSTGRES_URL", url)
+        .stdout(Stdio::null())
+        .kill_on_drop(true);
+    let mut http = reqwest::Client::builder();
+    if let Some(tls) = tls {
+        command.args(["--tls-cert-file", &tls.cert, "--tls-key-file", &tls.key]);
+        let ca = reqwest::Certificate::from_pem(tls.ca_pem.as_bytes()).unwrap();
+        http = http.tls_certs_only([ca]);
+    }
+    let child = command.spawn().expect("baton server");
+    let http = http.build().unwrap();
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let ready = format!("{scheme}://{addr}/readyz");
+    wait_until(T, "baton server ready", || async {
+        let answer = http.get(&ready).send().await;
+        answer.is_ok_and(|r| r.status().is_success())
+    })
+    .await;
+    child
+}
+
+/// A server certificate for 127.0.0.1 and its CA, written to files in the temp dir.
+pub(crate) struct TlsFiles {
+    pub cert: String,
+    pub key: String,
+    pub ca: String,
+    pub ca_pem: String,
+}
+
+impl TlsFiles {
+    /// A new CA and a certificate for 127.0.0.1 it signed (baton's own issuer, the webhook's),
+    /// named after `name`.
+    pub(crate) fn issue(name: &str) -> Self {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64;
+        let hosts = ["127.0.0.1".to_string()];
+        let bundle = baton::webhook::cert::issue(&hosts, now, 3600, None).unwrap();
+        let dir = std::env::temp_dir();
+        let write = |what: &str, pem: &str| {
+            let path = dir.join(format!("baton-{name}-{what}.pem"));
+            std::fs::write(&path, pem).unwrap();
+            path.to_string_lossy().into_owned()
+        };
+        Self {
+            cert: write("cert", &bundle.cert_pem),
+            key: write("key", &bundle.key_pem),
+            ca: write("ca", &bundle.ca_pem),
+            ca_pem: bundle.ca_pem,
+        }
+    }
+}
+
+/// A free loopback address (bound, then let go: the server binds it next).
+pub(crate) async fn free_addr() -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    listener.local_addr().unwrap().to_string()
 }

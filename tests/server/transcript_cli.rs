@@ -5,46 +5,23 @@
 use std::process::Stdio;
 
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 
 use crate::common::TestNamespace;
 use crate::common::worker_proc::*;
-use crate::pg_runs::{start_pg_controller, start_pg_worker};
+use crate::pg_runs::{free_addr, server_process, start_pg_controller, start_pg_worker};
 use crate::rbac::mint_token_for;
 use crate::support::*;
 use baton::crd::v1alpha1::{AgentRun, LeaseSpec, Phase};
 use baton::ledger::served::LEDGER_AUDIENCE;
 use kube::Api;
 
-/// The real `baton server` at `addr`, serving the bed's PostgreSQL ledger and admitting
-/// seals from `controller`; killed (SIGKILL, by its handle) when dropped.
-async fn server_process(addr: &str, controller: &str) -> Child {
-    let url = std::env::var("BATON_TEST_POSTGRES_URL").expect("BATON_TEST_POSTGRES_URL");
-    let child = Command::new(env!("CARGO_BIN_EXE_baton"))
-        .args(["server", "--addr", addr, "--controller-user", controller])
-        .env("BATON_LEDGER_POSTGRES_URL", url)
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("baton server");
-    let ready = format!("http://{addr}/readyz");
-    wait_until(T, "baton server ready", || async {
-        reqwest::get(&ready)
-            .await
-            .is_ok_and(|r| r.status().is_success())
-    })
-    .await;
-    child
-}
-
-/// A free loopback address (bound, then let go: the server binds it next).
-async fn free_addr() -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    listener.local_addr().unwrap().to_string()
-}
-
 /// The test's kubeconfig with its user replaced by `user` (YAML), written next to it.
-fn kubeconfig_with_user(ns: &TestNamespace, name: &str, user: serde_yaml::Value) -> String {
+pub(crate) fn kubeconfig_with_user(
+    ns: &TestNamespace,
+    name: &str,
+    user: serde_yaml::Value,
+) -> String {
     let path = std::env::var("KUBECONFIG").expect("KUBECONFIG");
     let mut config: serde_yaml::Value =
         serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
@@ -57,7 +34,7 @@ fn kubeconfig_with_user(ns: &TestNamespace, name: &str, user: serde_yaml::Value)
 }
 
 /// A kubeconfig whose user signs in by an exec plugin printing `token` as an ExecCredential.
-fn exec_kubeconfig(ns: &TestNamespace, name: &str, token: &str) -> String {
+pub(crate) fn exec_kubeconfig(ns: &TestNamespace, name: &str, token: &str) -> String {
     let credential = serde_json::json!({
         "apiVersion": "client.authentication.k8s.io/v1",
         "kind": "ExecCredential",

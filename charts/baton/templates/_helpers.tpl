@@ -69,6 +69,6 @@ Where workers and the controller reach baton server's ledger (runs kept in Postg
 {{- if .Values.ledger.serverURL -}}
 {{ .Values.ledger.serverURL }}
 {{- else -}}
-http://{{ include "baton.fullname" . }}-server.{{ .Release.Namespace }}.svc:{{ .Values.server.service.port }}
+{{ ternary "https" "http" (not (empty .Values.server.tls.secretName)) }}://{{ include "baton.fullname" . }}-server.{{ .Release.Namespace }}.svc:{{ .Values.server.service.port }}
 {{- end }}
 {{- end }}

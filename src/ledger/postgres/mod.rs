@@ -29,7 +29,7 @@ use crate::fence::Fence;
 /// Errors of the PostgreSQL ledger.
 #[derive(Debug, thiserror::Error)]
 pub enum PgError {
-    #[error("PostgreSQL: {}", with_causes(.0))]
+    #[error("PostgreSQL: {}", crate::causes::with_causes(.0))]
     Db(#[from] tokio_postgres::Error),
     #[error("PostgreSQL connection pool: {0}")]
     Pool(#[from] deadpool_postgres::PoolError),
@@ -65,18 +65,6 @@ impl PgError {
             _ => false,
         }
     }
-}
-
-/// `err` and every error under it: a TLS handshake's failure says why only in its source
-/// (an unknown issuer, a name that does not match).
-fn with_causes(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        text.push_str(&format!(": {cause}"));
-        source = cause.source();
-    }
-    text
 }
 
 /// The statement that names the namespace a session works in; sent ahead of every statement
