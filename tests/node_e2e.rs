@@ -336,21 +336,12 @@ async fn node_drain_hands_off_and_respects_the_pdb() {
         env.wait_worker(run, 1).await;
         env.wait_effect(run, 1).await;
     }
-    let drained = kubectl(&[
-        "drain",
-        "baton-node",
-        "--ignore-daemonsets",
-        "--delete-emptydir-data",
-        "--force",
-        "--timeout=40s",
-    ]);
-    let uncordoned = kubectl(&["uncordon", "baton-node"]);
+    let drained = drain_then_uncordon();
     let refusal = drained.expect_err("a single-node drain cannot evict the last controller pod");
     assert!(
         refusal.contains("disruption budget"),
         "the drain stopped at the PodDisruptionBudget: {refusal}"
     );
-    uncordoned.expect("kubectl uncordon");
 
     all_succeed(&env, &runs, 5).await;
     for run in &runs {

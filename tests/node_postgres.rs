@@ -137,19 +137,10 @@ async fn a_drain_then_the_nodes_loss(env: &NodeEnv, ledger: &PgLedger) -> Vec<(S
         env.wait_effect(name, 1).await;
     }
     let mut log = FaultLog::new();
-    let drained = kubectl(&[
-        "drain",
-        "baton-node",
-        "--ignore-daemonsets",
-        "--delete-emptydir-data",
-        "--force",
-        "--timeout=40s",
-    ]);
-    let uncordoned = kubectl(&["uncordon", "baton-node"]);
+    let drained = drain_then_uncordon();
     log.note("node drained, then uncordoned");
     let refusal = drained.expect_err("a single-node drain cannot evict the last pods of a PDB");
     assert!(refusal.contains("disruption budget"), "{refusal}");
-    uncordoned.expect("kubectl uncordon");
 
     let lost = &names[2];
     let (pod, fence) = env.wait_worker(lost, 2).await;

@@ -97,6 +97,22 @@ pub fn kubectl(args: &[&str]) -> Result<String, String> {
     against_node("kubectl", args)
 }
 
+/// `kubectl drain` of the node (the Eviction API, for 40 s), then `uncordon`; the drain's
+/// answer. On a single node it stops at the last pods a PodDisruptionBudget keeps, so it
+/// ends in an error naming the budget once everything else was evicted.
+pub fn drain_then_uncordon() -> Result<String, String> {
+    let drained = kubectl(&[
+        "drain",
+        "baton-node",
+        "--ignore-daemonsets",
+        "--delete-emptydir-data",
+        "--force",
+        "--timeout=40s",
+    ]);
+    kubectl(&["uncordon", "baton-node"]).expect("kubectl uncordon");
+    drained
+}
+
 /// The `baton` CLI (this build's binary) against the node, as a user runs it.
 pub fn baton_cli(args: &[&str]) -> Result<String, String> {
     against_node(env!("CARGO_BIN_EXE_baton"), args)
