@@ -313,3 +313,34 @@ fn assert_flags_taken(command: &str, args: &serde_json::Value) {
         assert!(help.contains(flag), "`baton {command}` has no {flag}");
     }
 }
+
+#[test]
+fn the_way_back_from_postgresql_keeps_the_database_for_the_runs_kept_there() {
+    let mut values = in_postgres();
+    values["ledger"]["newRuns"] = json!("LedgerSegments");
+    let objects = render(values, &[]).unwrap();
+    let controller = named(&objects, "Deployment", "baton-controller");
+    let args = controller["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
+    assert!(args.contains("--new-runs-ledger=LedgerSegments"), "{args}");
+    assert!(
+        args.contains("--ledger-server="),
+        "seals still go to the server: {args}"
+    );
+    let server = named(&objects, "Deployment", "baton-server");
+    let env = server["spec"]["template"]["spec"]["containers"][0]["env"].to_string();
+    assert!(env.contains("BATON_LEDGER_POSTGRES_URL"), "{env}");
+    // Unset, new runs follow the backend; PostgreSQL without the database is refused.
+    let args = named(
+        &render(in_postgres(), &[]).unwrap(),
+        "Deployment",
+        "baton-controller",
+    )["spec"]["template"]["spec"]["containers"][0]["args"]
+        .to_string();
+    assert!(args.contains("--new-runs-ledger=PostgreSQL"), "{args}");
+    let stray = json!({"ledger": {"newRuns": "PostgreSQL"}});
+    let refused = render(stray, &[]).unwrap_err();
+    assert!(
+        refused.contains("ledger.newRuns PostgreSQL needs"),
+        "{refused}"
+    );
+}
