@@ -254,8 +254,8 @@ impl Session {
                 name: run.name_any(),
                 detail: format!(
                     "its ledger is kept in {backend:?}, which only baton server reads for \
-                     people: pass --server (its address) and --token-file, or open the run \
-                     in the server's console"
+                     people: pass --server (its address), or open the run in the server's \
+                     console"
                 ),
             },
             other => CliError::Ledger {

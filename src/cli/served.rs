@@ -22,9 +22,8 @@ use sse_stream::SseStream;
 use super::{CliError, Session, print_lines};
 use crate::causes::with_causes;
 use crate::cli::render::Transcript;
-use crate::crd::RUN_UID_LABEL;
 use crate::crd::v1alpha1::{AgentRun, LedgerSegment, LedgerSegmentSpec};
-use crate::ledger::own_segments_after;
+use crate::ledger::{own_segments_after, segment_of_run};
 
 /// The server sends a heartbeat every 15 s: a stream silent for this long is dead (a
 /// half-open connection after a node's loss) and is opened again.
@@ -288,10 +287,9 @@ fn segment_of_event(
     if seq != tail + 1 {
         return Err(format!("the stream skipped from position {tail} to {seq}"));
     }
-    let mut segment = LedgerSegment::new(&crate::fence::segment_name(run, seq), event.spec);
-    segment
-        .labels_mut()
-        .insert(RUN_UID_LABEL.to_string(), uid.to_string());
+    let spec = event.spec;
+    let mut segment = segment_of_run(run, uid, seq, spec.fence, spec.events);
+    segment.spec.format = spec.format;
     Ok(Some(segment))
 }
 

@@ -92,7 +92,6 @@ impl LedgerError {
         )
     }
 
-    /// Low-cardinality label for metrics.
     /// A failure a retry may get past: the ledger server, its database or the API server
     /// unreachable or overloaded. Not a refusal, a lost run or a broken ledger (the ledger
     /// server answers those 4xx and 500).
@@ -109,6 +108,7 @@ impl LedgerError {
         }
     }
 
+    /// Low-cardinality label for metrics.
     pub fn label(&self) -> &'static str {
         match self {
             LedgerError::Superseded { .. } => "superseded",
@@ -206,6 +206,8 @@ mod tests {
     use super::*;
     use crate::crd::v1alpha1::LedgerEvent;
 
+    use crate::fence::test_segment as seg;
+
     #[test]
     fn an_unreachable_or_overloaded_server_is_transient_a_refusal_or_broken_ledger_is_not() {
         let served = |code| LedgerError::Served {
@@ -233,7 +235,6 @@ mod tests {
             .is_transient()
         );
     }
-    use crate::fence::test_segment as seg;
 
     #[test]
     fn a_segment_is_the_runs_only_when_name_run_and_label_agree() {

@@ -120,8 +120,8 @@ pub struct SegmentsQuery {
 }
 
 /// `GET …/runs/{run}/segments?after=N`: the run's segments after position N, as JSON, read
-/// with the caller's rights as a stream's are (for clients that poll, such as `baton
-/// transcript --server`).
+/// with the caller's rights as a stream's are (for a client that reads once, such as `baton
+/// transcript --server` without `-f`).
 pub async fn segments(
     State(state): State<Arc<ServerState>>,
     caller: Caller,

@@ -9,7 +9,7 @@ use kube::runtime::events::EventType;
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{debug, warn};
 
-use super::guard::LostGuard;
+use super::guard::{LostGuard, RETRY_FIRST};
 use super::holder::Holder;
 use super::metrics::{AppendKind, FenceRejection, WorkerMetrics};
 use super::outage::Outage;
@@ -245,7 +245,7 @@ impl Task {
         events: Vec<LedgerEvent>,
         kind: AppendKind,
     ) -> Result<Acked, AppendError> {
-        let mut backoff = Duration::from_millis(100);
+        let mut backoff = RETRY_FIRST;
         let mut requests = 0;
         loop {
             if self.guard.is_lost() {
@@ -300,11 +300,7 @@ impl Task {
                 .publish_event(warning, "LedgerUnavailable", "Append", &note)
                 .await;
         }
-        tokio::select! {
-            _ = tokio::time::sleep(*backoff) => {}
-            _ = self.guard.token().cancelled() => {}
-        }
-        *backoff = (*backoff * 2).min(Duration::from_secs(2));
+        self.guard.pause_before_retry(backoff).await;
     }
 
     /// Says so when appends land again after an outage that was told.

@@ -61,7 +61,23 @@ impl LostGuard {
     pub fn token(&self) -> &CancellationToken {
         &self.token
     }
+
+    /// Waits `backoff` before a failed ledger request is tried again, or until the run is
+    /// lost (true then); the next wait is twice as long, up to [`RETRY_MAX`].
+    pub async fn pause_before_retry(&self, backoff: &mut Duration) -> bool {
+        tokio::select! {
+            _ = tokio::time::sleep(*backoff) => {}
+            _ = self.token.cancelled() => {}
+        }
+        *backoff = (*backoff * 2).min(RETRY_MAX);
+        self.is_lost()
+    }
 }
+
+/// The first wait before a failed ledger request (an append, the first read) is tried
+/// again, and the longest.
+pub const RETRY_FIRST: Duration = Duration::from_millis(100);
+pub const RETRY_MAX: Duration = Duration::from_secs(2);
 
 /// Graceful interruptions.
 #[derive(Clone, Default)]

@@ -49,7 +49,7 @@ use admin::AdminState;
 use api_count::{ApiCounters, counted_client};
 use appender::{Appender, stats_of};
 use finish::{Exit, conclude};
-use guard::{Interrupts, LostGuard};
+use guard::{Interrupts, LostGuard, RETRY_FIRST};
 use heartbeat::{RenewTiming, renew_loop, watch_run};
 use metrics::{FenceRejection, WorkerMetrics};
 use progress::{Progress, progress_loop};
@@ -359,7 +359,7 @@ async fn read_own_ledger(
     holder: &Holder,
     guard: &LostGuard,
 ) -> Result<Option<Vec<LedgerSegment>>, WorkerError> {
-    let mut backoff = std::time::Duration::from_millis(100);
+    let mut backoff = RETRY_FIRST;
     loop {
         match holder.read_ledger().await {
             Err(err) if err.is_lost() => {
@@ -368,11 +368,9 @@ async fn read_own_ledger(
             }
             Err(err) if err.is_transient() && !guard.is_lost() => {
                 tracing::warn!(error = %err, "reading the ledger failed; retrying");
-                tokio::select! {
-                    _ = tokio::time::sleep(backoff) => {}
-                    _ = guard.token().cancelled() => return Ok(None),
+                if guard.pause_before_retry(&mut backoff).await {
+                    return Ok(None);
                 }
-                backoff = (backoff * 2).min(std::time::Duration::from_secs(2));
             }
             read => return Ok(Some(read?)),
         }
