@@ -29,13 +29,16 @@ mod rbac;
 #[path = "../benches/controller_support/metrics.rs"]
 mod metrics;
 
+#[path = "../tests/common/namespace.rs"]
+mod namespace;
+
 use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Namespace, Pod};
-use kube::api::{ObjectMeta, PostParams};
+use kube::api::PostParams;
 use kube::{Api, Client, ResourceExt};
 
 use baton::crd::v1alpha1::{AgentRun, AgentRunStatus, LedgerBackend, LedgerEvent, Phase, Role};
@@ -256,16 +259,7 @@ async fn start_server(client: &Client, url: &str) -> anyhow::Result<Served> {
 
 async fn namespace(client: &Client) -> anyhow::Result<String> {
     let ns = format!("ledger-bench-{}", rand::random::<u32>() % 1_000_000);
-    let object = Namespace {
-        metadata: ObjectMeta {
-            name: Some(ns.clone()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &object)
-        .await?;
+    namespace::create_namespace(client, &ns).await?;
     Ok(ns)
 }
 

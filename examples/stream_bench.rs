@@ -14,6 +14,8 @@
 #[allow(dead_code)]
 #[path = "../tests/common/claim.rs"]
 mod claim;
+#[path = "../tests/common/namespace.rs"]
+mod namespace;
 
 use std::collections::HashMap;
 use std::process::{Child, Command};
@@ -45,7 +47,7 @@ async fn main() -> anyhow::Result<()> {
     let client = Client::try_default().await?;
     baton::crd::install(client.clone(), Duration::from_secs(60)).await?;
     let ns = format!("stream-bench-{}", rand::random::<u32>() % 1_000_000);
-    create_namespace(&client, &ns).await?;
+    namespace::create_namespace(&client, &ns).await?;
     let result = bench(&client, &ns, followers, appends).await;
     let _ = Api::<Namespace>::all(client)
         .delete(&ns, &DeleteParams::default())
@@ -323,20 +325,6 @@ async fn reader_token(client: &Client, ns: &str) -> anyhow::Result<String> {
         .create_token_request("reader", &pp, &TokenRequest::default())
         .await?;
     Ok(minted.status.map(|s| s.token).unwrap_or_default())
-}
-
-async fn create_namespace(client: &Client, ns: &str) -> anyhow::Result<()> {
-    let object = Namespace {
-        metadata: ObjectMeta {
-            name: Some(ns.into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &object)
-        .await?;
-    Ok(())
 }
 
 fn pct(sorted: &[f64], p: f64) -> f64 {

@@ -11,6 +11,8 @@
 //! CONTROLLER_USER (default `admin`, the local control plane's) is the identity this process
 //! appends as, admitted as the controller's.
 
+#[path = "../tests/common/namespace.rs"]
+mod namespace;
 #[allow(dead_code)]
 #[path = "../tests/common/webhook.rs"]
 mod webhook;
@@ -40,16 +42,7 @@ async fn main() -> anyhow::Result<()> {
         format!("bench-hook-{suffix}"),
     );
     for ns in [&plain, &watched] {
-        let object = Namespace {
-            metadata: ObjectMeta {
-                name: Some(ns.clone()),
-                ..ObjectMeta::default()
-            },
-            ..Namespace::default()
-        };
-        Api::<Namespace>::all(client.clone())
-            .create(&PostParams::default(), &object)
-            .await?;
+        namespace::create_namespace(&client, ns).await?;
     }
     let served = webhook::Served::start(&client, &watched, &user).await;
     let (plain_run, watched_run) = (

@@ -9,11 +9,13 @@
 #[allow(dead_code)]
 #[path = "../tests/common/claim.rs"]
 mod claim;
+#[path = "../tests/common/namespace.rs"]
+mod namespace;
 
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{DeleteParams, ObjectMeta, PostParams};
+use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Client};
 
 use baton::crd::v1alpha1::{
@@ -33,16 +35,7 @@ async fn main() -> anyhow::Result<()> {
     let client = Client::try_default().await?;
     baton::crd::install(client.clone(), Duration::from_secs(60)).await?;
     let ns = format!("bench-{}", rand::random::<u32>() % 1_000_000);
-    let ns_obj = Namespace {
-        metadata: ObjectMeta {
-            name: Some(ns.clone()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns_obj)
-        .await?;
+    namespace::create_namespace(&client, &ns).await?;
 
     let runs: Api<AgentRun> = Api::namespaced(client.clone(), &ns);
     runs.create(&PostParams::default(), &bench_run(steps, payload))

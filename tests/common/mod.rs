@@ -9,13 +9,14 @@
 pub mod claim;
 pub mod events;
 pub mod in_process;
+pub mod namespace;
 pub mod webhook;
 pub mod worker_proc;
 
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{DeleteParams, ObjectMeta, PostParams};
+use kube::api::DeleteParams;
 use kube::{Api, Client};
 use tokio::sync::OnceCell;
 
@@ -56,15 +57,7 @@ impl TestNamespace {
             "t-{}-{suffix}",
             test.replace('_', "-").chars().take(40).collect::<String>()
         );
-        let ns = Namespace {
-            metadata: ObjectMeta {
-                name: Some(name.clone()),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        Api::<Namespace>::all(client.clone())
-            .create(&PostParams::default(), &ns)
+        namespace::create_namespace(&client, &name)
             .await
             .expect("creating test namespace");
         Self { client, name }

@@ -7,6 +7,7 @@ use crate::common::TestNamespace;
 use crate::common::worker_proc::*;
 use crate::pg_runs::{
     TlsFiles, free_addr, server_process_with, start_pg_controller_with, start_pg_worker,
+    test_controller, worker_env,
 };
 use crate::rbac::mint_token_for;
 use crate::support::*;
@@ -21,12 +22,9 @@ use kube::{Api, ResourceExt};
 async fn a_run_kept_in_postgresql_is_written_over_tls_to_the_server_its_ca_names() {
     let ns = TestNamespace::new("served-tls").await;
     let tls = TlsFiles::issue(&ns.name);
-    let controller = "baton-test-controller";
-    person(&ns, controller, vec![]).await;
-    let seal = mint_token_for(&ns.client, &ns.name, controller, LEDGER_AUDIENCE, None).await;
+    let (controller_user, seal) = test_controller(&ns).await;
     let addr = free_addr().await;
     let base = format!("https://{addr}");
-    let controller_user = format!("system:serviceaccount:{}:{controller}", ns.name);
     let _server = server_process_with(&addr, &controller_user, Some(&tls)).await;
     let writer = LedgerServer::new(&base, LedgerToken::Fixed(seal.clone()));
     let _controller = start_pg_controller_with(&ns, writer.trusting(&tls.ca_pem).unwrap());
@@ -42,14 +40,7 @@ async fn a_run_kept_in_postgresql_is_written_over_tls_to_the_server_its_ca_names
     // The worker pod is given the CA with the address; its worker writes over HTTPS.
     let mut worker = start_pg_worker(&ns, "tls", 1).await;
     let pod = ns.api::<Pod>().get("tls-w1").await.unwrap();
-    let spec = pod.spec.unwrap();
-    let worker_container = spec.containers.iter().find(|c| c.name == "worker").unwrap();
-    let given = worker_container
-        .env
-        .iter()
-        .flatten()
-        .find(|e| e.name == "BATON_LEDGER_SERVER_CA")
-        .and_then(|e| e.value.clone());
+    let given = worker_env(&pod, "BATON_LEDGER_SERVER_CA");
     assert_eq!(given.as_deref(), Some(tls.ca_pem.as_str()));
     wait_phase(&runs, "tls", Phase::Succeeded, T).await;
     assert_eq!(worker.wait(T).await, 0, "{}", worker.log_text());

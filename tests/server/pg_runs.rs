@@ -29,12 +29,27 @@ pub(crate) async fn ledger_server_and_controller_at(
     ns: &TestNamespace,
     url: &str,
 ) -> (String, Running, String) {
-    let controller = "baton-test-controller";
-    let controller_user = format!("system:serviceaccount:{}:{controller}", ns.name);
+    let (controller_user, token) = test_controller(ns).await;
     let (base, server) = start_ledger_server_at(url, vec![controller_user]).await;
+    (base, server, token)
+}
+
+/// The ServiceAccount the tests' controller acts as: its user name (which the ledger server
+/// admits as the controller's) and its ledger token (its seals).
+pub(crate) async fn test_controller(ns: &TestNamespace) -> (String, String) {
+    let controller = "baton-test-controller";
     person(ns, controller, vec![]).await;
     let token = mint_token_for(&ns.client, &ns.name, controller, LEDGER_AUDIENCE, None).await;
-    (base, server, token)
+    let user = format!("system:serviceaccount:{}:{controller}", ns.name);
+    (user, token)
+}
+
+/// The value of `name` in the environment of `pod`'s worker container.
+pub(crate) fn worker_env(pod: &Pod, name: &str) -> Option<String> {
+    let spec = pod.spec.as_ref()?;
+    let worker = spec.containers.iter().find(|c| c.name == "worker")?;
+    let var = worker.env.iter().flatten().find(|e| e.name == name)?;
+    var.value.clone()
 }
 
 /// The controller scoped to `ns`, keeping new runs' ledgers in PostgreSQL through `server`,
@@ -68,13 +83,7 @@ pub(crate) async fn start_pg_worker(ns: &TestNamespace, run: &str, fence: i64) -
     .await;
     let pod = pods.get(&pod_name).await.unwrap();
     let spec = pod.spec.clone().unwrap();
-    let worker = spec.containers.iter().find(|c| c.name == "worker").unwrap();
-    let server = worker
-        .env
-        .iter()
-        .flatten()
-        .find(|e| e.name == "BATON_LEDGER_SERVER")
-        .and_then(|e| e.value.clone())
+    let server = worker_env(&pod, "BATON_LEDGER_SERVER")
         .expect("the pod of a run kept in PostgreSQL is given the ledger server");
     let projected = spec
         .volumes
@@ -90,12 +99,7 @@ pub(crate) async fn start_pg_worker(ns: &TestNamespace, run: &str, fence: i64) -
     let file = std::env::temp_dir().join(format!("baton-{}-{pod_name}.token", ns.name));
     std::fs::write(&file, token).unwrap();
     let file = file.to_string_lossy().to_string();
-    let ca = worker
-        .env
-        .iter()
-        .flatten()
-        .find(|e| e.name == "BATON_LEDGER_SERVER_CA")
-        .and_then(|e| e.value.clone());
+    let ca = worker_env(&pod, "BATON_LEDGER_SERVER_CA");
     let mut env = vec![
         ("BATON_LEDGER_SERVER", server.as_str()),
         ("BATON_LEDGER_TOKEN_FILE", file.as_str()),

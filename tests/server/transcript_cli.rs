@@ -9,11 +9,11 @@ use tokio::process::Command;
 
 use crate::common::TestNamespace;
 use crate::common::worker_proc::*;
-use crate::pg_runs::{free_addr, server_process, start_pg_controller, start_pg_worker};
-use crate::rbac::mint_token_for;
+use crate::pg_runs::{
+    free_addr, server_process, start_pg_controller, start_pg_worker, test_controller,
+};
 use crate::support::*;
 use baton::crd::v1alpha1::{AgentRun, LeaseSpec, Phase};
-use baton::ledger::served::LEDGER_AUDIENCE;
 use kube::Api;
 
 /// The test's kubeconfig with its user replaced by `user` (YAML), written next to it.
@@ -71,12 +71,9 @@ fn transcript(ns: &TestNamespace, kubeconfig: &str, base: &str, extra: &[&str]) 
 async fn transcript_follows_a_postgresql_run_with_the_kubeconfigs_credential_across_a_server_kill()
 {
     let ns = TestNamespace::new("served-transcript").await;
-    let controller = "baton-test-controller";
-    person(&ns, controller, vec![]).await;
-    let seal = mint_token_for(&ns.client, &ns.name, controller, LEDGER_AUDIENCE, None).await;
+    let (controller_user, seal) = test_controller(&ns).await;
     let addr = free_addr().await;
     let base = format!("http://{addr}");
-    let controller_user = format!("system:serviceaccount:{}:{controller}", ns.name);
     let mut server = server_process(&addr, &controller_user).await;
     let _controller = start_pg_controller(&ns, &base, seal);
     let lease = LeaseSpec {
