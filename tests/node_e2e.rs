@@ -427,7 +427,7 @@ async fn node_apiserver_restart_with_live_runs() {
     env.finish().await;
 }
 
-/// The node is lost: its kubelet stops and the worker's process freezes (SIGSTOP). The run's
+/// The node is lost: the worker's process freezes (SIGSTOP) and its kubelet stops. The run's
 /// Lease expires on the controller's clock and the run is claimed for a new pod without
 /// waiting for the old one, which sticks in Terminating while the kubelet is away. When the
 /// node comes back the frozen worker wakes up as a zombie: every write it tries is refused.
@@ -435,7 +435,7 @@ async fn node_apiserver_restart_with_live_runs() {
 async fn node_lost_the_run_resumes_once_the_lease_expires_and_the_zombie_writes_nothing() {
     let env = NodeEnv::start("node-lost").await;
     let run = names("lost", 1);
-    env.create_scripted(&run, &Script::new(5, 1500)).await;
+    env.create_scripted(&run, &Script::new(8, 1500)).await;
     let (pod, _) = env.wait_worker(&run[0], 1).await;
     env.wait_effect(&run[0], 1).await;
     let pid = env
@@ -443,10 +443,7 @@ async fn node_lost_the_run_resumes_once_the_lease_expires_and_the_zombie_writes_
         .await
         .expect("the worker's host PID");
     let lost_at = Instant::now();
-    tokio::task::spawn_blocking(|| node_sh(&["stop-kubelet"]))
-        .await
-        .unwrap();
-    signal_pid(pid, libc::SIGSTOP);
+    let loss = NodeLoss::begin(pid).await;
 
     let st = env
         .wait_run(&run[0], Duration::from_secs(120), "claimed again", |s| {
@@ -469,11 +466,8 @@ async fn node_lost_the_run_resumes_once_the_lease_expires_and_the_zombie_writes_
         "the old pod is being deleted, stuck while its kubelet is away: {old:?}"
     );
 
-    tokio::task::spawn_blocking(|| node_sh(&["start-kubelet"]))
-        .await
-        .unwrap();
-    signal_pid(pid, libc::SIGCONT);
-    all_succeed(&env, &run, 5).await;
+    loss.end().await;
+    all_succeed(&env, &run, 8).await;
     assert!(env.status(&run[0]).await.failed_attempts >= 1);
     env.finish().await;
 }

@@ -123,7 +123,8 @@ async fn a_drain_then_the_nodes_loss(env: &NodeEnv, ledger: &PgLedger) -> Vec<(S
     let names: Vec<String> = ["pg-drain-0", "pg-drain-1", "pg-lost"]
         .map(String::from)
         .into();
-    let script = Script::new(6, 1500);
+    // Long enough that the lost run is still mid-run at its second pod, after the drain.
+    let script = Script::new(20, 1500);
     for name in &names {
         let mut run = env.scripted(name, &script);
         // The next pods wait, unschedulable, while the node is cordoned.
@@ -149,20 +150,14 @@ async fn a_drain_then_the_nodes_loss(env: &NodeEnv, ledger: &PgLedger) -> Vec<(S
         .container_pid(&pod)
         .await
         .expect("the worker's host PID");
-    tokio::task::spawn_blocking(|| node_sh(&["stop-kubelet"]))
-        .await
-        .unwrap();
-    signal_pid(pid, libc::SIGSTOP);
-    log.note(format!("node lost (kubelet stopped, {pod} frozen)"));
+    let loss = NodeLoss::begin(pid).await;
+    log.note(format!("node lost ({pod} frozen, kubelet stopped)"));
     env.wait_run(lost, Duration::from_secs(120), "claimed again", |s| {
         s.fence > Fence::new(fence)
     })
     .await;
     log.note("claimed again without the node");
-    tokio::task::spawn_blocking(|| node_sh(&["start-kubelet"]))
-        .await
-        .unwrap();
-    signal_pid(pid, libc::SIGCONT);
+    loss.end().await;
     log.note("node back, the frozen worker woken");
     log.print();
 

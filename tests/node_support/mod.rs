@@ -23,6 +23,7 @@ use tokio::sync::{Mutex, MutexGuard, OnceCell};
 mod chart;
 mod effects;
 mod logs;
+mod node_loss;
 mod postgres;
 #[path = "../rbac_support/mod.rs"]
 pub mod rbac;
@@ -33,6 +34,8 @@ pub use chart::*;
 pub use effects::EffectsServer;
 #[allow(unused_imports)]
 pub use logs::LogFollower;
+#[allow(unused_imports)]
+pub use node_loss::{NodeLoss, wait_node_ready};
 #[allow(unused_imports)]
 pub use postgres::{InPostgres, NodePostgres};
 #[allow(unused_imports)]
@@ -49,6 +52,8 @@ pub const SYSTEM_NS: &str = "baton-system";
 /// version" for the worker rollout).
 pub const IMAGE: &str = "baton:dev";
 pub const NEXT_IMAGE: &str = "baton:next";
+/// The node's name (hack/node.sh).
+pub const NODE_NAME: &str = "baton-node";
 /// The node's own address inside its network namespace (hack/node.sh): pods reach it.
 pub const NODE_IP: &str = "10.77.0.1";
 /// A run on a loaded 2-core node: pod starts and the kubelet's 10 s deletion resync add up.
@@ -103,13 +108,13 @@ pub fn kubectl(args: &[&str]) -> Result<String, String> {
 pub fn drain_then_uncordon() -> Result<String, String> {
     let drained = kubectl(&[
         "drain",
-        "baton-node",
+        NODE_NAME,
         "--ignore-daemonsets",
         "--delete-emptydir-data",
         "--force",
         "--timeout=40s",
     ]);
-    kubectl(&["uncordon", "baton-node"]).expect("kubectl uncordon");
+    kubectl(&["uncordon", NODE_NAME]).expect("kubectl uncordon");
     drained
 }
 
@@ -204,6 +209,7 @@ impl NodeEnv {
     ) -> Self {
         let serial = serial().await;
         let client = client().await;
+        wait_node_ready(&client).await;
         installed(&client).await;
         let suffix: u32 = rand::random::<u32>() % 1_000_000;
         let ns = format!(
