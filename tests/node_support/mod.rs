@@ -79,12 +79,17 @@ pub async fn serial() -> MutexGuard<'static, ()> {
 
 /// `hack/node.sh ARGS` (stop-kubelet, start-kubelet, restart-apiserver, nsenter ...).
 pub fn node_sh(args: &[&str]) {
-    let out = Command::new("bash")
-        .arg(root().join("hack/node.sh"))
-        .args(args)
+    let out = node_sh_command(args)
         .output()
         .expect("running hack/node.sh");
     assert_succeeded(&format!("hack/node.sh {args:?}"), &out);
+}
+
+/// `hack/node.sh ARGS`, not yet run: for a caller that must not panic (a guard's drop).
+fn node_sh_command(args: &[&str]) -> Command {
+    let mut command = Command::new("bash");
+    command.arg(root().join("hack/node.sh")).args(args);
+    command
 }
 
 /// Fails the test with the command's output unless it succeeded.

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Node;
 use kube::{Api, Client};
 
-use super::{NODE_NAME, node_sh, signal_pid};
+use super::{NODE_NAME, node_sh, node_sh_command, signal_pid};
 use crate::e2e_support::retry;
 
 /// The node away: the kubelet stopped and a worker's process frozen, until [`NodeLoss::end`]
@@ -44,10 +44,7 @@ impl NodeLoss {
 /// again (a panic while unwinding aborts): failures are printed.
 impl Drop for NodeLoss {
     fn drop(&mut self) {
-        let out = std::process::Command::new("bash")
-            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/hack/node.sh"))
-            .arg("start-kubelet")
-            .output();
+        let out = node_sh_command(&["start-kubelet"]).output();
         match out {
             Ok(out) if out.status.success() => {}
             Ok(out) => eprintln!(
