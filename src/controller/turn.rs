@@ -17,7 +17,7 @@ use crate::crd::v1alpha1::{
     AgentRun, AgentThread, AgentThreadStatus, BusyPolicy, HistoryTurn, LedgerBackend, LedgerEvent,
     RunUsage, ThreadPhase,
 };
-use crate::crd::{INTERRUPTED_BY_ANNOTATION, TURN_ANNOTATION};
+use crate::crd::{INTERRUPTED_BY_ANNOTATION, THREAD_GENERATION_ANNOTATION, TURN_ANNOTATION};
 use crate::lease::{lease_holder, thread_lease_name};
 use crate::ledger::recorded_history;
 use crate::status::set_condition;
@@ -100,6 +100,13 @@ pub async fn join(ctx: &Context, run: &AgentRun) -> Result<Applied, Error> {
             None => Applied::Conflict,
         });
     };
+    if let Some(message) = changed_since_admitted(&fresh, &thread) {
+        let status = statuses::rejected(&fresh, &message);
+        return Ok(match ctx.write_status(&fresh, status).await? {
+            Some(_) => Applied::Done,
+            None => Applied::Conflict,
+        });
+    }
     // The turn's place first, counted on the thread by CAS: two joins never share one. A
     // controller that stops before the turn's write leaves a place unused, never reused.
     let place = thread.status.as_ref().map_or(0, |s| s.joined) + 1;
@@ -122,6 +129,23 @@ pub async fn join(ctx: &Context, run: &AgentRun) -> Result<Applied, Error> {
         }
         _ => Ok(Applied::Conflict),
     }
+}
+
+/// Why `turn` may not take `thread`'s settings, or None: the webhook stamped the turn with the
+/// thread generation its creator was asked about, and the thread changed since, so its agent
+/// and worker are not what its creator was found allowed to borrow (DESIGN §12). A turn with no
+/// stamp was admitted with the webhook off, where nothing was asked.
+pub fn changed_since_admitted(turn: &AgentRun, thread: &AgentThread) -> Option<String> {
+    let stamped = turn.annotations().get(THREAD_GENERATION_ANNOTATION)?;
+    let now = thread.metadata.generation.unwrap_or_default();
+    (stamped.parse::<i64>().ok() != Some(now)).then(|| {
+        format!(
+            "spec.thread: thread {} changed after this turn was admitted (generation {stamped}, \
+             now {now}); its creator was not asked about what it lends now, so create the turn \
+             again",
+            thread.name_any()
+        )
+    })
 }
 
 /// The thread's settings, and the thread as owner, on the turn.
@@ -207,12 +231,14 @@ fn earlier_turns(ctx: &Context, run: &AgentRun) -> Vec<std::sync::Arc<AgentRun>>
     turns
 }
 
-/// The cached turns of the thread with UID `thread_uid` in `ns` (those that joined it).
+/// The cached turns of the thread with UID `thread_uid` in `ns`: those that joined it (an owner
+/// reference only the controller writes, to the thread their `spec.thread` names).
 pub(super) fn turns_of(ctx: &Context, ns: &str, thread_uid: &str) -> Vec<std::sync::Arc<AgentRun>> {
     ctx.run_cache()
         .state()
         .into_iter()
         .filter(|r| r.namespace().as_deref() == Some(ns))
+        .filter(|r| r.has_joined())
         .filter(|r| r.thread_owner().is_some_and(|o| o.uid == thread_uid))
         .collect()
 }

@@ -91,3 +91,29 @@ fn turns_made_in_the_same_second_keep_the_order_they_joined_in() {
     let status = thread_status(&[later, earlier], None);
     assert_eq!(status.last_turn.as_deref(), Some("t-a"));
 }
+
+#[test]
+fn a_turn_takes_only_the_thread_generation_it_was_admitted_at() {
+    use crate::crd::THREAD_GENERATION_ANNOTATION;
+    let mut thread = AgentThread::new(
+        "conv",
+        serde_json::from_value(serde_json::json!({"agent": {"model": {"provider": "scripted"}}}))
+            .unwrap(),
+    );
+    thread.metadata.generation = Some(2);
+    let mut turn = thread.new_turn("hi");
+    assert_eq!(
+        changed_since_admitted(&turn, &thread),
+        None,
+        "no stamp: the webhook is off"
+    );
+    turn.annotations_mut()
+        .insert(THREAD_GENERATION_ANNOTATION.into(), "2".into());
+    assert_eq!(changed_since_admitted(&turn, &thread), None);
+    thread.metadata.generation = Some(3);
+    let refusal = changed_since_admitted(&turn, &thread).unwrap();
+    assert!(
+        refusal.contains("thread conv changed after this turn was admitted (generation 2, now 3)"),
+        "{refusal}"
+    );
+}

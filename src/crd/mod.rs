@@ -22,6 +22,10 @@ pub const INTERRUPTED_BY_ANNOTATION: &str = "baton.dev/interrupted-by";
 /// thread's order (1, 2, ...). Creation times have a one-second grain, so two turns made in
 /// the same second could not be told apart by them.
 pub const TURN_ANNOTATION: &str = "baton.dev/turn";
+/// Annotation baton's mutating webhook stamps on a turn when it is created: the generation
+/// of its thread that the admission asked the turn's creator about. The join copies the
+/// thread only at that generation, and refuses a thread that changed since (DESIGN §12).
+pub const THREAD_GENERATION_ANNOTATION: &str = "baton.dev/thread-generation";
 /// Label on everything baton creates for a run (Lease, Pods, segments): the run's name.
 pub const RUN_LABEL: &str = "baton.dev/run";
 /// Label on LedgerSegments: the owning run's UID, so a new run with an old name never reads

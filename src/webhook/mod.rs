@@ -4,9 +4,12 @@
 //! AgentRun it asks the API server whether the requesting user could do themselves what the
 //! manifest makes baton do (read a Secret, create a pod); for a LedgerSegment it admits only
 //! the run's own worker or the controller, with a name, `spec.run`, UID label and fence that
-//! agree with the live run; for a run Lease it keeps the worker from re-pointing it.
+//! agree with the live run; for a run Lease it keeps the worker from re-pointing it; for an
+//! AgentThread it asks its writer for everything the thread lends its turns (`borrow`: the one
+//! borrow rule). Its mutating half stamps a new turn with its thread's generation.
 //! `rules` decides (pure), `review` reads and answers, `tls` keeps the certificate.
 
+pub mod borrow;
 pub mod cert;
 pub(crate) mod review;
 pub(crate) mod rules;
@@ -30,8 +33,11 @@ use tokio_rustls::TlsAcceptor;
 pub use review::Reviewer;
 pub use tls::{CertIssuer, TlsSettings};
 
-/// The path the webhook configuration points at.
+/// The path the validating webhook configuration points at.
 pub const PATH: &str = "/validate";
+/// The path the mutating webhook configuration points at: it stamps a turn with the
+/// generation of its thread that its admission is asked about.
+pub const MUTATE_PATH: &str = "/mutate";
 /// The largest AgentRun spec admitted by default, in bytes of JSON.
 pub const DEFAULT_MAX_SPEC_BYTES: usize = 256 * 1024;
 /// A review carries the old and the new object; a segment may be near etcd's 1.5 MiB.
@@ -104,6 +110,7 @@ async fn serve(
 ) -> Result<(), WebhookError> {
     let app = Router::new()
         .route(PATH, post(validate))
+        .route(MUTATE_PATH, post(mutate))
         .layer(DefaultBodyLimit::max(MAX_REVIEW_BYTES))
         .with_state(reviewer);
     let listener = TcpListener::bind(addr).await?;
@@ -139,6 +146,13 @@ async fn serve(
             }
         });
     }
+}
+
+async fn mutate(
+    State(reviewer): State<Reviewer>,
+    Json(review): Json<AdmissionReview<DynamicObject>>,
+) -> Json<AdmissionReview<DynamicObject>> {
+    Json(reviewer.stamp(review).await)
 }
 
 async fn validate(

@@ -12,7 +12,8 @@ use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview
 use kube::{Client, ResourceExt};
 use serde::de::DeserializeOwned;
 
-use super::rules::{self, Ask, RunFacts, Writer};
+use super::borrow::{Ask, Kind};
+use super::rules::{self, RunFacts, Writer};
 use crate::crd::v1alpha1::{AgentRun, AgentRunSpec, AgentThread, LedgerSegment};
 
 /// Why a request is not admitted.
@@ -76,24 +77,10 @@ impl Reviewer {
         let namespace = request.namespace.clone().unwrap_or_default();
         match (request.resource.resource.as_str(), &request.operation) {
             ("agentruns", Operation::Create | Operation::Update) => {
-                let new: AgentRun = typed(request.object.as_ref(), "AgentRun")?;
-                let old: Option<AgentRun> = request
-                    .old_object
-                    .as_ref()
-                    .map(|o| typed(Some(o), "AgentRun"))
-                    .transpose()?;
-                let old = old.map(|r| r.spec);
-                let user = username(&request.user_info);
-                let controller = self.controller_users.iter().any(|c| c == user);
-                if controller && old.as_ref().is_some_and(|o| rules::is_join(o, &new.spec)) {
-                    return refused(rules::oversized_spec(&new.spec, self.max_spec_bytes));
-                }
-                if let Some(old) = &old {
-                    refused(rules::joined_turn_refusal(old, &new.spec))?;
-                }
-                let borrowing = self.as_joined(&namespace, old.as_ref(), new.spec).await?;
-                self.check_run(&request.user_info, &namespace, old.as_ref(), &borrowing)
-                    .await
+                self.check_agent_run(request, &namespace).await
+            }
+            ("agentthreads", Operation::Create | Operation::Update) => {
+                self.check_thread(request, &namespace).await
             }
             ("ledgersegments", Operation::Create) => {
                 let seg: LedgerSegment = typed(request.object.as_ref(), "LedgerSegment")?;
@@ -128,15 +115,65 @@ impl Reviewer {
         }
     }
 
-    async fn check_run(
+    async fn check_agent_run(
+        &self,
+        request: &AdmissionRequest<DynamicObject>,
+        namespace: &str,
+    ) -> Result<(), ReviewError> {
+        let new: AgentRun = typed(request.object.as_ref(), "AgentRun")?;
+        let old: Option<AgentRun> = request
+            .old_object
+            .as_ref()
+            .map(|o| typed(Some(o), "AgentRun"))
+            .transpose()?;
+        let user = username(&request.user_info);
+        let controller = self.controller_users.iter().any(|c| c == user);
+        if !controller {
+            let old_meta = old.as_ref().map(|o| &o.metadata);
+            refused(rules::membership_refusal(old_meta, &new.metadata, user))?;
+        }
+        let old = old.map(|r| r.spec);
+        if controller && old.as_ref().is_some_and(|o| rules::is_join(o, &new.spec)) {
+            return refused(rules::oversized_spec(&new.spec, self.max_spec_bytes));
+        }
+        if let Some(old) = &old {
+            refused(rules::joined_turn_refusal(old, &new.spec))?;
+        }
+        refused(rules::oversized_spec(&new.spec, self.max_spec_bytes))?;
+        let borrowing = self.as_joined(namespace, old.as_ref(), &new).await?;
+        let asks = rules::run_asks(old.as_ref(), &borrowing);
+        self.ask(&request.user_info, namespace, &asks, Kind::AgentRun)
+            .await
+    }
+
+    /// A thread lends its agent and worker to every turn: its writer is asked for all it
+    /// borrows, as a run's creator is (the one borrow rule), and it is bounded like a run.
+    async fn check_thread(
+        &self,
+        request: &AdmissionRequest<DynamicObject>,
+        namespace: &str,
+    ) -> Result<(), ReviewError> {
+        let new: AgentThread = typed(request.object.as_ref(), "AgentThread")?;
+        let old: Option<AgentThread> = request
+            .old_object
+            .as_ref()
+            .map(|o| typed(Some(o), "AgentThread"))
+            .transpose()?;
+        refused(rules::oversized_spec(&new.spec, self.max_spec_bytes))?;
+        let asks = rules::thread_asks(old.map(|t| t.spec).as_ref(), &new.spec);
+        self.ask(&request.user_info, namespace, &asks, Kind::AgentThread)
+            .await
+    }
+
+    /// Asks the API server whether `user` holds every one of `asks`; refuses naming each
+    /// one they lack.
+    async fn ask(
         &self,
         user: &UserInfo,
         namespace: &str,
-        old: Option<&AgentRunSpec>,
-        new: &AgentRunSpec,
+        asks: &[Ask],
+        kind: Kind,
     ) -> Result<(), ReviewError> {
-        refused(rules::oversized_spec(new, self.max_spec_bytes))?;
-        let asks = rules::run_asks(old, new);
         let answers =
             futures::future::try_join_all(asks.iter().map(|ask| self.may(user, namespace, ask)))
                 .await?;
@@ -144,7 +181,7 @@ impl Reviewer {
             .iter()
             .zip(answers)
             .filter(|(_, allowed)| !allowed)
-            .map(|(ask, _)| ask.refusal(username(user), namespace))
+            .map(|(ask, _)| ask.refusal(username(user), namespace, kind))
             .collect();
         if missing.is_empty() {
             Ok(())
@@ -153,28 +190,96 @@ impl Reviewer {
         }
     }
 
-    /// What a run borrows: for a turn being created (or moved to another thread before it
-    /// joined one), its thread's agent and worker (as if written in it); for anything else, its own spec. A thread that does not exist lends
-    /// nothing (the controller fails the turn, naming it).
+    /// What a run borrows: for a turn being created, its thread's agent and worker (as if
+    /// written in it), at the thread generation the mutating webhook stamped on it; for
+    /// anything else, its own spec. A turn that has not joined stays in its thread (its stamp
+    /// is of that thread). A thread that does not exist lends nothing (the controller fails
+    /// the turn, naming it).
     async fn as_joined(
         &self,
         namespace: &str,
         old: Option<&AgentRunSpec>,
-        new: AgentRunSpec,
+        new: &AgentRun,
     ) -> Result<AgentRunSpec, ReviewError> {
-        let moved = old.is_none_or(|o| o.thread != new.thread);
-        let Some(thread) = new
+        let spec = &new.spec;
+        let Some(thread) = spec.thread.as_deref().filter(|_| spec.agent.is_none()) else {
+            return Ok(spec.clone());
+        };
+        if let Some(old) = old {
+            return match old.thread == spec.thread {
+                true => Ok(spec.clone()),
+                false => Err(ReviewError::Refused(format!(
+                    "spec.thread: a turn stays in the thread it was created for ({:?}); \
+                     create a turn of {thread:?} instead",
+                    old.thread.as_deref().unwrap_or_default()
+                ))),
+            };
+        }
+        let api = Api::<AgentThread>::namespaced(self.client.clone(), namespace);
+        let Some(found) = api.get_opt(thread).await? else {
+            return Ok(spec.clone());
+        };
+        let stamped = new
+            .annotations()
+            .get(crate::crd::THREAD_GENERATION_ANNOTATION);
+        let generation = found.metadata.generation.unwrap_or_default();
+        refused(rules::stamp_refusal(
+            thread,
+            stamped.map(String::as_str),
+            generation,
+        ))?;
+        Ok(rules::turn_as_joined(spec, &found.spec))
+    }
+
+    /// The mutating webhook's answer: a turn being created is stamped with its thread's
+    /// generation now (the one the validating webhook then asks its creator about).
+    pub async fn stamp(
+        &self,
+        review: AdmissionReview<DynamicObject>,
+    ) -> AdmissionReview<DynamicObject> {
+        let request: AdmissionRequest<DynamicObject> = match review.try_into() {
+            Ok(request) => request,
+            Err(_) => return AdmissionResponse::invalid("no request in the review").into_review(),
+        };
+        let response = AdmissionResponse::from(&request);
+        match self.stamp_patch(&request).await {
+            Ok(None) => response.into_review(),
+            Ok(Some(patch)) => match response.clone().with_patch(patch) {
+                Ok(patched) => patched.into_review(),
+                Err(err) => {
+                    forbidden(response, ReviewError::Refused(err.to_string())).into_review()
+                }
+            },
+            Err(err) => forbidden(response, err).into_review(),
+        }
+    }
+
+    async fn stamp_patch(
+        &self,
+        request: &AdmissionRequest<DynamicObject>,
+    ) -> Result<Option<json_patch::Patch>, ReviewError> {
+        if request.resource.resource != "agentruns" || request.operation != Operation::Create {
+            return Ok(None);
+        }
+        let run: AgentRun = typed(request.object.as_ref(), "AgentRun")?;
+        let Some(thread) = run
+            .spec
             .thread
             .as_deref()
-            .filter(|_| moved && new.agent.is_none())
+            .filter(|_| run.spec.agent.is_none())
         else {
-            return Ok(new);
+            return Ok(None);
         };
-        let api = Api::<AgentThread>::namespaced(self.client.clone(), namespace);
-        Ok(match api.get_opt(thread).await? {
-            Some(thread) => rules::turn_as_joined(&new, &thread.spec),
-            None => new,
-        })
+        let namespace = request.namespace.clone().unwrap_or_default();
+        let api = Api::<AgentThread>::namespaced(self.client.clone(), &namespace);
+        let Some(found) = api.get_opt(thread).await? else {
+            return Ok(None);
+        };
+        let generation = found.metadata.generation.unwrap_or_default();
+        Ok(Some(rules::stamp_patch(
+            run.metadata.annotations.is_some(),
+            generation,
+        )))
     }
 
     /// Whether `user` holds `ask` themselves (a SubjectAccessReview on their behalf).

@@ -3,122 +3,33 @@
 //! reading the run) is in `review.rs`; every refusal here names the field and the reason.
 
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::ResourceExt;
 use serde_json::Value;
 
+pub use super::borrow::Ask;
+use super::borrow::{self, Kind};
 use crate::crd::RUN_UID_LABEL;
 use crate::crd::v1alpha1::{AgentRun, AgentRunSpec, AgentThreadSpec, LedgerSegment};
 use crate::fence::{Fence, append_ceiling, may_append_at, segment_name, worker_pod_name};
 use crate::rbac::{pod_service_account, service_account_username};
 
-/// A permission the requesting user must hold, because a field of the manifest would make
-/// baton use it on their behalf.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Ask {
-    /// The field that needs it, as the user wrote it (`spec.worker.image`).
-    pub field: String,
-    pub verb: &'static str,
-    /// The API group of `resource` (`""`: the core group).
-    pub group: &'static str,
-    pub resource: &'static str,
-    /// The object, when the permission is on one object (a Secret); None: the namespace.
-    pub name: Option<String>,
-}
-
-impl Ask {
-    fn get_secret(field: String, name: &str) -> Ask {
-        Ask {
-            field,
-            verb: "get",
-            group: "",
-            resource: "secrets",
-            name: Some(name.to_string()),
-        }
-    }
-
-    fn create_pods(field: &str) -> Ask {
-        Ask {
-            field: field.to_string(),
-            verb: "create",
-            group: "",
-            resource: "pods",
-            name: None,
-        }
-    }
-
-    /// A turn's worker reads its thread's earlier turns' ledgers: its creator must be able
-    /// to read them too.
-    pub(crate) fn read_ledgers(field: &str) -> Ask {
-        Ask {
-            field: field.to_string(),
-            verb: "list",
-            group: crate::crd::GROUP,
-            resource: "ledgersegments",
-            name: None,
-        }
-    }
-
-    /// The refusal when the user lacks it.
-    pub fn refusal(&self, user: &str, namespace: &str) -> String {
-        let what = match &self.name {
-            Some(name) => format!("{} {} {name:?}", self.verb, self.resource),
-            None => format!("{} {}", self.verb, self.resource),
-        };
-        format!(
-            "{}: {user} may not {what} in namespace {namespace}, and a run does it on its \
-             creator's behalf",
-            self.field
-        )
-    }
-}
-
-/// The permissions `new` borrows. An update that leaves `agent` and `worker` as they were
-/// (an input, an approval, a stop) borrows nothing new: those were asked when they were set.
+/// The permissions `new` borrows (the one borrow rule, `borrow.rs`): each borrowed field
+/// set and changed since `old`. An update that leaves them as they were (an input, an
+/// approval, a stop) borrows nothing new: those were asked when they were set.
 pub fn run_asks(old: Option<&AgentRunSpec>, new: &AgentRunSpec) -> Vec<Ask> {
-    if old.is_some_and(|old| same_borrowing_fields(old, new)) {
-        return Vec::new();
-    }
-    let mut asks = Vec::new();
-    if new.thread.is_some() {
-        asks.push(Ask::read_ledgers("spec.thread"));
-    }
-    let agent = new.agent();
-    if let Some(key) = agent.and_then(|a| a.model.api_key_secret_ref.as_ref()) {
-        asks.push(Ask::get_secret(
-            "spec.agent.model.apiKeySecretRef.name".into(),
-            &key.name,
-        ));
-    }
-    for (i, tool) in new.tools().iter().enumerate() {
-        if let Some(secret) = tool
-            .mcp
-            .as_ref()
-            .and_then(|m| m.headers_from_secret.as_ref())
-        {
-            let field = format!("spec.agent.tools[{i}].mcp.headersFromSecret");
-            asks.push(Ask::get_secret(field, secret));
-        }
-    }
-    let worker = &new.worker;
-    let pod_fields = [
-        ("spec.worker.image", worker.image.is_some()),
-        ("spec.worker.toolsImage", worker.tools_image.is_some()),
-        (
-            "spec.worker.serviceAccountName",
-            worker.service_account_name.is_some(),
-        ),
-        (
-            "spec.worker.runtimeClassName",
-            worker.runtime_class_name.is_some(),
-        ),
-        ("spec.worker.tolerations", !worker.tolerations.is_empty()),
-    ];
-    for (field, set) in pod_fields {
-        if set {
-            asks.push(Ask::create_pods(field));
-        }
-    }
-    asks
+    spec_asks(Kind::AgentRun, old, new)
+}
+
+/// The permissions a thread's `new` spec borrows for its turns, asked of its writer.
+pub fn thread_asks(old: Option<&AgentThreadSpec>, new: &AgentThreadSpec) -> Vec<Ask> {
+    spec_asks(Kind::AgentThread, old, new)
+}
+
+fn spec_asks<S: serde::Serialize>(kind: Kind, old: Option<&S>, new: &S) -> Vec<Ask> {
+    let json = |spec: &S| serde_json::to_value(spec).unwrap_or_default();
+    let old = old.map(json);
+    borrow::asks(kind, old.as_ref(), &json(new))
 }
 
 /// A turn as it will run once it joins `thread`: with the thread's agent and worker, which its
@@ -159,12 +70,96 @@ pub fn is_join(old: &AgentRunSpec, new: &AgentRunSpec) -> bool {
     old.thread.is_some() && old.thread == new.thread && old.agent.is_none() && new.agent.is_some()
 }
 
-fn same_borrowing_fields(old: &AgentRunSpec, new: &AgentRunSpec) -> bool {
-    old.agent == new.agent && old.worker == new.worker && old.thread == new.thread
+/// Why a write of an AgentRun's metadata (`new` over `old`; None: a create) by anyone but
+/// baton's controller is refused, or None. Only the controller makes a run a turn of a thread
+/// (an AgentThread owner reference, the turn's place) and stamps the thread generation the
+/// turn was admitted with: taken from a user, they would let any run pose as a turn of any
+/// thread (its history for the next turn) or carry a proof nobody checked. Removing an owner
+/// reference is let through: it only makes a run no turn (the garbage collector orphans a
+/// thread's turns that way), as deleting it would.
+pub fn membership_refusal(
+    old: Option<&kube::api::ObjectMeta>,
+    new: &kube::api::ObjectMeta,
+    user: &str,
+) -> Option<String> {
+    let thread_refs = |meta: &kube::api::ObjectMeta| -> Vec<OwnerReference> {
+        let refs = meta.owner_references.iter().flatten();
+        refs.filter(|o| o.kind == "AgentThread").cloned().collect()
+    };
+    let before = old.map(thread_refs).unwrap_or_default();
+    if let Some(added) = thread_refs(new).into_iter().find(|r| !before.contains(r)) {
+        return Some(format!(
+            "metadata.ownerReferences: {user} may not make this run a turn of AgentThread {:?}: \
+             only baton's controller joins a run to a thread (create the run with spec.thread)",
+            added.name
+        ));
+    }
+    let annotation = |meta: Option<&kube::api::ObjectMeta>, key: &str| {
+        meta.and_then(|m| m.annotations.as_ref()?.get(key).cloned())
+    };
+    let turn = crate::crd::TURN_ANNOTATION;
+    let placed = annotation(Some(new), turn);
+    if placed.is_some() && placed != annotation(old, turn) {
+        return Some(format!(
+            "metadata.annotations[{turn}]: {user} may not place a run in a thread: only baton's \
+             controller does, when the run joins it"
+        ));
+    }
+    let stamp = crate::crd::THREAD_GENERATION_ANNOTATION;
+    let stamped = annotation(Some(new), stamp);
+    (old.is_some() && stamped != annotation(old, stamp)).then(|| {
+        format!(
+            "metadata.annotations[{stamp}]: {user} may not change it: baton's webhook stamps it \
+             when the turn is created"
+        )
+    })
+}
+
+/// Why a turn whose creation stamped `stamped` (the thread generation that the mutating
+/// webhook saw) is refused when the thread is at `generation` now, or None. The creator is
+/// asked about the thread as it is now; a thread edited in between is a thread they were
+/// not asked about.
+pub fn stamp_refusal(thread: &str, stamped: Option<&str>, generation: i64) -> Option<String> {
+    let stamp = crate::crd::THREAD_GENERATION_ANNOTATION;
+    match stamped.map(str::parse::<i64>) {
+        Some(Ok(seen)) if seen == generation => None,
+        Some(Ok(seen)) => Some(format!(
+            "metadata.annotations[{stamp}]: thread {thread} changed while this turn was \
+             admitted (generation {seen}, now {generation}); create the turn again"
+        )),
+        Some(Err(_)) => Some(format!(
+            "metadata.annotations[{stamp}]: {:?} is not a generation",
+            stamped.unwrap_or_default()
+        )),
+        None => Some(format!(
+            "metadata.annotations[{stamp}]: not stamped; baton's mutating webhook stamps every \
+             turn when it is created (is the chart's MutatingWebhookConfiguration installed?)"
+        )),
+    }
+}
+
+/// The JSON patch that stamps `generation` on a turn (`has_annotations`: whether it has an
+/// annotations map to add the key to).
+pub fn stamp_patch(has_annotations: bool, generation: i64) -> json_patch::Patch {
+    let key = crate::crd::THREAD_GENERATION_ANNOTATION;
+    let op = match has_annotations {
+        // RFC 6901: '/' in a key is written "~1".
+        true => serde_json::json!({
+            "op": "add",
+            "path": format!("/metadata/annotations/{}", key.replace('~', "~0").replace('/', "~1")),
+            "value": generation.to_string(),
+        }),
+        false => serde_json::json!({
+            "op": "add",
+            "path": "/metadata/annotations",
+            "value": { key: generation.to_string() },
+        }),
+    };
+    serde_json::from_value(serde_json::json!([op])).expect("a JSON patch of one add")
 }
 
 /// A spec larger than `max` bytes (as JSON): the message names its size and largest field.
-pub fn oversized_spec(spec: &AgentRunSpec, max: usize) -> Option<String> {
+pub fn oversized_spec<S: serde::Serialize>(spec: &S, max: usize) -> Option<String> {
     let value = serde_json::to_value(spec).ok()?;
     let size = value.to_string().len();
     if size <= max {

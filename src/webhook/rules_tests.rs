@@ -82,7 +82,7 @@ fn an_update_asks_again_only_when_agent_or_worker_change() {
 #[test]
 fn a_refusal_names_the_field_and_the_permission() {
     let ask = Ask::get_secret("spec.agent.model.apiKeySecretRef.name".into(), "db");
-    let text = ask.refusal("alice", "team-a");
+    let text = ask.refusal("alice", "team-a", Kind::AgentRun);
     assert!(
         text.starts_with("spec.agent.model.apiKeySecretRef.name: alice may not get secrets \"db\""),
         "{text}"
@@ -381,4 +381,90 @@ fn a_joined_turn_keeps_what_it_took_from_its_thread() {
     let mut replanned = plain.clone();
     replanned.agent_mut().max_steps = 3;
     assert_eq!(joined_turn_refusal(&plain, &replanned), None);
+}
+
+fn meta(thread_owner: Option<&str>, annotations: &[(&str, &str)]) -> kube::api::ObjectMeta {
+    let owner = thread_owner.map(|name| OwnerReference {
+        api_version: "baton.dev/v1alpha1".into(),
+        kind: "AgentThread".into(),
+        name: name.into(),
+        uid: format!("uid-{name}"),
+        ..OwnerReference::default()
+    });
+    kube::api::ObjectMeta {
+        owner_references: owner.map(|o| vec![o]),
+        annotations: Some(
+            annotations
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        ),
+        ..kube::api::ObjectMeta::default()
+    }
+}
+
+#[test]
+fn only_the_controller_makes_a_run_a_turn() {
+    use crate::crd::{THREAD_GENERATION_ANNOTATION as STAMP, TURN_ANNOTATION as TURN};
+    let fake = meta(Some("victim"), &[(TURN, "1")]);
+    let refusal = membership_refusal(None, &fake, "mallory").unwrap();
+    assert!(
+        refusal.starts_with("metadata.ownerReferences: mallory may not make this run a turn of AgentThread \"victim\""),
+        "{refusal}"
+    );
+    let placed = meta(None, &[(TURN, "1")]);
+    assert!(
+        membership_refusal(None, &placed, "mallory")
+            .unwrap()
+            .starts_with("metadata.annotations[baton.dev/turn]")
+    );
+    // A joined turn's user edits keep what the controller wrote; removing the owner only
+    // makes it no turn (the garbage collector orphans so).
+    let joined = meta(Some("t"), &[(TURN, "2"), (STAMP, "4")]);
+    assert_eq!(membership_refusal(Some(&joined), &joined, "alice"), None);
+    let orphaned = meta(None, &[(TURN, "2"), (STAMP, "4")]);
+    assert_eq!(membership_refusal(Some(&joined), &orphaned, "gc"), None);
+    let moved = meta(Some("t"), &[(TURN, "1"), (STAMP, "4")]);
+    assert!(membership_refusal(Some(&joined), &moved, "alice").is_some());
+    let restamped = meta(Some("t"), &[(TURN, "2"), (STAMP, "5")]);
+    assert!(
+        membership_refusal(Some(&joined), &restamped, "alice")
+            .unwrap()
+            .starts_with("metadata.annotations[baton.dev/thread-generation]")
+    );
+    // At creation the stamp is the mutating webhook's, checked against the thread.
+    let stamped = meta(None, &[(STAMP, "4")]);
+    assert_eq!(membership_refusal(None, &stamped, "alice"), None);
+}
+
+#[test]
+fn a_turn_is_admitted_only_at_the_generation_it_was_stamped_with() {
+    assert_eq!(stamp_refusal("conv", Some("3"), 3), None);
+    let changed = stamp_refusal("conv", Some("3"), 4).unwrap();
+    assert!(
+        changed.contains("thread conv changed while this turn was admitted (generation 3, now 4)"),
+        "{changed}"
+    );
+    assert!(stamp_refusal("conv", Some("x"), 3).is_some());
+    assert!(
+        stamp_refusal("conv", None, 3)
+            .unwrap()
+            .contains("MutatingWebhookConfiguration")
+    );
+}
+
+#[test]
+fn the_stamp_patch_adds_the_annotation_with_or_without_a_map() {
+    let mut with_map = serde_json::json!({"metadata": {"annotations": {"a": "b"}}});
+    json_patch::patch(&mut with_map, &stamp_patch(true, 7)).unwrap();
+    assert_eq!(
+        with_map["metadata"]["annotations"],
+        serde_json::json!({"a": "b", "baton.dev/thread-generation": "7"})
+    );
+    let mut bare = serde_json::json!({"metadata": {"name": "t"}});
+    json_patch::patch(&mut bare, &stamp_patch(false, 7)).unwrap();
+    assert_eq!(
+        bare["metadata"]["annotations"],
+        serde_json::json!({"baton.dev/thread-generation": "7"})
+    );
 }

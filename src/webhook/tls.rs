@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::ByteString;
-use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration, WebhookClientConfig,
+};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ObjectMeta, PostParams};
 use kube::{Client, ResourceExt};
@@ -170,32 +172,54 @@ async fn write(
     })
 }
 
-/// Makes every webhook of the configuration trust `bundle`'s CAs (resourceVersion precondition).
+/// Makes every webhook of the configuration trust `bundle`'s CAs (resourceVersion
+/// precondition): the validating configuration, and the mutating one of the same name where
+/// it exists.
 async fn trust(client: &Client, s: &TlsSettings, bundle: &Bundle) -> Result<(), WebhookError> {
     let Some(name) = &s.configuration else {
         return Ok(());
     };
-    let api = Api::<ValidatingWebhookConfiguration>::all(client.clone());
-    let mut configuration = api.get(name).await?;
+    let validating = Api::<ValidatingWebhookConfiguration>::all(client.clone());
+    let mut configuration = validating.get(name).await?;
+    let hooks = configuration.webhooks.iter_mut().flatten();
+    if trust_each(hooks.map(|h| &mut h.client_config), bundle) {
+        validating
+            .replace(name, &PostParams::default(), &configuration)
+            .await?;
+        tracing::info!(configuration = %name, "webhook caBundle updated");
+    }
+    let mutating = Api::<MutatingWebhookConfiguration>::all(client.clone());
+    let Some(mut configuration) = mutating.get_opt(name).await? else {
+        return Ok(());
+    };
+    let hooks = configuration.webhooks.iter_mut().flatten();
+    if trust_each(hooks.map(|h| &mut h.client_config), bundle) {
+        mutating
+            .replace(name, &PostParams::default(), &configuration)
+            .await?;
+        tracing::info!(configuration = %name, "mutating webhook caBundle updated");
+    }
+    Ok(())
+}
+
+/// Sets `bundle`'s CAs on every client config that does not trust them yet; true if any changed.
+fn trust_each<'a>(
+    configs: impl Iterator<Item = &'a mut WebhookClientConfig>,
+    bundle: &Bundle,
+) -> bool {
     let wanted = ByteString(cert::trusted_cas(bundle).join("\n").into_bytes());
     let mut changed = false;
-    for webhook in configuration.webhooks.iter_mut().flatten() {
-        let present = webhook
-            .client_config
+    for config in configs {
+        let present = config
             .ca_bundle
             .as_ref()
             .map(|b| String::from_utf8_lossy(&b.0).into_owned());
         if !present.is_some_and(|p| cert::ca_bundle_covers(&p, bundle)) {
-            webhook.client_config.ca_bundle = Some(wanted.clone());
+            config.ca_bundle = Some(wanted.clone());
             changed = true;
         }
     }
-    if changed {
-        api.replace(name, &PostParams::default(), &configuration)
-            .await?;
-        tracing::info!(configuration = %name, "webhook caBundle updated");
-    }
-    Ok(())
+    changed
 }
 
 /// The TLS configuration serving `bundle`.

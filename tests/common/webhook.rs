@@ -10,7 +10,8 @@ use baton::crd::v1alpha1::AgentRun;
 use baton::webhook::{CertIssuer, TlsSettings, WebhookConfig};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{
-    RuleWithOperations, ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
+    MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ValidatingWebhook,
+    ValidatingWebhookConfiguration, WebhookClientConfig,
 };
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -59,6 +60,13 @@ impl Served {
             )
             .await
             .expect("creating the webhook configuration");
+        Api::<MutatingWebhookConfiguration>::all(client.clone())
+            .create(
+                &PostParams::default(),
+                &mutating_for(&configuration, namespace, port),
+            )
+            .await
+            .expect("creating the mutating webhook configuration");
         if issuer == CertIssuer::External {
             issue_as_cert_manager(client, namespace, &configuration).await;
         }
@@ -98,6 +106,9 @@ impl Served {
     pub async fn stop(self, client: &Client) {
         self.task.abort();
         let _ = Api::<ValidatingWebhookConfiguration>::all(client.clone())
+            .delete(&self.configuration, &DeleteParams::default())
+            .await;
+        let _ = Api::<MutatingWebhookConfiguration>::all(client.clone())
             .delete(&self.configuration, &DeleteParams::default())
             .await;
     }
@@ -154,6 +165,15 @@ pub async fn issue_as_cert_manager(
         .replace(configuration, &PostParams::default(), &config)
         .await
         .expect("injecting the CA");
+    let mutating = Api::<MutatingWebhookConfiguration>::all(client.clone());
+    let mut config = mutating.get(configuration).await.unwrap();
+    for hook in config.webhooks.iter_mut().flatten() {
+        hook.client_config.ca_bundle = Some(ByteString(bundle.ca_pem.clone().into_bytes()));
+    }
+    mutating
+        .replace(configuration, &PostParams::default(), &config)
+        .await
+        .expect("injecting the CA into the mutating configuration");
     bundle.ca_pem
 }
 
@@ -205,7 +225,45 @@ fn free_port() -> u16 {
     listener.local_addr().unwrap().port()
 }
 
-/// The chart's three webhooks, pointed at 127.0.0.1 and at `namespace` only.
+/// The chart's mutating webhook (it stamps a new turn with its thread's generation), pointed
+/// at 127.0.0.1 and at `namespace` only.
+fn mutating_for(name: &str, namespace: &str, port: u16) -> MutatingWebhookConfiguration {
+    MutatingWebhookConfiguration {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
+        webhooks: Some(vec![MutatingWebhook {
+            name: "turns.baton.dev".into(),
+            admission_review_versions: vec!["v1".into()],
+            side_effects: "None".into(),
+            failure_policy: Some("Fail".into()),
+            reinvocation_policy: Some("Never".into()),
+            timeout_seconds: Some(5),
+            client_config: WebhookClientConfig {
+                url: Some(format!(
+                    "https://127.0.0.1:{port}{}",
+                    baton::webhook::MUTATE_PATH
+                )),
+                ..WebhookClientConfig::default()
+            },
+            namespace_selector: Some(LabelSelector {
+                match_labels: Some([(WATCHED.to_string(), namespace.to_string())].into()),
+                ..LabelSelector::default()
+            }),
+            rules: Some(vec![RuleWithOperations {
+                api_groups: Some(vec!["baton.dev".into()]),
+                api_versions: Some(vec!["*".into()]),
+                resources: Some(vec!["agentruns".into()]),
+                operations: Some(vec!["CREATE".into()]),
+                scope: Some("Namespaced".into()),
+            }]),
+            ..MutatingWebhook::default()
+        }]),
+    }
+}
+
+/// The chart's validating webhooks, pointed at 127.0.0.1 and at `namespace` only.
 fn configuration_for(name: &str, namespace: &str, port: u16) -> ValidatingWebhookConfiguration {
     let managed = LabelSelector {
         match_labels: Some([(MANAGED_BY_LABEL.to_string(), "baton".to_string())].into()),
@@ -242,6 +300,12 @@ fn configuration_for(name: &str, namespace: &str, port: u16) -> ValidatingWebhoo
         },
         webhooks: Some(vec![
             hook("runs", "baton.dev", "agentruns", &["CREATE", "UPDATE"]),
+            hook(
+                "threads",
+                "baton.dev",
+                "agentthreads",
+                &["CREATE", "UPDATE"],
+            ),
             hook("segments", "baton.dev", "ledgersegments", &["CREATE"]),
             hook("leases", "coordination.k8s.io", "leases", &["UPDATE"]),
         ]),

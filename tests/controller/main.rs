@@ -8,6 +8,8 @@
 //! - `trust`: nothing deleted or replaced on a guess; a Lease speaks only for its own run;
 //! - `terminal`: a terminal claim decided on a stale view of the run is a claim like any other;
 //! - `threads`: thread admission;
+//! - `thread_trust`: a thread lends only what its writer holds; a turn joins only the thread
+//!   its creator was asked about; only the controller makes a run a turn;
 //! - `webhook`: baton's admission webhook refuses what the requesting user could not do.
 
 #[path = "../controller_support/mod.rs"]
@@ -21,6 +23,7 @@ mod race;
 mod rbac;
 mod restart;
 mod terminal;
+mod thread_trust;
 mod threads;
 mod trust;
 mod webhook;

@@ -27,24 +27,24 @@ use kube::{Api, Client, Config, Resource, ResourceExt};
 use serde_json::json;
 
 /// A user with AgentRun rights only, and one who may also read the Secret and create pods.
-const MALLORY: &str = "mallory";
-const ALICE: &str = "alice";
+pub(crate) const MALLORY: &str = "mallory";
+pub(crate) const ALICE: &str = "alice";
 
 /// A namespace watched by a webhook served from this process.
-struct Watched {
-    ns: TestNamespace,
+pub(crate) struct Watched {
+    pub(crate) ns: TestNamespace,
     served: Served,
 }
 
 impl Watched {
-    async fn new(test: &str) -> Watched {
+    pub(crate) async fn new(test: &str) -> Watched {
         let ns = TestNamespace::new(test).await;
         let served = Served::start(&ns.client, &ns.name, "admin").await;
         users(&ns).await;
         Watched { ns, served }
     }
 
-    async fn cleanup(self) {
+    pub(crate) async fn cleanup(self) {
         self.served.stop(&self.ns.client).await;
         self.ns.cleanup().await;
     }
@@ -52,7 +52,7 @@ impl Watched {
 
 /// Mallory may do anything with AgentRuns and nothing else; Alice may also read the Secrets
 /// and the ledgers, and create pods. A Secret `model-key` exists.
-async fn users(ns: &TestNamespace) {
+pub(crate) async fn users(ns: &TestNamespace) {
     let rule = |resources: &[&str], group: &str| PolicyRule {
         api_groups: Some(vec![group.into()]),
         resources: Some(resources.iter().map(|r| r.to_string()).collect()),
@@ -83,7 +83,7 @@ async fn users(ns: &TestNamespace) {
 }
 
 /// A client for the same API server acting as `user` (`kubectl --as=user`).
-async fn as_user(user: &str) -> Client {
+pub(crate) async fn as_user(user: &str) -> Client {
     let mut config = Config::infer().await.expect("kubeconfig");
     config.auth_info.impersonate = Some(user.into());
     Client::try_from(config).expect("an impersonating client")
@@ -100,13 +100,17 @@ fn key_proxy(name: &str) -> AgentRun {
     run
 }
 
-async fn create_as(user: &str, namespace: &str, run: &AgentRun) -> Result<AgentRun, kube::Error> {
+pub(crate) async fn create_as(
+    user: &str,
+    namespace: &str,
+    run: &AgentRun,
+) -> Result<AgentRun, kube::Error> {
     Api::<AgentRun>::namespaced(as_user(user).await, namespace)
         .create(&PostParams::default(), run)
         .await
 }
 
-fn refusal(result: Result<impl std::fmt::Debug, kube::Error>) -> String {
+pub(crate) fn refusal(result: Result<impl std::fmt::Debug, kube::Error>) -> String {
     match result {
         Err(kube::Error::Api(status)) if status.code == 403 => status.message.clone(),
         other => panic!("expected a 403 refusal, got {other:?}"),
@@ -371,7 +375,7 @@ async fn a_certificate_issued_elsewhere_is_served_and_followed_when_rotated() {
 }
 
 /// A thread whose agent sends the model key to an endpoint of the attacker's choice.
-fn keyed_thread(name: &str) -> AgentThread {
+pub(crate) fn keyed_thread(name: &str) -> AgentThread {
     let agent = key_proxy("x").spec.agent.expect("an agent");
     AgentThread::new(
         name,
@@ -380,7 +384,7 @@ fn keyed_thread(name: &str) -> AgentThread {
 }
 
 /// A turn of `thread`, as a user writes it.
-fn turn_of(name: &str, thread: &str) -> AgentRun {
+pub(crate) fn turn_of(name: &str, thread: &str) -> AgentRun {
     serde_json::from_value(json!({
         "apiVersion": "baton.dev/v1alpha1", "kind": "AgentRun",
         "metadata": { "name": name },

@@ -37,7 +37,10 @@ fn the_webhook_is_served_by_every_replica_behind_a_service() {
         .iter()
         .map(|h| h["rules"][0]["resources"][0].as_str().unwrap())
         .collect();
-    assert_eq!(resources, ["agentruns", "ledgersegments", "leases"]);
+    assert_eq!(
+        resources,
+        ["agentruns", "agentthreads", "ledgersegments", "leases"]
+    );
     for hook in hooks {
         assert_eq!(hook["failurePolicy"], "Fail");
         assert_eq!(
@@ -50,8 +53,18 @@ fn the_webhook_is_served_by_every_replica_behind_a_service() {
         );
     }
     assert_eq!(
-        hooks[2]["objectSelector"]["matchLabels"][baton::crd::MANAGED_BY_LABEL],
+        hooks[3]["objectSelector"]["matchLabels"][baton::crd::MANAGED_BY_LABEL],
         "baton"
+    );
+    // The mutating half: it stamps a new turn with its thread's generation.
+    let mutating = one(&objects, "MutatingWebhookConfiguration");
+    let stamp = &mutating["webhooks"][0];
+    assert_eq!(stamp["rules"][0]["resources"], json!(["agentruns"]));
+    assert_eq!(stamp["rules"][0]["operations"], json!(["CREATE"]));
+    assert_eq!(stamp["failurePolicy"], "Fail");
+    assert_eq!(
+        stamp["clientConfig"]["service"]["path"],
+        baton::webhook::MUTATE_PATH
     );
     let role = named(&objects, "ClusterRole", "baton-webhook");
     assert_eq!(
@@ -59,6 +72,13 @@ fn the_webhook_is_served_by_every_replica_behind_a_service() {
         json!(["subjectaccessreviews"])
     );
     assert_eq!(role["rules"][1]["resourceNames"], json!(["baton"]));
+    assert_eq!(
+        role["rules"][1]["resources"],
+        json!([
+            "validatingwebhookconfigurations",
+            "mutatingwebhookconfigurations"
+        ])
+    );
     let secrets = named(&objects, "Role", "baton-webhook");
     assert_eq!(
         secrets["rules"][1]["resourceNames"],
@@ -67,6 +87,7 @@ fn the_webhook_is_served_by_every_replica_behind_a_service() {
 
     let off = render(json!({"webhook": {"enabled": false}}), &[]).unwrap();
     assert!(of_kind(&off, "ValidatingWebhookConfiguration").is_empty());
+    assert!(of_kind(&off, "MutatingWebhookConfiguration").is_empty());
     assert!(
         !named(&off, "Deployment", "baton-controller")
             .to_string()
@@ -100,11 +121,16 @@ fn with_cert_manager_the_controller_only_serves_its_certificate() {
         true
     );
     assert_eq!(of_kind(&objects, "Issuer").len(), 2);
-    let config = one(&objects, "ValidatingWebhookConfiguration");
-    assert_eq!(
-        config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
-        "baton-system/baton-webhook"
-    );
+    for kind in [
+        "ValidatingWebhookConfiguration",
+        "MutatingWebhookConfiguration",
+    ] {
+        let config = one(&objects, kind);
+        assert_eq!(
+            config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+            "baton-system/baton-webhook"
+        );
+    }
     let args =
         named(&objects, "Deployment", "baton-controller")["spec"]["template"]["spec"]["containers"]
             [0]["args"]
