@@ -11,6 +11,7 @@ pub mod fence;
 pub mod kube_util;
 pub mod lease;
 pub mod ledger;
+pub mod listener;
 mod owned;
 pub mod rbac;
 pub mod requests;

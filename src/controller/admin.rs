@@ -28,7 +28,7 @@ pub async fn serve(addr: SocketAddr, state: AdminState) -> std::io::Result<()> {
         .with_state(state);
     let listener = tokio::net::TcpListener::bind(addr).await?;
     tracing::info!(%addr, "admin server listening");
-    axum::serve(listener, app).await
+    crate::listener::serve_plain(listener, app).await
 }
 
 async fn metrics(

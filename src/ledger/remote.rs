@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::served::{AppendOutcome, AppendRequest, Deleted, ledger_path};
-use super::{Appended, LedgerError, own_segments_after};
+use super::{Appended, LedgerError, SEGMENT_BUDGET_BYTES, encode_events, own_segments_after};
 use crate::crd::v1alpha1::{LedgerEvent, LedgerSegment};
 use crate::fence::Fence;
 
@@ -112,23 +112,41 @@ pub struct ServedLedger {
 }
 
 impl ServedLedger {
-    /// Fenced append: `events` at `tail + 1` onwards under `fence`, ruled by the server.
+    /// Fenced append: `events` at `tail + 1` onwards under `fence`, ruled by the server. Sent
+    /// as the segments it is stored as, one request each, each at the tail the one before
+    /// reached (as the API-server backend creates them one by one): the server reads at most
+    /// one segment's body per request.
     pub async fn append(
         &self,
         tail: i64,
         fence: Fence,
         events: Vec<LedgerEvent>,
     ) -> Result<Appended, LedgerError> {
-        let request = AppendRequest {
-            uid: self.uid.clone(),
+        let mut appended = Appended {
             tail,
-            fence,
-            events,
+            ..Appended::default()
         };
-        let outcome: AppendOutcome = self
-            .send(self.server.http.post(&self.url).json(&request))
-            .await?;
-        outcome.into_result()
+        let mut groups = encode_events(events, SEGMENT_BUDGET_BYTES)?;
+        if groups.is_empty() {
+            // Still asked: the answer says whether the run is still this writer's.
+            groups.push(Vec::new());
+        }
+        for group in groups {
+            let request = AppendRequest {
+                uid: self.uid.clone(),
+                tail: appended.tail,
+                fence,
+                events: group,
+            };
+            let outcome: AppendOutcome = self
+                .send(self.server.http.post(&self.url).json(&request))
+                .await?;
+            let step = outcome.into_result()?;
+            appended.tail = step.tail;
+            appended.slipped.extend(step.slipped);
+            appended.written.extend(step.written);
+        }
+        Ok(appended)
     }
 
     /// All segments of the run, ordered and checked contiguous, this run's only.

@@ -17,6 +17,9 @@ pub enum ApiError {
     Unauthenticated,
     #[error("{0}")]
     BadRequest(String),
+    /// A body over its route's bound, in bytes; it was not read past the bound.
+    #[error("the body is over this route's limit of {limit} bytes")]
+    TooLarge { limit: usize },
     #[error(transparent)]
     Cursor(#[from] CursorError),
     #[error(transparent)]
@@ -68,6 +71,7 @@ impl ApiError {
                 (StatusCode::BAD_REQUEST, "BadRequest")
             }
             ApiError::Csrf => (StatusCode::FORBIDDEN, "Forbidden"),
+            ApiError::TooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "RequestEntityTooLarge"),
             ApiError::ThreadNotFound { .. } | ApiError::Request(R::NotFound { .. }) => {
                 (StatusCode::NOT_FOUND, "NotFound")
             }

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use axum::Json;
+use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::http::HeaderMap;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec, UserInfo};
@@ -18,6 +19,7 @@ use kube::api::{Api, PostParams};
 use kube::{Client, ResourceExt};
 
 use super::ServerState;
+use super::body::json_within;
 use super::caller::bearer_of;
 use super::error::ApiError;
 use super::token_cache::TokenCache;
@@ -27,6 +29,11 @@ use crate::ledger::served::{AppendOutcome, AppendRequest, Deleted, LEDGER_AUDIEN
 use crate::ledger::{LedgerError, segment_of_run};
 use crate::webhook::review::user_may;
 use crate::webhook::rules::{Ask, RunFacts, Writer, segment_refusal, worker_pod_refusal};
+
+/// The largest append body read: one segment's events (a writer sends a larger append as the
+/// segments it is stored as, `ledger::remote`) and their envelope, as the API server bounds
+/// a LedgerSegment's create.
+pub const APPEND_BODY_LIMIT: usize = 1536 * 1024;
 
 /// The extra a pod-bound ServiceAccount token carries: the pod it is bound to.
 const POD_NAME_EXTRA: &str = "authentication.kubernetes.io/pod-name";
@@ -182,15 +189,18 @@ fn failed(err: LedgerError) -> ApiError {
     }
 }
 
-/// `POST /ledger/v1/namespaces/{ns}/runs/{run}/segments`: a fenced append.
+/// `POST /ledger/v1/namespaces/{ns}/runs/{run}/segments`: a fenced append of at most one
+/// segment. The writer is authenticated from its headers before a byte of the body is read,
+/// and the body is read up to [`APPEND_BODY_LIMIT`] only.
 pub async fn append(
     State(state): State<Arc<ServerState>>,
     Path((namespace, name)): Path<(String, String)>,
     headers: HeaderMap,
-    Json(request): Json<AppendRequest>,
+    body: Body,
 ) -> Result<Json<AppendOutcome>, ApiError> {
     let service = service(&state)?;
     let user = service.authenticate(&headers).await?;
+    let request: AppendRequest = json_within(body, APPEND_BODY_LIMIT).await?;
     match service
         .write_refusal(&user, &namespace, &name, &request)
         .await

@@ -2,6 +2,7 @@
 //! the ledger position (docs/architecture.md, "The server"). Stateless: every request acts
 //! with the caller's own Kubernetes credential, and any replica answers any request the same.
 
+mod body;
 mod caller;
 mod console;
 pub mod cursor;
@@ -38,16 +39,17 @@ use caller::Callers;
 pub use console::ConsoleSettings;
 use hub::Hubs;
 use identity::{Identity, LocalUser};
-pub use ledger_api::LedgerService;
+pub use ledger_api::{APPEND_BODY_LIMIT, LedgerService};
 use metrics::ServerMetrics;
 
 /// The longest an open stream stays silent: proxies close idle connections, and a client
 /// tells a dead server from a quiet run by the heartbeat.
 pub const HEARTBEAT: Duration = Duration::from_secs(15);
 
-/// The largest append a writer sends: its events before the split into segments (a worker
-/// appends one step's events at a time; a tool's output is cut long before this).
-const LEDGER_BODY_LIMIT: usize = 64 * 1024 * 1024;
+/// The largest body of the caller's routes (an input is at most 64 Ki characters, each at
+/// most 6 bytes as escaped JSON); the ledger's appends have their own bound
+/// ([`ledger_api::APPEND_BODY_LIMIT`]).
+const BODY_LIMIT: usize = 512 * 1024;
 
 /// `baton server`'s flags.
 #[derive(clap::Args, Debug, Clone)]
@@ -227,13 +229,12 @@ pub fn router(state: Arc<ServerState>) -> Router {
         .route("/console/logout", post(signin::logout))
         .route("/console/assets/console.js", get(signin::script))
         .route("/console/assets/console.css", get(signin::style))
-        .route(
-            &crate::ledger::served::ledger_path("{ns}", "{run}"),
-            post(ledger_api::append)
-                .get(ledger_api::read)
-                .delete(ledger_api::delete)
-                .layer(axum::extract::DefaultBodyLimit::max(LEDGER_BODY_LIMIT)),
-        )
+        .layer(axum::extract::DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(middleware::from_fn_with_state(
+            BODY_LIMIT,
+            body::announced_within,
+        ))
+        .merge(ledger_routes())
         .route_layer(middleware::from_fn(names_checked))
         .route(
             "/",
@@ -247,6 +248,22 @@ pub fn router(state: Arc<ServerState>) -> Router {
             count_responses,
         ))
         .with_state(state)
+}
+
+/// The ledger's routes, for its writers and readers: an append is read only once its
+/// writer is authenticated, and at most one segment of it.
+fn ledger_routes() -> Router<Arc<ServerState>> {
+    Router::new()
+        .route(
+            &crate::ledger::served::ledger_path("{ns}", "{run}"),
+            post(ledger_api::append)
+                .get(ledger_api::read)
+                .delete(ledger_api::delete),
+        )
+        .layer(middleware::from_fn_with_state(
+            APPEND_BODY_LIMIT,
+            body::announced_within,
+        ))
 }
 
 async fn metrics_text(State(state): State<Arc<ServerState>>) -> impl IntoResponse {

@@ -51,8 +51,9 @@ pub async fn serve_until_stopped(
     tls: Option<TlsFiles>,
 ) -> std::io::Result<()> {
     let handle: Handle<std::net::SocketAddr> = Handle::new();
-    let server = axum_server::from_tcp(listener.into_std()?)?.handle(handle.clone());
-    let make = app.into_make_service();
+    let mut server = axum_server::from_tcp(listener.into_std()?)?.handle(handle.clone());
+    crate::listener::bound_auto(server.http_builder());
+    let make = crate::listener::bound_bodies(app).into_make_service();
     let mut serving: BoxFuture<'static, std::io::Result<()>> = match tls {
         None => Box::pin(server.serve(make)),
         Some(files) => {

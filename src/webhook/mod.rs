@@ -18,9 +18,10 @@ mod tls;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use axum::Extension;
 use axum::Json;
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{ConnectInfo, DefaultBodyLimit, State};
 use axum::routing::post;
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
@@ -40,8 +41,12 @@ pub const PATH: &str = "/validate";
 pub const MUTATE_PATH: &str = "/mutate";
 /// The largest AgentRun spec admitted by default, in bytes of JSON.
 pub const DEFAULT_MAX_SPEC_BYTES: usize = 256 * 1024;
-/// A review carries the old and the new object; a segment may be near etcd's 1.5 MiB.
-const MAX_REVIEW_BYTES: usize = 8 * 1024 * 1024;
+/// A review carries the old and the new object, each at most etcd's 1.5 MiB.
+const MAX_REVIEW_BYTES: usize = 4 * 1024 * 1024;
+/// The review bytes one address holds at once: a burst of large reviews from anyone who
+/// reaches the port is answered 503 past it instead of growing the controller to its memory
+/// limit, and takes nothing from the API server's own budget.
+const REVIEW_BYTES_PER_PEER: usize = 16 * 1024 * 1024;
 /// A TLS handshake that takes longer is dropped, so a silent client holds nothing for long.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often each replica checks the certificate Secret.
@@ -112,7 +117,12 @@ async fn serve(
         .route(PATH, post(validate))
         .route(MUTATE_PATH, post(mutate))
         .layer(DefaultBodyLimit::max(MAX_REVIEW_BYTES))
+        .layer(axum::middleware::from_fn_with_state(
+            crate::listener::BodyBudget::new(REVIEW_BYTES_PER_PEER, MAX_REVIEW_BYTES),
+            crate::listener::within_budget,
+        ))
         .with_state(reviewer);
+    let app = crate::listener::bound_bodies(app);
     let listener = TcpListener::bind(addr).await?;
     tracing::info!(%addr, "admission webhook listening");
     loop {
@@ -128,7 +138,8 @@ async fn serve(
         let Some(config) = served.borrow().clone() else {
             continue;
         };
-        let service = TowerToHyperService::new(app.clone());
+        let app = app.clone().layer(Extension(ConnectInfo(peer)));
+        let service = TowerToHyperService::new(app);
         tokio::spawn(async move {
             let tls = match tokio::time::timeout(
                 HANDSHAKE_TIMEOUT,
@@ -140,7 +151,8 @@ async fn serve(
                 Ok(Err(err)) => return tracing::debug!(%peer, %err, "webhook TLS handshake failed"),
                 Err(_) => return tracing::debug!(%peer, "webhook TLS handshake timed out"),
             };
-            let http = hyper::server::conn::http1::Builder::new();
+            let mut http = hyper::server::conn::http1::Builder::new();
+            crate::listener::bound_http1(&mut http);
             if let Err(err) = http.serve_connection(TokioIo::new(tls), service).await {
                 tracing::debug!(%peer, %err, "webhook connection ended");
             }

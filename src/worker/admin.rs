@@ -60,7 +60,7 @@ pub async fn start(addr: AdminAddr, state: AdminState) -> Option<tokio::task::Jo
     let local = listener.local_addr().unwrap_or(addr);
     info!(addr = %local, "admin server listening");
     Some(tokio::spawn(async move {
-        if let Err(err) = axum::serve(listener, router(state)).await {
+        if let Err(err) = crate::listener::serve_plain(listener, router(state)).await {
             warn!(error = %err, "admin server stopped");
         }
     }))

@@ -10,7 +10,8 @@
 //! - `threads`: thread admission;
 //! - `thread_trust`: a thread lends only what its writer holds; a turn joins only the thread
 //!   its creator was asked about; only the controller makes a run a turn;
-//! - `webhook`: baton's admission webhook refuses what the requesting user could not do.
+//! - `webhook`: baton's admission webhook refuses what the requesting user could not do;
+//! - `webhook_hostile`: large withheld reviews from anyone cost a bounded budget and end.
 
 #[path = "../controller_support/mod.rs"]
 mod controller_support;
@@ -27,3 +28,4 @@ mod thread_trust;
 mod threads;
 mod trust;
 mod webhook;
+mod webhook_hostile;

@@ -33,7 +33,7 @@ pub(crate) const ALICE: &str = "alice";
 /// A namespace watched by a webhook served from this process.
 pub(crate) struct Watched {
     pub(crate) ns: TestNamespace,
-    served: Served,
+    pub(crate) served: Served,
 }
 
 impl Watched {

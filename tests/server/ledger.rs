@@ -423,3 +423,41 @@ async fn a_run_kept_in_postgresql_survives_a_kill_and_leaves_no_segment_in_the_a
     assert!(left.is_empty(), "{left:?}");
     ns.cleanup().await;
 }
+
+/// The server reads at most one segment of an append; a writer sends a larger one as the
+/// segments it is stored as, and a body larger than a segment is refused unread.
+#[tokio::test]
+async fn an_append_larger_than_a_segment_goes_as_its_segments() {
+    let ns = TestNamespace::new("served-ledger-big").await;
+    let (base, _server) = start_ledger_server(vec![]).await;
+    let uid = run_at(&ns, "r", 1).await;
+    let url = format!("{base}{}", ledger_path(&ns.name, "r"));
+    let writer = pod_token(&ns, &worker_service_account_name("r"), "r-w1").await;
+    let text = "y".repeat(2_500_000);
+    let (code, body) = append(&url, &writer, &uid, 0, 1, &text).await;
+    assert_eq!(code, 413, "{body}");
+
+    let message = baton::crd::v1alpha1::LedgerEvent::Message {
+        role: baton::crd::v1alpha1::Role::Assistant,
+        content: text.clone(),
+    };
+    let appended =
+        baton::ledger::LedgerServer::new(&base, baton::ledger::LedgerToken::Fixed(writer))
+            .for_run(&ns.name, "r", &uid)
+            .append(0, Fence::new(1), vec![message])
+            .await
+            .expect("sent as its segments");
+    assert!(appended.tail >= 3, "{}", appended.tail);
+    let db = std::env::var("BATON_TEST_POSTGRES_URL").unwrap();
+    let db = baton::ledger::postgres::PgLedger::connect(&db, 1)
+        .await
+        .unwrap();
+    let stored = db.for_run(&ns.name, "r", &uid).list().await.unwrap();
+    assert_eq!(stored.len() as i64, appended.tail);
+    let replayed = baton::ledger::Replay::from_segments(&stored).expect("a ledger that replays");
+    let rebuilt = replayed.messages.iter().any(
+        |m| matches!(m, baton::ledger::ReplayedMessage::Assistant { text: t, .. } if *t == text),
+    );
+    assert!(rebuilt, "the chunks rebuild the message");
+    ns.cleanup().await;
+}

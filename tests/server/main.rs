@@ -7,6 +7,8 @@
 //!   namespace), the answers to stop, inputs and approvals (409s naming why), bad bodies;
 //! - `console`: signing in (a token, or `baton console`'s one-time address), what a signed-in
 //!   browser is shown and refused, the CSRF header a write by cookie needs;
+//! - `hostile`: no credential, a body over its bound, a head or body withheld: answered or
+//!   dropped within seconds, the body unread;
 //! - `ledger`: the PostgreSQL ledger served to its writers: a worker's pod-bound token at its
 //!   own attempt's fence only, the controller's seal, and every other token refused; a run
 //!   kept there, read through the server and deleted with its rows;
@@ -33,6 +35,7 @@ mod support;
 
 mod api;
 mod console;
+mod hostile;
 mod ledger;
 mod ledger_outage;
 mod ledger_tls;

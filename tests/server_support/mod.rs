@@ -29,7 +29,7 @@ pub async fn start_server() -> (String, Running) {
     let url = format!("http://{}", listener.local_addr().unwrap());
     let app = baton::server::router(state);
     let task = Running::spawn(async move {
-        let _ = axum::serve(listener, app).await;
+        let _ = baton::listener::serve_plain(listener, app).await;
     });
     (url, task)
 }
@@ -58,7 +58,7 @@ pub async fn start_ledger_server_at(url: &str, controller_users: Vec<String>) ->
     let base = format!("http://{}", listener.local_addr().unwrap());
     let app = baton::server::router(Arc::new(state));
     let task = Running::spawn(async move {
-        let _ = axum::serve(listener, app).await;
+        let _ = baton::listener::serve_plain(listener, app).await;
     });
     (base, task)
 }

@@ -1,0 +1,157 @@
+//! What every HTTP listener of baton bounds (DESIGN §12; docs/security.md, "Listeners"): the
+//! API server (`baton server`), the admission webhook, the controller's and the workers' admin
+//! ports. A client that sends no complete request head within [`HEADER_TIMEOUT`] (a new
+//! connection, or a kept-alive one between requests) is dropped, and a body that stops
+//! arriving for [`BODY_FRAME_TIMEOUT`] ends its request; so a client that withholds what it
+//! sends holds nothing for long. Bodies are bounded per route where they are read.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr, TcpListener};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::StatusCode;
+use axum::http::header::CONTENT_LENGTH;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use hyper_util::server::conn::auto;
+use tokio::sync::Semaphore;
+use tower_http::timeout::RequestBodyTimeoutLayer;
+
+/// How long a client may take to send a request's head, counted from when the connection is
+/// ready for one (also the idle limit of a kept-alive connection).
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a request body may stall between two of its frames.
+pub const BODY_FRAME_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Sets [`HEADER_TIMEOUT`] on an HTTP/1 connection builder (the webhook's, which serves each
+/// TLS connection itself).
+pub fn bound_http1(builder: &mut hyper::server::conn::http1::Builder) {
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT);
+}
+
+/// Sets [`HEADER_TIMEOUT`] on axum-server's connection builder.
+pub fn bound_auto(builder: &mut auto::Builder<TokioExecutor>) {
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT);
+}
+
+/// `router` with [`BODY_FRAME_TIMEOUT`] on every request body.
+pub fn bound_bodies(router: Router) -> Router {
+    router.layer(RequestBodyTimeoutLayer::new(BODY_FRAME_TIMEOUT))
+}
+
+/// Serves `router` on `listener` (plain HTTP: the admin ports, and `baton server` without TLS
+/// in tests) with the bounds above, until
+/// the listener fails.
+pub async fn serve_plain(listener: tokio::net::TcpListener, router: Router) -> std::io::Result<()> {
+    let listener: TcpListener = listener.into_std()?;
+    let mut server = axum_server::from_tcp(listener)?;
+    bound_auto(server.http_builder());
+    server.serve(bound_bodies(router).into_make_service()).await
+}
+
+/// A bound on the body bytes one peer's requests hold at once on a listener: each request
+/// takes its announced length (a body of unknown length: the most one may be) from its peer's
+/// budget until it is answered, and one that does not fit is answered 503 at once, unread. A
+/// burst of large or withheld bodies from one address then costs the process at most that
+/// address's budget, never its memory limit, and takes nothing from another address (the
+/// API server's reviews go on being answered).
+#[derive(Clone)]
+pub struct BodyBudget {
+    per_peer_kib: u32,
+    max_each: usize,
+    peers: Arc<Mutex<HashMap<IpAddr, Arc<Semaphore>>>>,
+}
+
+/// Peers remembered before idle ones are forgotten.
+const PEERS_KEPT: usize = 1024;
+
+impl BodyBudget {
+    /// `per_peer` bytes at once from one address, `max_each` for one body.
+    pub fn new(per_peer: usize, max_each: usize) -> Self {
+        Self {
+            per_peer_kib: per_peer.div_ceil(1024) as u32,
+            max_each,
+            peers: Arc::default(),
+        }
+    }
+
+    /// What `announced` takes from the budget, in KiB; None: over `max_each`.
+    fn cost(&self, announced: Option<u64>) -> Option<u32> {
+        let bytes = announced.unwrap_or(self.max_each as u64);
+        (bytes <= self.max_each as u64).then(|| bytes.div_ceil(1024).max(1) as u32)
+    }
+
+    /// `peer`'s budget (a new one for an address not seen, forgetting idle ones first when
+    /// many are kept).
+    fn of(&self, peer: IpAddr) -> Arc<Semaphore> {
+        let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+        if peers.len() >= PEERS_KEPT && !peers.contains_key(&peer) {
+            let full = self.per_peer_kib as usize;
+            peers.retain(|_, budget| budget.available_permits() < full);
+        }
+        let budget = peers.entry(peer);
+        budget
+            .or_insert_with(|| Arc::new(Semaphore::new(self.per_peer_kib as usize)))
+            .clone()
+    }
+}
+
+/// The middleware of [`BodyBudget`]; the peer is the connection's (`ConnectInfo`).
+pub async fn within_budget(
+    State(budget): State<BodyBudget>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let announced = request
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let Some(cost) = budget.cost(announced) else {
+        let text = format!("the body is over the limit of {} bytes", budget.max_each);
+        return (StatusCode::PAYLOAD_TOO_LARGE, text).into_response();
+    };
+    let peer = request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map_or(IpAddr::from([0, 0, 0, 0]), |c| c.0.ip());
+    let Ok(_held) = budget.of(peer).try_acquire_many_owned(cost) else {
+        let text = "busy: this address holds too many large bodies at once";
+        return (StatusCode::SERVICE_UNAVAILABLE, text).into_response();
+    };
+    next.run(request).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_body_costs_its_announced_length_or_the_most_one_may_be() {
+        let budget = BodyBudget::new(8 * 1024 * 1024, 4 * 1024 * 1024);
+        assert_eq!(budget.cost(Some(10)), Some(1));
+        assert_eq!(budget.cost(Some(4 * 1024 * 1024)), Some(4096));
+        assert_eq!(budget.cost(None), Some(4096), "unknown: the most");
+        assert_eq!(budget.cost(Some(4 * 1024 * 1024 + 1)), None);
+    }
+
+    #[test]
+    fn one_address_spending_its_budget_takes_nothing_from_another() {
+        let budget = BodyBudget::new(8 * 1024, 4 * 1024);
+        let attacker = IpAddr::from([10, 0, 0, 9]);
+        let held = budget.of(attacker).try_acquire_many_owned(8).unwrap();
+        assert!(budget.of(attacker).try_acquire_many_owned(1).is_err());
+        let api_server = IpAddr::from([10, 0, 0, 1]);
+        assert!(budget.of(api_server).try_acquire_many_owned(8).is_ok());
+        drop(held);
+        assert!(budget.of(attacker).try_acquire_many_owned(8).is_ok());
+    }
+}
