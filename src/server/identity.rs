@@ -39,11 +39,19 @@ pub struct ProxyHeaders {
 
 impl ProxyHeaders {
     /// The person the request's headers name, if it names one (groups: the header repeated,
-    /// or comma-separated).
-    fn person(&self, parts: &Parts) -> Option<Person> {
+    /// or comma-separated). A `system:` name is Kubernetes' own (its components, and groups
+    /// such as `system:masters`): never one a proxy's person is given, so such a user is
+    /// refused and such groups are dropped, whatever the proxy may impersonate.
+    fn person(&self, parts: &Parts) -> Option<Result<Person, ApiError>> {
         let user = parts.headers.get(self.user.as_str())?.to_str().ok()?.trim();
         if user.is_empty() {
             return None;
+        }
+        if is_system_name(user) {
+            return Some(Err(ApiError::Forbidden(format!(
+                "{}: {user:?} is a name of Kubernetes' own: baton impersonates no system: user",
+                self.user
+            ))));
         }
         let groups = self
             .groups
@@ -56,15 +64,21 @@ impl ProxyHeaders {
                     .filter_map(|v| v.to_str().ok())
                     .flat_map(|v| v.split(','))
                     .map(|g| g.trim().to_string())
-                    .filter(|g| !g.is_empty())
+                    .filter(|g| !g.is_empty() && !is_system_name(g))
                     .collect()
             })
             .unwrap_or_default();
-        Some(Person {
+        Some(Ok(Person {
             user: user.to_string(),
             groups,
-        })
+        }))
     }
+}
+
+/// A user or group name of Kubernetes' own (`system:masters`, `system:kube-controller-manager`,
+/// `system:serviceaccount:…`).
+fn is_system_name(name: &str) -> bool {
+    name.to_ascii_lowercase().starts_with("system:")
 }
 
 /// How the server knows who asks.
@@ -130,14 +144,21 @@ impl Identity {
         }
     }
 
-    /// In proxy mode, the holder of `token` impersonating the person the headers name; None
-    /// in any other case.
+    /// In proxy mode, the holder of `token` (the proxy) impersonating the person the headers
+    /// name; a request that names nobody is refused, so the proxy's own identity never acts
+    /// for a request. None in any other mode.
     fn proxied(&self, token: &str, parts: &Parts) -> Option<Result<Caller, ApiError>> {
         let Identity::PassThrough(callers, Some(headers)) = self else {
             return None;
         };
-        let person = headers.person(parts)?;
-        Some(callers.client_as(token, Some(&person)))
+        let Some(person) = headers.person(parts) else {
+            return Some(Err(ApiError::Forbidden(format!(
+                "{}: behind an authenticating proxy every request names its person; this one \
+                 names nobody",
+                headers.user
+            ))));
+        };
+        Some(person.and_then(|person| callers.client_as(token, Some(&person))))
     }
 }
 
@@ -227,6 +248,31 @@ fn hex(bytes: &[u8]) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_proxy_names_no_system_user_and_no_system_group() {
+        let headers = ProxyHeaders {
+            user: "x-remote-user".into(),
+            groups: Some("x-remote-group".into()),
+        };
+        let request = |user: &str, groups: &str| {
+            let request = axum::http::Request::builder()
+                .header("X-Remote-User", user)
+                .header("X-Remote-Group", groups)
+                .body(())
+                .unwrap();
+            request.into_parts().0
+        };
+        let alice = headers
+            .person(&request("alice", "team-a, system:masters,SYSTEM:Nodes"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(alice.groups, ["team-a"]);
+        let component = headers.person(&request("system:kube-controller-manager", "x"));
+        assert!(matches!(component, Some(Err(ApiError::Forbidden(_)))));
+        let nobody = axum::http::Request::builder().body(()).unwrap();
+        assert!(headers.person(&nobody.into_parts().0).is_none());
+    }
+
     use super::*;
 
     #[tokio::test]

@@ -92,7 +92,22 @@ fn behind_a_proxy_only_the_proxys_identity_may_impersonate() {
         "{args}"
     );
     let role = named(&objects, "ClusterRole", "baton-server-proxy");
-    assert_eq!(role["rules"][0]["verbs"], json!(["impersonate"]));
+    assert_eq!(
+        role["rules"],
+        json!([{"apiGroups": [""], "resources": ["users"], "verbs": ["impersonate"]}]),
+        "users only: no group, system:masters included"
+    );
+    let listed = json!({"server": {"proxyAuth": {
+        "userHeader": "X-Remote-User",
+        "impersonator": {"name": "oauth2-proxy", "namespace": "auth", "groups": ["team-a"]},
+    }}});
+    let objects_listed = render(listed, &[]).unwrap();
+    let role = named(&objects_listed, "ClusterRole", "baton-server-proxy");
+    assert_eq!(
+        role["rules"][1],
+        json!({"apiGroups": [""], "resources": ["groups"], "resourceNames": ["team-a"],
+               "verbs": ["impersonate"]})
+    );
     let binding = named(&objects, "ClusterRoleBinding", "baton-server-proxy");
     assert_eq!(
         binding["subjects"][0],

@@ -13,20 +13,25 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Ro
 use kube::Api;
 use kube::api::{DeleteParams, ObjectMeta, PostParams};
 
-/// `baton server --proxy-user-header X-Remote-User`, on a loopback port.
-async fn start_proxied_server() -> (String, Running) {
+/// `baton server --proxy-user-header X-Remote-User [--proxy-groups-header X-Remote-Group]`,
+/// on a loopback port.
+async fn start_proxied_server_with(groups: Option<&str>) -> (String, Running) {
     let config = kube::Config::infer().await.unwrap();
     let settings = baton::server::ConsoleSettings::default();
-    let state = baton::server::ServerState::behind_proxy(config, settings, "X-Remote-User", None);
+    let state = baton::server::ServerState::behind_proxy(config, settings, "X-Remote-User", groups);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let app = baton::server::router(Arc::new(state));
     (
         url,
         Running::spawn(async move {
-            let _ = axum::serve(listener, app).await;
+            let _ = baton::listener::serve_plain(listener, app).await;
         }),
     )
+}
+
+async fn start_proxied_server() -> (String, Running) {
+    start_proxied_server_with(None).await
 }
 
 /// Lets ServiceAccount `ns/sa` impersonate the user `user` (a cluster-wide grant, named
@@ -159,6 +164,87 @@ async fn behind_a_proxy_the_api_server_decides_who_the_header_may_name() {
         .await;
     let _ = Api::<ClusterRole>::all(ns.client.clone())
         .delete(&grant, &dp)
+        .await;
+    ns.cleanup().await;
+}
+
+/// A proxy granted `impersonate` on every user and group (as the chart once granted it): the
+/// headers still cannot make anyone `system:masters` or a system component through baton.
+#[tokio::test]
+async fn behind_a_proxy_no_header_makes_anyone_a_system_user_or_group() {
+    let ns = TestNamespace::new("server-proxy-system").await;
+    let (url, _server) = start_proxied_server_with(Some("X-Remote-Group")).await;
+    let gateway = person(&ns, "gateway", vec![]).await;
+    let name = format!("{}-impersonates-all", ns.name);
+    let rule = PolicyRule {
+        api_groups: Some(vec![String::new()]),
+        resources: Some(vec!["users".into(), "groups".into()]),
+        verbs: vec!["impersonate".into()],
+        ..Default::default()
+    };
+    let meta = ObjectMeta {
+        name: Some(name.clone()),
+        ..Default::default()
+    };
+    let pp = PostParams::default();
+    let role = ClusterRole {
+        metadata: meta.clone(),
+        rules: Some(vec![rule]),
+        ..Default::default()
+    };
+    Api::<ClusterRole>::all(ns.client.clone())
+        .create(&pp, &role)
+        .await
+        .unwrap();
+    let binding = ClusterRoleBinding {
+        metadata: meta,
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "ClusterRole".into(),
+            name: name.clone(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: "gateway".into(),
+            namespace: Some(ns.name.clone()),
+            ..Default::default()
+        }]),
+    };
+    Api::<ClusterRoleBinding>::all(ns.client.clone())
+        .create(&pp, &binding)
+        .await
+        .unwrap();
+    let list = format!("{url}/api/v1/namespaces/{}/runs", ns.name);
+    let ask = |user: &'static str, groups: &'static str| {
+        http()
+            .get(&list)
+            .bearer_auth(&gateway)
+            .header("X-Remote-User", user)
+            .header("X-Remote-Group", groups)
+            .send()
+    };
+    // Nobody, with system:masters in the groups header: the group is dropped, and nobody may
+    // list nothing (the API server answers for "nobody" alone).
+    let masters = ask("nobody", "system:masters").await.unwrap();
+    assert_eq!(masters.status(), 403, "{}", masters.text().await.unwrap());
+    // A system component's name is refused outright.
+    let component = ask("system:kube-controller-manager", "").await.unwrap();
+    assert_eq!(component.status(), 403);
+    assert!(component.text().await.unwrap().contains("no system: user"));
+    // The proxy's own token naming nobody is refused: the proxy never acts as itself.
+    let bare = http()
+        .get(&list)
+        .bearer_auth(&gateway)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bare.status(), 403);
+    let dp = DeleteParams::default();
+    let _ = Api::<ClusterRoleBinding>::all(ns.client.clone())
+        .delete(&name, &dp)
+        .await;
+    let _ = Api::<ClusterRole>::all(ns.client.clone())
+        .delete(&name, &dp)
         .await;
     ns.cleanup().await;
 }
