@@ -12,6 +12,7 @@ use kube::Client;
 
 use neutral::Neutral;
 pub use neutral::neutralize;
+pub(crate) use neutral::reorders_or_controls;
 pub use render::age;
 
 pub use ops::Session;

@@ -9,20 +9,21 @@ use std::io::{self, Write};
 
 /// True for a character a terminal would act on or that reorders text: C0 and C1 controls
 /// but newline and tab, DEL, and the Unicode bidirectional marks, embeddings, overrides and
-/// isolates.
-fn acts_on_the_terminal(c: char) -> bool {
+/// isolates. The console's pages show the same characters as the same escapes
+/// (`server::visible`).
+pub(crate) fn reorders_or_controls(c: char) -> bool {
     (c.is_control() && c != '\n' && c != '\t')
         || matches!(c, '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
 }
 
 /// `text` with every such character written as its `\u{..}` escape.
 pub fn neutralize(text: &str) -> Cow<'_, str> {
-    if !text.chars().any(acts_on_the_terminal) {
+    if !text.chars().any(reorders_or_controls) {
         return Cow::Borrowed(text);
     }
     let mut out = String::with_capacity(text.len() + 8);
     for c in text.chars() {
-        if acts_on_the_terminal(c) {
+        if reorders_or_controls(c) {
             out.push_str(&c.escape_unicode().to_string());
         } else {
             out.push(c);

@@ -110,6 +110,8 @@ struct ErrorPage {
 pub struct ConsoleSettings {
     pub namespace: String,
     pub namespaces: Vec<String>,
+    /// Browsers reach the console over HTTPS: its cookies are `Secure` and `__Host-`.
+    pub secure_cookies: bool,
 }
 
 #[derive(Deserialize, Default)]

@@ -9,6 +9,9 @@
 //! - **local** (`baton console`): the kubeconfig's user, for the one browser that opened the
 //!   one-time sign-in URL printed at start (its cookie then holds a random session secret).
 //!
+//! The in-cluster cookie holds the token sealed under the replicas' key (`session.rs`), never
+//! the token itself.
+//!
 //! A write authenticated by the cookie must also carry `X-Baton-CSRF` with the credential's
 //! CSRF token, which a page of another origin cannot know: the cookie alone (SameSite=Strict
 //! as well) never authorizes a write.
@@ -24,9 +27,14 @@ use sha2::{Digest, Sha256};
 use super::ServerState;
 use super::caller::{Caller, Callers, Person, bearer_token, well_formed};
 use super::error::ApiError;
+use super::session::SessionKey;
 
-/// The console's cookie: the credential (in-cluster) or the session secret (local).
+/// The console's cookie: the sealed session (in-cluster, `session.rs`) or the session secret
+/// (local); over TLS it is `__Host-` prefixed, so only this host's own secure pages may set it.
 pub const COOKIE: &str = "baton_session";
+/// The sign-in form's cookie: a random value the form repeats, so a sign-in posted from
+/// another site (which can neither read nor set it) is refused.
+pub const LOGIN_COOKIE: &str = "baton_login";
 /// The header a cookie-authenticated write must carry.
 pub const CSRF_HEADER: &str = "x-baton-csrf";
 
@@ -144,6 +152,15 @@ impl Identity {
         }
     }
 
+    /// The credential a session cookie stands for: in-cluster the token it holds sealed
+    /// (None once expired, or sealed under another key), locally the session secret itself.
+    pub fn session_credential(&self, sessions: &SessionKey, cookie: &str) -> Option<String> {
+        match self {
+            Identity::PassThrough(..) => sessions.open(cookie, std::time::SystemTime::now()),
+            Identity::Local(_) => Some(cookie.to_string()),
+        }
+    }
+
     /// In proxy mode, the holder of `token` (the proxy) impersonating the person the headers
     /// name; a request that names nobody is refused, so the proxy's own identity never acts
     /// for a request. None in any other mode.
@@ -169,29 +186,52 @@ pub fn csrf_token(credential: &str) -> String {
     ))
 }
 
-/// The credential the browser's cookie holds, if any.
-pub fn cookie_credential(parts: &Parts) -> Option<&str> {
-    parts
-        .headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(name, _)| *name == COOKIE)
-        .map(|(_, value)| value)
-        .filter(|v| well_formed(v))
+/// How the console's cookies are written: `Secure` and `__Host-` prefixed when the browser
+/// reaches the server over TLS.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Cookies {
+    pub secure: bool,
 }
 
-/// The `Set-Cookie` value that keeps `credential` for this browser: unreadable by scripts,
-/// never sent by another site's requests.
-pub fn session_cookie(credential: &str) -> String {
-    format!("{COOKIE}={credential}; Path=/; HttpOnly; SameSite=Strict")
-}
+impl Cookies {
+    /// The cookie `base` is called: `__Host-base` when secure.
+    pub fn name(self, base: &str) -> String {
+        match self.secure {
+            true => format!("__Host-{base}"),
+            false => base.to_string(),
+        }
+    }
 
-/// The `Set-Cookie` value that forgets it.
-pub fn cleared_cookie() -> String {
-    format!("{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0")
+    /// The value the browser's cookie `base` holds, if any.
+    pub fn value<'p>(self, parts: &'p Parts, base: &str) -> Option<&'p str> {
+        let name = self.name(base);
+        parts
+            .headers
+            .get_all(header::COOKIE)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(';'))
+            .filter_map(|pair| pair.trim().split_once('='))
+            .find(|(found, _)| *found == name)
+            .map(|(_, value)| value)
+            .filter(|v| well_formed(v))
+    }
+
+    /// The `Set-Cookie` value that keeps `value` as `base` for this browser for `max_age`:
+    /// unreadable by scripts, never sent by another site's requests.
+    pub fn set(self, base: &str, value: &str, max_age: std::time::Duration) -> String {
+        let secure = if self.secure { "; Secure" } else { "" };
+        format!(
+            "{}={value}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}{secure}",
+            self.name(base),
+            max_age.as_secs()
+        )
+    }
+
+    /// The `Set-Cookie` value that forgets `base`.
+    pub fn clear(self, base: &str) -> String {
+        self.set(base, "", std::time::Duration::ZERO)
+    }
 }
 
 impl FromRequestParts<Arc<ServerState>> for Caller {
@@ -211,9 +251,11 @@ impl FromRequestParts<Arc<ServerState>> for Caller {
             }
             return state.identity.caller(token);
         }
-        let credential = cookie_credential(parts).ok_or(ApiError::Unauthenticated)?;
-        let caller = state.identity.caller(credential)?;
-        check_csrf(parts, credential)?;
+        let cookie = state.cookies().value(parts, COOKIE);
+        let credential = cookie.and_then(|c| state.identity.session_credential(&state.sessions, c));
+        let credential = credential.ok_or(ApiError::Unauthenticated)?;
+        let caller = state.identity.caller(&credential)?;
+        check_csrf(parts, &credential)?;
         Ok(caller)
     }
 }
@@ -230,7 +272,7 @@ fn check_csrf(parts: &Parts, credential: &str) -> Result<(), ApiError> {
 }
 
 /// Compares secrets in time independent of where they differ.
-fn same(a: &str, b: &str) -> bool {
+pub(super) fn same(a: &str, b: &str) -> bool {
     a.len() == b.len()
         && a.bytes()
             .zip(b.bytes())
@@ -238,7 +280,7 @@ fn same(a: &str, b: &str) -> bool {
             == 0
 }
 
-fn random_secret() -> String {
+pub(super) fn random_secret() -> String {
     hex(&rand::random::<[u8; 32]>())
 }
 

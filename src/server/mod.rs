@@ -13,10 +13,12 @@ mod ledger_api;
 mod metrics;
 mod runs;
 mod serving;
+mod session;
 mod signin;
 mod stream;
 mod threads;
 mod token_cache;
+pub mod visible;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -41,6 +43,7 @@ use hub::Hubs;
 use identity::{Identity, LocalUser};
 pub use ledger_api::{APPEND_BODY_LIMIT, LedgerService};
 use metrics::ServerMetrics;
+pub use session::{SessionError, SessionKey};
 
 /// The longest an open stream stays silent: proxies close idle connections, and a client
 /// tells a dead server from a quiet run by the heartbeat.
@@ -101,6 +104,16 @@ pub struct ServerArgs {
     /// The private key (PEM) of --tls-cert-file.
     #[arg(long, env = "BATON_SERVER_TLS_KEY_FILE", requires = "tls_cert_file")]
     pub tls_key_file: Option<std::path::PathBuf>,
+    /// The key (at least 32 bytes) the console's sessions are sealed under; every replica
+    /// must hold the same one. Unset: a key of this process's own, whose sessions end with it
+    /// and open on no other replica.
+    #[arg(long, env = "BATON_CONSOLE_SESSION_KEY_FILE")]
+    pub console_session_key_file: Option<std::path::PathBuf>,
+    /// Browsers reach the console over HTTPS (a proxy or ingress terminates TLS in front of
+    /// this server): its cookies are then `Secure` and `__Host-` prefixed, as they are when
+    /// this server serves TLS itself.
+    #[arg(long, env = "BATON_CONSOLE_SECURE_COOKIES")]
+    pub console_secure_cookies: bool,
 }
 
 /// `baton console`'s flags.
@@ -125,6 +138,8 @@ pub struct ServerState {
     console: ConsoleSettings,
     /// The PostgreSQL ledger, when this server serves one.
     ledger: Option<LedgerService>,
+    /// The key the console's sessions are sealed under.
+    sessions: SessionKey,
 }
 
 impl ServerState {
@@ -169,6 +184,20 @@ impl ServerState {
             metrics,
             console,
             ledger: None,
+            sessions: SessionKey::random(),
+        }
+    }
+
+    /// Seals the console's sessions under `key` (the one every replica holds).
+    pub fn with_session_key(mut self, key: SessionKey) -> Self {
+        self.sessions = key;
+        self
+    }
+
+    /// How the console's cookies are written.
+    fn cookies(&self) -> identity::Cookies {
+        identity::Cookies {
+            secure: self.console.secure_cookies,
         }
     }
 
@@ -345,6 +374,12 @@ pub async fn main(args: ServerArgs) -> Result<(), crate::Error> {
     let console = ConsoleSettings {
         namespace: args.console_namespace,
         namespaces: args.console_namespaces,
+        secure_cookies: args.console_secure_cookies || args.tls_cert_file.is_some(),
+    };
+    let sessions = match &args.console_session_key_file {
+        Some(path) => SessionKey::from_file(path)
+            .map_err(|e| crate::Error::Io(std::io::Error::other(e.to_string())))?,
+        None => SessionKey::random(),
     };
     let ledger = match args.ledger_postgres_url.as_deref() {
         Some(url) => {
@@ -362,6 +397,7 @@ pub async fn main(args: ServerArgs) -> Result<(), crate::Error> {
     if let Some(ledger) = ledger {
         state = state.with_ledger(ledger);
     }
+    let state = state.with_session_key(sessions);
     let state = Arc::new(state);
     let listener = tokio::net::TcpListener::bind(args.addr).await?;
     let tls = args.tls_cert_file.zip(args.tls_key_file);
@@ -406,6 +442,7 @@ pub async fn console_main(args: ConsoleArgs) -> Result<(), crate::Error> {
             .namespace
             .unwrap_or_else(|| config.default_namespace.clone()),
         namespaces: args.namespaces,
+        secure_cookies: false,
     };
     let client = kube::Client::try_from(config)?;
     let state = Arc::new(ServerState::local(client, console));

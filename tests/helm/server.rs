@@ -22,6 +22,24 @@ fn the_server_runs_two_replicas_behind_a_service_and_is_bound_to_no_role() {
         c["readinessProbe"]["httpGet"],
         json!({"path": "/readyz", "port": "http", "scheme": "HTTP"})
     );
+    // Every replica seals the console's sessions under one key, from the chart's Secret.
+    let session = named(&objects, "Secret", "baton-console-session");
+    let key = session["data"]["key"].as_str().unwrap();
+    assert!(key.len() >= 64, "{key}");
+    assert!(
+        c["args"]
+            .to_string()
+            .contains("--console-session-key-file=/etc/baton/console-session/key")
+    );
+    assert_eq!(
+        pod["volumes"][0],
+        json!({"name": "console-session", "secret": {"secretName": "baton-console-session"}})
+    );
+    let secure = render(json!({"server": {"consoleSecureCookies": true}}), &[]).unwrap();
+    let args = named(&secure, "Deployment", "baton-server")["spec"]["template"]["spec"]
+        ["containers"][0]["args"]
+        .to_string();
+    assert!(args.contains("--console-secure-cookies"), "{args}");
     let selector = &deploy["spec"]["selector"]["matchLabels"];
     assert_eq!(selector["app.kubernetes.io/component"], "server");
     let svc = named(&objects, "Service", "baton-server");
@@ -212,10 +230,10 @@ fn a_postgresql_ca_goes_to_the_server_alone_and_a_server_url_to_the_controller()
         "{args}"
     );
     assert_eq!(
-        c["volumeMounts"][0]["mountPath"],
+        c["volumeMounts"][1]["mountPath"],
         "/etc/baton/ledger-postgres-ca"
     );
-    assert_eq!(pod["volumes"][0]["secret"]["secretName"], "baton-db-ca");
+    assert_eq!(pod["volumes"][1]["secret"]["secretName"], "baton-db-ca");
     for (_, object) in &objects {
         let text = object.to_string();
         if text.contains("baton-db-ca") {

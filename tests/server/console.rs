@@ -32,16 +32,57 @@ fn token_form(token: &str) -> String {
     format!("token={encoded}")
 }
 
+/// The session cookie a response sets (`name=value`).
 fn cookie_of(response: &reqwest::Response) -> String {
-    let set = response.headers()["set-cookie"]
-        .to_str()
-        .unwrap()
-        .to_string();
+    session_cookie(response).expect("a session cookie")
+}
+
+fn session_cookie(response: &reqwest::Response) -> Option<String> {
+    let set = response
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .map(|v| v.to_str().unwrap().to_string())
+        .find(|v| v.contains("baton_session=") && !v.contains("Max-Age=0"))?;
     assert!(
         set.contains("HttpOnly") && set.contains("SameSite=Strict"),
         "{set}"
     );
-    set.split(';').next().unwrap().to_string()
+    Some(set.split(';').next().unwrap().to_string())
+}
+
+/// The sign-in form as the server gives it to a browser: its cookie (`name=value`) and the
+/// nonce the form repeats.
+async fn sign_in_form(b: &reqwest::Client, url: &str) -> (String, String) {
+    let r = b.get(format!("{url}/console/login")).send().await.unwrap();
+    let cookie = r
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .map(|v| v.to_str().unwrap().to_string())
+        .find(|v| v.contains("baton_login="))
+        .expect("the form's cookie");
+    let cookie = cookie.split(';').next().unwrap().to_string();
+    let page = r.text().await.unwrap();
+    let nonce = page
+        .split("name=\"nonce\" value=\"")
+        .nth(1)
+        .and_then(|s| s.split('"').next())
+        .expect("the form's nonce")
+        .to_string();
+    (cookie, nonce)
+}
+
+/// Signs in with `token` from the server's own form, as a browser does.
+async fn sign_in(b: &reqwest::Client, url: &str, token: &str) -> reqwest::Response {
+    let (cookie, nonce) = sign_in_form(b, url).await;
+    b.post(format!("{url}/console/login"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .header("cookie", cookie)
+        .body(format!("{}&nonce={nonce}", token_form(token)))
+        .send()
+        .await
+        .unwrap()
 }
 
 #[tokio::test]
@@ -63,25 +104,17 @@ async fn the_console_signs_in_with_a_token_and_shows_only_what_it_may_see() {
     let r = b.get(format!("{url}/console")).send().await.unwrap();
     assert_eq!(r.status(), 303);
     assert_eq!(r.headers()["location"], "/console/login");
-    let r = b
-        .post(format!("{url}/console/login"))
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body(token_form("not-a-real-token"))
-        .send()
-        .await
-        .unwrap();
+    let r = sign_in(&b, &url, "not-a-real-token").await;
     assert_eq!(r.status(), 401);
     assert!(r.text().await.unwrap().contains("refused this token"));
 
-    let r = b
-        .post(format!("{url}/console/login"))
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body(token_form(&alice))
-        .send()
-        .await
-        .unwrap();
+    let r = sign_in(&b, &url, &alice).await;
     assert_eq!(r.status(), 303);
     let cookie = cookie_of(&r);
+    assert!(
+        !cookie.contains(&alice[..20]),
+        "the cookie holds no token: {cookie}"
+    );
     let r = b
         .get(format!("{url}/console?ns={}", ns.name))
         .header("cookie", &cookie)
@@ -144,6 +177,7 @@ async fn baton_consoles_one_time_address_signs_in_once() {
     let settings = baton::server::ConsoleSettings {
         namespace: ns.name.clone(),
         namespaces: vec![],
+        secure_cookies: false,
     };
     let state = Arc::new(baton::server::ServerState::local(
         ns.client.clone(),
@@ -161,7 +195,7 @@ async fn baton_consoles_one_time_address_signs_in_once() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    assert!(r.headers().get("set-cookie").is_none());
+    assert!(session_cookie(&r).is_none());
     let r = b
         .get(format!("{url}/console/login?once={secret}"))
         .send()
@@ -181,10 +215,7 @@ async fn baton_consoles_one_time_address_signs_in_once() {
         .send()
         .await
         .unwrap();
-    assert!(
-        r.headers().get("set-cookie").is_none(),
-        "the address signs in once"
-    );
+    assert!(session_cookie(&r).is_none(), "the address signs in once");
     assert_eq!(state.one_time_secret(), None);
     // A bearer token is not what this console takes: it acts as one local user only.
     let r = b
@@ -238,5 +269,118 @@ async fn the_baton_console_command_prints_an_address_that_signs_a_browser_in() {
             .contains(&format!("Runs in {}", ns.name))
     );
     console.kill().await.unwrap();
+    ns.cleanup().await;
+}
+
+/// A sign-in from another site's page (login CSRF: the victim signed in as the attacker) is
+/// refused; the session cookie holds the token sealed, opens on every replica that holds the
+/// same key and on no other, and is `Secure` and `__Host-` when browsers come over HTTPS.
+#[tokio::test]
+async fn a_sign_in_from_another_site_is_refused_and_a_session_is_sealed() {
+    let ns = TestNamespace::new("console-session").await;
+    let alice = person(&ns, "alice", run_user_rules()).await;
+    let key_file = std::env::temp_dir().join(format!("baton-session-{}", ns.name));
+    std::fs::write(&key_file, "k".repeat(48)).unwrap();
+    let serve = |secure: bool, key: Option<&std::path::Path>| {
+        let key = key.map(|k| baton::server::SessionKey::from_file(k).unwrap());
+        let ns = ns.name.clone();
+        async move {
+            let config = kube::Config::infer().await.unwrap();
+            let settings = baton::server::ConsoleSettings {
+                namespace: ns,
+                namespaces: vec![],
+                secure_cookies: secure,
+            };
+            let mut state = baton::server::ServerState::new(config, settings);
+            if let Some(key) = key {
+                state = state.with_session_key(key);
+            }
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let url = format!("http://{}", listener.local_addr().unwrap());
+            let app = baton::server::router(Arc::new(state));
+            let task = tokio::spawn(baton::listener::serve_plain(listener, app));
+            (url, task)
+        }
+    };
+    let (one, _a) = serve(false, Some(&key_file)).await;
+    let (two, _b) = serve(false, Some(&key_file)).await;
+    let (stranger, _c) = serve(false, None).await;
+    let b = browser();
+
+    // The attacker's page posts its own token to the victim's console: no form cookie.
+    let posted = |origin: Option<&'static str>, cookie: Option<String>, nonce: String| {
+        let mut request = b
+            .post(format!("{one}/console/login"))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(format!("{}&nonce={nonce}", token_form(&alice)));
+        if let Some(origin) = origin {
+            request = request.header("origin", origin);
+        }
+        if let Some(cookie) = cookie {
+            request = request.header("cookie", cookie);
+        }
+        request.send()
+    };
+    let r = posted(Some("https://attacker.example"), None, "guess".into())
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    assert!(session_cookie(&r).is_none());
+    // Even with a form of this server's in hand, another origin is refused.
+    let (cookie, nonce) = sign_in_form(&b, &one).await;
+    let r = posted(
+        Some("https://attacker.example"),
+        Some(cookie.clone()),
+        nonce.clone(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 403);
+    assert!(r.text().await.unwrap().contains("another site"));
+    // From the page itself (same origin, its nonce and cookie): signed in.
+    let origin: &'static str = Box::leak(one.clone().into_boxed_str());
+    let r = posted(Some(origin), Some(cookie), nonce).await.unwrap();
+    assert_eq!(r.status(), 303);
+    let session = cookie_of(&r);
+    assert!(!session.contains(&alice[..20]), "{session}");
+
+    // Another replica with the same key opens it; a server with another key does not.
+    let runs = |base: String| {
+        let session = session.clone();
+        let b = b.clone();
+        let path = format!("{base}/api/v1/namespaces/{}/runs", ns.name);
+        async move {
+            b.get(path)
+                .header("cookie", session)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    assert_eq!(runs(one.clone()).await, 200);
+    assert_eq!(runs(two.clone()).await, 200);
+    assert_eq!(runs(stranger.clone()).await, 401);
+
+    // Over HTTPS the cookie is Secure and __Host- prefixed.
+    let (secure, _d) = serve(true, Some(&key_file)).await;
+    let r = b
+        .get(format!("{secure}/console/login"))
+        .send()
+        .await
+        .unwrap();
+    let set: Vec<String> = r
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .map(|v| v.to_str().unwrap().to_string())
+        .collect();
+    assert!(
+        set.iter()
+            .any(|c| c.starts_with("__Host-baton_login=") && c.contains("; Secure")),
+        "{set:?}"
+    );
+    std::fs::remove_file(key_file).unwrap();
     ns.cleanup().await;
 }
