@@ -57,7 +57,9 @@ fn gated_run() -> baton::crd::v1alpha1::AgentRun {
     let script = vec![
         turn(json!({
             "text": "deploying",
-            "toolCalls": [{"tool": "deploy", "arguments": {"command": format!("echo {GATED_MARK}")}}],
+            // A right-to-left override after a comment: an approver must see it, not read
+            // the text after it reversed.
+            "toolCalls": [{"tool": "deploy", "arguments": {"command": format!("echo {GATED_MARK} # \u{202E}txt.exe")}}],
         })),
         turn(json!({"text": "deployed"})),
     ];

@@ -78,6 +78,8 @@ async function approveFromInbox(page) {
   await call.waitFor({ timeout: T });
   const args = await call.locator("pre.arguments").textContent();
   check(args.includes(env("GATED_MARK")), `the whole call is not shown: ${args}`);
+  // U+202E (right-to-left override) is shown as its escape, never obeyed.
+  check(args.includes("\\u{202e}txt.exe") && !args.includes("\u202e"), `U+202E is not shown escaped: ${args}`);
   const badge = await page.textContent("#approval-count");
   check(Number(badge) >= 1, `the badge shows ${badge}`);
   await shot(page, "07-inbox");
