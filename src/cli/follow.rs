@@ -12,6 +12,7 @@ use super::{CliError, Session, print_lines};
 use crate::cli::render::Transcript;
 use crate::crd::RUN_UID_LABEL;
 use crate::crd::v1alpha1::{AgentRun, LedgerSegment};
+use crate::ledger::is_segment_of;
 
 impl Session {
     /// `run` once the controller has written its status: its first write records where the
@@ -59,7 +60,7 @@ impl Session {
         loop {
             tokio::select! {
                 Some(seg) = segments.next() => {
-                    if let Ok(seg) = seg {
+                    if let Ok(seg) = seg.map(|s| own_or_reported(s, run)) && let Some(seg) = seg {
                         pending.insert(seg.spec.seq, seg);
                         print_contiguous(t, &mut pending, out)?;
                     }
@@ -76,6 +77,23 @@ impl Session {
         pending.extend(rest.into_iter().map(|s| (s.spec.seq, s)));
         print_contiguous(t, &mut pending, out)
     }
+}
+
+/// `seg` if it is `run`'s by all three of its marks (name, `spec.run`, UID label), as every
+/// other reader checks; otherwise None, and reported: a segment labelled with this run's UID
+/// but named for another run is somebody's forgery, never part of this transcript.
+fn own_or_reported(seg: LedgerSegment, run: &AgentRun) -> Option<LedgerSegment> {
+    let (name, uid) = (run.name_any(), run.uid().unwrap_or_default());
+    if is_segment_of(&seg, &name, &uid) {
+        return Some(seg);
+    }
+    eprintln!(
+        "warning: segment {} carries the UID of run {name} but is not one of its segments \
+         (spec.run {:?}); not shown",
+        seg.name_any(),
+        seg.spec.run
+    );
+    None
 }
 
 /// True when a watch event on the run says it is where `ends` says, or was deleted.
