@@ -140,6 +140,8 @@ pub struct ServerState {
     ledger: Option<LedgerService>,
     /// The key the console's sessions are sealed under.
     sessions: SessionKey,
+    /// How often an open stream asks its caller's access again.
+    access_recheck: Duration,
 }
 
 impl ServerState {
@@ -185,7 +187,14 @@ impl ServerState {
             console,
             ledger: None,
             sessions: SessionKey::random(),
+            access_recheck: stream::ACCESS_RECHECK,
         }
+    }
+
+    /// Open streams ask their caller's access again every `every` (tests: seconds).
+    pub fn with_access_recheck(mut self, every: Duration) -> Self {
+        self.access_recheck = every;
+        self
     }
 
     /// Seals the console's sessions under `key` (the one every replica holds).

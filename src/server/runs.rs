@@ -98,7 +98,8 @@ pub async fn events(
     let resume = query.resume(&headers)?;
     let hub = state.hubs.join(&caller, &ns);
     let (tx, rx) = tokio::sync::mpsc::channel(64);
-    let mut follow = Follow::new(state.requests(&caller, &ns), hub, tx);
+    let mut follow =
+        Follow::new(state.requests(&caller, &ns), hub, tx).rechecking_every(state.access_recheck);
     // Read (and so authorized) before the stream opens: a refusal is a plain HTTP answer.
     let run = follow.requests().read(&name).await?;
     follow.requests().probe_ledgers().await?;

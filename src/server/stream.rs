@@ -7,13 +7,16 @@
 //! - `status` (no id): the run's phase, reason, message and pending approval, when it changes;
 //! - `segment` (id `<run UID>:<position>`): one ledger segment, as stored;
 //! - `end` (no id): the run ended (its phase) or was deleted;
-//! - `error` (no id): the ledger could not be read; the stream closes.
+//! - `error` (no id): the ledger could not be read, or the caller may no longer read it
+//!   (asked again every minute); the stream closes.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::response::sse::Event;
 use kube::ResourceExt;
 use tokio::sync::{broadcast, mpsc};
+use tokio::time::Instant;
 
 use super::cursor::{Contiguous, EventId};
 use super::hub::{Change, Hub};
@@ -34,12 +37,18 @@ pub enum Ended {
     Failed,
 }
 
+/// How often an open stream asks again whether its caller may still read transcripts here.
+pub const ACCESS_RECHECK: Duration = Duration::from_secs(60);
+
 /// One client's stream: the caller's reads, the caller's hub, the client's channel.
 pub struct Follow {
     requests: RunRequests,
     changes: broadcast::Receiver<Change>,
     out: mpsc::Sender<Event>,
     _hub: Arc<Hub>,
+    /// When the caller's access is asked again ([`ACCESS_RECHECK`]), and how often.
+    next_check: Instant,
+    recheck_every: Duration,
 }
 
 impl Follow {
@@ -51,24 +60,61 @@ impl Follow {
             changes: hub.subscribe(),
             out,
             _hub: hub,
+            next_check: Instant::now() + ACCESS_RECHECK,
+            recheck_every: ACCESS_RECHECK,
         }
+    }
+
+    /// Asks the caller's access again every `every` instead of [`ACCESS_RECHECK`].
+    pub fn rechecking_every(mut self, every: Duration) -> Self {
+        self.next_check = Instant::now() + every;
+        self.recheck_every = every;
+        self
     }
 
     pub fn requests(&self) -> &RunRequests {
         &self.requests
     }
 
-    /// The next change of the namespace, or None once the client is gone. A follower that
-    /// fell behind is told to read again.
+    /// The next change of the namespace, or None once the client is gone or may no longer
+    /// read transcripts here (asked again every [`ACCESS_RECHECK`]: a stream does not outlive
+    /// the revocation of its caller's rights by more than that). A follower that fell behind
+    /// is told to read again.
     pub async fn next_change(&mut self) -> Option<Change> {
-        tokio::select! {
-            _ = self.out.closed() => None,
-            change = self.changes.recv() => match change {
-                Ok(change) => Some(change),
-                Err(broadcast::error::RecvError::Lagged(_)) => Some(Change::Resync),
-                Err(broadcast::error::RecvError::Closed) => None,
-            },
+        loop {
+            tokio::select! {
+                _ = self.out.closed() => return None,
+                change = self.changes.recv() => return match change {
+                    Ok(change) => Some(change),
+                    Err(broadcast::error::RecvError::Lagged(_)) => Some(Change::Resync),
+                    Err(broadcast::error::RecvError::Closed) => None,
+                },
+                () = tokio::time::sleep_until(self.next_check) => {
+                    self.next_check = Instant::now() + self.recheck_every;
+                    if !self.still_allowed().await {
+                        return None;
+                    }
+                }
+            }
         }
+    }
+
+    /// False once the API server refuses the caller (401 or 403) what a stream reads; an
+    /// `error` event says so. Any other failure (the API server out of reach) is asked again
+    /// at the next check.
+    async fn still_allowed(&self) -> bool {
+        let refused = match self.requests.probe_ledgers().await {
+            Err(RequestError::Kube(kube::Error::Api(status))) => {
+                matches!(status.code, 401 | 403).then_some(status.message)
+            }
+            _ => None,
+        };
+        let Some(message) = refused else {
+            return true;
+        };
+        let data = serde_json::json!({ "message": format!("access revoked: {message}") });
+        let _ = self.send(json_event("error", &data)).await;
+        false
     }
 
     /// Sends one event; false once the client is gone.

@@ -125,7 +125,7 @@ pub async fn events(
     let hub = state.hubs.join(&caller, &ns);
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     let client = caller.client().clone();
-    let follow = Follow::new(requests, hub, tx);
+    let follow = Follow::new(requests, hub, tx).rechecking_every(state.access_recheck);
     let mut stream = ThreadStream {
         follow,
         client,

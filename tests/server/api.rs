@@ -285,3 +285,53 @@ async fn a_name_that_is_not_a_kubernetes_name_never_reaches_the_api_server() {
     }
     ns.cleanup().await;
 }
+
+/// An open stream ends once its caller's rights are revoked (asked again every
+/// `ACCESS_RECHECK`, a second here), with an `error` event saying why.
+#[tokio::test]
+async fn a_stream_ends_when_its_callers_access_is_revoked() {
+    let ns = TestNamespace::new("server-revoked").await;
+    let config = kube::Config::infer().await.unwrap();
+    let state = baton::server::ServerState::new(config, Default::default())
+        .with_access_recheck(std::time::Duration::from_secs(1));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let app = baton::server::router(std::sync::Arc::new(state));
+    let _server = Running::spawn(async move {
+        let _ = baton::listener::serve_plain(listener, app).await;
+    });
+    let alice = person(&ns, "alice", run_user_rules()).await;
+    let runs: Api<AgentRun> = ns.api();
+    let run = scripted_run(
+        "watched",
+        vec![final_turn("hi", 0)],
+        vec![],
+        LeaseSpec::default(),
+    );
+    runs.create(&PostParams::default(), &run).await.unwrap();
+    let events = format!("{url}/api/v1/namespaces/{}/runs/watched/events", ns.name);
+    let mut stream = SseReader::open(&events, &alice, None).await;
+    let first = stream.next().await.expect("the run's status");
+    assert_eq!(first.event, "status", "{first:?}");
+    // The stream has read the (empty) ledger and waits on the hub: nothing but the recheck
+    // would end it now.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    ns.api::<k8s_openapi::api::rbac::v1::RoleBinding>()
+        .delete("alice", &Default::default())
+        .await
+        .unwrap();
+    let mut last = None;
+    while let Some(event) = stream.next().await {
+        last = Some(event);
+    }
+    let last = last.expect("an event before the stream closed");
+    assert_eq!(last.event, "error", "{last:?}");
+    assert!(
+        last.data["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("access revoked"),
+        "{last:?}"
+    );
+    ns.cleanup().await;
+}
