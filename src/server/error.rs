@@ -17,6 +17,12 @@ pub enum ApiError {
     Unauthenticated,
     #[error("{0}")]
     BadRequest(String),
+    /// The caller holds as many streams open as it may.
+    #[error(
+        "this credential holds {limit} streams open already, as many as it may on this server; \
+         close one, or follow a thread's stream instead of each turn's"
+    )]
+    TooManyStreams { limit: usize },
     /// A body over its route's bound, in bytes; it was not read past the bound.
     #[error("the body is over this route's limit of {limit} bytes")]
     TooLarge { limit: usize },
@@ -71,6 +77,7 @@ impl ApiError {
                 (StatusCode::BAD_REQUEST, "BadRequest")
             }
             ApiError::Csrf => (StatusCode::FORBIDDEN, "Forbidden"),
+            ApiError::TooManyStreams { .. } => (StatusCode::TOO_MANY_REQUESTS, "TooManyRequests"),
             ApiError::TooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "RequestEntityTooLarge"),
             ApiError::ThreadNotFound { .. } | ApiError::Request(R::NotFound { .. }) => {
                 (StatusCode::NOT_FOUND, "NotFound")

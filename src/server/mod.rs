@@ -15,6 +15,7 @@ mod runs;
 mod serving;
 mod session;
 mod signin;
+mod slots;
 mod stream;
 mod threads;
 mod token_cache;
@@ -142,6 +143,8 @@ pub struct ServerState {
     sessions: SessionKey,
     /// How often an open stream asks its caller's access again.
     access_recheck: Duration,
+    /// The streams each credential holds open.
+    slots: slots::StreamSlots,
 }
 
 impl ServerState {
@@ -188,7 +191,22 @@ impl ServerState {
             ledger: None,
             sessions: SessionKey::random(),
             access_recheck: stream::ACCESS_RECHECK,
+            slots: slots::StreamSlots::new(slots::MAX_STREAMS_PER_CREDENTIAL),
         }
+    }
+
+    /// Each credential may hold at most `limit` streams open at once.
+    pub fn with_stream_limit(mut self, limit: usize) -> Self {
+        self.slots = slots::StreamSlots::new(limit);
+        self
+    }
+
+    /// A place for one more stream of `caller`, or the refusal (429) when it holds its limit.
+    fn stream_slot(&self, caller: &caller::Caller) -> Result<slots::Slot, ApiError> {
+        let limit = self.slots.limit();
+        self.slots
+            .take(caller.token())
+            .ok_or(ApiError::TooManyStreams { limit })
     }
 
     /// Open streams ask their caller's access again every `every` (tests: seconds).

@@ -96,6 +96,7 @@ pub async fn events(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let resume = query.resume(&headers)?;
+    let slot = state.stream_slot(&caller)?;
     let hub = state.hubs.join(&caller, &ns);
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     let mut follow =
@@ -109,6 +110,7 @@ pub async fn events(
         metrics.followers.inc();
         follow.run(run, after).await;
         metrics.followers.dec();
+        drop(slot);
     });
     Ok(sse_response(rx))
 }

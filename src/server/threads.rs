@@ -122,6 +122,7 @@ pub async fn events(
     // Refused before the stream opens for a caller who may not read transcripts here.
     let requests = state.requests(&caller, &ns);
     requests.probe_ledgers().await?;
+    let slot = state.stream_slot(&caller)?;
     let hub = state.hubs.join(&caller, &ns);
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     let client = caller.client().clone();
@@ -139,6 +140,7 @@ pub async fn events(
         metrics.followers.inc();
         stream.run(after).await;
         metrics.followers.dec();
+        drop(slot);
     });
     Ok(sse_response(rx))
 }

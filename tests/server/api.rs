@@ -335,3 +335,45 @@ async fn a_stream_ends_when_its_callers_access_is_revoked() {
     );
     ns.cleanup().await;
 }
+
+/// One credential holds at most its limit of streams open on a replica (two here): the next
+/// is refused (429) until one of them ends.
+#[tokio::test]
+async fn a_credential_holds_at_most_its_limit_of_open_streams() {
+    let ns = TestNamespace::new("server-stream-cap").await;
+    let config = kube::Config::infer().await.unwrap();
+    let state = baton::server::ServerState::new(config, Default::default()).with_stream_limit(2);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let app = baton::server::router(std::sync::Arc::new(state));
+    let _server = Running::spawn(async move {
+        let _ = baton::listener::serve_plain(listener, app).await;
+    });
+    let alice = person(&ns, "alice", run_user_rules()).await;
+    let bob = person(&ns, "bob", run_user_rules()).await;
+    let run = scripted_run("r", vec![final_turn("hi", 0)], vec![], LeaseSpec::default());
+    ns.api::<AgentRun>()
+        .create(&PostParams::default(), &run)
+        .await
+        .unwrap();
+    let events = format!("{url}/api/v1/namespaces/{}/runs/r/events", ns.name);
+    let first = SseReader::open(&events, &alice, None).await;
+    let _second = SseReader::open(&events, &alice, None).await;
+    let third = SseReader::try_open(&events, &alice, None).await;
+    let refusal = third.err().expect("a third stream refused");
+    assert!(
+        refusal.contains("429") && refusal.contains("2 streams open already"),
+        "{refusal}"
+    );
+    SseReader::open(&events, &bob, None).await;
+    drop(first);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while SseReader::try_open(&events, &alice, None).await.is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a closed stream never freed its place"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    ns.cleanup().await;
+}
