@@ -104,7 +104,7 @@ pub(super) fn build(client: Client, config: Config) -> Built {
             scoped::<AgentThread>(&client, ctx.config()),
             watcher::Config::default(),
         )
-        .modify(strip_metadata),
+        .modify(slim_thread),
     )
     .default_backoff()
     .touched_objects()
@@ -249,6 +249,18 @@ fn slim_run(run: &mut AgentRun) {
     spec.approvals.iter_mut().for_each(|a| a.reason = None);
 }
 
+/// A thread as the controller decides on it: its turns' policies (`onBusy`, `context`); its
+/// status is written through the status subresource, which keeps the stored spec. Its agent,
+/// worker and budget (up to the whole 256 KiB a spec may be) are read from the API server by
+/// the join that copies them, never from the cache.
+fn slim_thread(thread: &mut AgentThread) {
+    strip_metadata(thread);
+    let spec = &mut thread.spec;
+    spec.agent = Default::default();
+    spec.worker = Default::default();
+    spec.budget = None;
+}
+
 /// A worker pod as the controller needs it: metadata, containers' names and images, phase.
 fn slim_pod(pod: &mut Pod) {
     strip_metadata(pod);
@@ -302,5 +314,31 @@ where
     match &config.namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_thread_cache_keeps_its_policies_and_not_its_agent() {
+        let mut thread: AgentThread = serde_json::from_value(serde_json::json!({
+            "apiVersion": "baton.dev/v1alpha1", "kind": "AgentThread",
+            "metadata": {"name": "t"},
+            "spec": {
+                "agent": {"model": {"provider": "scripted"}, "systemPrompt": "x".repeat(200_000)},
+                "worker": {"image": "team/agent:1"},
+                "onBusy": "Reject",
+                "context": {"maxHistoryTokens": 1000, "onOverflow": "DropOldestTurns"}
+            }
+        }))
+        .unwrap();
+        let policies = (thread.spec.on_busy, thread.spec.context.clone());
+        slim_thread(&mut thread);
+        assert_eq!((thread.spec.on_busy, thread.spec.context.clone()), policies);
+        assert_eq!(thread.spec.agent.system_prompt, None);
+        assert_eq!(thread.spec.worker.image, None);
+        assert!(serde_json::to_string(&thread).unwrap().len() < 1000);
     }
 }
