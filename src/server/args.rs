@@ -57,6 +57,10 @@ pub struct ServerArgs {
     /// and open on no other replica.
     #[arg(long, env = "BATON_CONSOLE_SESSION_KEY_FILE")]
     pub console_session_key_file: Option<std::path::PathBuf>,
+    /// The streams one credential may hold open at once on this replica; past it a new one
+    /// is refused (429) until one ends.
+    #[arg(long, env = "BATON_MAX_STREAMS_PER_CREDENTIAL", default_value_t = crate::server::MAX_STREAMS_PER_CREDENTIAL)]
+    pub max_streams_per_credential: usize,
     /// Browsers reach the console over HTTPS (a proxy or ingress terminates TLS in front of
     /// this server): its cookies are then `Secure` and `__Host-` prefixed, as they are when
     /// this server serves TLS itself.

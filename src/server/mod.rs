@@ -38,6 +38,7 @@ use tokio::sync::mpsc;
 pub use args::{ConsoleArgs, ServerArgs};
 pub use caller::well_formed;
 pub use error::ApiError;
+pub use slots::MAX_STREAMS_PER_CREDENTIAL;
 
 use caller::Callers;
 pub use console::ConsoleSettings;
@@ -349,7 +350,9 @@ pub async fn main(args: ServerArgs) -> Result<(), crate::Error> {
     if let Some(ledger) = ledger {
         state = state.with_ledger(ledger);
     }
-    let state = state.with_session_key(sessions);
+    let state = state
+        .with_session_key(sessions)
+        .with_stream_limit(args.max_streams_per_credential);
     let state = Arc::new(state);
     let listener = tokio::net::TcpListener::bind(args.addr).await?;
     let tls = args.tls_cert_file.zip(args.tls_key_file);

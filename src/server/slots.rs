@@ -7,8 +7,10 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-/// The streams one credential may hold open at once, by default.
-pub const MAX_STREAMS_PER_CREDENTIAL: usize = 100;
+/// The streams one credential may hold open at once, by default (`--max-streams-per-credential`):
+/// an application that follows many runs with one token shares one hub among them, and
+/// `make bench-stream` follows 1,000 that way.
+pub const MAX_STREAMS_PER_CREDENTIAL: usize = 1000;
 
 /// The open streams, counted per credential.
 #[derive(Clone)]
