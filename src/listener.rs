@@ -105,17 +105,19 @@ impl BodyBudget {
     }
 }
 
+/// The length a request's `Content-Length` announces, if it announces one.
+pub fn announced_length(headers: &axum::http::HeaderMap) -> Option<u64> {
+    let value = headers.get(CONTENT_LENGTH)?;
+    value.to_str().ok()?.parse().ok()
+}
+
 /// The middleware of [`BodyBudget`]; the peer is the connection's (`ConnectInfo`).
 pub async fn within_budget(
     State(budget): State<BodyBudget>,
     request: Request,
     next: Next,
 ) -> Response {
-    let announced = request
-        .headers()
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    let Some(cost) = budget.cost(announced) else {
+    let Some(cost) = budget.cost(announced_length(request.headers())) else {
         let text = format!("the body is over the limit of {} bytes", budget.max_each);
         return (StatusCode::PAYLOAD_TOO_LARGE, text).into_response();
     };

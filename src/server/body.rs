@@ -5,7 +5,6 @@
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::header::CONTENT_LENGTH;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
@@ -33,10 +32,7 @@ pub async fn announced_within(
     request: Request,
     next: Next,
 ) -> Response {
-    let announced = request
-        .headers()
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let announced = crate::listener::announced_length(request.headers());
     if announced.is_some_and(|length| length > limit as u64) {
         return ApiError::TooLarge { limit }.into_response();
     }

@@ -120,12 +120,7 @@ impl Reviewer {
         request: &AdmissionRequest<DynamicObject>,
         namespace: &str,
     ) -> Result<(), ReviewError> {
-        let new: AgentRun = typed(request.object.as_ref(), "AgentRun")?;
-        let old: Option<AgentRun> = request
-            .old_object
-            .as_ref()
-            .map(|o| typed(Some(o), "AgentRun"))
-            .transpose()?;
+        let (new, old): (AgentRun, _) = new_and_old(request, "AgentRun")?;
         let user = username(&request.user_info);
         let controller = self.controller_users.iter().any(|c| c == user);
         if !controller {
@@ -153,12 +148,7 @@ impl Reviewer {
         request: &AdmissionRequest<DynamicObject>,
         namespace: &str,
     ) -> Result<(), ReviewError> {
-        let new: AgentThread = typed(request.object.as_ref(), "AgentThread")?;
-        let old: Option<AgentThread> = request
-            .old_object
-            .as_ref()
-            .map(|o| typed(Some(o), "AgentThread"))
-            .transpose()?;
+        let (new, old): (AgentThread, _) = new_and_old(request, "AgentThread")?;
         refused(rules::oversized_spec(&new.spec, self.max_spec_bytes))?;
         let asks = rules::thread_asks(old.map(|t| t.spec).as_ref(), &new.spec);
         self.ask(&request.user_info, namespace, &asks, Kind::AgentThread)
@@ -340,6 +330,17 @@ fn username(user: &UserInfo) -> &str {
 
 fn refused(refusal: Option<String>) -> Result<(), ReviewError> {
     refusal.map_or(Ok(()), |text| Err(ReviewError::Refused(text)))
+}
+
+/// The request's object and, on an update, the object it replaces, as `kind`.
+fn new_and_old<K: DeserializeOwned>(
+    request: &AdmissionRequest<DynamicObject>,
+    kind: &'static str,
+) -> Result<(K, Option<K>), ReviewError> {
+    let new = typed(request.object.as_ref(), kind)?;
+    let old = request.old_object.as_ref();
+    let old = old.map(|o| typed(Some(o), kind)).transpose()?;
+    Ok((new, old))
 }
 
 fn typed<K: DeserializeOwned>(

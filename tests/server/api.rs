@@ -291,15 +291,8 @@ async fn a_name_that_is_not_a_kubernetes_name_never_reaches_the_api_server() {
 #[tokio::test]
 async fn a_stream_ends_when_its_callers_access_is_revoked() {
     let ns = TestNamespace::new("server-revoked").await;
-    let config = kube::Config::infer().await.unwrap();
-    let state = baton::server::ServerState::new(config, Default::default())
-        .with_access_recheck(std::time::Duration::from_secs(1));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let app = baton::server::router(std::sync::Arc::new(state));
-    let _server = Running::spawn(async move {
-        let _ = baton::listener::serve_plain(listener, app).await;
-    });
+    let recheck = std::time::Duration::from_secs(1);
+    let (url, _server) = start_server_with(|s| s.with_access_recheck(recheck)).await;
     let alice = person(&ns, "alice", run_user_rules()).await;
     let runs: Api<AgentRun> = ns.api();
     let run = scripted_run(
@@ -341,14 +334,7 @@ async fn a_stream_ends_when_its_callers_access_is_revoked() {
 #[tokio::test]
 async fn a_credential_holds_at_most_its_limit_of_open_streams() {
     let ns = TestNamespace::new("server-stream-cap").await;
-    let config = kube::Config::infer().await.unwrap();
-    let state = baton::server::ServerState::new(config, Default::default()).with_stream_limit(2);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let app = baton::server::router(std::sync::Arc::new(state));
-    let _server = Running::spawn(async move {
-        let _ = baton::listener::serve_plain(listener, app).await;
-    });
+    let (url, _server) = start_server_with(|s| s.with_stream_limit(2)).await;
     let alice = person(&ns, "alice", run_user_rules()).await;
     let bob = person(&ns, "bob", run_user_rules()).await;
     let run = scripted_run("r", vec![final_turn("hi", 0)], vec![], LeaseSpec::default());

@@ -295,11 +295,7 @@ async fn a_sign_in_from_another_site_is_refused_and_a_session_is_sealed() {
             if let Some(key) = key {
                 state = state.with_session_key(key);
             }
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let url = format!("http://{}", listener.local_addr().unwrap());
-            let app = baton::server::router(Arc::new(state));
-            let task = tokio::spawn(baton::listener::serve_plain(listener, app));
-            (url, task)
+            serve_state(state).await
         }
     };
     let (one, _a) = serve(false, Some(&key_file)).await;

@@ -37,16 +37,27 @@ async fn start_proxied_server() -> (String, Running) {
 /// Lets ServiceAccount `ns/sa` impersonate the user `user` (a cluster-wide grant, named
 /// after the namespace so the test can remove it).
 async fn may_impersonate(ns: &TestNamespace, sa: &str, user: &str) -> String {
-    let name = format!("{}-impersonates", ns.name);
-    let meta = || ObjectMeta {
-        name: Some(name.clone()),
-        ..Default::default()
-    };
     let rule = PolicyRule {
         api_groups: Some(vec![String::new()]),
         resources: Some(vec!["users".into()]),
         resource_names: Some(vec![user.into()]),
         verbs: vec!["impersonate".into()],
+        ..Default::default()
+    };
+    grant_cluster_wide(ns, sa, "impersonates", rule).await
+}
+
+/// A ClusterRole of `rule` bound to ServiceAccount `ns/sa`, named `<ns>-<suffix>` (for the
+/// test to remove); its name.
+async fn grant_cluster_wide(
+    ns: &TestNamespace,
+    sa: &str,
+    suffix: &str,
+    rule: PolicyRule,
+) -> String {
+    let name = format!("{}-{suffix}", ns.name);
+    let meta = || ObjectMeta {
+        name: Some(name.clone()),
         ..Default::default()
     };
     let pp = PostParams::default();
@@ -80,6 +91,17 @@ async fn may_impersonate(ns: &TestNamespace, sa: &str, user: &str) -> String {
         .await
         .unwrap();
     name
+}
+
+/// Removes what [`grant_cluster_wide`] made.
+async fn revoke_cluster_wide(ns: &TestNamespace, name: &str) {
+    let dp = DeleteParams::default();
+    let _ = Api::<ClusterRoleBinding>::all(ns.client.clone())
+        .delete(name, &dp)
+        .await;
+    let _ = Api::<ClusterRole>::all(ns.client.clone())
+        .delete(name, &dp)
+        .await;
 }
 
 async fn get_as(url: &str, token: &str, user: Option<&str>) -> (u16, String) {
@@ -158,13 +180,7 @@ async fn behind_a_proxy_the_api_server_decides_who_the_header_may_name() {
     assert_eq!(done.status(), 200);
     assert!(runs.get("proxied").await.unwrap().spec.stop);
 
-    let dp = DeleteParams::default();
-    let _ = Api::<ClusterRoleBinding>::all(ns.client.clone())
-        .delete(&grant, &dp)
-        .await;
-    let _ = Api::<ClusterRole>::all(ns.client.clone())
-        .delete(&grant, &dp)
-        .await;
+    revoke_cluster_wide(&ns, &grant).await;
     ns.cleanup().await;
 }
 
@@ -175,45 +191,13 @@ async fn behind_a_proxy_no_header_makes_anyone_a_system_user_or_group() {
     let ns = TestNamespace::new("server-proxy-system").await;
     let (url, _server) = start_proxied_server_with(Some("X-Remote-Group")).await;
     let gateway = person(&ns, "gateway", vec![]).await;
-    let name = format!("{}-impersonates-all", ns.name);
     let rule = PolicyRule {
         api_groups: Some(vec![String::new()]),
         resources: Some(vec!["users".into(), "groups".into()]),
         verbs: vec!["impersonate".into()],
         ..Default::default()
     };
-    let meta = ObjectMeta {
-        name: Some(name.clone()),
-        ..Default::default()
-    };
-    let pp = PostParams::default();
-    let role = ClusterRole {
-        metadata: meta.clone(),
-        rules: Some(vec![rule]),
-        ..Default::default()
-    };
-    Api::<ClusterRole>::all(ns.client.clone())
-        .create(&pp, &role)
-        .await
-        .unwrap();
-    let binding = ClusterRoleBinding {
-        metadata: meta,
-        role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".into(),
-            kind: "ClusterRole".into(),
-            name: name.clone(),
-        },
-        subjects: Some(vec![Subject {
-            kind: "ServiceAccount".into(),
-            name: "gateway".into(),
-            namespace: Some(ns.name.clone()),
-            ..Default::default()
-        }]),
-    };
-    Api::<ClusterRoleBinding>::all(ns.client.clone())
-        .create(&pp, &binding)
-        .await
-        .unwrap();
+    let name = grant_cluster_wide(&ns, "gateway", "impersonates-all", rule).await;
     let list = format!("{url}/api/v1/namespaces/{}/runs", ns.name);
     let ask = |user: &'static str, groups: &'static str| {
         http()
@@ -239,12 +223,6 @@ async fn behind_a_proxy_no_header_makes_anyone_a_system_user_or_group() {
         .await
         .unwrap();
     assert_eq!(bare.status(), 403);
-    let dp = DeleteParams::default();
-    let _ = Api::<ClusterRoleBinding>::all(ns.client.clone())
-        .delete(&name, &dp)
-        .await;
-    let _ = Api::<ClusterRole>::all(ns.client.clone())
-        .delete(&name, &dp)
-        .await;
+    revoke_cluster_wide(&ns, &name).await;
     ns.cleanup().await;
 }

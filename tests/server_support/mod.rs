@@ -23,11 +23,23 @@ pub use crate::common::in_process::{Running, start_controller};
 /// `baton server` on a free loopback port; its base URL. Its own credentials (the test's
 /// kubeconfig) are dropped by the server: it only learns where the API server is.
 pub async fn start_server() -> (String, Running) {
+    start_server_with(|state| state).await
+}
+
+/// [`start_server`] with what `adjust` makes of the server's state (its bounds, its keys).
+pub async fn start_server_with(
+    adjust: impl FnOnce(baton::server::ServerState) -> baton::server::ServerState,
+) -> (String, Running) {
     let config = kube::Config::infer().await.expect("a kubeconfig");
-    let state = Arc::new(baton::server::ServerState::new(config, Default::default()));
+    let state = baton::server::ServerState::new(config, Default::default());
+    serve_state(adjust(state)).await
+}
+
+/// Serves `state` as `baton server` does, on a free loopback port; its base URL.
+pub async fn serve_state(state: baton::server::ServerState) -> (String, Running) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
-    let app = baton::server::router(state);
+    let app = baton::server::router(Arc::new(state));
     let task = Running::spawn(async move {
         let _ = baton::listener::serve_plain(listener, app).await;
     });
@@ -54,13 +66,7 @@ pub async fn start_ledger_server_at(url: &str, controller_users: Vec<String>) ->
     let own = kube::Client::try_from(config.clone()).expect("a client");
     let service = baton::server::LedgerService::new(db, own, controller_users);
     let state = baton::server::ServerState::new(config, Default::default()).with_ledger(service);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let app = baton::server::router(Arc::new(state));
-    let task = Running::spawn(async move {
-        let _ = baton::listener::serve_plain(listener, app).await;
-    });
-    (base, task)
+    serve_state(state).await
 }
 
 /// A ServiceAccount `name` in the test's namespace with a Role of `rules`; its token.
