@@ -58,9 +58,9 @@ impl Reviewer {
         &self,
         review: AdmissionReview<DynamicObject>,
     ) -> AdmissionReview<DynamicObject> {
-        let request: AdmissionRequest<DynamicObject> = match review.try_into() {
+        let request = match request_of(review) {
             Ok(request) => request,
-            Err(_) => return AdmissionResponse::invalid("no request in the review").into_review(),
+            Err(invalid) => return invalid,
         };
         let response = AdmissionResponse::from(&request);
         match self.check(&request).await {
@@ -227,9 +227,9 @@ impl Reviewer {
         &self,
         review: AdmissionReview<DynamicObject>,
     ) -> AdmissionReview<DynamicObject> {
-        let request: AdmissionRequest<DynamicObject> = match review.try_into() {
+        let request = match request_of(review) {
             Ok(request) => request,
-            Err(_) => return AdmissionResponse::invalid("no request in the review").into_review(),
+            Err(invalid) => return invalid,
         };
         let response = AdmissionResponse::from(&request);
         match self.stamp_patch(&request).await {
@@ -330,6 +330,16 @@ fn username(user: &UserInfo) -> &str {
 
 fn refused(refusal: Option<String>) -> Result<(), ReviewError> {
     refusal.map_or(Ok(()), |text| Err(ReviewError::Refused(text)))
+}
+
+/// The request a review carries, or the answer to a review that carries none.
+#[allow(clippy::result_large_err)] // the Err is the answer itself, returned at once
+fn request_of(
+    review: AdmissionReview<DynamicObject>,
+) -> Result<AdmissionRequest<DynamicObject>, AdmissionReview<DynamicObject>> {
+    review
+        .try_into()
+        .map_err(|_| AdmissionResponse::invalid("no request in the review").into_review())
 }
 
 /// The request's object and, on an update, the object it replaces, as `kind`.
