@@ -6,7 +6,7 @@
 #   hack/control-plane.sh up        install if needed, start etcd + kube-apiserver, wait for /readyz
 #   hack/control-plane.sh down      stop exactly the processes `up` started, remove the state dir
 #   hack/control-plane.sh status    say whether it is up (exit 0 if up and ready, 1 otherwise)
-#   hack/control-plane.sh env       print `export KUBECONFIG=...` for: eval "$(hack/control-plane.sh env)"
+#   hack/control-plane.sh env       print `export KUBECONFIG=...` (and BATON_WEBHOOK_CLIENT_CA) for: eval "$(hack/control-plane.sh env)"
 #   hack/control-plane.sh pause-apiserver / resume-apiserver
 #                                   SIGSTOP / SIGCONT only the kube-apiserver (an unreachable server;
 #                                   the end-to-end test runs it on its own BATON_CP_DIR instance)
@@ -469,6 +469,7 @@ EOF
       -CAcreateserial -out "$PKI/apiserver.crt" -extfile "$PKI/apiserver.ext"
     openssl genrsa -out "$PKI/sa.key" 2048
     openssl rsa -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub"
+    gen_webhook_client "$PKI" "$CP_DIR"
   } >>"$olog" 2>&1 || { tail -n 20 "$olog" >&2; die "openssl failed (log: $olog)"; }
   chmod 600 "$PKI"/*.key
 }
@@ -573,6 +574,7 @@ start_apiserver() { # API-PORT ETCD-CLIENT-PORT
     --service-cluster-ip-range="$SERVICE_CIDR" \
     --endpoint-reconciler-type=none \
     --disable-admission-plugins=ServiceAccount \
+    --admission-control-config-file="$CP_DIR/admission.yaml" \
     --allow-privileged=true
 }
 
@@ -682,6 +684,8 @@ cmd_env() {
     log "warning: the control plane is not up; run: $0 up"
   fi
   printf 'export KUBECONFIG=%q\n' "$KUBECONFIG_PATH"
+  # The CA of the API server's client certificate towards webhooks (gen_webhook_client).
+  printf 'export BATON_WEBHOOK_CLIENT_CA=%q\n' "$PKI/webhook-client-ca.crt"
 }
 
 cmd_signal_apiserver() { # SIGNAL

@@ -38,8 +38,12 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 say "installing baton with its chart (image baton:dev, built from the Dockerfile by hack/images.sh)"
+# The webhook reads only the API server: the CA of the client certificate hack/node.sh gives it.
+client_ca=${BATON_NODE_DIR:-/tmp/baton-node}/pki/webhook-client-ca.crt
+values=$(python3 -c 'import json, sys; print(json.dumps({"webhook": {"clientCA": open(sys.argv[1]).read()}}))' "$client_ca")
 if ! k -n baton-system get deployment baton-controller >/dev/null; then
-  python3 hack/helm.py install charts/baton --name baton --namespace baton-system --create-namespace >/dev/null
+  python3 hack/helm.py install charts/baton --name baton --namespace baton-system --create-namespace \
+    --values "$values" >/dev/null
 fi
 k -n baton-system rollout status deployment/baton-controller --timeout=180s
 k create namespace "$ns" >/dev/null

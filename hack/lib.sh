@@ -240,3 +240,48 @@ choose_port() {
   die "no free $name port in $default..$((default + 199))"
 }
 
+
+# gen_webhook_client PKI-DIR STATE-DIR — the API server's identity towards admission webhooks,
+# as a cluster that authenticates itself to them configures it: a CA of its own (only this
+# certificate is signed by it, so a webhook trusting it trusts the API server alone), a client
+# certificate, the kubeconfig naming it for every webhook host ("*"), and the
+# AdmissionConfiguration for --admission-control-config-file. baton's webhook is given the CA
+# (--webhook-client-ca-file, the chart's webhook.clientCA) and reads nothing from anyone else.
+gen_webhook_client() {
+  local pki=$1 dir=$2
+  openssl req -x509 -newkey rsa:2048 -nodes -sha256 -days 3650 \
+    -keyout "$pki/webhook-client-ca.key" -out "$pki/webhook-client-ca.crt" -subj "/CN=webhook-client-ca" \
+    -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature"
+  openssl req -new -newkey rsa:2048 -nodes -sha256 -keyout "$pki/webhook-client.key" \
+    -out "$pki/webhook-client.csr" -subj "/CN=kube-apiserver-webhook-client"
+  printf '%s\n' "basicConstraints=critical,CA:FALSE" "keyUsage=critical,digitalSignature,keyEncipherment" \
+    "extendedKeyUsage=clientAuth" >"$pki/webhook-client.ext"
+  openssl x509 -req -sha256 -days 365 -in "$pki/webhook-client.csr" -CA "$pki/webhook-client-ca.crt" \
+    -CAkey "$pki/webhook-client-ca.key" -CAcreateserial -out "$pki/webhook-client.crt" \
+    -extfile "$pki/webhook-client.ext"
+  chmod 600 "$pki"/webhook-client*.key
+  cat >"$dir/webhook-client.kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+users:
+- name: "*"
+  user:
+    client-certificate: $pki/webhook-client.crt
+    client-key: $pki/webhook-client.key
+EOF
+  cat >"$dir/admission.yaml" <<EOF
+apiVersion: apiserver.config.k8s.io/v1
+kind: AdmissionConfiguration
+plugins:
+- name: ValidatingAdmissionWebhook
+  configuration:
+    apiVersion: apiserver.config.k8s.io/v1
+    kind: WebhookAdmissionConfiguration
+    kubeConfigFile: $dir/webhook-client.kubeconfig
+- name: MutatingAdmissionWebhook
+  configuration:
+    apiVersion: apiserver.config.k8s.io/v1
+    kind: WebhookAdmissionConfiguration
+    kubeConfigFile: $dir/webhook-client.kubeconfig
+EOF
+}

@@ -253,6 +253,7 @@ gen_pki() {
     sign_cert apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" clientAuth ""
     openssl genrsa -out "$PKI/sa.key" 2048
     openssl rsa -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub"
+    gen_webhook_client "$PKI" "$STATE_DIR"
   } >>"$olog" 2>&1 || { tail -n 20 "$olog" >&2; die "openssl failed (log: $olog)"; }
   chmod 600 "$PKI"/*.key
 }
@@ -433,6 +434,7 @@ start_apiserver() {
     --service-account-issuer=https://kubernetes.default.svc.cluster.local \
     --service-account-key-file="$PKI/sa.pub" --service-account-signing-key-file="$PKI/sa.key" \
     --service-cluster-ip-range="$SERVICE_CIDR" --allow-privileged=true \
+    --admission-control-config-file="$STATE_DIR/admission.yaml" \
     --kubelet-preferred-address-types=InternalIP
 }
 

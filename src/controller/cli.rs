@@ -62,6 +62,11 @@ pub struct ControllerArgs {
     /// Days a webhook certificate is valid; it is renewed with a third left.
     #[arg(long, default_value_t = 365)]
     pub webhook_cert_days: u64,
+    /// The CA (PEM file) of the client certificate the API server presents to webhooks (its
+    /// AdmissionConfiguration's kubeconfig): set, the webhook completes a TLS handshake only
+    /// with such a client, so nothing else that reaches its port is read.
+    #[arg(long, requires = "webhook_addr")]
+    pub webhook_client_ca_file: Option<std::path::PathBuf>,
     /// User names the controller authenticates as: the webhook admits their ledger seals.
     #[arg(long, value_delimiter = ',')]
     pub controller_user: Vec<String>,
@@ -121,7 +126,7 @@ impl ControllerArgs {
             rollout_policy: self.rollout_policy,
             events: true,
             concurrency: self.concurrency,
-            webhook: self.webhook(),
+            webhook: self.webhook()?,
             ledger_server: self.ledger_server()?,
             new_runs_ledger: self.new_runs_ledger,
         })
@@ -143,9 +148,17 @@ impl ControllerArgs {
         Ok(Some(server.trusting(&pem)?))
     }
 
-    fn webhook(&self) -> Option<WebhookConfig> {
-        Some(WebhookConfig {
-            addr: self.webhook_addr?,
+    /// The webhook's settings; an error when `--webhook-client-ca-file` cannot be read.
+    fn webhook(&self) -> Result<Option<WebhookConfig>, Error> {
+        let Some(addr) = self.webhook_addr else {
+            return Ok(None);
+        };
+        let client_ca_pem = match &self.webhook_client_ca_file {
+            Some(path) => Some(crate::webhook::read_client_ca(path)?),
+            None => None,
+        };
+        Ok(Some(WebhookConfig {
+            addr,
             tls: TlsSettings {
                 issuer: self.webhook_cert_issuer,
                 check_every: crate::webhook::CHECK_EVERY,
@@ -154,10 +167,11 @@ impl ControllerArgs {
                 hosts: self.webhook_hosts.clone(),
                 configuration: self.webhook_configuration.clone(),
                 lifetime: Duration::from_secs(self.webhook_cert_days.max(1) * 24 * 3600),
+                client_ca_pem,
             },
             controller_users: self.controller_user.clone(),
             max_spec_bytes: self.max_spec_bytes,
-        })
+        }))
     }
 }
 

@@ -79,6 +79,16 @@ pub struct WebhookConfig {
     pub max_spec_bytes: usize,
 }
 
+/// The API server's client CA from `path` (`--webhook-client-ca-file`), checked to hold at
+/// least one CA certificate: a bad file stops the controller at its start, naming the flag.
+pub fn read_client_ca(path: &std::path::Path) -> Result<String, WebhookError> {
+    let named =
+        |e: String| WebhookError::Tls(format!("--webhook-client-ca-file {}: {e}", path.display()));
+    let pem = std::fs::read_to_string(path).map_err(|e| named(e.to_string()))?;
+    tls::client_roots(&pem).map_err(|e| named(e.to_string()))?;
+    Ok(pem)
+}
+
 /// Serves the webhook until it fails; `loaded` turns true once a certificate is served.
 pub async fn run(
     client: Client,

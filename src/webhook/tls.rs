@@ -48,6 +48,10 @@ pub struct TlsSettings {
     pub lifetime: Duration,
     /// How often the Secret is read again (a renewal, or another issuer's rotation).
     pub check_every: Duration,
+    /// The CA (PEM) the API server's client certificate for webhooks chains to: set, a
+    /// connection without such a certificate ends in the handshake, before any byte of a
+    /// review is read (docs/security.md, "The webhook's port").
+    pub client_ca_pem: Option<String>,
 }
 
 /// The first wait after a failed pass; doubled each failure in a row, up to the period.
@@ -74,7 +78,10 @@ pub async fn keep(
         let wait = match synced {
             Ok((version, bundle)) => {
                 if loaded_version.as_ref() != Some(&version) {
-                    served.send_replace(Some(server_config(&bundle)?));
+                    served.send_replace(Some(server_config(
+                        &bundle,
+                        settings.client_ca_pem.as_deref(),
+                    )?));
                     tracing::info!(secret = %settings.secret, %version, "webhook certificate loaded");
                     loaded_version = Some(version);
                 }
@@ -222,21 +229,58 @@ fn trust_each<'a>(
     changed
 }
 
-/// The TLS configuration serving `bundle`.
-pub fn server_config(bundle: &Bundle) -> Result<Arc<ServerConfig>, WebhookError> {
+/// The TLS configuration serving `bundle`; with `client_ca_pem`, only clients whose
+/// certificate chains to it complete the handshake.
+pub fn server_config(
+    bundle: &Bundle,
+    client_ca_pem: Option<&str>,
+) -> Result<Arc<ServerConfig>, WebhookError> {
     let certs = CertificateDer::pem_slice_iter(bundle.cert_pem.as_bytes())
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| WebhookError::Tls(e.to_string()))?;
     let key = PrivateKeyDer::from_pem_slice(bundle.key_pem.as_bytes())
         .map_err(|e| WebhookError::Tls(e.to_string()))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = ServerConfig::builder_with_provider(provider)
+    let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .map_err(|e| WebhookError::Tls(e.to_string()))?
-        .with_no_client_auth()
+        .map_err(|e| WebhookError::Tls(e.to_string()))?;
+    let builder = match client_ca_pem {
+        Some(pem) => builder.with_client_cert_verifier(client_verifier(pem, provider)?),
+        None => builder.with_no_client_auth(),
+    };
+    let config = builder
         .with_single_cert(certs, key)
         .map_err(|e| WebhookError::Tls(e.to_string()))?;
     Ok(Arc::new(config))
+}
+
+/// Requires a client certificate chaining to one of `pem`'s CAs (webpki's path validation:
+/// a verifier of our own would be the one place a mistake lets anyone in).
+fn client_verifier(
+    pem: &str,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+) -> Result<Arc<dyn rustls::server::danger::ClientCertVerifier>, WebhookError> {
+    rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(client_roots(pem)?),
+        provider,
+    )
+    .build()
+    .map_err(|e| WebhookError::Tls(format!("client CA: {e}")))
+}
+
+/// The CA certificates in `pem`; an error if one does not parse or there is none.
+pub fn client_roots(pem: &str) -> Result<rustls::RootCertStore, WebhookError> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(pem.as_bytes()) {
+        let cert = cert.map_err(|e| WebhookError::Tls(format!("client CA: {e}")))?;
+        roots
+            .add(cert)
+            .map_err(|e| WebhookError::Tls(format!("client CA: {e}")))?;
+    }
+    if roots.is_empty() {
+        return Err(WebhookError::Tls("client CA: no certificate in it".into()));
+    }
+    Ok(roots)
 }
 
 fn now() -> i64 {

@@ -37,6 +37,12 @@ impl Served {
         Self::start_with(client, namespace, controller_user, CertIssuer::Baton).await
     }
 
+    /// [`Served::start`] on a cluster whose API server presents no client certificate to
+    /// webhooks (none is asked for): whoever reaches the port is read, within its bounds.
+    pub async fn start_open(client: &Client, namespace: &str, controller_user: &str) -> Served {
+        Self::serve(client, namespace, controller_user, CertIssuer::Baton, None).await
+    }
+
     /// [`Served::start`] with the certificate from `issuer`. With [`CertIssuer::External`] the
     /// test is the issuer, as cert-manager would be: it writes the Secret and the caBundle
     /// ([`issue_as_cert_manager`]) before the webhook starts.
@@ -45,6 +51,17 @@ impl Served {
         namespace: &str,
         controller_user: &str,
         issuer: CertIssuer,
+    ) -> Served {
+        let ca = Some(api_server_client_ca());
+        Self::serve(client, namespace, controller_user, issuer, ca).await
+    }
+
+    async fn serve(
+        client: &Client,
+        namespace: &str,
+        controller_user: &str,
+        issuer: CertIssuer,
+        client_ca_pem: Option<String>,
     ) -> Served {
         let label = serde_json::json!({ "metadata": { "labels": { WATCHED: namespace } } });
         Api::<Namespace>::all(client.clone())
@@ -80,6 +97,7 @@ impl Served {
                 hosts: vec!["127.0.0.1".into()],
                 configuration: Some(configuration.clone()),
                 lifetime: Duration::from_secs(24 * 3600),
+                client_ca_pem,
             },
             controller_users: vec![controller_user.into()],
             max_spec_bytes: baton::webhook::DEFAULT_MAX_SPEC_BYTES,
@@ -112,6 +130,25 @@ impl Served {
             .delete(&self.configuration, &DeleteParams::default())
             .await;
     }
+}
+
+/// The CA of the client certificate the local API server presents to webhooks
+/// (`BATON_WEBHOOK_CLIENT_CA`, from `hack/control-plane.sh env`): the test's webhook trusts it
+/// alone, as the chart's does on the node.
+pub fn api_server_client_ca() -> String {
+    let path = std::env::var("BATON_WEBHOOK_CLIENT_CA").expect(
+        "BATON_WEBHOOK_CLIENT_CA is not set: run under hack/with-control-plane.sh, or eval \"$(hack/control-plane.sh env)\"",
+    );
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {path}: {e}"))
+}
+
+/// The local API server's own client certificate towards webhooks (beside its CA).
+pub fn api_server_identity() -> reqwest::Identity {
+    let ca = std::env::var("BATON_WEBHOOK_CLIENT_CA").expect("BATON_WEBHOOK_CLIENT_CA");
+    let dir = std::path::Path::new(&ca).parent().unwrap();
+    let cert = std::fs::read(dir.join("webhook-client.crt")).unwrap();
+    let key = std::fs::read(dir.join("webhook-client.key")).unwrap();
+    reqwest::Identity::from_pem(&[cert, key].concat()).unwrap()
 }
 
 /// How often the test's webhook reads its Secret again (the chart's: 30 s).
@@ -185,6 +222,7 @@ pub async fn wait_serving(port: u16, ca_pem: &str) {
     let ca = reqwest::Certificate::from_pem(ca_pem.as_bytes()).expect("a CA in PEM");
     let client = reqwest::Client::builder()
         .add_root_certificate(ca)
+        .identity(api_server_identity())
         .build()
         .expect("an HTTPS client");
     let deadline = Instant::now() + Duration::from_secs(20);

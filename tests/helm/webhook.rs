@@ -159,3 +159,82 @@ fn with_cert_manager_the_controller_only_serves_its_certificate() {
     let err = render(nameless, &[]).unwrap_err();
     assert!(err.contains("issuerRef"), "{err}");
 }
+
+const A_CA: &str = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----";
+
+#[test]
+fn with_a_client_ca_the_webhook_reads_only_the_api_server() {
+    let plain = render(json!({}), &[]).unwrap();
+    assert!(of_kind(&plain, "ConfigMap").is_empty());
+    let deploy = named(&plain, "Deployment", "baton-controller");
+    let args = deploy["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
+    assert!(!args.contains("--webhook-client-ca-file"), "{args}");
+
+    let objects = render(json!({"webhook": {"clientCA": A_CA}}), &[]).unwrap();
+    let ca = named(&objects, "ConfigMap", "baton-webhook-client-ca");
+    assert_eq!(ca["data"]["ca.crt"].as_str().unwrap().trim(), A_CA);
+    let pod = &named(&objects, "Deployment", "baton-controller")["spec"]["template"];
+    let c = &pod["spec"]["containers"][0];
+    assert!(
+        c["args"]
+            .to_string()
+            .contains("--webhook-client-ca-file=/etc/baton/webhook-client-ca/ca.crt")
+    );
+    assert!(
+        c["volumeMounts"]
+            .to_string()
+            .contains("/etc/baton/webhook-client-ca")
+    );
+    assert_eq!(
+        pod["spec"]["volumes"][0]["configMap"]["name"],
+        "baton-webhook-client-ca"
+    );
+    assert!(
+        pod["metadata"]["annotations"]["baton.dev/webhook-client-ca"].is_string(),
+        "a new CA rolls the replicas"
+    );
+    let err = render(json!({"webhook": {"clientCA": "not a certificate"}}), &[]).unwrap_err();
+    assert!(err.contains("clientCA"), "{err}");
+}
+
+#[test]
+fn network_policies_admit_each_port_only_its_peers() {
+    let plain = render(json!({}), &[]).unwrap();
+    assert!(
+        of_kind(&plain, "NetworkPolicy").is_empty(),
+        "off by default"
+    );
+    let api_server = json!([{"ipBlock": {"cidr": "10.0.0.10/32"}}]);
+    let monitoring = json!([{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]);
+    let values = json!({"networkPolicy": {
+        "enabled": true, "apiServer": api_server, "metrics": monitoring,
+    }});
+    let objects = render(values, &[]).unwrap();
+    let controller = named(&objects, "NetworkPolicy", "baton-controller");
+    let deploy = named(&objects, "Deployment", "baton-controller");
+    assert_eq!(
+        controller["spec"]["podSelector"]["matchLabels"],
+        deploy["spec"]["selector"]["matchLabels"]
+    );
+    let ingress = controller["spec"]["ingress"].as_array().unwrap();
+    assert_eq!(ingress[0]["ports"][0]["port"], "webhook");
+    assert_eq!(ingress[0]["from"], api_server);
+    assert_eq!(ingress[1]["ports"][0]["port"], "admin");
+    assert_eq!(ingress[1]["from"], monitoring);
+    assert_eq!(
+        ingress.len(),
+        2,
+        "no other port of the controller is admitted"
+    );
+    let server = named(&objects, "NetworkPolicy", "baton-server");
+    let servers = named(&objects, "Deployment", "baton-server");
+    assert_eq!(
+        server["spec"]["podSelector"]["matchLabels"],
+        servers["spec"]["selector"]["matchLabels"]
+    );
+    assert_eq!(server["spec"]["ingress"][0]["ports"][0]["port"], "http");
+    assert!(
+        server["spec"]["ingress"][0].get("from").is_none(),
+        "any client by default"
+    );
+}

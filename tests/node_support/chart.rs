@@ -71,17 +71,27 @@ pub fn deployment_name() -> String {
 pub const WITHOUT_WEBHOOK: &str = "baton.dev/test-without-webhook";
 
 /// The values every install on the node uses: the image imported into containerd, never
-/// pulled; the webhook for every namespace but those labelled [`WITHOUT_WEBHOOK`].
+/// pulled; the webhook for every namespace but those labelled [`WITHOUT_WEBHOOK`], reading
+/// only the API server (the CA of its client certificate towards webhooks, `hack/node.sh`).
 pub fn values(extra: &serde_json::Value) -> serde_json::Value {
     let mut values = serde_json::json!({
         "image": {"repository": "baton", "tag": "dev", "pullPolicy": "Never"},
         "controller": {"leaderLeaseSeconds": 6},
-        "webhook": {"namespaceSelector": {"matchExpressions": [
-            {"key": WITHOUT_WEBHOOK, "operator": "DoesNotExist"}
-        ]}},
+        "webhook": {
+            "namespaceSelector": {"matchExpressions": [
+                {"key": WITHOUT_WEBHOOK, "operator": "DoesNotExist"}
+            ]},
+            "clientCA": api_server_client_ca(),
+        },
     });
     merge(&mut values, extra);
     values
+}
+
+/// The CA of the node's API server's client certificate towards webhooks.
+pub fn api_server_client_ca() -> String {
+    let path = node_dir().join("pki/webhook-client-ca.crt");
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 fn merge(into: &mut serde_json::Value, from: &serde_json::Value) {
