@@ -196,6 +196,16 @@ impl RunRequests {
         run: &AgentRun,
         after: i64,
     ) -> Result<Vec<LedgerSegment>, RequestError> {
+        self.ledger_page(run, after, None).await
+    }
+
+    /// [`RunRequests::ledger_after`], at most `limit` segments of it when given.
+    pub async fn ledger_page(
+        &self,
+        run: &AgentRun,
+        after: i64,
+        limit: Option<usize>,
+    ) -> Result<Vec<LedgerSegment>, RequestError> {
         let unreadable = |e: LedgerError| match e {
             LedgerError::Kube(e) => RequestError::Kube(e),
             other => RequestError::Ledger {
@@ -208,7 +218,11 @@ impl RunRequests {
             let namespace = run.namespace().unwrap_or_else(|| self.namespace.clone());
             self.probe_ledgers_in(&namespace).await?;
         }
-        ledger.list_after(after).await.map_err(unreadable)
+        match limit {
+            Some(limit) => ledger.list_page(after, limit).await,
+            None => ledger.list_after(after).await,
+        }
+        .map_err(unreadable)
     }
 
     /// Fails as a read of a ledger in the namespace would (403 for a caller who may not list

@@ -30,6 +30,9 @@ use crate::ledger::{own_segments_after, segment_of_run};
 const SILENCE: Duration = Duration::from_secs(60);
 /// The pause before opening a broken stream again.
 const REOPEN_PAUSE: Duration = Duration::from_secs(1);
+/// Segments asked for at once (`GET …/segments?limit=`; the server answers at most its own
+/// page, 100 today, whatever is asked).
+const PAGE: usize = 100;
 /// How many times in a row a stream may fail to open (or break before any new segment)
 /// before `-f` gives up: longer than a server rollout takes.
 const MAX_REOPENS: u32 = 60;
@@ -117,9 +120,23 @@ impl ServerReader {
             .map_err(|e| self.failed(e.to_string()))
     }
 
-    /// The segments after position `after`: this run's only, contiguous from there.
-    async fn after(&self, after: i64) -> Result<Vec<LedgerSegment>, CliError> {
-        let request = self.get(format!("{}/segments?after={after}", self.path))?;
+    /// The segments after position `after`: this run's only, contiguous from there, read a
+    /// page at a time until one comes back empty (a server may answer fewer than asked).
+    async fn after(&self, mut after: i64) -> Result<Vec<LedgerSegment>, CliError> {
+        let mut all = Vec::new();
+        loop {
+            let page = self.page(after).await?;
+            let Some(last) = page.last() else {
+                return Ok(all);
+            };
+            after = last.spec.seq;
+            all.extend(page);
+        }
+    }
+
+    /// One page of the segments after position `after`.
+    async fn page(&self, after: i64) -> Result<Vec<LedgerSegment>, CliError> {
+        let request = self.get(format!("{}/segments?after={after}&limit={PAGE}", self.path))?;
         let segments: Vec<LedgerSegment> =
             self.client.request(request).await.map_err(|e| match e {
                 kube::Error::Api(s) => self.failed(format!(

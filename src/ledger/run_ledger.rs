@@ -156,6 +156,27 @@ impl RunLedger {
         }
     }
 
+    /// At most `limit` segments after position `after`, ordered and checked contiguous from
+    /// there: a page of a reader that serves others (baton server's streams and `segments`),
+    /// which must not hold a whole ledger per caller. A served ledger is read by workers and
+    /// the controller only, which read whole ledgers anyway: it reads what follows `after`
+    /// and keeps the page.
+    pub async fn list_page(
+        &self,
+        after: i64,
+        limit: usize,
+    ) -> Result<Vec<LedgerSegment>, LedgerError> {
+        match self {
+            RunLedger::Segments(s) => s.list_page(after, limit).await,
+            RunLedger::Postgres(p) => p.list_page(after, limit).await,
+            RunLedger::Served(r) => {
+                let mut segments = r.list_after(after).await?;
+                segments.truncate(limit);
+                Ok(segments)
+            }
+        }
+    }
+
     /// True when reading this ledger does not pass through the reader's own rights (rows
     /// read with the database credential of the process): the reader's right to read it must
     /// be asked of Kubernetes first.

@@ -5,12 +5,17 @@ use kube::api::{ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 
 use super::append::{Appended, AtPosition, Positions, append_fenced, segment_of_run};
-use super::{LedgerError, SEGMENT_BUDGET_BYTES, check_contiguous, is_segment_of};
+use super::{
+    LedgerError, SEGMENT_BUDGET_BYTES, check_contiguous, check_contiguous_after, is_segment_of,
+};
 use crate::crd::RUN_UID_LABEL;
 use crate::crd::v1alpha1::{AgentRun, LedgerEvent, LedgerSegment};
 use crate::fence::{Fence, segment_name};
 use crate::kube_util::is_already_exists;
 use crate::owned::{Ownership, owner_reference};
+
+/// Segments of a page read from the API server at once.
+const PAGE_READS_AT_ONCE: usize = 8;
 
 /// One run's ledger in the API server.
 #[derive(Clone)]
@@ -71,6 +76,35 @@ impl SegmentStore {
     /// left out, and logged.
     pub async fn list(&self) -> Result<Vec<LedgerSegment>, LedgerError> {
         list_of(&self.api, &self.run, &self.run_uid).await
+    }
+
+    /// At most `limit` segments after position `after`, in order and checked contiguous from
+    /// there: a reader holds a page, never the whole ledger. Read by name (a segment's name is
+    /// its run's and its position, `segment_name`), a few at once, up to the first position
+    /// not yet written: the API server's list cannot start at a position, so a page by list
+    /// would read every page before it again.
+    pub async fn list_page(
+        &self,
+        after: i64,
+        limit: usize,
+    ) -> Result<Vec<LedgerSegment>, LedgerError> {
+        use futures::{StreamExt, TryStreamExt};
+        let positions = (after + 1..).take(limit);
+        let reads = futures::stream::iter(positions)
+            .map(|seq| {
+                let name = segment_name(&self.run, seq);
+                async move { self.api.get_opt(&name).await }
+            })
+            .buffered(PAGE_READS_AT_ONCE);
+        let found: Vec<Option<LedgerSegment>> = reads.try_collect().await?;
+        // The page ends at the first position not written, or written for another run (an
+        // earlier run of the same name, not yet collected): that is not this run's.
+        let page: Vec<LedgerSegment> = found
+            .into_iter()
+            .map_while(|s| s.filter(|s| is_segment_of(s, &self.run, &self.run_uid)))
+            .collect();
+        check_contiguous_after(after, &page)?;
+        Ok(page)
     }
 
     /// Reads (never writes) the ledger of another run of the namespace, `run` with UID `uid`:

@@ -69,6 +69,8 @@ pub struct ServerState {
     sessions: SessionKey,
     /// How often an open stream asks its caller's access again.
     access_recheck: Duration,
+    /// How long a stream waits for its client to take one event before dropping it.
+    slow_follower: Duration,
     /// The streams each credential holds open.
     slots: slots::StreamSlots,
 }
@@ -117,6 +119,7 @@ impl ServerState {
             ledger: None,
             sessions: SessionKey::random(),
             access_recheck: stream::ACCESS_RECHECK,
+            slow_follower: stream::SLOW_FOLLOWER,
             slots: slots::StreamSlots::new(slots::MAX_STREAMS_PER_CREDENTIAL),
         }
     }
@@ -139,6 +142,29 @@ impl ServerState {
     pub fn with_access_recheck(mut self, every: Duration) -> Self {
         self.access_recheck = every;
         self
+    }
+
+    /// Streams drop a client that takes no event for `patience` (tests: a second).
+    pub fn with_slow_follower(mut self, patience: Duration) -> Self {
+        self.slow_follower = patience;
+        self
+    }
+
+    /// A stream of `requests` from `hub`, with this server's timing, and the channel its
+    /// client's events come out of (at most [`stream::STREAM_BUFFER`] waiting).
+    fn follow(
+        &self,
+        requests: crate::requests::RunRequests,
+        hub: Arc<hub::Hub>,
+    ) -> (
+        stream::Follow,
+        tokio::sync::mpsc::Receiver<axum::response::sse::Event>,
+    ) {
+        let (out, client) = tokio::sync::mpsc::channel(stream::STREAM_BUFFER);
+        let follow = stream::Follow::new(requests, hub, out)
+            .rechecking_every(self.access_recheck)
+            .patience(self.slow_follower);
+        (follow, client)
     }
 
     /// Seals the console's sessions under `key` (the one every replica holds).

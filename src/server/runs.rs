@@ -16,7 +16,6 @@ use serde_json::{Value, json};
 use super::caller::Caller;
 use super::cursor::Resume;
 use super::error::ApiError;
-use super::stream::Follow;
 use super::{ServerState, sse_response};
 use crate::crd::v1alpha1::{AgentRun, LedgerSegment, Phase, Verdict};
 use crate::requests::{Stopped, phase_of};
@@ -98,9 +97,7 @@ pub async fn events(
     let resume = query.resume(&headers)?;
     let slot = state.stream_slot(&caller)?;
     let hub = state.hubs.join(&caller, &ns);
-    let (tx, rx) = tokio::sync::mpsc::channel(64);
-    let mut follow =
-        Follow::new(state.requests(&caller, &ns), hub, tx).rechecking_every(state.access_recheck);
+    let (mut follow, rx) = state.follow(state.requests(&caller, &ns), hub);
     // Read (and so authorized) before the stream opens: a refusal is a plain HTTP answer.
     let run = follow.requests().read(&name).await?;
     follow.requests().probe_ledgers().await?;
@@ -120,9 +117,16 @@ pub async fn events(
 pub struct SegmentsQuery {
     #[serde(default)]
     after: i64,
+    /// At most this many segments ([`SEGMENTS_PAGE`] when absent or larger).
+    limit: Option<usize>,
 }
 
-/// `GET …/runs/{run}/segments?after=N`: the run's segments after position N, as JSON, read
+/// The most segments one `GET …/segments` answers: a client reads a longer ledger page by
+/// page, each from the last position it has (`after`), until an answer is empty.
+pub const SEGMENTS_PAGE: usize = 100;
+
+/// `GET …/runs/{run}/segments?after=N&limit=L`: at most a page of the run's segments after
+/// position N, as JSON, read
 /// with the caller's rights as a stream's are (for a client that reads once, such as `baton
 /// transcript --server` without `-f`).
 pub async fn segments(
@@ -133,7 +137,9 @@ pub async fn segments(
 ) -> Result<Json<Vec<LedgerSegment>>, ApiError> {
     let requests = state.requests(&caller, &ns);
     let run = requests.read(&name).await?;
-    Ok(Json(requests.ledger_after(&run, query.after.max(0)).await?))
+    let limit = query.limit.unwrap_or(SEGMENTS_PAGE).clamp(1, SEGMENTS_PAGE);
+    let after = query.after.max(0);
+    Ok(Json(requests.ledger_page(&run, after, Some(limit)).await?))
 }
 
 pub async fn stop(

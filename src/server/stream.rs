@@ -39,6 +39,14 @@ pub enum Ended {
 
 /// How often an open stream asks again whether its caller may still read transcripts here.
 pub const ACCESS_RECHECK: Duration = Duration::from_secs(60);
+/// Events a stream holds for its client beyond what the connection has taken: with a page
+/// of the replay in hand, what one stream can hold is bounded by these two, not by a ledger.
+pub const STREAM_BUFFER: usize = 8;
+/// Segments read at once for a replay.
+pub const REPLAY_PAGE: usize = 8;
+/// A client that takes no event for this long is dropped: it reconnects with its cursor and
+/// loses nothing, instead of pinning what its stream holds for as long as it likes.
+pub const SLOW_FOLLOWER: Duration = Duration::from_secs(60);
 
 /// One client's stream: the caller's reads, the caller's hub, the client's channel.
 pub struct Follow {
@@ -49,6 +57,8 @@ pub struct Follow {
     /// When the caller's access is asked again ([`ACCESS_RECHECK`]), and how often.
     next_check: Instant,
     recheck_every: Duration,
+    /// How long one event may wait for the client ([`SLOW_FOLLOWER`]).
+    patience: Duration,
 }
 
 impl Follow {
@@ -62,7 +72,14 @@ impl Follow {
             _hub: hub,
             next_check: Instant::now() + ACCESS_RECHECK,
             recheck_every: ACCESS_RECHECK,
+            patience: SLOW_FOLLOWER,
         }
+    }
+
+    /// Drops a client that takes no event for `patience` instead of [`SLOW_FOLLOWER`].
+    pub fn patience(mut self, patience: Duration) -> Self {
+        self.patience = patience;
+        self
     }
 
     /// Asks the caller's access again every `every` instead of [`ACCESS_RECHECK`].
@@ -117,9 +134,16 @@ impl Follow {
         false
     }
 
-    /// Sends one event; false once the client is gone.
+    /// Sends one event; false once the client is gone, or took nothing for [`SLOW_FOLLOWER`]
+    /// (the stream ends, and the client reconnects with its cursor).
     pub async fn send(&self, event: Event) -> bool {
-        self.out.send(event).await.is_ok()
+        match tokio::time::timeout(self.patience, self.out.send(event)).await {
+            Ok(sent) => sent.is_ok(),
+            Err(_) => {
+                tracing::info!(patience = ?self.patience, "a stream's client took nothing: dropped");
+                false
+            }
+        }
     }
 
     /// Streams `run` from after position `after` until it ends, is deleted, or the client
@@ -201,20 +225,32 @@ impl Follow {
         }
     }
 
-    /// Reads the ledger (the caller's credential, the store's checks) and sends what follows
-    /// the cursor; Some when the stream must end.
+    /// Reads the ledger (the caller's credential, the store's checks) a page at a time and
+    /// sends what follows the cursor, each page before the next is read; Some when the
+    /// stream must end.
     async fn read_ledger(&mut self, run: &AgentRun, state: &mut RunState) -> Option<Ended> {
-        match self.requests.ledger_after(run, state.sent.tail()).await {
-            Ok(segments) => {
-                for s in segments {
-                    state.sent.offer(Arc::new(s));
+        loop {
+            let after = state.sent.tail();
+            let page = self.requests.ledger_page(run, after, Some(REPLAY_PAGE));
+            match page.await {
+                Ok(segments) => {
+                    let last_page = segments.len() < REPLAY_PAGE;
+                    for s in segments {
+                        state.sent.offer(Arc::new(s));
+                    }
+                    if !self.send_ready(&mut state.sent).await {
+                        return Some(Ended::ClientGone);
+                    }
+                    if last_page || state.sent.tail() == after {
+                        return None;
+                    }
                 }
-                (!self.send_ready(&mut state.sent).await).then_some(Ended::ClientGone)
-            }
-            Err(err) => {
-                let data = serde_json::json!({ "run": run.name_any(), "message": err.to_string() });
-                let _ = self.send(json_event("error", &data)).await;
-                Some(Ended::Failed)
+                Err(err) => {
+                    let data =
+                        serde_json::json!({ "run": run.name_any(), "message": err.to_string() });
+                    let _ = self.send(json_event("error", &data)).await;
+                    return Some(Ended::Failed);
+                }
             }
         }
     }

@@ -124,9 +124,8 @@ pub async fn events(
     requests.probe_ledgers().await?;
     let slot = state.stream_slot(&caller)?;
     let hub = state.hubs.join(&caller, &ns);
-    let (tx, rx) = tokio::sync::mpsc::channel(64);
     let client = caller.client().clone();
-    let follow = Follow::new(requests, hub, tx).rechecking_every(state.access_recheck);
+    let (follow, rx) = state.follow(requests, hub);
     let mut stream = ThreadStream {
         follow,
         client,

@@ -7,6 +7,8 @@
 //!   namespace), the answers to stop, inputs and approvals (409s naming why), bad bodies;
 //! - `console`: signing in (a token, or `baton console`'s one-time address), what a signed-in
 //!   browser is shown and refused, the CSRF header a write by cookie needs;
+//! - `bounds`: a long ledger served and replayed a page at a time; a client that reads nothing
+//!   is dropped;
 //! - `hostile`: no credential, a body over its bound, a head or body withheld: answered or
 //!   dropped within seconds, the body unread;
 //! - `ledger`: the PostgreSQL ledger served to its writers: a worker's pod-bound token at its
@@ -34,6 +36,7 @@ mod sse;
 mod support;
 
 mod api;
+mod bounds;
 mod console;
 mod hostile;
 mod ledger;

@@ -105,6 +105,10 @@ const LIST_AFTER: &str = "
     SELECT run, seq, fence, format, events FROM ledger_segments
      WHERE run_uid = $1 AND seq > $2 ORDER BY seq";
 
+const LIST_PAGE: &str = "
+    SELECT run, seq, fence, format, events FROM ledger_segments
+     WHERE run_uid = $1 AND seq > $2 ORDER BY seq LIMIT $3";
+
 const DELETE_RUN: &str = "
     WITH deleted AS (DELETE FROM ledger_segments WHERE run_uid = $1 RETURNING 1)
     SELECT count(*) FROM deleted";
@@ -347,12 +351,33 @@ impl PgRunLedger {
         Ok(segments)
     }
 
+    /// At most `limit` segments after position `after`, in order and checked contiguous
+    /// from there (a page of a reader that must not hold a whole ledger).
+    pub async fn list_page(
+        &self,
+        after: i64,
+        limit: usize,
+    ) -> Result<Vec<LedgerSegment>, LedgerError> {
+        let limit = limit as i64;
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
+            [&self.run_uid, &after, &limit];
+        let segments = self.rows(LIST_PAGE, &params).await?;
+        check_contiguous_after(after, &segments)?;
+        Ok(segments)
+    }
+
     /// The rows after position `after`, in order, this run's only.
     async fn rows_after(&self, after: i64) -> Result<Vec<LedgerSegment>, LedgerError> {
-        let rows = self
-            .db
-            .in_namespace(&self.namespace, LIST_AFTER, &[&self.run_uid, &after])
-            .await?;
+        self.rows(LIST_AFTER, &[&self.run_uid, &after]).await
+    }
+
+    /// The rows `query` selects, this run's only (a row claiming another run is logged).
+    async fn rows(
+        &self,
+        query: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<LedgerSegment>, LedgerError> {
+        let rows = self.db.in_namespace(&self.namespace, query, params).await?;
         let mut segments = Vec::with_capacity(rows.len());
         for row in rows {
             let segment = self.segment_of_row(&row, 0)?;
