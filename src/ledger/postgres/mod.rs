@@ -8,6 +8,7 @@
 //! table's row-level security lets it see and write only that namespace's rows.
 
 pub mod schema;
+mod sql;
 mod tls;
 
 use std::str::FromStr;
@@ -18,6 +19,8 @@ use futures::StreamExt;
 use tokio::sync::broadcast;
 use tokio_postgres::types::Json;
 use tokio_postgres::{AsyncMessage, Row};
+
+use sql::*;
 
 use tls::Tls;
 
@@ -66,52 +69,6 @@ impl PgError {
         }
     }
 }
-
-/// The statement that names the namespace a session works in; sent ahead of every statement
-/// on the same connection, in the same round trip.
-const IN_NAMESPACE: &str = "SELECT set_config('baton.namespace', $1, false)";
-
-/// [`IN_NAMESPACE`] for the rest of one transaction only.
-const IN_NAMESPACE_HERE: &str = "SELECT set_config('baton.namespace', $1, true)";
-
-/// The fenced append, one statement: the row is inserted if its position is free and the
-/// run has no tombstone; if not, the row holding it comes back (the `NOT EXISTS` arm reads it
-/// in the same snapshot), or the tombstone.
-const APPEND: &str = "
-    WITH inserted AS (
-        INSERT INTO ledger_segments (namespace, run, run_uid, seq, fence, format, events)
-        SELECT $1, $2, $3, $4::bigint, $5::bigint, $6::integer, $7::json
-         WHERE NOT EXISTS (SELECT 1 FROM ledger_tombstones WHERE run_uid = $3)
-        ON CONFLICT (run_uid, seq) DO NOTHING
-        RETURNING seq)
-    SELECT 'created' AS found, NULL::text AS run, NULL::bigint AS fence,
-           NULL::integer AS format, NULL::json AS events
-      FROM inserted
-    UNION ALL
-    SELECT 'taken', run, fence, format, events FROM ledger_segments
-     WHERE run_uid = $3 AND seq = $4 AND NOT EXISTS (SELECT 1 FROM inserted)
-    UNION ALL
-    SELECT 'deleted', NULL, NULL, NULL, NULL FROM ledger_tombstones WHERE run_uid = $3";
-
-/// A lock no append to the table can share (an insert holds ROW EXCLUSIVE): taken, it waits
-/// for the appends in flight to commit, and an append that comes meanwhile waits for it.
-const NO_APPENDS: &str = "LOCK TABLE ledger_segments IN SHARE ROW EXCLUSIVE MODE";
-
-const TOMBSTONE: &str = "
-    INSERT INTO ledger_tombstones (namespace, run_uid) VALUES ($1, $2)
-    ON CONFLICT (run_uid, namespace) DO NOTHING";
-
-const LIST_AFTER: &str = "
-    SELECT run, seq, fence, format, events FROM ledger_segments
-     WHERE run_uid = $1 AND seq > $2 ORDER BY seq";
-
-const LIST_PAGE: &str = "
-    SELECT run, seq, fence, format, events FROM ledger_segments
-     WHERE run_uid = $1 AND seq > $2 ORDER BY seq LIMIT $3";
-
-const DELETE_RUN: &str = "
-    WITH deleted AS (DELETE FROM ledger_segments WHERE run_uid = $1 RETURNING 1)
-    SELECT count(*) FROM deleted";
 
 /// How many connections a process keeps at most.
 pub const DEFAULT_POOL_SIZE: usize = 16;
