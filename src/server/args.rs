@@ -61,6 +61,10 @@ pub struct ServerArgs {
     /// is refused (429) until one ends.
     #[arg(long, env = "BATON_MAX_STREAMS_PER_CREDENTIAL", default_value_t = crate::server::MAX_STREAMS_PER_CREDENTIAL)]
     pub max_streams_per_credential: usize,
+    /// Bytes of events all streams together hold for their clients (what clients have not
+    /// taken yet); a stream whose next event does not fit waits for others' to be written.
+    #[arg(long, env = "BATON_MAX_STREAM_BYTES", default_value_t = crate::server::DEFAULT_STREAM_BYTES)]
+    pub max_stream_bytes: usize,
     /// Browsers reach the console over HTTPS (a proxy or ingress terminates TLS in front of
     /// this server): its cookies are then `Secure` and `__Host-` prefixed, as they are when
     /// this server serves TLS itself.

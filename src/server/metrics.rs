@@ -17,6 +17,8 @@ pub struct ServerMetrics {
     pub hubs: Gauge,
     /// Watch requests open against the API server now.
     pub api_watches: Gauge,
+    /// Bytes of events the streams hold for their clients now (`held`'s budget in use).
+    pub stream_bytes: Gauge,
     /// Requests answered, by HTTP status code.
     pub responses: Family<Vec<(&'static str, String)>, Counter>,
 }
@@ -28,6 +30,7 @@ impl Default for ServerMetrics {
             followers: Gauge::default(),
             hubs: Gauge::default(),
             api_watches: Gauge::default(),
+            stream_bytes: Gauge::default(),
             responses: Family::default(),
         };
         m.registry
@@ -41,6 +44,11 @@ impl Default for ServerMetrics {
             "api_watches",
             "Watch requests open against the Kubernetes API server now",
             m.api_watches.clone(),
+        );
+        m.registry.register(
+            "stream_bytes_held",
+            "Bytes of events the streams hold for their clients now, all together",
+            m.stream_bytes.clone(),
         );
         m.registry.register(
             "responses",

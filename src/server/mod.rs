@@ -8,6 +8,7 @@ mod caller;
 mod console;
 pub mod cursor;
 mod error;
+mod held;
 mod hub;
 mod identity;
 mod ledger_api;
@@ -22,15 +23,12 @@ mod threads;
 mod token_cache;
 pub mod visible;
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{Request, State};
-use axum::http::HeaderValue;
 use axum::middleware::{self, Next};
-use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use tokio::sync::mpsc;
@@ -38,6 +36,7 @@ use tokio::sync::mpsc;
 pub use args::{ConsoleArgs, ServerArgs};
 pub use caller::well_formed;
 pub use error::ApiError;
+pub use held::DEFAULT_STREAM_BYTES;
 pub use slots::MAX_STREAMS_PER_CREDENTIAL;
 
 use caller::Callers;
@@ -71,6 +70,8 @@ pub struct ServerState {
     access_recheck: Duration,
     /// How long a stream waits for its client to take one event before dropping it.
     slow_follower: Duration,
+    /// The bytes of events every stream together holds for its clients.
+    stream_bytes: held::EventBudget,
     /// The streams each credential holds open.
     slots: slots::StreamSlots,
 }
@@ -120,6 +121,7 @@ impl ServerState {
             sessions: SessionKey::random(),
             access_recheck: stream::ACCESS_RECHECK,
             slow_follower: stream::SLOW_FOLLOWER,
+            stream_bytes: held::EventBudget::new(held::DEFAULT_STREAM_BYTES),
             slots: slots::StreamSlots::new(slots::MAX_STREAMS_PER_CREDENTIAL),
         }
     }
@@ -150,21 +152,25 @@ impl ServerState {
         self
     }
 
-    /// A stream of `requests` from `hub`, with this server's timing, and the channel its
-    /// client's events come out of (at most [`stream::STREAM_BUFFER`] waiting).
+    /// All streams together hold at most `bytes` of events for their clients.
+    pub fn with_stream_bytes(mut self, bytes: usize) -> Self {
+        self.stream_bytes = held::EventBudget::new(bytes);
+        self
+    }
+
+    /// A stream of `requests` from `hub`, with this server's timing and budget, and the
+    /// response its client reads (at most [`stream::STREAM_BUFFER`] events waiting in it).
     fn follow(
         &self,
         requests: crate::requests::RunRequests,
         hub: Arc<hub::Hub>,
-    ) -> (
-        stream::Follow,
-        tokio::sync::mpsc::Receiver<axum::response::sse::Event>,
-    ) {
-        let (out, client) = tokio::sync::mpsc::channel(stream::STREAM_BUFFER);
-        let follow = stream::Follow::new(requests, hub, out)
+    ) -> (stream::Follow, Response) {
+        let (out, events) = mpsc::channel(stream::STREAM_BUFFER);
+        let (cut, cut_seen) = tokio::sync::watch::channel(false);
+        let follow = stream::Follow::new(requests, hub, out, self.stream_bytes.clone(), cut)
             .rechecking_every(self.access_recheck)
             .patience(self.slow_follower);
-        (follow, client)
+        (follow, held::sse_response(events, cut_seen, HEARTBEAT))
     }
 
     /// Seals the console's sessions under `key` (the one every replica holds).
@@ -275,6 +281,8 @@ fn ledger_routes() -> Router<Arc<ServerState>> {
 }
 
 async fn metrics_text(State(state): State<Arc<ServerState>>) -> impl IntoResponse {
+    let held = i64::try_from(state.stream_bytes.held_bytes()).unwrap_or(i64::MAX);
+    state.metrics.stream_bytes.set(held);
     (
         [(
             "content-type",
@@ -329,21 +337,6 @@ async fn count_responses(
     response
 }
 
-/// The HTTP answer of a stream: events as the follower sends them, a heartbeat comment when
-/// it is quiet, and the headers that keep proxies from buffering it.
-fn sse_response(rx: mpsc::Receiver<Event>) -> Response {
-    let events = futures::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|e| (Ok::<_, Infallible>(e), rx))
-    });
-    let mut response = Sse::new(events)
-        .keep_alive(KeepAlive::new().interval(HEARTBEAT).text("heartbeat"))
-        .into_response();
-    let headers = response.headers_mut();
-    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
-    headers.insert("cache-control", HeaderValue::from_static("no-cache"));
-    response
-}
-
 /// Runs the server until the listener fails or SIGTERM/SIGINT comes (`serving.rs`: on
 /// SIGTERM it serves on a moment, then lets requests in flight finish; open streams are cut
 /// and their clients reconnect to another replica with `Last-Event-ID`, losing nothing).
@@ -378,7 +371,8 @@ pub async fn main(args: ServerArgs) -> Result<(), crate::Error> {
     }
     let state = state
         .with_session_key(sessions)
-        .with_stream_limit(args.max_streams_per_credential);
+        .with_stream_limit(args.max_streams_per_credential)
+        .with_stream_bytes(args.max_stream_bytes);
     let state = Arc::new(state);
     let listener = tokio::net::TcpListener::bind(args.addr).await?;
     let tls = args.tls_cert_file.zip(args.tls_key_file);

@@ -13,10 +13,10 @@ use kube::{Api, ResourceExt};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::ServerState;
 use super::caller::Caller;
 use super::cursor::Resume;
 use super::error::ApiError;
-use super::{ServerState, sse_response};
 use crate::crd::v1alpha1::{AgentRun, LedgerSegment, Phase, Verdict};
 use crate::requests::{Stopped, phase_of};
 
@@ -97,7 +97,7 @@ pub async fn events(
     let resume = query.resume(&headers)?;
     let slot = state.stream_slot(&caller)?;
     let hub = state.hubs.join(&caller, &ns);
-    let (mut follow, rx) = state.follow(state.requests(&caller, &ns), hub);
+    let (mut follow, response) = state.follow(state.requests(&caller, &ns), hub);
     // Read (and so authorized) before the stream opens: a refusal is a plain HTTP answer.
     let run = follow.requests().read(&name).await?;
     follow.requests().probe_ledgers().await?;
@@ -109,7 +109,7 @@ pub async fn events(
         metrics.followers.dec();
         drop(slot);
     });
-    Ok(sse_response(rx))
+    Ok(response)
 }
 
 /// `?after=`: a ledger position (0, or absent: from the start).

@@ -13,12 +13,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::response::sse::Event;
 use kube::ResourceExt;
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, broadcast, mpsc, watch};
 use tokio::time::Instant;
 
 use super::cursor::{Contiguous, EventId};
+use super::held::{EventBudget, Held, Outgoing};
 use super::hub::{Change, Hub};
 use crate::crd::v1alpha1::{AgentRun, LedgerSegment, Phase};
 use crate::ledger::is_segment_of;
@@ -44,15 +44,20 @@ pub const ACCESS_RECHECK: Duration = Duration::from_secs(60);
 pub const STREAM_BUFFER: usize = 8;
 /// Segments read at once for a replay.
 pub const REPLAY_PAGE: usize = 8;
-/// A client that takes no event for this long is dropped: it reconnects with its cursor and
-/// loses nothing, instead of pinning what its stream holds for as long as it likes.
+/// A client that takes no event for this long is dropped, its connection cut: it reconnects
+/// with its cursor and loses nothing, instead of pinning what its stream holds for as long
+/// as it likes.
 pub const SLOW_FOLLOWER: Duration = Duration::from_secs(60);
 
 /// One client's stream: the caller's reads, the caller's hub, the client's channel.
 pub struct Follow {
     requests: RunRequests,
     changes: broadcast::Receiver<Change>,
-    out: mpsc::Sender<Event>,
+    out: mpsc::Sender<Held>,
+    /// Every stream's events together ([`super::held`]).
+    budget: EventBudget,
+    /// Cuts the client's connection ([`super::held::sse_response`]).
+    cut: watch::Sender<bool>,
     _hub: Arc<Hub>,
     /// When the caller's access is asked again ([`ACCESS_RECHECK`]), and how often.
     next_check: Instant,
@@ -64,11 +69,19 @@ pub struct Follow {
 impl Follow {
     /// Subscribes to `hub` now, before anything is read: a change from here on is seen either
     /// in what is read or on the channel (or both: the cursor drops repeats).
-    pub fn new(requests: RunRequests, hub: Arc<Hub>, out: mpsc::Sender<Event>) -> Self {
+    pub fn new(
+        requests: RunRequests,
+        hub: Arc<Hub>,
+        out: mpsc::Sender<Held>,
+        budget: EventBudget,
+        cut: watch::Sender<bool>,
+    ) -> Self {
         Self {
             requests,
             changes: hub.subscribe(),
             out,
+            budget,
+            cut,
             _hub: hub,
             next_check: Instant::now() + ACCESS_RECHECK,
             recheck_every: ACCESS_RECHECK,
@@ -135,12 +148,29 @@ impl Follow {
     }
 
     /// Sends one event; false once the client is gone, or took nothing for [`SLOW_FOLLOWER`]
-    /// (the stream ends, and the client reconnects with its cursor).
-    pub async fn send(&self, event: Event) -> bool {
-        match tokio::time::timeout(self.patience, self.out.send(event)).await {
+    /// (its connection is cut, and the client reconnects with its cursor).
+    pub async fn send(&self, event: Outgoing) -> bool {
+        match self.hold(event).await {
+            Some(held) => self.deliver(held).await,
+            None => false,
+        }
+    }
+
+    /// Room for `event` in the budget, waited for; None once the client is gone.
+    async fn hold(&self, event: Outgoing) -> Option<Held> {
+        tokio::select! {
+            _ = self.out.closed() => None,
+            held = self.budget.hold(event) => Some(held),
+        }
+    }
+
+    /// Hands a counted event to the client's connection, waiting at most [`SLOW_FOLLOWER`].
+    async fn deliver(&self, held: Held) -> bool {
+        match tokio::time::timeout(self.patience, self.out.send(held)).await {
             Ok(sent) => sent.is_ok(),
             Err(_) => {
-                tracing::info!(patience = ?self.patience, "a stream's client took nothing: dropped");
+                tracing::info!(patience = ?self.patience, "a stream's client took nothing: cut");
+                self.cut.send_replace(true);
                 false
             }
         }
@@ -231,6 +261,10 @@ impl Follow {
     async fn read_ledger(&mut self, run: &AgentRun, state: &mut RunState) -> Option<Ended> {
         loop {
             let after = state.sent.tail();
+            let reading = tokio::select! {
+                _ = self.out.closed() => return Some(Ended::ClientGone),
+                place = self.budget.reading() => place,
+            };
             let page = self.requests.ledger_page(run, after, Some(REPLAY_PAGE));
             match page.await {
                 Ok(segments) => {
@@ -238,7 +272,10 @@ impl Follow {
                     for s in segments {
                         state.sent.offer(Arc::new(s));
                     }
-                    if !self.send_ready(&mut state.sent).await {
+                    if !self
+                        .send_ready_reading(&mut state.sent, Some(reading))
+                        .await
+                    {
                         return Some(Ended::ClientGone);
                     }
                     if last_page || state.sent.tail() == after {
@@ -256,9 +293,36 @@ impl Follow {
     }
 
     async fn send_ready(&self, sent: &mut Contiguous) -> bool {
-        for segment in sent.release() {
-            if !self.send(segment_event(&segment)).await {
-                return false;
+        self.send_ready_reading(sent, None).await
+    }
+
+    /// Sends the segments the cursor releases. Their room in the budget is taken at once for
+    /// as many as fit it (a stream never waits for room while holding room its client has not
+    /// been handed: streams cannot wait on each other), and a page's reading place is kept
+    /// until all its events are counted: what a stream holds uncounted is at most a page,
+    /// and only while it has a reading place.
+    async fn send_ready_reading(
+        &self,
+        sent: &mut Contiguous,
+        reading: Option<OwnedSemaphorePermit>,
+    ) -> bool {
+        let events: Vec<Outgoing> = sent.release().iter().map(|s| segment_event(s)).collect();
+        let batches = self.budget.batches(events);
+        let mut reading = reading;
+        let count = batches.len();
+        for (i, batch) in batches.into_iter().enumerate() {
+            let held = tokio::select! {
+                _ = self.out.closed() => return false,
+                held = self.budget.hold_all(batch) => held,
+            };
+            // Nothing of the page is uncounted any more: its reading place is free.
+            if i + 1 == count {
+                drop(reading.take());
+            }
+            for h in held {
+                if !self.deliver(h).await {
+                    return false;
+                }
             }
         }
         true
@@ -332,7 +396,7 @@ struct RunState {
 }
 
 /// A ledger segment as an SSE event whose id is its place.
-pub fn segment_event(segment: &LedgerSegment) -> Event {
+pub fn segment_event(segment: &LedgerSegment) -> Outgoing {
     let uid = segment
         .labels()
         .get(crate::crd::RUN_UID_LABEL)
@@ -349,11 +413,11 @@ pub fn segment_event(segment: &LedgerSegment) -> Event {
         "fence": segment.spec.fence,
         "events": segment.spec.events,
     });
-    json_event("segment", &data).id(id.to_string())
+    Outgoing::new("segment", Some(&id.to_string()), &data.to_string())
 }
 
 /// An event named `name` with `data` as its JSON (one line: JSON escapes every newline, so
 /// nothing a model or a tool wrote can end an event early or forge one).
-pub fn json_event(name: &str, data: &serde_json::Value) -> Event {
-    Event::default().event(name).data(data.to_string())
+pub fn json_event(name: &str, data: &serde_json::Value) -> Outgoing {
+    Outgoing::new(name, None, &data.to_string())
 }

@@ -14,13 +14,13 @@ use kube::{Api, ResourceExt};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::ServerState;
 use super::caller::Caller;
 use super::cursor::Resume;
 use super::error::ApiError;
 use super::hub::Change;
 use super::runs::{StreamQuery, bad_body};
 use super::stream::{Ended, Follow, json_event};
-use super::{ServerState, sse_response};
 use crate::crd::v1alpha1::{AgentRun, AgentThread, BusyPolicy};
 use crate::kube_util::is_not_found;
 use crate::requests::phase_of;
@@ -125,7 +125,7 @@ pub async fn events(
     let slot = state.stream_slot(&caller)?;
     let hub = state.hubs.join(&caller, &ns);
     let client = caller.client().clone();
-    let (follow, rx) = state.follow(requests, hub);
+    let (follow, response) = state.follow(requests, hub);
     let mut stream = ThreadStream {
         follow,
         client,
@@ -141,7 +141,7 @@ pub async fn events(
         metrics.followers.dec();
         drop(slot);
     });
-    Ok(sse_response(rx))
+    Ok(response)
 }
 
 /// One client's stream of a thread.

@@ -121,3 +121,46 @@ async fn a_client_that_takes_nothing_is_dropped() {
     drop(stalled);
     ns.cleanup().await;
 }
+
+/// Five clients replay a 12 MB ledger at once through a server whose streams may hold 512 KiB
+/// of events together: each waits its turn in the budget, none is starved, all get it all.
+#[tokio::test]
+async fn streams_share_one_budget_and_each_gets_its_whole_replay() {
+    let ns = TestNamespace::new("server-budget").await;
+    let (url, _server) = start_server_with(|s| s.with_stream_bytes(512 * 1024)).await;
+    let alice = person(&ns, "alice", run_user_rules()).await;
+    let run = run_with_segments(&ns, "shared", 100, 120 * 1024).await;
+    let events = format!("{url}/api/v1/namespaces/{}/runs/shared/events", ns.name);
+    let readers = (0..5).map(|_| {
+        let (events, alice) = (events.clone(), alice.clone());
+        tokio::spawn(async move {
+            let mut stream = SseReader::open(&events, &alice, None).await;
+            let mut last = 0;
+            while last < 100 {
+                let event = stream.next().await.expect("the stream's next event");
+                if event.event == "segment" {
+                    assert_eq!(event.data["seq"], last + 1, "in order, once each");
+                    last += 1;
+                }
+            }
+        })
+    });
+    for reader in readers.collect::<Vec<_>>() {
+        tokio::time::timeout(std::time::Duration::from_secs(120), reader)
+            .await
+            .expect("every reader gets its replay")
+            .unwrap();
+    }
+    let metrics = reqwest::get(format!("{url}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("baton_server_stream_bytes_held"),
+        "{metrics}"
+    );
+    assert!(run.uid().is_some());
+    ns.cleanup().await;
+}
