@@ -79,6 +79,11 @@ bench-stream: ## Figures: append-to-SSE-receipt latency (p50/p99) with 10 and 1,
 	$(CARGO) build --release --bin baton
 	bash hack/with-control-plane.sh $(CARGO) run --release --example stream_bench
 
+.PHONY: bench-replay
+bench-replay: ## Figures: baton server's memory and CPU with 1,000 followers replaying 10 runs of 20 MB ledgers, and with 1,000 that read nothing
+	$(CARGO) build --release --bin baton
+	bash hack/with-control-plane.sh $(CARGO) run --release --example replay_bench
+
 .PHONY: bench-controller
 bench-controller: ## Figures: takeover lateness, controller memory and writes with 1,000 and 5,000 runs
 	$(CARGO) build --release --bin baton

@@ -11,7 +11,8 @@
 //! each event out of sight: its bytes could not carry their count.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::http::HeaderValue;
@@ -22,7 +23,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 pub const DEFAULT_STREAM_BYTES: usize = 64 * 1024 * 1024;
 /// Streams reading a ledger page at once: each holds at most a page of segments outside the
 /// budget, until its events are counted.
-pub const READS_AT_ONCE: usize = 8;
+pub const READS_AT_ONCE: usize = 4;
 
 /// The one budget of every stream's events, and the reading places.
 #[derive(Clone)]
@@ -42,9 +43,10 @@ impl EventBudget {
         }
     }
 
-    /// Room for `event`, waited for. An event larger than the whole budget takes all of it.
-    pub async fn hold(&self, event: Outgoing) -> Held {
-        self.hold_all(vec![event])
+    /// Room for `event`, waited for, counted in `tally` too. An event larger than the whole
+    /// budget takes all of it.
+    pub async fn hold(&self, event: Outgoing, tally: &Arc<Tally>) -> Held {
+        self.hold_all(vec![event], tally)
             .await
             .pop()
             .expect("one event held")
@@ -53,7 +55,7 @@ impl EventBudget {
     /// Room for all of `events` at once, waited for (all or nothing: a stream never holds
     /// part of a page while it waits for the rest, so streams cannot wait on each other).
     /// Their sizes together must fit the budget, or they must be one event ([`Self::batches`]).
-    pub async fn hold_all(&self, events: Vec<Outgoing>) -> Vec<Held> {
+    pub async fn hold_all(&self, events: Vec<Outgoing>, tally: &Arc<Tally>) -> Vec<Held> {
         let sizes: Vec<u32> = events.iter().map(|e| self.kib_of(e)).collect();
         let total = sizes.iter().fold(0u32, |a, b| a.saturating_add(*b));
         let room = self
@@ -70,9 +72,11 @@ impl EventBudget {
                 true => room.take(),
                 false => room.as_mut().and_then(|r| r.split(kib as usize)),
             };
+            tally.handed();
             held.push(Held {
                 bytes: event.0,
                 _room: share.expect("the room acquired covers every event"),
+                tally: tally.clone(),
             });
         }
         held
@@ -142,6 +146,58 @@ impl Outgoing {
 pub struct Held {
     bytes: Vec<u8>,
     _room: OwnedSemaphorePermit,
+    tally: Arc<Tally>,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.tally.taken();
+    }
+}
+
+/// One stream's events its client has not taken yet, and since when it has been waiting on
+/// the client: what tells a slow client from a quiet run.
+pub struct Tally {
+    born: Instant,
+    outstanding: AtomicUsize,
+    /// Milliseconds after `born` when the client last took an event, or its first event
+    /// after none began to wait.
+    waiting_since_ms: AtomicU64,
+}
+
+impl Tally {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self {
+            born: Instant::now(),
+            outstanding: AtomicUsize::new(0),
+            waiting_since_ms: AtomicU64::new(0),
+        })
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn handed(&self) {
+        if self.outstanding.fetch_add(1, Ordering::SeqCst) == 0 {
+            self.waiting_since_ms.store(self.now_ms(), Ordering::SeqCst);
+        }
+    }
+
+    fn taken(&self) {
+        self.outstanding.fetch_sub(1, Ordering::SeqCst);
+        self.waiting_since_ms.store(self.now_ms(), Ordering::SeqCst);
+    }
+
+    /// True when events wait for the client and it has taken none for `patience`.
+    pub fn stalled(&self, patience: Duration) -> bool {
+        let waited = self.now_ms()
+            - self
+                .waiting_since_ms
+                .load(Ordering::SeqCst)
+                .min(self.now_ms());
+        self.outstanding.load(Ordering::SeqCst) > 0 && waited > patience.as_millis() as u64
+    }
 }
 
 impl AsRef<[u8]> for Held {
@@ -213,6 +269,30 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_client_is_stalled_only_while_events_wait_for_it() {
+        let budget = EventBudget::new(1024 * 1024);
+        let tally = Tally::new();
+        let patience = Duration::from_millis(30);
+        std::thread::sleep(Duration::from_millis(40));
+        assert!(
+            !tally.stalled(patience),
+            "nothing waits: a quiet run, not a slow client"
+        );
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let held = rt.block_on(budget.hold(Outgoing::new("e", None, "{}"), &tally));
+        assert!(
+            !tally.stalled(patience),
+            "it waits since now, not since the stream began"
+        );
+        std::thread::sleep(Duration::from_millis(40));
+        assert!(tally.stalled(patience));
+        drop(held);
+        assert!(!tally.stalled(patience), "taken");
+    }
+
+    #[test]
     fn an_event_is_its_fields_and_a_blank_line() {
         let e = Outgoing::new("segment", Some("u:3"), r#"{"a":"b\nc"}"#);
         assert_eq!(
@@ -237,10 +317,11 @@ mod tests {
             "4+4 | 4 | 20 (over it all) | 1"
         );
         let mut batches = batches.into_iter();
-        let first = budget.hold_all(batches.next().unwrap()).await;
+        let tally = Tally::new();
+        let first = budget.hold_all(batches.next().unwrap(), &tally).await;
         assert_eq!((first.len(), budget.held_bytes()), (2, 8 * 1024));
         drop(first);
-        let over = budget.hold_all(batches.nth(1).unwrap()).await;
+        let over = budget.hold_all(batches.nth(1).unwrap(), &tally).await;
         assert_eq!(
             budget.held_bytes(),
             10 * 1024,
@@ -253,18 +334,19 @@ mod tests {
     #[tokio::test]
     async fn held_events_count_until_dropped_and_a_full_budget_waits() {
         let budget = EventBudget::new(4 * 1024);
+        let tally = Tally::new();
         let big = budget
-            .hold(Outgoing::new("e", None, &"x".repeat(3000)))
+            .hold(Outgoing::new("e", None, &"x".repeat(3000)), &tally)
             .await;
         assert_eq!(budget.held_bytes(), 3 * 1024);
-        let waiting = budget.hold(Outgoing::new("e", None, &"y".repeat(2000)));
+        let waiting = budget.hold(Outgoing::new("e", None, &"y".repeat(2000)), &tally);
         tokio::pin!(waiting);
         let early = tokio::time::timeout(Duration::from_millis(50), &mut waiting).await;
         assert!(early.is_err(), "2 KiB more than the budget holds must wait");
         drop(Bytes::from_owner(big));
         let _second = waiting.await;
         assert_eq!(budget.held_bytes(), 2 * 1024);
-        let huge = budget.hold(Outgoing::new("e", None, &"z".repeat(64 * 1024)));
+        let huge = budget.hold(Outgoing::new("e", None, &"z".repeat(64 * 1024)), &tally);
         assert!(
             tokio::time::timeout(Duration::from_millis(50), huge)
                 .await

@@ -18,7 +18,7 @@ use tokio::sync::{OwnedSemaphorePermit, broadcast, mpsc, watch};
 use tokio::time::Instant;
 
 use super::cursor::{Contiguous, EventId};
-use super::held::{EventBudget, Held, Outgoing};
+use super::held::{EventBudget, Held, Outgoing, Tally};
 use super::hub::{Change, Hub};
 use crate::crd::v1alpha1::{AgentRun, LedgerSegment, Phase};
 use crate::ledger::is_segment_of;
@@ -43,7 +43,7 @@ pub const ACCESS_RECHECK: Duration = Duration::from_secs(60);
 /// of the replay in hand, what one stream can hold is bounded by these two, not by a ledger.
 pub const STREAM_BUFFER: usize = 8;
 /// Segments read at once for a replay.
-pub const REPLAY_PAGE: usize = 8;
+pub const REPLAY_PAGE: usize = 4;
 /// A client that takes no event for this long is dropped, its connection cut: it reconnects
 /// with its cursor and loses nothing, instead of pinning what its stream holds for as long
 /// as it likes.
@@ -58,6 +58,8 @@ pub struct Follow {
     budget: EventBudget,
     /// Cuts the client's connection ([`super::held::sse_response`]).
     cut: watch::Sender<bool>,
+    /// What the client has not taken yet, and since when it waits on it.
+    tally: Arc<Tally>,
     _hub: Arc<Hub>,
     /// When the caller's access is asked again ([`ACCESS_RECHECK`]), and how often.
     next_check: Instant,
@@ -82,6 +84,7 @@ impl Follow {
             out,
             budget,
             cut,
+            tally: Tally::new(),
             _hub: hub,
             next_check: Instant::now() + ACCESS_RECHECK,
             recheck_every: ACCESS_RECHECK,
@@ -111,9 +114,18 @@ impl Follow {
     /// the revocation of its caller's rights by more than that). A follower that fell behind
     /// is told to read again.
     pub async fn next_change(&mut self) -> Option<Change> {
+        let mut stall_checks = tokio::time::interval(self.patience / 4);
         loop {
             tokio::select! {
                 _ = self.out.closed() => return None,
+                _ = stall_checks.tick() => {
+                    // Events wait unread in the connection or its channel: the client is
+                    // cut as when its channel is full ([`Self::deliver`]).
+                    if self.tally.stalled(self.patience) {
+                        self.cut_slow();
+                        return None;
+                    }
+                }
                 change = self.changes.recv() => return match change {
                     Ok(change) => Some(change),
                     Err(broadcast::error::RecvError::Lagged(_)) => Some(Change::Resync),
@@ -160,7 +172,7 @@ impl Follow {
     async fn hold(&self, event: Outgoing) -> Option<Held> {
         tokio::select! {
             _ = self.out.closed() => None,
-            held = self.budget.hold(event) => Some(held),
+            held = self.budget.hold(event, &self.tally) => Some(held),
         }
     }
 
@@ -169,11 +181,17 @@ impl Follow {
         match tokio::time::timeout(self.patience, self.out.send(held)).await {
             Ok(sent) => sent.is_ok(),
             Err(_) => {
-                tracing::info!(patience = ?self.patience, "a stream's client took nothing: cut");
-                self.cut.send_replace(true);
+                self.cut_slow();
                 false
             }
         }
+    }
+
+    /// Cuts the connection of a client that took nothing for [`SLOW_FOLLOWER`]: the events
+    /// it holds are dropped with it, and it reconnects with its cursor.
+    fn cut_slow(&self) {
+        tracing::info!(patience = ?self.patience, "a stream's client took nothing: cut");
+        self.cut.send_replace(true);
     }
 
     /// Streams `run` from after position `after` until it ends, is deleted, or the client
@@ -313,7 +331,7 @@ impl Follow {
         for (i, batch) in batches.into_iter().enumerate() {
             let held = tokio::select! {
                 _ = self.out.closed() => return false,
-                held = self.budget.hold_all(batch) => held,
+                held = self.budget.hold_all(batch, &self.tally) => held,
             };
             // Nothing of the page is uncounted any more: its reading place is free.
             if i + 1 == count {

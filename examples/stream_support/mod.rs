@@ -1,0 +1,189 @@
+//! What the stream benchmarks share: `baton server`'s release binary as its own process, the
+//! followers' one credential, runs claimed at fence 1, and the process figures they print.
+
+#![allow(dead_code)]
+
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use kube::api::{ObjectMeta, PostParams};
+use kube::{Api, Client};
+
+use baton::crd::v1alpha1::AgentRun;
+use baton::ledger::SegmentStore;
+
+use crate::claim;
+
+pub async fn wait_followers(url: &str, count: usize) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while Instant::now() < deadline {
+        if let Ok(r) = reqwest::get(format!("{url}/metrics")).await
+            && let Ok(text) = r.text().await
+            && gauge(&text, "baton_server_followers") >= count as f64
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("{count} followers never connected");
+}
+
+/// A run claimed at fence 1 (its `claimed` seal written), with its store for the appends.
+pub async fn started_run(
+    client: &Client,
+    ns: &str,
+    name: &str,
+) -> anyhow::Result<(AgentRun, SegmentStore)> {
+    let run = AgentRun::builder(name).input("bench").reply("ok").build();
+    let runs: Api<AgentRun> = Api::namespaced(client.clone(), ns);
+    runs.create(&PostParams::default(), &run).await?;
+    claim::claim(client, ns, name, 1).await;
+    let run = runs.get(name).await?;
+    let store = SegmentStore::for_run(client.clone(), &run);
+    Ok((run, store))
+}
+
+pub fn start_server(flags: &[&str]) -> anyhow::Result<(Child, String)> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let bin = std::env::var("BATON_BIN").unwrap_or_else(|_| "target/release/baton".into());
+    let child = Command::new(bin)
+        .args(["server", &format!("--addr=127.0.0.1:{port}")])
+        .args(flags)
+        .env("RUST_LOG", "warn")
+        .spawn()?;
+    Ok((child, format!("http://127.0.0.1:{port}")))
+}
+
+/// A ServiceAccount that may read runs and their ledgers in `ns`, and its token: the
+/// followers' one credential.
+pub async fn reader_token(client: &Client, ns: &str) -> anyhow::Result<String> {
+    let meta = || ObjectMeta {
+        name: Some("reader".into()),
+        ..Default::default()
+    };
+    let pp = PostParams::default();
+    Api::<ServiceAccount>::namespaced(client.clone(), ns)
+        .create(
+            &pp,
+            &ServiceAccount {
+                metadata: meta(),
+                ..Default::default()
+            },
+        )
+        .await?;
+    let rule = PolicyRule {
+        api_groups: Some(vec!["baton.dev".into()]),
+        resources: Some(vec!["agentruns".into(), "ledgersegments".into()]),
+        verbs: vec!["get".into(), "list".into(), "watch".into()],
+        ..Default::default()
+    };
+    Api::<Role>::namespaced(client.clone(), ns)
+        .create(
+            &pp,
+            &Role {
+                metadata: meta(),
+                rules: Some(vec![rule]),
+            },
+        )
+        .await?;
+    let binding = RoleBinding {
+        metadata: meta(),
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "Role".into(),
+            name: "reader".into(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: "reader".into(),
+            namespace: Some(ns.into()),
+            ..Default::default()
+        }]),
+    };
+    Api::<RoleBinding>::namespaced(client.clone(), ns)
+        .create(&pp, &binding)
+        .await?;
+    let minted = Api::<ServiceAccount>::namespaced(client.clone(), ns)
+        .create_token_request("reader", &pp, &TokenRequest::default())
+        .await?;
+    Ok(minted.status.map(|s| s.token).unwrap_or_default())
+}
+
+pub fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+pub fn gauge(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or(f64::NAN)
+}
+
+pub fn rss_kib(pid: u32) -> u64 {
+    status_kib(pid, "VmRSS:")
+}
+
+/// A figure of `/proc/PID/status` given in kB.
+fn status_kib(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix(field)?
+                    .trim()
+                    .split(' ')
+                    .next()?
+                    .parse()
+                    .ok()
+            })
+        })
+        .unwrap_or(0)
+}
+
+/// utime + stime of `pid`, in clock ticks.
+pub fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("");
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let field = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    field(11) + field(12)
+}
+
+pub fn ticks_per_second() -> f64 {
+    // SAFETY: sysconf only reads a system constant.
+    (unsafe { libc::sysconf(libc::_SC_CLK_TCK) }) as f64
+}
+
+/// 1,000 followers need 1,000 sockets here and in the server (which inherits this limit).
+pub fn raise_fd_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit read and write one plain struct we own.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
+}
+
+/// The peak resident memory of `pid` (VmHWM), in KiB.
+pub fn peak_rss_kib(pid: u32) -> u64 {
+    status_kib(pid, "VmHWM:")
+}
