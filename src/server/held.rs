@@ -121,9 +121,29 @@ pub struct Outgoing(Vec<u8>);
 impl Outgoing {
     /// `data` is one line of JSON (JSON escapes every newline, so nothing a model or a tool
     /// wrote can end an event early or forge one).
+    #[cfg(test)]
     pub fn new(name: &str, id: Option<&str>, data: &str) -> Self {
-        let mut bytes = Vec::with_capacity(data.len() + name.len() + 32);
-        for (field, value) in [("event", Some(name)), ("id", id), ("data", Some(data))] {
+        let mut event = Self::opened(name, id, data.len());
+        event.0.extend_from_slice(data.as_bytes());
+        event.closed()
+    }
+
+    /// An event whose `data` is `data` as compact JSON (one line, as [`Self::new`] needs),
+    /// written straight into it.
+    pub fn json(name: &str, id: Option<&str>, data: &impl serde::Serialize) -> Self {
+        let mut event = Self::opened(name, id, 256);
+        if let Err(err) = serde_json::to_writer(&mut event.0, data) {
+            // Only a map with non-string keys fails; none of the server's events has one.
+            tracing::error!(%err, "an event's data could not be written as JSON");
+            event.0.extend_from_slice(b"null");
+        }
+        event.closed()
+    }
+
+    /// `event`, `id` and the start of the `data` line.
+    fn opened(name: &str, id: Option<&str>, room: usize) -> Self {
+        let mut bytes = Vec::with_capacity(room + name.len() + 32);
+        for (field, value) in [("event", Some(name)), ("id", id)] {
             if let Some(value) = value {
                 bytes.extend_from_slice(field.as_bytes());
                 bytes.extend_from_slice(b": ");
@@ -131,8 +151,13 @@ impl Outgoing {
                 bytes.push(b'\n');
             }
         }
-        bytes.push(b'\n');
+        bytes.extend_from_slice(b"data: ");
         Self(bytes)
+    }
+
+    fn closed(mut self) -> Self {
+        self.0.extend_from_slice(b"\n\n");
+        self
     }
 
     #[cfg(test)]
@@ -301,6 +326,8 @@ mod tests {
         );
         let e = Outgoing::new("end", None, "{}");
         assert_eq!(e.as_bytes(), b"event: end\ndata: {}\n\n");
+        let e = Outgoing::json("status", None, &serde_json::json!({"m": "a\nb"}));
+        assert_eq!(e.as_bytes(), b"event: status\ndata: {\"m\":\"a\\nb\"}\n\n");
     }
 
     #[tokio::test]

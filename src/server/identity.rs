@@ -247,17 +247,55 @@ impl FromRequestParts<Arc<ServerState>> for Caller {
             if let Some(proxied) = state.identity.proxied(token, parts) {
                 let caller = proxied?;
                 check_csrf(parts, caller.token())?;
-                return Ok(caller);
+                return verified_if_writing(parts, state, caller).await;
             }
-            return state.identity.caller(token);
+            let caller = state.identity.caller(token)?;
+            return verified_if_writing(parts, state, caller).await;
         }
         let cookie = state.cookies().value(parts, COOKIE);
         let credential = cookie.and_then(|c| state.identity.session_credential(&state.sessions, c));
         let credential = credential.ok_or(ApiError::Unauthenticated)?;
         let caller = state.identity.caller(&credential)?;
         check_csrf(parts, &credential)?;
-        Ok(caller)
+        verified_if_writing(parts, state, caller).await
     }
+}
+
+/// A request that may carry a body (anything but GET and HEAD) is let on only once the API
+/// server has accepted its credential, so no body is read for a credential it would refuse.
+/// The question is a SelfSubjectAccessReview made as the caller: any credential the API
+/// server accepts may create one (`system:basic-user`), it writes nothing, and it answers 401
+/// for a credential it does not accept (403 for an impersonation the proxy may not make). An
+/// accepted credential is trusted again for a few seconds (`token_cache`).
+async fn verified_if_writing(
+    parts: &Parts,
+    state: &Arc<ServerState>,
+    caller: Caller,
+) -> Result<Caller, ApiError> {
+    if matches!(parts.method, Method::GET | Method::HEAD) || state.recently_verified(&caller) {
+        return Ok(caller);
+    }
+    use k8s_openapi::api::authorization::v1::{
+        ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+    };
+    let review = SelfSubjectAccessReview {
+        spec: SelfSubjectAccessReviewSpec {
+            resource_attributes: Some(ResourceAttributes {
+                group: Some("baton.dev".into()),
+                resource: Some("agentruns".into()),
+                verb: Some("get".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let reviews: kube::Api<SelfSubjectAccessReview> = kube::Api::all(caller.client().clone());
+    reviews
+        .create(&kube::api::PostParams::default(), &review)
+        .await?;
+    state.verified(&caller);
+    Ok(caller)
 }
 
 /// A write must carry the CSRF token of the credential it is made with.

@@ -72,6 +72,8 @@ pub struct ServerState {
     slow_follower: Duration,
     /// The bytes of events every stream together holds for its clients.
     stream_bytes: held::EventBudget,
+    /// Credentials the API server accepted a moment ago, for the routes that read a body.
+    verified: std::sync::Mutex<token_cache::TokenCache>,
     /// The streams each credential holds open.
     slots: slots::StreamSlots,
 }
@@ -123,6 +125,7 @@ impl ServerState {
             slow_follower: stream::SLOW_FOLLOWER,
             stream_bytes: held::EventBudget::new(held::DEFAULT_STREAM_BYTES),
             slots: slots::StreamSlots::new(slots::MAX_STREAMS_PER_CREDENTIAL),
+            verified: Default::default(),
         }
     }
 
@@ -144,6 +147,24 @@ impl ServerState {
     pub fn with_access_recheck(mut self, every: Duration) -> Self {
         self.access_recheck = every;
         self
+    }
+
+    /// True if the API server accepted `caller`'s credential a moment ago.
+    fn recently_verified(&self, caller: &caller::Caller) -> bool {
+        let verified = self.verified.lock().unwrap_or_else(|e| e.into_inner());
+        verified
+            .get(caller.token(), std::time::Instant::now())
+            .is_some()
+    }
+
+    /// Keeps `caller`'s credential as accepted by the API server, for a moment.
+    fn verified(&self, caller: &caller::Caller) {
+        let mut verified = self.verified.lock().unwrap_or_else(|e| e.into_inner());
+        verified.accept(
+            caller.token(),
+            Default::default(),
+            std::time::Instant::now(),
+        );
     }
 
     /// Streams drop a client that takes no event for `patience` (tests: a second).

@@ -413,29 +413,39 @@ struct RunState {
     phase: Option<(Phase, Option<i64>)>,
 }
 
-/// A ledger segment as an SSE event whose id is its place.
+/// A ledger segment as an SSE event whose id is its place, its JSON written straight into
+/// the event (a segment may be a megabyte: no copy of it is made on the way).
 pub fn segment_event(segment: &LedgerSegment) -> Outgoing {
     let uid = segment
         .labels()
         .get(crate::crd::RUN_UID_LABEL)
-        .cloned()
-        .unwrap_or_default();
+        .map_or("", String::as_str);
     let id = EventId {
-        uid: uid.clone(),
+        uid: uid.to_string(),
         seq: segment.spec.seq,
     };
-    let data = serde_json::json!({
-        "run": segment.spec.run,
-        "uid": uid,
-        "seq": segment.spec.seq,
-        "fence": segment.spec.fence,
-        "events": segment.spec.events,
-    });
-    Outgoing::new("segment", Some(&id.to_string()), &data.to_string())
+    let data = SegmentData {
+        run: &segment.spec.run,
+        uid,
+        seq: segment.spec.seq,
+        fence: segment.spec.fence,
+        events: &segment.spec.events,
+    };
+    Outgoing::json("segment", Some(&id.to_string()), &data)
+}
+
+/// The `data` of a `segment` event.
+#[derive(serde::Serialize)]
+struct SegmentData<'a> {
+    run: &'a str,
+    uid: &'a str,
+    seq: i64,
+    fence: crate::fence::Fence,
+    events: &'a [crate::crd::v1alpha1::LedgerEvent],
 }
 
 /// An event named `name` with `data` as its JSON (one line: JSON escapes every newline, so
 /// nothing a model or a tool wrote can end an event early or forge one).
 pub fn json_event(name: &str, data: &serde_json::Value) -> Outgoing {
-    Outgoing::new(name, None, &data.to_string())
+    Outgoing::json(name, None, data)
 }
