@@ -14,6 +14,8 @@ use crate::ledger::{LedgerError, Ledgers};
 
 /// How many times a request re-reads and retries when the run changes under it.
 const UPDATE_RETRIES: usize = 5;
+/// Segments read at once while looking back through a ledger for a call.
+const LOOK_BACK_PAGE: usize = 4;
 
 /// Why a request on a run was not carried out.
 #[derive(Debug, thiserror::Error)]
@@ -162,8 +164,7 @@ impl RunRequests {
     ) -> Result<(i64, RecordedCall), RequestError> {
         let run = self.read(name).await?;
         let decision = approval::decision(&run, step, Verdict::Approve, None)?;
-        let segments = self.ledger(&run).await?;
-        let Some((tool, arguments)) = approval::recorded_call(&segments, &decision) else {
+        let Some((tool, arguments)) = self.find_call(&run, &decision).await? else {
             return Err(RequestError::CallNotShown {
                 name: name.into(),
                 step: decision.step,
@@ -171,10 +172,45 @@ impl RunRequests {
         };
         let call = RecordedCall {
             call_id: decision.call_id.clone(),
-            tool: tool.to_string(),
-            arguments: arguments.to_string(),
+            tool,
+            arguments,
         };
         Ok((decision.step, call))
+    }
+
+    /// The tool and arguments of the call `decision` is about, read from the ledger a page at
+    /// a time from its end backwards: a call waiting for approval is among the last recorded,
+    /// so this reads a page or two, never the whole ledger. Pages past the length the run's
+    /// status gives (written after it) are read first.
+    async fn find_call(
+        &self,
+        run: &AgentRun,
+        decision: &crate::crd::v1alpha1::ApprovalDecision,
+    ) -> Result<Option<(String, String)>, RequestError> {
+        let owned = |(tool, arguments): (&str, &str)| (tool.to_string(), arguments.to_string());
+        let stats = run.status.as_ref().and_then(|s| s.ledger.as_ref());
+        let known = stats.map_or(0, |l| l.segments).max(0);
+        let mut after = known;
+        loop {
+            let page = self.ledger_page(run, after, Some(LOOK_BACK_PAGE)).await?;
+            if let Some(found) = approval::recorded_call(&page, decision) {
+                return Ok(Some(owned(found)));
+            }
+            match page.last() {
+                Some(last) if page.len() == LOOK_BACK_PAGE => after = last.spec.seq,
+                _ => break,
+            }
+        }
+        let mut end = known;
+        while end > 0 {
+            let start = (end - LOOK_BACK_PAGE as i64).max(0);
+            let page = self.ledger_page(run, start, Some((end - start) as usize));
+            if let Some(found) = approval::recorded_call(&page.await?, decision) {
+                return Ok(Some(owned(found)));
+            }
+            end = start;
+        }
+        Ok(None)
     }
 
     /// The run, or `NotFound` naming it.

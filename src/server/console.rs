@@ -19,7 +19,6 @@ use super::caller::Caller;
 use super::error::ApiError;
 use super::identity::csrf_token;
 use crate::crd::v1alpha1::{AgentRun, AgentThread, Phase};
-use crate::kube_util::is_forbidden;
 use crate::requests::phase_of;
 
 /// What every page's header shows.
@@ -34,6 +33,8 @@ pub struct Nav {
 struct IndexPage {
     nav: Nav,
     runs: Vec<RunRow>,
+    /// The API server's token for the next page, when there is one.
+    next: Option<String>,
 }
 
 struct RunRow {
@@ -51,6 +52,7 @@ struct RunRow {
 struct ThreadsPage {
     nav: Nav,
     threads: Vec<ThreadRow>,
+    next: Option<String>,
 }
 
 struct ThreadRow {
@@ -83,6 +85,8 @@ struct ApprovalsPage {
     nav: Nav,
     calls: Vec<WaitingCall>,
     refused: Vec<String>,
+    /// More runs wait than the inbox shows ([`INBOX_SHOWN`]).
+    more: bool,
 }
 
 /// A call waiting for a decision, shown whole (from the ledger) or not at all.
@@ -117,6 +121,27 @@ pub struct ConsoleSettings {
 #[derive(Deserialize, Default)]
 pub struct NsQuery {
     ns: Option<String>,
+    /// The API server's token for a list's next page (`metadata.continue`).
+    #[serde(rename = "continue")]
+    next: Option<String>,
+}
+
+/// Rows a list page shows: the API server is asked for this many, a page at a time.
+pub const LIST_PAGE: u32 = 100;
+/// Runs asked for at once while looking for those waiting for approval.
+const SCAN_PAGE: u32 = 250;
+/// Waiting calls the inbox shows (each read from its run's ledger, a page or two).
+pub const INBOX_SHOWN: usize = 50;
+
+impl NsQuery {
+    /// The list request of the page asked for.
+    fn page(&self) -> ListParams {
+        let params = ListParams::default().limit(LIST_PAGE);
+        match &self.next {
+            Some(token) if !token.is_empty() => params.continue_token(token),
+            _ => params,
+        }
+    }
 }
 
 /// A page, or where to go instead.
@@ -183,33 +208,34 @@ impl ServerState {
         }
     }
 
-    /// The runs waiting for approval that the caller may see: cluster-wide if it may list
-    /// runs there, else in the console's namespaces and `namespace`; with the namespaces it
-    /// was refused.
-    async fn waiting_runs(&self, caller: &Caller, namespace: &str) -> (Vec<AgentRun>, Vec<String>) {
-        let waiting = |runs: Vec<AgentRun>| {
-            runs.into_iter()
-                .filter(|r| phase_of(r) == Phase::WaitingApproval)
-                .collect::<Vec<_>>()
-        };
+    /// The runs waiting for approval that the caller may see, at most [`INBOX_SHOWN`] (true
+    /// when there are more): cluster-wide if it may list runs there, else in the console's
+    /// namespaces and `namespace`; with the namespaces it was refused. Runs are listed a page
+    /// at a time and only the waiting ones kept, so no page holds every run of the cluster.
+    async fn waiting_runs(
+        &self,
+        caller: &Caller,
+        namespace: &str,
+    ) -> (Vec<AgentRun>, Vec<String>, bool) {
+        let mut found = Waiting::default();
         let all: Api<AgentRun> = Api::all(caller.client().clone());
-        if let Ok(list) = all.list(&ListParams::default()).await {
-            return (waiting(list.items), Vec::new());
+        if found.scan(&all).await.is_ok() {
+            return (found.runs, Vec::new(), found.more);
         }
+        found = Waiting::default();
         let mut namespaces = self.console.namespaces.clone();
         if !namespaces.iter().any(|n| n == namespace) {
             namespaces.push(namespace.to_string());
         }
-        let (mut runs, mut refused) = (Vec::new(), Vec::new());
+        let mut refused = Vec::new();
         for ns in namespaces {
             let api: Api<AgentRun> = Api::namespaced(caller.client().clone(), &ns);
-            match api.list(&ListParams::default()).await {
-                Ok(list) => runs.extend(waiting(list.items)),
-                Err(e) if is_forbidden(&e) => refused.push(ns),
-                Err(_) => refused.push(ns),
+            // Forbidden, or out of reach: the page says it could not look there.
+            if found.scan(&api).await.is_err() {
+                refused.push(ns);
             }
         }
-        (runs, refused)
+        (found.runs, refused, found.more)
     }
 
     /// A refusal as a page (a forbidden namespace, a missing run), with the API server's words.
@@ -248,14 +274,17 @@ pub async fn index(
     let caller = signed_in(caller)?;
     let ns = state.namespace_of(&query);
     let api: Api<AgentRun> = Api::namespaced(caller.client().clone(), &ns);
-    let listed = api.list(&ListParams::default()).await;
-    let mut runs = state.or_error_page(&caller, &ns, listed).await?.items;
+    let listed = api.list(&query.page()).await;
+    let listed = state.or_error_page(&caller, &ns, listed).await?;
+    let next = listed.metadata.continue_.filter(|t| !t.is_empty());
+    let mut runs = listed.items;
     runs.sort_by_key(|r| std::cmp::Reverse(r.metadata.creation_timestamp.clone()));
     let now = Timestamp::now();
     let rows = runs.iter().map(|r| run_row(r, now)).collect();
     Ok(html(IndexPage {
         nav: state.nav(&caller, &ns).await,
         runs: rows,
+        next,
     }))
 }
 
@@ -281,8 +310,10 @@ pub async fn threads(
     let caller = signed_in(caller)?;
     let ns = state.namespace_of(&query);
     let api: Api<AgentThread> = Api::namespaced(caller.client().clone(), &ns);
-    let listed = api.list(&ListParams::default()).await;
-    let threads = state.or_error_page(&caller, &ns, listed).await?.items;
+    let listed = api.list(&query.page()).await;
+    let listed = state.or_error_page(&caller, &ns, listed).await?;
+    let next = listed.metadata.continue_.filter(|t| !t.is_empty());
+    let threads = listed.items;
     let rows = threads
         .iter()
         .map(|t| {
@@ -299,6 +330,7 @@ pub async fn threads(
     Ok(html(ThreadsPage {
         nav: state.nav(&caller, &ns).await,
         threads: rows,
+        next,
     }))
 }
 
@@ -340,7 +372,7 @@ pub async fn approvals(
 ) -> PageResult {
     let caller = signed_in(caller)?;
     let ns = state.namespace_of(&query);
-    let (runs, refused) = state.waiting_runs(&caller, &ns).await;
+    let (runs, refused, more) = state.waiting_runs(&caller, &ns).await;
     let mut calls = Vec::new();
     for run in &runs {
         calls.push(waiting_call(&state, &caller, run).await);
@@ -354,7 +386,39 @@ pub async fn approvals(
         nav,
         calls,
         refused,
+        more,
     }))
+}
+
+/// The runs waiting for approval found so far, up to [`INBOX_SHOWN`].
+#[derive(Default)]
+struct Waiting {
+    runs: Vec<AgentRun>,
+    more: bool,
+}
+
+impl Waiting {
+    /// Lists `api`'s runs a page at a time, keeping the waiting ones, until the inbox is full.
+    async fn scan(&mut self, api: &Api<AgentRun>) -> Result<(), kube::Error> {
+        let mut params = ListParams::default().limit(SCAN_PAGE);
+        loop {
+            let page = api.list(&params).await?;
+            for run in page.items {
+                if phase_of(&run) != Phase::WaitingApproval {
+                    continue;
+                }
+                if self.runs.len() == INBOX_SHOWN {
+                    self.more = true;
+                    return Ok(());
+                }
+                self.runs.push(run);
+            }
+            match page.metadata.continue_.filter(|t| !t.is_empty()) {
+                Some(token) => params = params.continue_token(&token),
+                None => return Ok(()),
+            }
+        }
+    }
 }
 
 /// The call `run` waits on, whole from its ledger (read with the caller's credential), or
@@ -383,56 +447,5 @@ async fn waiting_call(state: &ServerState, caller: &Caller, run: &AgentRun) -> W
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn nav() -> Nav {
-        Nav {
-            namespace: "team-a".into(),
-            csrf: "c".into(),
-            waiting: 1,
-        }
-    }
-
-    #[test]
-    fn what_a_model_wrote_is_escaped_on_the_page() {
-        let page = ApprovalsPage {
-            nav: nav(),
-            calls: vec![WaitingCall {
-                namespace: "team-a".into(),
-                run: "r".into(),
-                step: 1,
-                tool: "sh\"><img src=x onerror=alert(1)>".into(),
-                arguments: Some("<script>alert(1)</script>".into()),
-                problem: String::new(),
-            }],
-            refused: vec![],
-        };
-        let body = page.render().unwrap();
-        assert!(!body.contains("<script>alert"), "{body}");
-        assert!(
-            body.contains("&#60;script&#62;alert(1)&#60;/script&#62;"),
-            "{body}"
-        );
-        assert!(!body.contains("<img src=x"), "{body}");
-    }
-
-    #[test]
-    fn a_call_that_cannot_be_shown_whole_offers_no_approve_button() {
-        let page = ApprovalsPage {
-            nav: nav(),
-            calls: vec![WaitingCall {
-                namespace: "team-a".into(),
-                run: "r".into(),
-                step: 1,
-                tool: "sh".into(),
-                arguments: None,
-                problem: "not in the ledger".into(),
-            }],
-            refused: vec![],
-        };
-        let body = page.render().unwrap();
-        assert!(!body.contains("value=\"Approve\""), "{body}");
-        assert!(body.contains("value=\"Deny\""), "{body}");
-    }
-}
+#[path = "console_tests.rs"]
+mod tests;

@@ -20,7 +20,7 @@ use axum::response::{IntoResponse, Response};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 
 /// Bytes of events all streams hold at once by default (`--max-stream-bytes`).
-pub const DEFAULT_STREAM_BYTES: usize = 64 * 1024 * 1024;
+pub const DEFAULT_STREAM_BYTES: usize = 32 * 1024 * 1024;
 /// Streams reading a ledger page at once: each holds at most a page of segments outside the
 /// budget, until its events are counted.
 pub const READS_AT_ONCE: usize = 4;

@@ -380,3 +380,63 @@ async fn a_sign_in_from_another_site_is_refused_and_a_session_is_sealed() {
     std::fs::remove_file(key_file).unwrap();
     ns.cleanup().await;
 }
+
+/// A namespace of 130 runs is shown 100 to a page with a link to the rest, and an inbox with
+/// more runs waiting than it shows (50) shows 50 and says so: no page lists a namespace whole.
+#[tokio::test]
+async fn long_lists_come_in_pages_and_the_inbox_shows_a_bounded_number() {
+    let ns = TestNamespace::new("console-pages").await;
+    let (url, _server) = start_server().await;
+    let alice = person(&ns, "alice", run_user_rules()).await;
+    let runs: Api<AgentRun> = ns.api();
+    for i in 0..130 {
+        let run = scripted_run(
+            &format!("r{i:03}"),
+            vec![final_turn("hi", 0)],
+            vec![],
+            LeaseSpec::default(),
+        );
+        runs.create(&PostParams::default(), &run).await.unwrap();
+    }
+    for i in 0..55 {
+        let status = serde_json::json!({"status": {"phase": "WaitingApproval", "pendingApproval": {
+            "step": 1, "callId": "c1", "tool": "sh", "arguments": "{}",
+            "requestedAt": "2026-12-04T00:00:00Z",
+        }}});
+        runs.patch_status(
+            &format!("r{i:03}"),
+            &Default::default(),
+            &kube::api::Patch::Merge(&status),
+        )
+        .await
+        .unwrap();
+    }
+    let b = browser();
+    let cookie = cookie_of(&sign_in(&b, &url, &alice).await);
+    let page = |path: String| {
+        let (b, cookie) = (b.clone(), cookie.clone());
+        async move {
+            let r = b.get(path).header("cookie", cookie).send().await.unwrap();
+            assert_eq!(r.status(), 200);
+            r.text().await.unwrap()
+        }
+    };
+    let first = page(format!("{url}/console?ns={}", ns.name)).await;
+    assert_eq!(first.matches("<tr data-run=").count(), 100);
+    let next = first
+        .split("id=\"next-page\" href=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("a link to the next page")
+        .replace("&amp;", "&");
+    let second = page(format!("{url}{next}")).await;
+    assert_eq!(second.matches("<tr data-run=").count(), 30);
+    assert!(!second.contains("next-page"), "the last page links nowhere");
+    let inbox = page(format!("{url}/console/approvals?ns={}", ns.name)).await;
+    assert_eq!(inbox.matches("class=\"call\"").count(), 50);
+    assert!(
+        inbox.contains("id=\"inbox-more\""),
+        "the inbox says more wait"
+    );
+    ns.cleanup().await;
+}
