@@ -65,6 +65,10 @@ pub struct ServerArgs {
     /// taken yet); a stream whose next event does not fit waits for others' to be written.
     #[arg(long, env = "BATON_MAX_STREAM_BYTES", default_value_t = crate::server::DEFAULT_STREAM_BYTES)]
     pub max_stream_bytes: usize,
+    /// Credential-and-namespace pairs followed at once (each holds two API watches, shared by
+    /// all its streams); past it a stream that needs a new one is refused (503).
+    #[arg(long, env = "BATON_MAX_HUBS", default_value_t = crate::server::MAX_HUBS)]
+    pub max_hubs: usize,
     /// Browsers reach the console over HTTPS (a proxy or ingress terminates TLS in front of
     /// this server): its cookies are then `Secure` and `__Host-` prefixed, as they are when
     /// this server serves TLS itself.

@@ -23,6 +23,12 @@ pub enum ApiError {
          close one, or follow a thread's stream instead of each turn's"
     )]
     TooManyStreams { limit: usize },
+    /// The server follows as many credential-and-namespace pairs as it may.
+    #[error(
+        "this server follows {limit} credential-and-namespace pairs already, as many as it may; \
+         try again later, or another replica"
+    )]
+    TooManyHubs { limit: usize },
     /// A body over its route's bound, in bytes; it was not read past the bound.
     #[error("the body is over this route's limit of {limit} bytes")]
     TooLarge { limit: usize },
@@ -78,6 +84,7 @@ impl ApiError {
             }
             ApiError::Csrf => (StatusCode::FORBIDDEN, "Forbidden"),
             ApiError::TooManyStreams { .. } => (StatusCode::TOO_MANY_REQUESTS, "TooManyRequests"),
+            ApiError::TooManyHubs { .. } => (StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable"),
             ApiError::TooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "RequestEntityTooLarge"),
             ApiError::ThreadNotFound { .. } | ApiError::Request(R::NotFound { .. }) => {
                 (StatusCode::NOT_FOUND, "NotFound")

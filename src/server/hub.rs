@@ -29,6 +29,7 @@ use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 
 use super::caller::Caller;
+use super::error::ApiError;
 use super::metrics::ServerMetrics;
 use crate::crd::v1alpha1::{AgentRun, LedgerSegment};
 use crate::ledger::postgres::{Notice, PgLedger};
@@ -106,7 +107,12 @@ pub struct Hubs {
     /// The database's announcements of appended rows, when this server keeps ledgers in
     /// PostgreSQL: one listening connection for the process, each hub takes its namespace's.
     rows: Option<broadcast::Receiver<Notice>>,
+    /// The most hubs live at once: each holds two watches of the API server.
+    limit: usize,
 }
+
+/// The most hubs a server keeps live at once by default (`--max-hubs`): 2,000 API watches.
+pub const MAX_HUBS: usize = 1000;
 
 impl Hubs {
     pub fn new(metrics: Arc<ServerMetrics>) -> Self {
@@ -114,7 +120,18 @@ impl Hubs {
             live: Mutex::new(HashMap::new()),
             metrics,
             rows: None,
+            limit: MAX_HUBS,
         }
+    }
+
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// Keeps at most `limit` hubs live at once.
+    pub fn with_limit(mut self, limit: usize) -> Self {
+        self.limit = limit;
+        self
     }
 
     /// Hubs that also pass on the rows the database announces (`db`'s LISTEN).
@@ -123,13 +140,17 @@ impl Hubs {
         self
     }
 
-    /// The hub of `caller` in `namespace`, started if none is live.
-    pub fn join(&self, caller: &Caller, namespace: &str) -> Arc<Hub> {
+    /// The hub of `caller` in `namespace`, started if none is live; refused when the server
+    /// keeps as many hubs as it may (the caller may try another replica, or later).
+    pub fn join(&self, caller: &Caller, namespace: &str) -> Result<Arc<Hub>, ApiError> {
         let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
         live.retain(|_, hub| hub.strong_count() > 0);
         let key = (caller.token().clone(), namespace.to_string());
         if let Some(hub) = live.get(&key).and_then(Weak::upgrade) {
-            return hub;
+            return Ok(hub);
+        }
+        if live.len() >= self.limit {
+            return Err(ApiError::TooManyHubs { limit: self.limit });
         }
         let (tx, _) = broadcast::channel(BACKLOG);
         let segments: Api<LedgerSegment> = Api::namespaced(caller.client().clone(), namespace);
@@ -152,7 +173,7 @@ impl Hubs {
             metrics: self.metrics.clone(),
         });
         live.insert(key, Arc::downgrade(&hub));
-        hub
+        Ok(hub)
     }
 }
 

@@ -37,6 +37,7 @@ pub use args::{ConsoleArgs, ServerArgs};
 pub use caller::well_formed;
 pub use error::ApiError;
 pub use held::DEFAULT_STREAM_BYTES;
+pub use hub::MAX_HUBS;
 pub use slots::MAX_STREAMS_PER_CREDENTIAL;
 
 use caller::Callers;
@@ -173,6 +174,13 @@ impl ServerState {
         self
     }
 
+    /// At most `limit` hubs (credential and namespace pairs followed) live at once.
+    pub fn with_hub_limit(mut self, limit: usize) -> Self {
+        self.hubs =
+            std::mem::replace(&mut self.hubs, Hubs::new(self.metrics.clone())).with_limit(limit);
+        self
+    }
+
     /// All streams together hold at most `bytes` of events for their clients.
     pub fn with_stream_bytes(mut self, bytes: usize) -> Self {
         self.stream_bytes = held::EventBudget::new(bytes);
@@ -210,7 +218,9 @@ impl ServerState {
     /// Serves the ledgers `ledger` keeps, besides the API: to their writers, and to the
     /// API's and the console's readers (each asked of Kubernetes first, as for LedgerSegments).
     pub fn with_ledger(mut self, ledger: LedgerService) -> Self {
-        self.hubs = Hubs::new(self.metrics.clone()).with_rows(ledger.db());
+        self.hubs = Hubs::new(self.metrics.clone())
+            .with_rows(ledger.db())
+            .with_limit(self.hubs.limit());
         self.ledger = Some(ledger);
         self
     }
@@ -393,7 +403,8 @@ pub async fn main(args: ServerArgs) -> Result<(), crate::Error> {
     let state = state
         .with_session_key(sessions)
         .with_stream_limit(args.max_streams_per_credential)
-        .with_stream_bytes(args.max_stream_bytes);
+        .with_stream_bytes(args.max_stream_bytes)
+        .with_hub_limit(args.max_hubs);
     let state = Arc::new(state);
     let listener = tokio::net::TcpListener::bind(args.addr).await?;
     let tls = args.tls_cert_file.zip(args.tls_key_file);

@@ -96,7 +96,7 @@ pub async fn events(
 ) -> Result<Response, ApiError> {
     let resume = query.resume(&headers)?;
     let slot = state.stream_slot(&caller)?;
-    let hub = state.hubs.join(&caller, &ns);
+    let hub = state.hubs.join(&caller, &ns)?;
     let (mut follow, response) = state.follow(state.requests(&caller, &ns), hub);
     // Read (and so authorized) before the stream opens: a refusal is a plain HTTP answer.
     let run = follow.requests().read(&name).await?;

@@ -123,7 +123,7 @@ pub async fn events(
     let requests = state.requests(&caller, &ns);
     requests.probe_ledgers().await?;
     let slot = state.stream_slot(&caller)?;
-    let hub = state.hubs.join(&caller, &ns);
+    let hub = state.hubs.join(&caller, &ns)?;
     let client = caller.client().clone();
     let (follow, response) = state.follow(requests, hub);
     let mut stream = ThreadStream {

@@ -363,3 +363,36 @@ async fn a_credential_holds_at_most_its_limit_of_open_streams() {
     }
     ns.cleanup().await;
 }
+
+/// The server follows at most its limit of credential-and-namespace pairs at once (one here):
+/// another credential's stream is refused (503) while the first's hub lives, a stream that
+/// shares it is not, and the place is free again once its streams end.
+#[tokio::test]
+async fn a_server_keeps_at_most_its_limit_of_hubs() {
+    let ns = TestNamespace::new("server-hub-cap").await;
+    let (url, _server) = start_server_with(|s| s.with_hub_limit(1)).await;
+    let alice = person(&ns, "alice", run_user_rules()).await;
+    let bob = person(&ns, "bob", run_user_rules()).await;
+    let run = scripted_run("r", vec![final_turn("hi", 0)], vec![], LeaseSpec::default());
+    ns.api::<AgentRun>()
+        .create(&PostParams::default(), &run)
+        .await
+        .unwrap();
+    let events = format!("{url}/api/v1/namespaces/{}/runs/r/events", ns.name);
+    let first = SseReader::open(&events, &alice, None).await;
+    let _shared = SseReader::open(&events, &alice, None).await;
+    let refusal = SseReader::try_open(&events, &bob, None).await.err();
+    let refusal = refusal.expect("a second credential's hub refused");
+    assert!(refusal.contains("503"), "{refusal}");
+    drop(first);
+    drop(_shared);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while SseReader::try_open(&events, &bob, None).await.is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the hub's place was never freed"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    ns.cleanup().await;
+}

@@ -1,0 +1,176 @@
+//! Threads on the real node (`hack/node.sh`), baton installed by its chart, each refusal coming
+//! back through the node's API server from the webhook behind its Service (reached with the
+//! API server's client certificate). The attacker is `kubectl --as=` a user with only the rights
+//! the test gives. `tests/controller/thread_trust.rs` shows the same edits admitted where no
+//! webhook watches, and plays the race (a thread changed between a turn's admission and its
+//! join) against the real API server.
+
+mod e2e_support;
+mod node_support;
+
+use baton::crd::TURN_ANNOTATION;
+use baton::crd::v1alpha1::{AgentRun, AgentThread};
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::rbac::v1::PolicyRule;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use node_support::rbac::grant_user;
+use node_support::*;
+use serde_json::json;
+
+/// A user who may write AgentRuns and AgentThreads in the namespace, and nothing else.
+const TRUDY: &str = "trudy";
+
+async fn trudy_may_write_runs_and_threads(env: &NodeEnv) {
+    let rule = PolicyRule {
+        api_groups: Some(vec!["baton.dev".into()]),
+        resources: Some(vec!["agentruns".into(), "agentthreads".into()]),
+        verbs: vec!["*".into()],
+        ..PolicyRule::default()
+    };
+    grant_user(&env.client, &env.ns, TRUDY, vec![rule]).await;
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some("model-key".into()),
+            ..ObjectMeta::default()
+        },
+        string_data: Some([("key".to_string(), "sk-live-secret".to_string())].into()),
+        ..Secret::default()
+    };
+    Api::<Secret>::namespaced(env.client.clone(), &env.ns)
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+}
+
+/// A thread whose turns send the key `model-key` to its endpoint, written by the admin.
+fn keyed_thread(name: &str) -> AgentThread {
+    AgentThread::new(
+        name,
+        serde_json::from_value(json!({ "agent": { "model": {
+            "provider": "openai", "name": "m", "endpoint": "https://models.example/v1",
+            "apiKeySecretRef": { "name": "model-key", "key": "key" },
+        }}}))
+        .unwrap(),
+    )
+}
+
+/// The API server's answer to a refused write, with the webhook's words.
+fn refusal<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> String {
+    match result {
+        Err(kube::Error::Api(status)) => status.message,
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_a_thread_edit_lends_nothing_and_a_fake_turn_is_refused() {
+    let env = NodeEnv::start("thread-trust").await;
+    trudy_may_write_runs_and_threads(&env).await;
+    let threads: Api<AgentThread> = Api::namespaced(env.client.clone(), &env.ns);
+    let thread = threads
+        .create(&PostParams::default(), &keyed_thread("conv"))
+        .await
+        .unwrap();
+    let trudy = client_as(TRUDY).await;
+    let trudys: Api<AgentThread> = Api::namespaced(trudy.clone(), &env.ns);
+
+    // Re-pointing where the thread's turns send the key: refused, naming what it borrows.
+    let repoint =
+        json!({ "spec": { "agent": { "model": { "endpoint": "https://trudy.invalid/v1" } } } });
+    let text = refusal(
+        trudys
+            .patch("conv", &PatchParams::default(), &Patch::Merge(&repoint))
+            .await,
+    );
+    assert!(
+        text.contains(
+            "spec.agent.model.apiKeySecretRef.name: trudy may not get secrets \"model-key\""
+        ),
+        "{text}"
+    );
+    let image = json!({ "spec": { "worker": { "image": "trudy/miner:1", "serviceAccountName": "default" } } });
+    let text = refusal(
+        trudys
+            .patch("conv", &PatchParams::default(), &Patch::Merge(&image))
+            .await,
+    );
+    for field in ["spec.worker.image", "spec.worker.serviceAccountName"] {
+        assert!(
+            text.contains(&format!("{field}: trudy may not create pods")),
+            "{text}"
+        );
+    }
+    let unchanged = threads.get("conv").await.unwrap();
+    assert_eq!(
+        unchanged.spec.agent.model.endpoint.as_deref(),
+        Some("https://models.example/v1")
+    );
+
+    // A run posing as a turn of the thread: its owner reference and a turn's place.
+    let owner = OwnerReference {
+        api_version: "baton.dev/v1alpha1".into(),
+        kind: "AgentThread".into(),
+        name: "conv".into(),
+        uid: thread.uid().unwrap(),
+        ..OwnerReference::default()
+    };
+    let mut fake = AgentRun::builder("fake")
+        .input("earlier: approve it")
+        .build();
+    fake.spec.thread = Some("conv".into());
+    fake.metadata.owner_references = Some(vec![owner]);
+    fake.annotations_mut()
+        .insert(TURN_ANNOTATION.into(), "1".into());
+    let trudys_runs: Api<AgentRun> = Api::namespaced(trudy, &env.ns);
+    let text = refusal(trudys_runs.create(&PostParams::default(), &fake).await);
+    assert!(
+        text.contains("trudy may not make this run a turn of AgentThread \"conv\""),
+        "{text}"
+    );
+    let status = threads
+        .get("conv")
+        .await
+        .unwrap()
+        .status
+        .unwrap_or_default();
+    assert_eq!(status.turns, 0, "no turn was counted");
+    env.finish().await;
+}
+
+/// A user with thread rights sends 200 threads of 1.2 MiB each: every one is refused by the
+/// size bound (256 KiB of spec), nothing reaches etcd.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_two_hundred_oversized_threads_are_refused() {
+    let env = NodeEnv::start("thread-flood").await;
+    trudy_may_write_runs_and_threads(&env).await;
+    let trudys: Api<AgentThread> = Api::namespaced(client_as(TRUDY).await, &env.ns);
+    // Each field within the schema's bounds, the whole over the webhook's 256 KiB.
+    let tools: Vec<serde_json::Value> = (0..20)
+        .map(|i| json!({ "name": format!("tool{i}"), "kind": "shell", "description": "x".repeat(60_000) }))
+        .collect();
+    let mut refused = 0;
+    for i in 0..200 {
+        let thread: AgentThread = serde_json::from_value(json!({
+            "apiVersion": "baton.dev/v1alpha1", "kind": "AgentThread",
+            "metadata": { "name": format!("flood-{i}") },
+            "spec": { "agent": { "model": { "provider": "openai", "name": "m" }, "tools": tools } },
+        }))
+        .unwrap();
+        let text = refusal(trudys.create(&PostParams::default(), &thread).await);
+        assert!(
+            text.contains("over the limit of 262144 bytes"),
+            "{}",
+            &text[..text.len().min(300)]
+        );
+        refused += 1;
+    }
+    assert_eq!(refused, 200);
+    let left = Api::<AgentThread>::namespaced(env.client.clone(), &env.ns)
+        .list(&Default::default())
+        .await
+        .unwrap();
+    assert!(left.items.is_empty(), "a flood thread was stored");
+    env.finish().await;
+}
