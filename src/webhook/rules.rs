@@ -256,6 +256,18 @@ pub fn segment_refusal(
             seg.spec.seq
         ));
     }
+    // Anyone but the run's worker and the controller is told only that: not whether the run
+    // exists, nor its UID, its fence or its worker's name, which it may not be able to read.
+    let by_controller = match writer {
+        Writer::Controller => true,
+        Writer::RunWorker => false,
+        Writer::Other => {
+            return Some(format!(
+                "{user} may not append to the ledger of run {of:?}: only its worker and baton's \
+                 controller may"
+            ));
+        }
+    };
     let Some(run) = run else {
         return Some(format!(
             "spec.run: no AgentRun {of:?} exists in this namespace"
@@ -268,17 +280,6 @@ pub fn segment_refusal(
             run.uid
         ));
     }
-    let by_controller = match writer {
-        Writer::Controller => true,
-        Writer::RunWorker => false,
-        Writer::Other => {
-            return Some(format!(
-                "{user} may not append to the ledger of run {of:?}: only its worker \
-                 ({}) and baton's controller may",
-                run.worker_user
-            ));
-        }
-    };
     let (at, status) = (Fence::of_segment(seg), run.fence);
     (!may_append_at(at, status, by_controller)).then(|| {
         let ceiling = append_ceiling(status, by_controller);

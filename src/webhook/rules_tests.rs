@@ -223,6 +223,20 @@ fn segment_cases() {
     }
 }
 
+/// Another writer learns nothing it may not read: the same words whether the run exists,
+/// and never its UID, fence or worker.
+#[test]
+fn a_stranger_is_told_nothing_of_the_run() {
+    let run = facts();
+    let forged = segment("r-000004", "r", 3, Some("u-2"));
+    let told = segment_refusal(&forged, Writer::Other, "mallory", Some(&run)).unwrap();
+    let unknown = segment_refusal(&forged, Writer::Other, "mallory", None).unwrap();
+    assert_eq!(told, unknown, "whether the run exists is not told");
+    for secret in [run.uid.as_str(), run.worker_user.as_str(), "fence"] {
+        assert!(!told.contains(secret), "{secret} told: {told}");
+    }
+}
+
 #[test]
 fn writers_are_told_apart() {
     let run = facts();
