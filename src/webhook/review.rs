@@ -192,7 +192,7 @@ impl Reviewer {
         new: &AgentRun,
     ) -> Result<AgentRunSpec, ReviewError> {
         let spec = &new.spec;
-        let Some(thread) = spec.thread.as_deref().filter(|_| spec.agent.is_none()) else {
+        let Some(thread) = borrowed_thread(spec) else {
             return Ok(spec.clone());
         };
         if let Some(old) = old {
@@ -205,8 +205,7 @@ impl Reviewer {
                 ))),
             };
         }
-        let api = Api::<AgentThread>::namespaced(self.client.clone(), namespace);
-        let Some(found) = api.get_opt(thread).await? else {
+        let Some(found) = self.thread_now(namespace, thread).await? else {
             return Ok(spec.clone());
         };
         let stamped = new
@@ -252,17 +251,11 @@ impl Reviewer {
             return Ok(None);
         }
         let run: AgentRun = typed(request.object.as_ref(), "AgentRun")?;
-        let Some(thread) = run
-            .spec
-            .thread
-            .as_deref()
-            .filter(|_| run.spec.agent.is_none())
-        else {
+        let Some(thread) = borrowed_thread(&run.spec) else {
             return Ok(None);
         };
         let namespace = request.namespace.clone().unwrap_or_default();
-        let api = Api::<AgentThread>::namespaced(self.client.clone(), &namespace);
-        let Some(found) = api.get_opt(thread).await? else {
+        let Some(found) = self.thread_now(&namespace, thread).await? else {
             return Ok(None);
         };
         let generation = found.metadata.generation.unwrap_or_default();
@@ -270,6 +263,17 @@ impl Reviewer {
             run.metadata.annotations.is_some(),
             generation,
         )))
+    }
+
+    /// Thread `name` as it is now (each half of the webhook reads it when it is asked: the
+    /// validating half must see what the creator is asked about), None if there is none.
+    async fn thread_now(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<AgentThread>, ReviewError> {
+        let api = Api::<AgentThread>::namespaced(self.client.clone(), namespace);
+        Ok(api.get_opt(name).await?)
     }
 
     /// Whether `user` holds `ask` themselves (a SubjectAccessReview on their behalf).
@@ -368,4 +372,10 @@ fn forbidden(response: AdmissionResponse, err: ReviewError) -> AdmissionResponse
     response.result.code = 403;
     response.result.reason = "Forbidden".into();
     response
+}
+
+/// The thread a turn borrows its agent and worker from: `spec.thread`, when the run names no
+/// agent of its own.
+fn borrowed_thread(spec: &AgentRunSpec) -> Option<&str> {
+    spec.thread.as_deref().filter(|_| spec.agent.is_none())
 }

@@ -187,24 +187,50 @@ async fn trust(client: &Client, s: &TlsSettings, bundle: &Bundle) -> Result<(), 
         return Ok(());
     };
     let validating = Api::<ValidatingWebhookConfiguration>::all(client.clone());
-    let mut configuration = validating.get(name).await?;
-    let hooks = configuration.webhooks.iter_mut().flatten();
-    if trust_each(hooks.map(|h| &mut h.client_config), bundle) {
-        validating
-            .replace(name, &PostParams::default(), &configuration)
-            .await?;
-        tracing::info!(configuration = %name, "webhook caBundle updated");
-    }
+    trust_in(&validating, validating.get(name).await?, bundle).await?;
     let mutating = Api::<MutatingWebhookConfiguration>::all(client.clone());
-    let Some(mut configuration) = mutating.get_opt(name).await? else {
-        return Ok(());
-    };
-    let hooks = configuration.webhooks.iter_mut().flatten();
-    if trust_each(hooks.map(|h| &mut h.client_config), bundle) {
-        mutating
-            .replace(name, &PostParams::default(), &configuration)
+    match mutating.get_opt(name).await? {
+        Some(configuration) => trust_in(&mutating, configuration, bundle).await,
+        None => Ok(()),
+    }
+}
+
+/// A webhook configuration, validating or mutating: what `trust` needs of either.
+trait Configuration:
+    kube::Resource<DynamicType = ()>
+    + Clone
+    + std::fmt::Debug
+    + serde::Serialize
+    + serde::de::DeserializeOwned
+{
+    fn client_configs(&mut self) -> Vec<&mut WebhookClientConfig>;
+}
+
+impl Configuration for ValidatingWebhookConfiguration {
+    fn client_configs(&mut self) -> Vec<&mut WebhookClientConfig> {
+        let hooks = self.webhooks.iter_mut().flatten();
+        hooks.map(|h| &mut h.client_config).collect()
+    }
+}
+
+impl Configuration for MutatingWebhookConfiguration {
+    fn client_configs(&mut self) -> Vec<&mut WebhookClientConfig> {
+        let hooks = self.webhooks.iter_mut().flatten();
+        hooks.map(|h| &mut h.client_config).collect()
+    }
+}
+
+/// Writes `configuration` back trusting `bundle`, if any of its webhooks did not yet.
+async fn trust_in<C: Configuration>(
+    api: &Api<C>,
+    mut configuration: C,
+    bundle: &Bundle,
+) -> Result<(), WebhookError> {
+    if trust_each(configuration.client_configs().into_iter(), bundle) {
+        let name = configuration.name_any();
+        api.replace(&name, &PostParams::default(), &configuration)
             .await?;
-        tracing::info!(configuration = %name, "mutating webhook caBundle updated");
+        tracing::info!(configuration = %name, kind = %C::kind(&()), "webhook caBundle updated");
     }
     Ok(())
 }
