@@ -133,7 +133,9 @@ fn foreign_form(parts: &Parts, cookies: Cookies, nonce: &str) -> Option<String> 
     }
 }
 
-async fn check_token(client: &kube::Client) -> Result<(), kube::Error> {
+/// Whether the API server accepts the credential `client` acts with: a SelfSubjectAccessReview,
+/// which any accepted credential may create and which writes nothing (401 otherwise).
+pub(super) async fn check_token(client: &kube::Client) -> Result<(), kube::Error> {
     use k8s_openapi::api::authorization::v1::{
         ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
     };
