@@ -84,6 +84,11 @@ bench-replay: ## Figures: baton server's memory and CPU with 1,000 followers rep
 	$(CARGO) build --release --bin baton
 	bash hack/with-control-plane.sh $(CARGO) run --release --example replay_bench
 
+.PHONY: bench-burst
+bench-burst: ## Figures: a real request's p50/p99 while 200 clients with no valid credential send baton server large and withheld bodies; its memory and CPU
+	$(CARGO) build --release --bin baton
+	bash hack/with-control-plane.sh $(CARGO) run --release --example burst_bench
+
 .PHONY: bench-controller
 bench-controller: ## Figures: takeover lateness, controller memory and writes with 1,000 and 5,000 runs
 	$(CARGO) build --release --bin baton
