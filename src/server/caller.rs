@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use axum::http::request::Parts;
 use kube::Client;
+use kube::api::{Api, PostParams};
 
 use super::error::ApiError;
 
@@ -134,4 +135,28 @@ pub fn bearer_of(headers: &axum::http::HeaderMap) -> Option<&str> {
 /// A token goes into a header of every request to the API server: printable ASCII only.
 pub fn well_formed(token: &str) -> bool {
     !token.is_empty() && token.len() <= 16 * 1024 && token.bytes().all(|b| b.is_ascii_graphic())
+}
+
+/// Whether the API server accepts the credential `client` acts with: a SelfSubjectAccessReview,
+/// which any accepted credential may create and which writes nothing (401 otherwise).
+pub async fn check_token(client: &kube::Client) -> Result<(), kube::Error> {
+    use k8s_openapi::api::authorization::v1::{
+        ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+    };
+    let review = SelfSubjectAccessReview {
+        spec: SelfSubjectAccessReviewSpec {
+            resource_attributes: Some(ResourceAttributes {
+                group: Some("baton.dev".into()),
+                resource: Some("agentruns".into()),
+                verb: Some("list".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
+    api.create(&PostParams::default(), &review)
+        .await
+        .map(|_| ())
 }

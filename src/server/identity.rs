@@ -275,7 +275,7 @@ async fn verified_if_writing(
     if matches!(parts.method, Method::GET | Method::HEAD) || state.recently_verified(&caller) {
         return Ok(caller);
     }
-    super::signin::check_token(caller.client()).await?;
+    super::caller::check_token(caller.client()).await?;
     state.verified(&caller);
     Ok(caller)
 }

@@ -11,8 +11,6 @@ use axum::extract::{Query, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
-use kube::Api;
-use kube::api::PostParams;
 use serde::Deserialize;
 
 use super::ServerState;
@@ -98,7 +96,7 @@ pub async fn login(
         Ok(c) => c,
         Err(e) => return refused(e.to_string()),
     };
-    match check_token(caller.client()).await {
+    match super::caller::check_token(caller.client()).await {
         Ok(()) => signed_in_as(&state, &state.sessions.seal(token, SystemTime::now())),
         Err(e) => refused(format!("The API server refused this token: {e}")),
     }
@@ -131,30 +129,6 @@ fn foreign_form(parts: &Parts, cookies: Cookies, nonce: &str) -> Option<String> 
                 .into(),
         ),
     }
-}
-
-/// Whether the API server accepts the credential `client` acts with: a SelfSubjectAccessReview,
-/// which any accepted credential may create and which writes nothing (401 otherwise).
-pub(super) async fn check_token(client: &kube::Client) -> Result<(), kube::Error> {
-    use k8s_openapi::api::authorization::v1::{
-        ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
-    };
-    let review = SelfSubjectAccessReview {
-        spec: SelfSubjectAccessReviewSpec {
-            resource_attributes: Some(ResourceAttributes {
-                group: Some("baton.dev".into()),
-                resource: Some("agentruns".into()),
-                verb: Some("list".into()),
-                ..Default::default()
-            }),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
-    api.create(&PostParams::default(), &review)
-        .await
-        .map(|_| ())
 }
 
 /// Signed in: the session cookie (sealed token, or the local session secret) set, the form's
