@@ -183,8 +183,9 @@ async fn node_webhook_refuses_what_the_asker_could_not_do_themselves() {
     refused(lease_patch, "metadata.ownerReferences");
 
     // A leftover planted for a run not yet created ("later"), with a live run's UID: the
-    // webhook refuses it (no such run); without it, the readers' checks and the leftover
-    // rules keep it harmless (tests/controller/trust.rs).
+    // webhook refuses it (not the writer's run; whether such a run exists is not told);
+    // without it, the readers' checks and the leftover rules keep it harmless
+    // (tests/controller/trust.rs).
     let other_uid = env.runs().get("other").await.unwrap().uid().unwrap();
     let planted = serde_json::json!({
         "apiVersion": "baton.dev/v1alpha1", "kind": "LedgerSegment",
@@ -193,7 +194,7 @@ async fn node_webhook_refuses_what_the_asker_could_not_do_themselves() {
     });
     refused(
         create_as(&env, &other_worker, &planted, "planted.json"),
-        "spec.run",
+        "only its worker and baton's controller may",
     );
 
     // A Lease of a run's name that baton did not make: the run fails naming it; the Lease
