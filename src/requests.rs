@@ -192,7 +192,7 @@ impl RunRequests {
         let known = stats.map_or(0, |l| l.segments).max(0);
         let mut after = known;
         loop {
-            let page = self.ledger_page(run, after, Some(LOOK_BACK_PAGE)).await?;
+            let page = self.ledger_page(run, after, LOOK_BACK_PAGE).await?;
             if let Some(found) = approval::recorded_call(&page, decision) {
                 return Ok(Some(owned(found)));
             }
@@ -204,7 +204,7 @@ impl RunRequests {
         let mut end = known;
         while end > 0 {
             let start = (end - LOOK_BACK_PAGE as i64).max(0);
-            let page = self.ledger_page(run, start, Some((end - start) as usize));
+            let page = self.ledger_page(run, start, (end - start) as usize);
             if let Some(found) = approval::recorded_call(&page.await?, decision) {
                 return Ok(Some(owned(found)));
             }
@@ -218,29 +218,16 @@ impl RunRequests {
         self.runs.get(name).await.map_err(|e| self.error(e, name))
     }
 
-    /// The run's ledger, checked by the store's reader (contiguous, its own run's segments).
-    pub async fn ledger(&self, run: &AgentRun) -> Result<Vec<LedgerSegment>, RequestError> {
-        self.ledger_after(run, 0).await
-    }
-
-    /// The run's segments after position `after`, checked as [`Self::ledger`]'s. A ledger
-    /// kept in PostgreSQL is read with this process's credential, never the asker's: the
-    /// API server is asked first whether the asker may read ledgers here, the same question
-    /// it answers for LedgerSegments (RBAC grants it per namespace, never per run).
-    pub async fn ledger_after(
-        &self,
-        run: &AgentRun,
-        after: i64,
-    ) -> Result<Vec<LedgerSegment>, RequestError> {
-        self.ledger_page(run, after, None).await
-    }
-
-    /// [`RunRequests::ledger_after`], at most `limit` segments of it when given.
+    /// At most `limit` of the run's segments after position `after`, checked by the store's
+    /// reader (contiguous from there, its own run's segments). A ledger kept in PostgreSQL is
+    /// read with this process's credential, never the asker's: the API server is asked first
+    /// whether the asker may read ledgers here, the same question it answers for
+    /// LedgerSegments (RBAC grants it per namespace, never per run).
     pub async fn ledger_page(
         &self,
         run: &AgentRun,
         after: i64,
-        limit: Option<usize>,
+        limit: usize,
     ) -> Result<Vec<LedgerSegment>, RequestError> {
         let unreadable = |e: LedgerError| match e {
             LedgerError::Kube(e) => RequestError::Kube(e),
@@ -254,11 +241,7 @@ impl RunRequests {
             let namespace = run.namespace().unwrap_or_else(|| self.namespace.clone());
             self.probe_ledgers_in(&namespace).await?;
         }
-        match limit {
-            Some(limit) => ledger.list_page(after, limit).await,
-            None => ledger.list_after(after).await,
-        }
-        .map_err(unreadable)
+        ledger.list_page(after, limit).await.map_err(unreadable)
     }
 
     /// Fails as a read of a ledger in the namespace would (403 for a caller who may not list

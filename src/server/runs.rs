@@ -139,7 +139,7 @@ pub async fn segments(
     let run = requests.read(&name).await?;
     let limit = query.limit.unwrap_or(SEGMENTS_PAGE).clamp(1, SEGMENTS_PAGE);
     let after = query.after.max(0);
-    Ok(Json(requests.ledger_page(&run, after, Some(limit)).await?))
+    Ok(Json(requests.ledger_page(&run, after, limit).await?))
 }
 
 pub async fn stop(

@@ -283,7 +283,7 @@ impl Follow {
                 _ = self.out.closed() => return Some(Ended::ClientGone),
                 place = self.budget.reading() => place,
             };
-            let page = self.requests.ledger_page(run, after, Some(REPLAY_PAGE));
+            let page = self.requests.ledger_page(run, after, REPLAY_PAGE);
             match page.await {
                 Ok(segments) => {
                     let last_page = segments.len() < REPLAY_PAGE;
