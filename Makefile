@@ -28,16 +28,22 @@ fmt: ## Format the code
 	$(CARGO) fmt
 
 .PHONY: lint
-lint: ## rustfmt check, clippy with warnings as errors, no import circle in src/, no fence compared outside src/fence.rs, no rise in the public fields of API-client structs or the files over 500 lines, shellcheck on hack/
+lint: ## rustfmt check, clippy with warnings as errors, versions that agree (crates, chart, CHANGELOG.md), no import circle in src/, no fence compared outside src/fence.rs, no rise in the public fields of API-client structs or the files over 500 lines, shellcheck on hack/
 	$(CARGO) fmt --check
 	$(CARGO) clippy --all-targets -- -D warnings
 	python3 hack/code-figures.py --check
 	bash hack/lint-fence.sh
 	bash hack/lint-shell.sh
+	bash hack/release.sh check
 
 .PHONY: code-figures
 code-figures: ## The shape of src/: import circles, functions over 50 lines, the protocol's reading set, fence comparisons outside src/fence.rs, public fields of structs holding an API client, source files over 500 lines (src/, tests/, examples/, benches/)
 	python3 hack/code-figures.py
+
+.PHONY: release
+release: ## The image and chart of release VERSION (0.y.z) in dist/, from a clean tree at that version: make release VERSION=0.1.0
+	@test -n "$(VERSION)" || { echo "usage: make release VERSION=0.y.z"; exit 2; }
+	bash hack/release.sh $(VERSION)
 
 .PHONY: unit
 unit: ## Pure unit tests only (no API server)

@@ -16,6 +16,8 @@
 #[allow(dead_code)]
 #[path = "../tests/common/claim.rs"]
 mod claim;
+#[path = "../tests/common/large_ledger.rs"]
+mod large_ledger;
 #[path = "../tests/common/namespace.rs"]
 mod namespace;
 mod stream_support;
@@ -24,18 +26,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::DeleteParams;
 use kube::{Api, Client, ResourceExt};
 
-use baton::crd::v1alpha1::{AgentRun, LedgerEvent, Role as MessageRole};
-use baton::fence::Fence;
+use baton::crd::v1alpha1::AgentRun;
 use stream_support::*;
 
 const RUNS: usize = 10;
-/// One message's size: ten fill a segment (`SEGMENT_BUDGET_BYTES`, 1 MB).
-const MESSAGE: usize = 95 * 1024;
 /// The chart's memory limit of a server replica.
 const LIMIT_KIB: u64 = 256 * 1024;
 
@@ -95,19 +93,8 @@ async fn filled_run(
     megabytes: usize,
 ) -> anyhow::Result<(AgentRun, i64)> {
     let (run, store) = started_run(client, ns, name).await?;
-    let mut tail = store.list().await?.len() as i64;
-    let messages = megabytes * 1024 * 1024 / MESSAGE;
-    for chunk in (0..messages).collect::<Vec<_>>().chunks(50) {
-        let events = chunk
-            .iter()
-            .map(|i| LedgerEvent::Message {
-                role: MessageRole::Assistant,
-                content: format!("{i} {}", "x".repeat(MESSAGE)),
-            })
-            .collect();
-        tail = store.append(tail, Fence::new(1), events).await?.tail;
-    }
-    Ok((run, tail))
+    let tail = store.list().await?.len() as i64;
+    Ok((run, large_ledger::fill(&store, tail, megabytes).await?))
 }
 
 /// Every follower reads its run's ledger whole, all at once.
@@ -119,23 +106,29 @@ async fn reading(url: &str, token: &str, runs: &[(AgentRun, i64)], followers: us
     let clients: Vec<_> = (0..followers)
         .map(|i| {
             let (run, segments) = &runs[i % runs.len()];
-            tokio::spawn(read_whole(
+            tokio::spawn(reads_in_order(
                 events_url(url, run),
                 token.to_string(),
                 *segments,
             ))
         })
         .collect();
-    let mut complete = 0;
+    let (mut complete, mut reconnects) = (0, 0);
     for c in clients {
-        if c.await.unwrap_or(false) {
-            complete += 1;
+        match c.await {
+            Ok(Ok(read)) => {
+                complete += 1;
+                reconnects += read.reconnects;
+            }
+            Ok(Err(e)) => eprintln!("a follower: {e}"),
+            Err(e) => eprintln!("a follower: {e}"),
         }
     }
     let elapsed = started.elapsed();
     sampling.abort();
     println!(
-        "{followers} followers reading whole: {complete}/{followers} got every segment once, in order, in {:.1} s; \
+        "{followers} followers reading whole: {complete}/{followers} got every segment once, in order, in {:.1} s \
+         ({reconnects} reconnections with their cursor); \
          server peak RSS {} KiB, CPU {:.1} s; most event bytes held for clients: {} KiB",
         elapsed.as_secs_f64(),
         peak_rss_kib(pid),
@@ -207,54 +200,4 @@ async fn sample_held(url: String, most: Arc<AtomicU64>) {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-}
-
-/// Reads a run's stream from its start until it has `segments` of them; true if they came
-/// once each, in order. Only the event ids are looked at.
-async fn read_whole(url: String, token: String, segments: i64) -> bool {
-    let response = reqwest::Client::new()
-        .get(&url)
-        .bearer_auth(&token)
-        .send()
-        .await;
-    let Ok(response) = response
-        .map_err(|_| ())
-        .and_then(|r| match r.status().as_u16() {
-            200 => Ok(r),
-            _ => Err(()),
-        })
-    else {
-        return false;
-    };
-    let mut body = response.bytes_stream();
-    let mut pending: Vec<u8> = Vec::new();
-    let mut expected = 1;
-    while expected <= segments {
-        let Ok(Some(Ok(chunk))) = tokio::time::timeout(Duration::from_secs(300), body.next()).await
-        else {
-            return false;
-        };
-        pending.extend_from_slice(&chunk);
-        // Ids are on lines of their own; keep the last partial line for the next chunk.
-        let cut = pending
-            .iter()
-            .rposition(|b| *b == b'\n')
-            .map_or(0, |i| i + 1);
-        for line in pending[..cut].split(|b| *b == b'\n') {
-            let Some(id) = line.strip_prefix(b"id: ") else {
-                continue;
-            };
-            let id = String::from_utf8_lossy(id);
-            let seq: i64 = id
-                .rsplit_once(':')
-                .and_then(|(_, s)| s.parse().ok())
-                .unwrap_or(-1);
-            if seq != expected {
-                return false;
-            }
-            expected += 1;
-        }
-        pending.drain(..cut);
-    }
-    true
 }

@@ -14,6 +14,7 @@ Python's standard library has no setns before 3.12, so it is called through libc
 import asyncio
 import ctypes
 import os
+import resource
 import socket
 import sys
 
@@ -64,6 +65,10 @@ def main() -> None:
         sys.exit(__doc__)
     listen_port, netns, target = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     host, _, port = target.rpartition(":")
+    # Two sockets per relayed connection: a test that holds a thousand streams open needs more
+    # than the usual soft limit of 1,024 files.
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", listen_port))

@@ -54,6 +54,20 @@ if ! "$mcp_venv/bin/python" -c 'import mcp.server' 2>/dev/null; then
 fi
 "$mcp_venv/bin/python" -c 'import importlib.metadata as m; print("mcp", m.version("mcp"))'
 
+step "a model server nobody here wrote, for the providers' tests: PyPI's litellm[proxy], in a venv of its own"
+# tests/common/litellm.rs starts it on loopback with the mock models of tests/litellm/config.yaml.
+# 1.108.7: the newest release whose proxy extra resolves from PyPI (1.108.8 to 1.110.x pin
+# litellm-proxy, litellm-proxy-extras or litellm-enterprise builds never published there).
+litellm_venv=${BATON_CACHE_DIR:-$HOME/.cache/baton}/litellm-venv
+litellm_version=1.108.7
+if ! "$litellm_venv/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('litellm') != '$litellm_version')" 2>/dev/null \
+  || [[ ! -x $litellm_venv/bin/litellm ]]; then
+  rm -rf "$litellm_venv"
+  python3 -m venv "$litellm_venv"
+  "$litellm_venv/bin/python" -m pip install --quiet --disable-pip-version-check "litellm[proxy]==$litellm_version"
+fi
+"$litellm_venv/bin/python" -c 'import importlib.metadata as m; print("litellm", m.version("litellm"))'
+
 step "a real browser for the console's tests: Debian's chromium, driven by npm's playwright-core"
 # Playwright's own browser download cannot work here: its npm package is installed without
 # one, and the tests launch /usr/bin/chromium (tests/browser/console.mjs).

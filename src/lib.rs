@@ -4,6 +4,7 @@
 pub mod approval;
 mod causes;
 pub mod cli;
+pub mod connection;
 pub mod controller;
 pub mod crd;
 mod events;

@@ -16,6 +16,7 @@ use axum::http::StatusCode;
 use axum::http::header::CONTENT_LENGTH;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use axum_server::accept::DefaultAcceptor;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::sync::Semaphore;
@@ -53,7 +54,8 @@ pub fn bound_bodies(router: Router) -> Router {
 /// the listener fails.
 pub async fn serve_plain(listener: tokio::net::TcpListener, router: Router) -> std::io::Result<()> {
     let listener: TcpListener = listener.into_std()?;
-    let mut server = axum_server::from_tcp(listener)?;
+    let mut server = axum_server::from_tcp(listener)?
+        .acceptor(crate::connection::CuttableAcceptor::new(DefaultAcceptor));
     bound_auto(server.http_builder());
     server.serve(bound_bodies(router).into_make_service()).await
 }

@@ -100,6 +100,14 @@ async fn node_the_console_in_a_real_browser() {
         ],
     )
     .await;
+    // The attacker of the login CSRF page: a real token, with rights of its own here.
+    let attacker = person(
+        &env.client,
+        &env.ns,
+        "mallory",
+        vec![rule(&["agentruns"], &["get", "list"])],
+    )
+    .await;
     let threads: Api<AgentThread> = env.api();
     threads
         .create(&PostParams::default(), &thread())
@@ -121,6 +129,7 @@ async fn node_the_console_in_a_real_browser() {
         .current_dir(root.join("tests/browser"))
         .env("CONSOLE_URL", relay.url())
         .env("TOKEN", &token)
+        .env("ATTACKER_TOKEN", &attacker)
         .env("NS", &env.ns)
         .env("FORBIDDEN_NS", &other)
         .env("THREAD", "geo")
@@ -148,6 +157,7 @@ async fn node_the_console_in_a_real_browser() {
         "06-run-ended",
         "07-inbox",
         "09-forbidden-namespace",
+        "10-login-csrf-refused",
     ] {
         assert!(
             shots.join(format!("{name}.png")).exists(),

@@ -2,7 +2,9 @@
 //! server pod, that pod is deleted mid-run, and the clients reconnect through the Service to
 //! the other replica with their last event id: the stream each client saw, put together,
 //! equals the run's ledger, nothing lost and nothing twice. The server acts with the client's
-//! token: a token without transcript rights is refused.
+//! token: a token without transcript rights is refused. Behind an authenticating proxy (the
+//! chart's `server.proxyAuth`), the proxy's token cannot make anyone `system:masters`, neither
+//! through baton nor straight at the API server.
 
 mod e2e_support;
 mod node_support;
@@ -15,6 +17,7 @@ use e2e_support::Script;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::DeleteParams;
+use node_support::rbac::grant_user;
 use node_support::*;
 use sse::{Sse, SseReader};
 
@@ -122,5 +125,80 @@ async fn node_clients_follow_a_run_across_a_server_pod_deletion_and_lose_nothing
         assert_eq!(seen.last().unwrap().data["phase"], "Succeeded");
     }
     drop((direct, service));
+    env.finish().await;
+}
+
+/// The authenticating proxy's ServiceAccount, granted `impersonate` by the chart.
+const GATEWAY: &str = "gateway";
+
+/// Puts the release back as the other node tests expect it (no proxy), even when a check fails.
+struct ProxyModeOff;
+
+impl Drop for ProxyModeOff {
+    fn drop(&mut self) {
+        helm_upgrade(&serde_json::json!({}));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_behind_a_proxy_no_one_becomes_system_masters() {
+    let env = NodeEnv::start("server-proxy").await;
+    servers_ready(&env.client).await;
+    let gateway = person(&env.client, &env.ns, GATEWAY, vec![]).await;
+    grant_user(
+        &env.client,
+        &env.ns,
+        "alice",
+        vec![rule(&["agentruns"], &["get", "list", "watch"])],
+    )
+    .await;
+    let _off = ProxyModeOff;
+    helm_upgrade(&serde_json::json!({ "server": { "proxyAuth": {
+        "userHeader": "X-Remote-User", "groupsHeader": "X-Remote-Group",
+        "impersonator": { "name": GATEWAY, "namespace": env.ns },
+    }}}));
+    wait_rolled_out(&env.client, SERVER, Duration::from_secs(180)).await;
+    let service = Relay::start(&format!("{}:80", server_cluster_ip(&env.client).await));
+    let list = format!("{}/api/v1/namespaces/{}/runs", service.url(), env.ns);
+    let http = reqwest::Client::new();
+    let ask = |user: &str, groups: &str| {
+        let mut request = http.get(&list).bearer_auth(&gateway);
+        if !user.is_empty() {
+            request = request.header("X-Remote-User", user);
+        }
+        if !groups.is_empty() {
+            request = request.header("X-Remote-Group", groups);
+        }
+        request.send()
+    };
+    // The proxy works for the person it names.
+    let alice = ask("alice", "").await.unwrap();
+    assert_eq!(alice.status(), 200, "{}", alice.text().await.unwrap());
+    // system:masters in the groups header is dropped: "nobody" alone may list nothing.
+    let masters = ask("nobody", "system:masters").await.unwrap();
+    assert_eq!(masters.status(), 403, "{}", masters.text().await.unwrap());
+    // A system user is refused by name, and the proxy's token naming nobody is refused.
+    let admin = ask("system:admin", "").await.unwrap();
+    assert_eq!(admin.status(), 403);
+    assert!(admin.text().await.unwrap().contains("no system: user"));
+    let bare = ask("", "").await.unwrap();
+    assert_eq!(bare.status(), 403, "{}", bare.text().await.unwrap());
+
+    // The proxy's token taken straight to the API server: the chart granted users only.
+    let as_masters = client_with_token(&gateway, "nobody", &["system:masters"]).await;
+    let pods: Api<Pod> = Api::namespaced(as_masters, SYSTEM_NS);
+    match pods.list(&Default::default()).await {
+        Err(kube::Error::Api(e)) => {
+            assert!(e.code == 403 && e.message.contains("impersonate"), "{e:?}")
+        }
+        other => panic!("the proxy's token became system:masters: {other:?}"),
+    }
+    let as_alice = client_with_token(&gateway, "alice", &[]).await;
+    Api::<baton::crd::v1alpha1::AgentRun>::namespaced(as_alice, &env.ns)
+        .list(&Default::default())
+        .await
+        .expect("impersonating a user is what the chart grants");
+    drop((service, _off));
+    wait_rolled_out(&env.client, SERVER, Duration::from_secs(180)).await;
     env.finish().await;
 }

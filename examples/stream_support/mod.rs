@@ -17,6 +17,16 @@ use baton::ledger::SegmentStore;
 
 use crate::claim;
 
+#[path = "../../tests/common/proc.rs"]
+mod proc;
+#[path = "../../tests/sse_support/mod.rs"]
+mod sse;
+// Each benchmark uses some of these.
+#[allow(unused_imports)]
+pub use proc::*;
+#[allow(unused_imports)]
+pub use sse::{gauge, reads_in_order};
+
 pub async fn wait_followers(url: &str, count: usize) {
     let deadline = Instant::now() + Duration::from_secs(120);
     while Instant::now() < deadline {
@@ -121,34 +131,6 @@ pub fn pct(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
-pub fn gauge(metrics: &str, name: &str) -> f64 {
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-        .unwrap_or(f64::NAN)
-}
-
-pub fn rss_kib(pid: u32) -> u64 {
-    status_kib(pid, "VmRSS:")
-}
-
-/// A figure of `/proc/PID/status` given in kB.
-fn status_kib(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines().find_map(|l| {
-                l.strip_prefix(field)?
-                    .trim()
-                    .split(' ')
-                    .next()?
-                    .parse()
-                    .ok()
-            })
-        })
-        .unwrap_or(0)
-}
-
 /// utime + stime of `pid`, in clock ticks.
 pub fn cpu_ticks(pid: u32) -> u64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
@@ -166,24 +148,4 @@ pub fn cpu_ticks(pid: u32) -> u64 {
 pub fn ticks_per_second() -> f64 {
     // SAFETY: sysconf only reads a system constant.
     (unsafe { libc::sysconf(libc::_SC_CLK_TCK) }) as f64
-}
-
-/// 1,000 followers need 1,000 sockets here and in the server (which inherits this limit).
-pub fn raise_fd_limit() {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit read and write one plain struct we own.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
-            limit.rlim_cur = limit.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
-        }
-    }
-}
-
-/// The peak resident memory of `pid` (VmHWM), in KiB.
-pub fn peak_rss_kib(pid: u32) -> u64 {
-    status_kib(pid, "VmHWM:")
 }

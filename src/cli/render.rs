@@ -304,6 +304,10 @@ fn event_lines(
         } => format!("   model call: {input} input + {output} output tokens"),
         E::ModelCall { .. } => "   model call: tokens not reported".to_string(),
         E::ModelDelta { .. } | E::Chunk { .. } => return Vec::new(),
+        E::Unrecognized(event) => format!(
+            "=== an event of kind {:?}, written by a newer baton: not shown (upgrade this CLI)",
+            event.kind()
+        ),
     };
     vec![line]
 }

@@ -123,6 +123,9 @@ pub struct Replay {
     pub history_dropped: bool,
     /// The tools each MCP server (by the spec's tool name) offered when first listed.
     pub mcp_tools: BTreeMap<String, Vec<McpToolRecord>>,
+    /// The kinds of the events this version does not know (a newer one wrote them), in
+    /// order: passed over by the fold, reported by its reader.
+    pub unrecognized: Vec<String>,
 }
 
 impl Replay {
@@ -234,6 +237,7 @@ impl Replay {
             LedgerEvent::HistoryDropped { .. } => self.history_dropped = true,
             LedgerEvent::Closed { .. } => self.count_cut_call(),
             LedgerEvent::Chunk { .. } => {}
+            LedgerEvent::Unrecognized(event) => self.unrecognized.push(event.kind().to_string()),
         }
     }
 
@@ -477,3 +481,7 @@ impl Replay {
 #[cfg(test)]
 #[path = "replay_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "format_tests.rs"]
+mod format_tests;

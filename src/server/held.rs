@@ -4,8 +4,8 @@
 //! ledger page is read only by a stream holding one of a few reading places, which it keeps
 //! until the page's events are counted. So a thousand clients reading slowly hold the budget
 //! and a few pages, not a thousand ledgers. A stream whose event does not fit waits for other
-//! clients' to be written; a client that takes nothing is dropped (`stream::SLOW_FOLLOWER`),
-//! its connection cut, and what it held is free again.
+//! clients' to be written; a client that takes nothing is dropped (`stream::SLOW_FOLLOWER`,
+//! sooner while others wait: `watchdog`), its connection cut, and what it held is free again.
 //!
 //! The Server-Sent Events body is written here rather than with axum's `Sse`, which encodes
 //! each event out of sight: its bytes could not carry their count.
@@ -31,6 +31,8 @@ pub struct EventBudget {
     kib: Arc<Semaphore>,
     total_kib: u32,
     reads: Arc<Semaphore>,
+    /// Streams waiting for room now.
+    waiting: Arc<AtomicUsize>,
 }
 
 impl EventBudget {
@@ -40,7 +42,13 @@ impl EventBudget {
             kib: Arc::new(Semaphore::new(total_kib as usize)),
             total_kib,
             reads: Arc::new(Semaphore::new(READS_AT_ONCE)),
+            waiting: Arc::new(AtomicUsize::new(0)),
         }
+    }
+
+    /// True while a stream waits for room: the streams holding it must keep up or be cut.
+    pub fn pressed(&self) -> bool {
+        self.waiting.load(Ordering::SeqCst) > 0
     }
 
     /// Room for `event`, waited for, counted in `tally` too. An event larger than the whole
@@ -58,11 +66,8 @@ impl EventBudget {
     pub async fn hold_all(&self, events: Vec<Outgoing>, tally: &Arc<Tally>) -> Vec<Held> {
         let sizes: Vec<u32> = events.iter().map(|e| self.kib_of(e)).collect();
         let total = sizes.iter().fold(0u32, |a, b| a.saturating_add(*b));
-        let room = self
-            .kib
-            .clone()
-            .acquire_many_owned(total.min(self.total_kib));
-        let mut room = Some(room.await.expect("the budget's semaphore is never closed"));
+        let room = self.room(total.min(self.total_kib)).await;
+        let mut room = Some(room);
         let last = events.len().saturating_sub(1);
         let mut held = Vec::with_capacity(events.len());
         for (i, (event, kib)) in events.into_iter().zip(sizes).enumerate() {
@@ -80,6 +85,18 @@ impl EventBudget {
             });
         }
         held
+    }
+
+    /// `kib` of room, at once when it is free; else waited for, counted as waiting meanwhile.
+    async fn room(&self, kib: u32) -> OwnedSemaphorePermit {
+        if let Ok(room) = self.kib.clone().try_acquire_many_owned(kib) {
+            return room;
+        }
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        let waited = Waited(&self.waiting);
+        let room = self.kib.clone().acquire_many_owned(kib).await;
+        drop(waited);
+        room.expect("the budget's semaphore is never closed")
     }
 
     /// `events` in runs that each fit the budget (one event over it is a run of its own).
@@ -112,6 +129,16 @@ impl EventBudget {
     pub fn held_bytes(&self) -> u64 {
         let free = self.kib.available_permits() as u64;
         (u64::from(self.total_kib) - free.min(u64::from(self.total_kib))) * 1024
+    }
+}
+
+/// A stream counted as waiting for room until this is dropped (also when its wait is
+/// abandoned: the client left).
+struct Waited<'a>(&'a AtomicUsize);
+
+impl Drop for Waited<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

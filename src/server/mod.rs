@@ -22,6 +22,7 @@ mod stream;
 mod threads;
 mod token_cache;
 pub mod visible;
+mod watchdog;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -189,16 +190,20 @@ impl ServerState {
 
     /// A stream of `requests` from `hub`, with this server's timing and budget, and the
     /// response its client reads (at most [`stream::STREAM_BUFFER`] events waiting in it).
+    /// `connection`: the switch of the client's connection (absent where the server is not
+    /// served through [`crate::connection::CuttableAcceptor`]), for its watchdog to cut it.
     fn follow(
         &self,
         requests: crate::requests::RunRequests,
         hub: Arc<hub::Hub>,
+        connection: Option<axum::Extension<crate::connection::ConnectionCut>>,
     ) -> (stream::Follow, Response) {
         let (out, events) = mpsc::channel(stream::STREAM_BUFFER);
         let (cut, cut_seen) = tokio::sync::watch::channel(false);
         let follow = stream::Follow::new(requests, hub, out, self.stream_bytes.clone(), cut)
             .rechecking_every(self.access_recheck)
-            .patience(self.slow_follower);
+            .patience(self.slow_follower)
+            .on_connection(connection.map(|c| c.0));
         (follow, held::sse_response(events, cut_seen, HEARTBEAT))
     }
 
@@ -267,10 +272,7 @@ pub fn router(state: Arc<ServerState>) -> Router {
         .route("/console/approvals", get(console::approvals))
         .route("/console/ns/{ns}/runs/{run}", get(console::run))
         .route("/console/ns/{ns}/threads/{thread}", get(console::thread))
-        .route(
-            "/console/login",
-            get(signin::login_page).post(signin::login),
-        )
+        .route("/console/login", signin::route())
         .route("/console/logout", post(signin::logout))
         .route("/console/assets/console.js", get(signin::script))
         .route("/console/assets/console.css", get(signin::style))

@@ -3,11 +3,11 @@
 
 use std::sync::Arc;
 
-use axum::Json;
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
+use axum::{Extension, Json};
 use kube::api::ListParams;
 use kube::{Api, ResourceExt};
 use serde::Deserialize;
@@ -17,6 +17,7 @@ use super::ServerState;
 use super::caller::Caller;
 use super::cursor::Resume;
 use super::error::ApiError;
+use crate::connection::ConnectionCut;
 use crate::crd::v1alpha1::{AgentRun, LedgerSegment, Phase, Verdict};
 use crate::requests::{Stopped, phase_of};
 
@@ -92,20 +93,22 @@ pub async fn events(
     caller: Caller,
     Path((ns, name)): Path<(String, String)>,
     Query(query): Query<StreamQuery>,
+    connection: Option<Extension<ConnectionCut>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let resume = query.resume(&headers)?;
     let slot = state.stream_slot(&caller)?;
     let hub = state.hubs.join(&caller, &ns)?;
-    let (mut follow, response) = state.follow(state.requests(&caller, &ns), hub);
+    let (mut follow, response) = state.follow(state.requests(&caller, &ns), hub, connection);
     // Read (and so authorized) before the stream opens: a refusal is a plain HTTP answer.
     let run = follow.requests().read(&name).await?;
     follow.requests().probe_ledgers().await?;
     let after = resume.position_in(&run.uid().unwrap_or_default());
     let metrics = state.metrics.clone();
+    let watchdog = follow.watchdog();
     tokio::spawn(async move {
         metrics.followers.inc();
-        follow.run(run, after).await;
+        watchdog.beside(follow.run(run, after)).await;
         metrics.followers.dec();
         drop(slot);
     });

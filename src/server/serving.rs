@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum_server::Handle;
+use axum_server::accept::DefaultAcceptor;
 use axum_server::tls_rustls::{RustlsAcceptor, RustlsConfig};
 use futures::future::BoxFuture;
 use tokio::net::TcpListener;
@@ -52,16 +53,18 @@ pub async fn serve_until_stopped(
 ) -> std::io::Result<()> {
     let handle: Handle<std::net::SocketAddr> = Handle::new();
     let mut server = axum_server::from_tcp(listener.into_std()?)?.handle(handle.clone());
+    let cuttable = crate::connection::CuttableAcceptor::new;
     crate::listener::bound_auto(server.http_builder());
     let make = crate::listener::bound_bodies(app).into_make_service();
     let mut serving: BoxFuture<'static, std::io::Result<()>> = match tls {
-        None => Box::pin(server.serve(make)),
+        None => Box::pin(server.acceptor(cuttable(DefaultAcceptor)).serve(make)),
         Some(files) => {
             let config = RustlsConfig::from_pem_file(&files.cert, &files.key)
                 .await
                 .map_err(|e| std::io::Error::other(format!("{files:?}: {e}")))?;
             tokio::spawn(reload(config.clone(), files));
-            Box::pin(server.acceptor(RustlsAcceptor::new(config)).serve(make))
+            let tls = RustlsAcceptor::new(config).acceptor(cuttable(DefaultAcceptor));
+            Box::pin(server.acceptor(tls).serve(make))
         }
     };
     let signal = tokio::select! {

@@ -7,10 +7,11 @@ use std::time::{Duration, SystemTime};
 
 use askama::Template;
 use axum::Form;
-use axum::extract::{Query, State};
+use axum::extract::{DefaultBodyLimit, Query, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::{MethodRouter, get};
 use serde::Deserialize;
 
 use super::ServerState;
@@ -33,6 +34,22 @@ const FORM_LIFETIME: Duration = Duration::from_secs(3600);
 #[derive(Deserialize, Default)]
 pub struct SignInQuery {
     once: Option<String>,
+}
+
+/// The largest sign-in form: it is read before its token can be checked (the token is in it),
+/// and a token is a few KiB at most (an OIDC ID token with many groups, ~8 KiB).
+const SIGN_IN_LIMIT: usize = 16 * 1024;
+
+/// `/console/login`: the page, and the form posted from it within [`SIGN_IN_LIMIT`] (a body
+/// announced larger is refused unread).
+pub fn route() -> MethodRouter<Arc<ServerState>> {
+    let bounded = tower::ServiceBuilder::new()
+        .layer(axum::middleware::from_fn_with_state(
+            SIGN_IN_LIMIT,
+            super::body::announced_within,
+        ))
+        .layer(DefaultBodyLimit::max(SIGN_IN_LIMIT));
+    get(login_page).post(login).layer(bounded)
 }
 
 pub async fn login_page(

@@ -20,6 +20,8 @@ use tokio::time::Instant;
 use super::cursor::{Contiguous, EventId};
 use super::held::{EventBudget, Held, Outgoing, Tally};
 use super::hub::{Change, Hub};
+use super::watchdog::Watchdog;
+use crate::connection::ConnectionCut;
 use crate::crd::v1alpha1::{AgentRun, LedgerSegment, Phase};
 use crate::ledger::is_segment_of;
 use crate::requests::{RequestError, RunRequests, phase_of};
@@ -41,12 +43,13 @@ pub enum Ended {
 pub const ACCESS_RECHECK: Duration = Duration::from_secs(60);
 /// Events a stream holds for its client beyond what the connection has taken: with a page
 /// of the replay in hand, what one stream can hold is bounded by these two, not by a ledger.
-pub const STREAM_BUFFER: usize = 8;
+/// One: a client that reads nothing holds as little as can be while it waits to be cut.
+pub const STREAM_BUFFER: usize = 1;
 /// Segments read at once for a replay.
 pub const REPLAY_PAGE: usize = 4;
 /// A client that takes no event for this long is dropped, its connection cut: it reconnects
 /// with its cursor and loses nothing, instead of pinning what its stream holds for as long
-/// as it likes.
+/// as it likes (sooner while other streams wait for room: [`super::watchdog`]).
 pub const SLOW_FOLLOWER: Duration = Duration::from_secs(60);
 
 /// One client's stream: the caller's reads, the caller's hub, the client's channel.
@@ -56,8 +59,8 @@ pub struct Follow {
     out: mpsc::Sender<Held>,
     /// Every stream's events together ([`super::held`]).
     budget: EventBudget,
-    /// Cuts the client's connection ([`super::held::sse_response`]).
-    cut: watch::Sender<bool>,
+    /// Cuts the client's connection ([`super::held::sse_response`]); thrown by its watchdog.
+    cut: Arc<watch::Sender<bool>>,
     /// What the client has not taken yet, and since when it waits on it.
     tally: Arc<Tally>,
     _hub: Arc<Hub>,
@@ -66,6 +69,8 @@ pub struct Follow {
     recheck_every: Duration,
     /// How long one event may wait for the client ([`SLOW_FOLLOWER`]).
     patience: Duration,
+    /// The client's connection, cut with the stream ([`crate::connection`]).
+    connection: Option<ConnectionCut>,
 }
 
 impl Follow {
@@ -83,13 +88,21 @@ impl Follow {
             changes: hub.subscribe(),
             out,
             budget,
-            cut,
+            cut: Arc::new(cut),
             tally: Tally::new(),
             _hub: hub,
             next_check: Instant::now() + ACCESS_RECHECK,
             recheck_every: ACCESS_RECHECK,
             patience: SLOW_FOLLOWER,
+            connection: None,
         }
+    }
+
+    /// Cuts `connection` too when the client is cut: what it holds in the connection's write
+    /// buffer is freed only so.
+    pub fn on_connection(mut self, connection: Option<ConnectionCut>) -> Self {
+        self.connection = connection;
+        self
     }
 
     /// Drops a client that takes no event for `patience` instead of [`SLOW_FOLLOWER`].
@@ -105,6 +118,18 @@ impl Follow {
         self
     }
 
+    /// The watchdog that cuts this stream's client when it takes nothing (the stream runs
+    /// under it: [`Watchdog::beside`]).
+    pub fn watchdog(&self) -> Watchdog {
+        Watchdog::new(
+            self.tally.clone(),
+            self.budget.clone(),
+            self.cut.clone(),
+            self.connection.clone(),
+            self.patience,
+        )
+    }
+
     pub fn requests(&self) -> &RunRequests {
         &self.requests
     }
@@ -114,18 +139,9 @@ impl Follow {
     /// the revocation of its caller's rights by more than that). A follower that fell behind
     /// is told to read again.
     pub async fn next_change(&mut self) -> Option<Change> {
-        let mut stall_checks = tokio::time::interval(self.patience / 4);
         loop {
             tokio::select! {
                 _ = self.out.closed() => return None,
-                _ = stall_checks.tick() => {
-                    // Events wait unread in the connection or its channel: the client is
-                    // cut as when its channel is full ([`Self::deliver`]).
-                    if self.tally.stalled(self.patience) {
-                        self.cut_slow();
-                        return None;
-                    }
-                }
                 change = self.changes.recv() => return match change {
                     Ok(change) => Some(change),
                     Err(broadcast::error::RecvError::Lagged(_)) => Some(Change::Resync),
@@ -176,22 +192,10 @@ impl Follow {
         }
     }
 
-    /// Hands a counted event to the client's connection, waiting at most [`SLOW_FOLLOWER`].
+    /// Hands a counted event to the client's connection; false once it is gone (a client
+    /// that takes nothing is cut by the stream's watchdog, which ends this wait too).
     async fn deliver(&self, held: Held) -> bool {
-        match tokio::time::timeout(self.patience, self.out.send(held)).await {
-            Ok(sent) => sent.is_ok(),
-            Err(_) => {
-                self.cut_slow();
-                false
-            }
-        }
-    }
-
-    /// Cuts the connection of a client that took nothing for [`SLOW_FOLLOWER`]: the events
-    /// it holds are dropped with it, and it reconnects with its cursor.
-    fn cut_slow(&self) {
-        tracing::info!(patience = ?self.patience, "a stream's client took nothing: cut");
-        self.cut.send_replace(true);
+        self.out.send(held).await.is_ok()
     }
 
     /// Streams `run` from after position `after` until it ends, is deleted, or the client

@@ -4,11 +4,11 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use axum::Json;
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
+use axum::{Extension, Json};
 use kube::api::{ListParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde::Deserialize;
@@ -21,6 +21,7 @@ use super::error::ApiError;
 use super::hub::Change;
 use super::runs::{StreamQuery, bad_body};
 use super::stream::{Ended, Follow, json_event};
+use crate::connection::ConnectionCut;
 use crate::crd::v1alpha1::{AgentRun, AgentThread, BusyPolicy};
 use crate::kube_util::is_not_found;
 use crate::requests::phase_of;
@@ -115,6 +116,7 @@ pub async fn events(
     caller: Caller,
     Path((ns, name)): Path<(String, String)>,
     Query(query): Query<StreamQuery>,
+    connection: Option<Extension<ConnectionCut>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let resume = query.resume(&headers)?;
@@ -125,7 +127,7 @@ pub async fn events(
     let slot = state.stream_slot(&caller)?;
     let hub = state.hubs.join(&caller, &ns)?;
     let client = caller.client().clone();
-    let (follow, response) = state.follow(requests, hub);
+    let (follow, response) = state.follow(requests, hub, connection);
     let mut stream = ThreadStream {
         follow,
         client,
@@ -135,9 +137,10 @@ pub async fn events(
     };
     let after = stream.skip_to(&resume).await?;
     let metrics = state.metrics.clone();
+    let watchdog = stream.follow.watchdog();
     tokio::spawn(async move {
         metrics.followers.inc();
-        stream.run(after).await;
+        watchdog.beside(stream.run(after)).await;
         metrics.followers.dec();
         drop(slot);
     });

@@ -199,6 +199,10 @@ pub async fn conclude(s: &mut Session, ending: Ending, record: bool) -> Exit {
         Ending::Lost => return Exit::Lost,
         Ending::GaveUp { message } => {
             warn!(%message, "ending this attempt without a decision");
+            // Nothing is written to the run: the Event is where `kubectl describe` shows why
+            // its attempt ended (the next one may get through).
+            s.event(EventType::Warning, "AttemptGaveUp", "Conclude", message)
+                .await;
             return Exit::Failed;
         }
         _ => {}

@@ -231,6 +231,7 @@ async fn attempt(
         return Ok(Exit::Lost);
     };
     state.ready.store(true, Ordering::Relaxed);
+    s.report_unrecognized().await;
     let timed_out = crate::approval::claimed_for_timeout(&s.me.run, s.fence());
     let plan = resume::plan(&s.turn.replay, s.spec(), &s.io.toolbox, timed_out);
     let (ending, record) = match reconcile::resume(&mut s, plan).await {

@@ -232,6 +232,32 @@ impl Session {
             .await;
     }
 
+    /// Says, in the log and a Warning Event, which events of the ledger this version passed
+    /// over: a newer baton wrote them (a rollout in progress, or a worker image older than
+    /// the run's ledger). Nothing when there are none.
+    pub async fn report_unrecognized(&self) {
+        let kinds = &self.turn.replay.unrecognized;
+        if kinds.is_empty() {
+            return;
+        }
+        let mut named: Vec<&str> = kinds.iter().map(String::as_str).collect();
+        named.sort_unstable();
+        named.dedup();
+        let note = format!(
+            "the ledger holds {} event(s) of kinds this worker does not know ({}), written by a newer baton: passed over (run a worker image as new as the ledger's writer)",
+            kinds.len(),
+            named.join(", ")
+        );
+        tracing::warn!(%note, "unrecognized ledger events");
+        self.event(
+            EventType::Warning,
+            "UnrecognizedLedgerEvents",
+            "Resume",
+            &note,
+        )
+        .await;
+    }
+
     /// Publishes an Event about the run (best effort: a failure is logged).
     pub async fn event(&self, type_: EventType, reason: &str, action: &str, note: &str) {
         self.io

@@ -1,10 +1,13 @@
 // The console in a real browser (Debian's Chromium, headless, driven by playwright-core), as
 // tests/node_console.rs sets it up on the node: sign in with a token; chat on a thread and see
 // the answer stream in; reload a run's page mid-run and see it continue without a repeat;
-// approve a gated call from the inbox and see the run go on; be refused another namespace.
+// approve a gated call from the inbox and see the run go on; be refused another namespace;
+// and, as a victim who has not signed in, visit an attacker's page (another origin) that
+// posts the attacker's token to the sign-in form (login CSRF): the victim stays signed out.
 // A screenshot of each page goes to $SHOTS. Exits non-zero, saying why, on any failure.
 import { chromium } from "playwright-core";
 import { mkdirSync } from "node:fs";
+import { createServer } from "node:http";
 import { join } from "node:path";
 
 const env = (name) => {
@@ -101,6 +104,40 @@ async function forbidden(page) {
   await shot(page, "09-forbidden-namespace");
 }
 
+// The attacker's site: a page on another loopback port (another origin) whose form posts the
+// attacker's own token to the console's sign-in as soon as it loads.
+function attackerSite() {
+  const page = `<!doctype html><form id="f" method="post" action="${URL}/console/login">
+<input name="token" value="${env("ATTACKER_TOKEN")}"><input name="nonce" value="guessed">
+</form><script>document.getElementById("f").submit()</script>`;
+  const server = createServer((_, res) => res.writeHead(200, { "content-type": "text/html" }).end(page));
+  return new Promise((ready) => server.listen(0, "127.0.0.1", () => ready(server)));
+}
+
+async function loginCsrf(browser) {
+  const site = await attackerSite();
+  const victim = await (await browser.newContext({ viewport: { width: 1280, height: 900 } })).newPage();
+  try {
+    // The victim first sees the sign-in page, so her browser holds a sign-in nonce cookie.
+    await victim.goto(`${URL}/console`);
+    check(victim.url().endsWith("/console/login"), `the victim is not signed out: ${victim.url()}`);
+    const posted = victim.waitForResponse((r) => r.url().endsWith("/console/login") && r.request().method() === "POST");
+    await victim.goto(`http://127.0.0.1:${site.address().port}/`);
+    const answer = await posted;
+    check(answer.status() === 403, `the forged sign-in was answered ${answer.status()}`);
+    await victim.waitForLoadState();
+    const said = await victim.textContent("body");
+    check(/another site/.test(said), `the refusal says: ${said}`);
+    await shot(victim, "10-login-csrf-refused");
+    await victim.goto(`${URL}/console?ns=${NS}`);
+    const where = new globalThis.URL(victim.url()).pathname;
+    check(where === "/console/login", `the victim was signed in by the attacker: ${victim.url()}`);
+  } finally {
+    await victim.context().close();
+    site.close();
+  }
+}
+
 const browser = await chromium.launch({
   executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
   headless: true,
@@ -115,6 +152,7 @@ try {
   await reloadMidRun(page);
   await approveFromInbox(page);
   await forbidden(page);
+  await loginCsrf(browser);
   if (failed) throw failed;
   console.log("console: every check passed");
 } catch (e) {

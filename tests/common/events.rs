@@ -31,3 +31,20 @@ pub async fn wait_event(events: &Api<Event>, run: &str, reason: &str, timeout: D
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// The notes of the Events in `events` (one namespace's) about run `run` with `reason`, as
+/// listed now.
+#[allow(dead_code)] // node_readers includes this file for `wait_event` alone
+pub async fn notes(events: &Api<Event>, run: &str, reason: &str) -> Vec<String> {
+    let listed = events
+        .list(&ListParams::default())
+        .await
+        .expect("listing Events");
+    listed
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(run))
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .filter_map(|e| e.note)
+        .collect()
+}

@@ -9,6 +9,7 @@
 pub mod claim;
 pub mod events;
 pub mod in_process;
+pub mod litellm;
 pub mod namespace;
 pub mod webhook;
 pub mod worker_proc;

@@ -167,6 +167,19 @@ pub async fn client_as(user: &str) -> Client {
     Client::try_from(config).expect("building a client")
 }
 
+/// A client that signs in with `token` alone (the node's kubeconfig gives only the API server's
+/// address and CA), impersonating `user` and `groups` as `kubectl --as= --as-group=` does.
+pub async fn client_with_token(token: &str, user: &str, groups: &[&str]) -> Client {
+    let mut config = config().await;
+    config.auth_info = kube::config::AuthInfo {
+        token: Some(token.to_string().into()),
+        impersonate: Some(user.to_string()),
+        impersonate_groups: Some(groups.iter().map(|g| g.to_string()).collect()),
+        ..Default::default()
+    };
+    Client::try_from(config).expect("building a client")
+}
+
 async fn config() -> kube::Config {
     let kc =
         kube::config::Kubeconfig::read_from(kubeconfig()).expect("reading the node's kubeconfig");
@@ -370,24 +383,7 @@ impl NodeEnv {
 
     /// The host PID of one of a pod's containers (`worker`, `tools`) while it runs.
     pub async fn container_pid_of(&self, pod: &str, container: &str) -> Option<u32> {
-        // An API hiccup must not read as "not running": retried, only a missing pod is None.
-        let pods = self.pods();
-        let pod = retry(|| pods.get_opt(pod)).await?;
-        let status = pod
-            .status?
-            .container_statuses?
-            .into_iter()
-            .find(|c| c.name == container)?;
-        status.state.as_ref()?.running.as_ref()?;
-        let id = status
-            .container_id?
-            .strip_prefix("containerd://")?
-            .to_string();
-        let pidfile = node_dir()
-            .join("containerd/state/io.containerd.runtime.v2.task/k8s.io")
-            .join(id)
-            .join("init.pid");
-        std::fs::read_to_string(pidfile).ok()?.trim().parse().ok()
+        container_pid(&self.pods(), pod, container).await
     }
 
     /// A signal to the worker container's process, from the host (as the OOM killer or an
@@ -460,4 +456,26 @@ impl NodeEnv {
             .await;
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// The host PID of container `container` of pod `pod` (in `pods`' namespace) while it runs, as
+/// containerd's shim recorded it.
+pub async fn container_pid(pods: &Api<Pod>, pod: &str, container: &str) -> Option<u32> {
+    // An API hiccup must not read as "not running": retried, only a missing pod is None.
+    let pod = retry(|| pods.get_opt(pod)).await?;
+    let status = pod
+        .status?
+        .container_statuses?
+        .into_iter()
+        .find(|c| c.name == container)?;
+    status.state.as_ref()?.running.as_ref()?;
+    let id = status
+        .container_id?
+        .strip_prefix("containerd://")?
+        .to_string();
+    let pidfile = node_dir()
+        .join("containerd/state/io.containerd.runtime.v2.task/k8s.io")
+        .join(id)
+        .join("init.pid");
+    std::fs::read_to_string(pidfile).ok()?.trim().parse().ok()
 }

@@ -1,11 +1,17 @@
 //! The model providers against local servers speaking their APIs (no network). One test
 //! binary (each file is a module): `anthropic` (the Messages API) and `openai` (Chat
-//! Completions, its shared helpers and stream fixtures in `openai_support`).
+//! Completions, its shared helpers and stream fixtures in `openai_support`), and both against
+//! a server that misbehaves (`misbehaving`) and the LiteLLM proxy (`litellm_proxy`).
 
+#[path = "../common/litellm.rs"]
+mod litellm;
 #[path = "../providers_support/mod.rs"]
 mod server;
 
 mod anthropic;
+#[path = "litellm.rs"]
+mod litellm_proxy;
+mod misbehaving;
 mod openai;
 mod openai_support;
 

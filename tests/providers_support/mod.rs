@@ -23,6 +23,13 @@ pub enum Body {
     Stream(Vec<String>),
     /// Chunked, then the connection is dropped without the final chunk.
     Cut(Vec<String>),
+    /// Chunked, then nothing more, the connection held open (a server that stalls).
+    Stall(Vec<String>),
+    /// No answer at all: the request is read and the connection held open.
+    Silent,
+    /// Chunked, the same piece again and again, as fast as the client takes it, until the
+    /// client goes away (a server that never stops).
+    Endless(String),
 }
 
 pub struct Reply {
@@ -44,6 +51,33 @@ impl Reply {
 
     pub fn json(status: u16, body: &str) -> Self {
         Self::new(status, "application/json", Body::Full(body.to_string()))
+    }
+
+    /// A whole body of any content type.
+    pub fn page(status: u16, content_type: &str, body: &str) -> Self {
+        Self::new(status, content_type, Body::Full(body.to_string()))
+    }
+
+    /// A 200 with no content type at all.
+    pub fn untyped(body: &str) -> Self {
+        let mut reply = Self::new(200, "", Body::Full(body.to_string()));
+        reply.headers.clear();
+        reply
+    }
+
+    /// A 200 event stream that sends `pieces`, then stalls.
+    pub fn stall(pieces: Vec<String>) -> Self {
+        Self::new(200, "text/event-stream", Body::Stall(pieces))
+    }
+
+    /// No answer: the server reads the request and says nothing.
+    pub fn silent() -> Self {
+        Self::new(200, "text/event-stream", Body::Silent)
+    }
+
+    /// A 200 event stream of `piece` repeated without end.
+    pub fn endless(piece: &str) -> Self {
+        Self::new(200, "text/event-stream", Body::Endless(piece.to_string()))
     }
 
     pub fn header(mut self, name: &str, value: &str) -> Self {
@@ -173,9 +207,26 @@ async fn write_reply(socket: &mut TcpStream, reply: Reply) -> std::io::Result<()
             socket.write_all(b"0\r\n\r\n").await?;
         }
         Body::Cut(pieces) => write_chunks(socket, head, &pieces).await?,
+        Body::Stall(pieces) => {
+            write_chunks(socket, head, &pieces).await?;
+            held_open().await;
+        }
+        Body::Silent => held_open().await,
+        Body::Endless(piece) => {
+            write_chunks(socket, head, &[]).await?;
+            let frame = format!("{:x}\r\n{piece}\r\n", piece.len()).repeat(64);
+            loop {
+                socket.write_all(frame.as_bytes()).await?;
+            }
+        }
     }
     socket.flush().await?;
     socket.shutdown().await
+}
+
+/// A connection held open for longer than any test waits.
+async fn held_open() {
+    tokio::time::sleep(Duration::from_secs(3600)).await;
 }
 
 async fn write_chunks(

@@ -1,7 +1,7 @@
 //! Per-caller bounds: a ledger longer than a page is served a page at a time (`GET
 //! …/segments` answers at most 100 segments; a stream replays page by page and still sends
 //! every position once, in order), and a client that takes nothing is dropped instead of
-//! pinning its stream.
+//! pinning its stream, sooner while other streams wait for room.
 
 use crate::common::TestNamespace;
 use crate::common::worker_proc::{final_turn, scripted_run};
@@ -134,14 +134,8 @@ async fn streams_share_one_budget_and_each_gets_its_whole_replay() {
     let readers = (0..5).map(|_| {
         let (events, alice) = (events.clone(), alice.clone());
         tokio::spawn(async move {
-            let mut stream = SseReader::open(&events, &alice, None).await;
-            let mut last = 0;
-            while last < 100 {
-                let event = stream.next().await.expect("the stream's next event");
-                if event.event == "segment" {
-                    assert_eq!(event.data["seq"], last + 1, "in order, once each");
-                    last += 1;
-                }
+            if let Err(e) = crate::sse::reads_in_order(events, alice, 100).await {
+                panic!("every segment once, in order: {e}");
             }
         })
     });
@@ -162,5 +156,43 @@ async fn streams_share_one_budget_and_each_gets_its_whole_replay() {
         "{metrics}"
     );
     assert!(run.uid().is_some());
+    ns.cleanup().await;
+}
+
+/// Clients that open a stream and read nothing fill the budget (their connections' buffers
+/// full, their streams holding room): later clients still get their streams, and a reader its
+/// whole replay, because a client that holds room and takes nothing while others wait is cut
+/// within seconds (`PRESSED_PATIENCE`), not after the slow-follower patience (ten minutes
+/// here), and cutting it closes its connection, freeing what hyper held queued on it. Before,
+/// a stream waiting for room was never cut, a cut left the events queued in hyper held, and
+/// the sixth idle client's first event never came.
+#[tokio::test]
+async fn idle_clients_do_not_keep_a_reader_waiting() {
+    let ns = TestNamespace::new("server-idle").await;
+    let patience = std::time::Duration::from_secs(600);
+    let (url, _server) =
+        start_server_with(|s| s.with_stream_bytes(512 * 1024).with_slow_follower(patience)).await;
+    let alice = person(&ns, "alice", run_user_rules()).await;
+    run_with_segments(&ns, "big", 100, 120 * 1024).await;
+    let events = format!("{url}/api/v1/namespaces/{}/runs/big/events", ns.name);
+    let scenario = async {
+        let mut idle = Vec::new();
+        for _ in 0..8 {
+            let mut stream = SseReader::open(&events, &alice, None).await;
+            stream.next().await.expect("the first event");
+            idle.push(stream);
+        }
+        let whole = crate::sse::reads_in_order(events.clone(), alice.clone(), 100).await;
+        if let Err(e) = whole {
+            panic!("the reader got every segment once, in order: {e}");
+        }
+        idle
+    };
+    let idle = tokio::time::timeout(std::time::Duration::from_secs(180), scenario)
+        .await
+        .expect(
+            "idle clients and then a reader all got their streams while idle ones held the budget",
+        );
+    drop(idle);
     ns.cleanup().await;
 }

@@ -89,6 +89,10 @@ async fn a_body_over_its_routes_bound_is_refused_unread() {
     let head = post(input, Some("any-token"), 600 * 1024);
     let status = answer_to(&base, &head, b"{", Duration::from_secs(5)).await;
     assert_eq!(status.as_deref(), Some("HTTP/1.1 413 Payload Too Large"));
+    // The sign-in form is read before its token is checked (the token is in it): 16 KiB.
+    let head = post("/console/login", None, 100 * 1024);
+    let status = answer_to(&base, &head, b"token=", Duration::from_secs(5)).await;
+    assert_eq!(status.as_deref(), Some("HTTP/1.1 413 Payload Too Large"));
 }
 
 #[tokio::test]

@@ -130,3 +130,133 @@ impl SseReader {
 pub fn segments(events: &[Sse]) -> Vec<&Sse> {
     events.iter().filter(|e| e.event == "segment").collect()
 }
+
+/// How a whole ledger was read: how often its stream ended before the ledger did (a cut, an
+/// `error` event) and the reader reconnected with its cursor, as an `EventSource` does, and why.
+#[derive(Debug, Default)]
+pub struct WholeRead {
+    pub reconnects: usize,
+    pub why: Vec<String>,
+}
+
+/// Reads a run's stream from its start until it has `segments` of them, reconnecting with
+/// `Last-Event-ID` when the stream ends first; Ok if they came once each, in order. Only the
+/// event ids (and `error` events' data) are looked at. Err, saying why, on a refused
+/// connection, a segment out of order, 300 s without a byte, or a reconnection that brought
+/// nothing new (a stream that ends again and again without progress is no read).
+pub async fn reads_in_order(
+    url: String,
+    token: String,
+    segments: i64,
+) -> Result<WholeRead, String> {
+    let mut read = WholeRead::default();
+    let mut cursor = Cursor::default();
+    loop {
+        let before = cursor.expected;
+        let why = cursor.read(&url, &token, segments).await?;
+        if cursor.expected > segments {
+            return Ok(read);
+        }
+        if cursor.expected == before {
+            return Err(format!(
+                "a connection ended before it brought segment {before}: {why} (earlier: {:?})",
+                read.why
+            ));
+        }
+        read.reconnects += 1;
+        read.why.push(why);
+    }
+}
+
+/// Where a whole read stands: the next position due and the last event id.
+#[derive(Default)]
+struct Cursor {
+    expected: i64,
+    last_id: Option<String>,
+}
+
+impl Cursor {
+    /// One connection: reads until the ledger is whole (Ok, empty) or the stream ends (Ok,
+    /// why it ended).
+    async fn read(&mut self, url: &str, token: &str, segments: i64) -> Result<String, String> {
+        self.expected = self.expected.max(1);
+        let mut request = reqwest::Client::new().get(url).bearer_auth(token);
+        if let Some(id) = &self.last_id {
+            request = request.header("Last-Event-ID", id);
+        }
+        let response = request
+            .send()
+            .await
+            .map_err(|e| format!("connecting: {e}"))?;
+        if response.status() != 200 {
+            let status = response.status();
+            return Err(format!(
+                "{status}: {}",
+                response.text().await.unwrap_or_default()
+            ));
+        }
+        let mut body = response.bytes_stream();
+        let mut pending: Vec<u8> = Vec::new();
+        let mut event = String::new();
+        let mut errors = Vec::new();
+        while self.expected <= segments {
+            let chunk = match tokio::time::timeout(Duration::from_secs(300), body.next()).await {
+                Err(_) => {
+                    return Err(format!(
+                        "nothing for 300 s before segment {}",
+                        self.expected
+                    ));
+                }
+                Ok(None) => return Ok(format!("the stream ended; errors: {errors:?}")),
+                Ok(Some(Err(e))) => {
+                    return Ok(format!("the connection ended ({e}); errors: {errors:?}"));
+                }
+                Ok(Some(Ok(chunk))) => chunk,
+            };
+            pending.extend_from_slice(&chunk);
+            // Fields are on lines of their own; keep the last partial line for the next chunk.
+            let cut = pending
+                .iter()
+                .rposition(|b| *b == b'\n')
+                .map_or(0, |i| i + 1);
+            for line in pending[..cut].split(|b| *b == b'\n') {
+                let line = String::from_utf8_lossy(line);
+                if let Some(name) = line.strip_prefix("event: ") {
+                    event = name.to_string();
+                } else if let Some(data) = line.strip_prefix("data: ") {
+                    if event == "error" {
+                        errors.push(data.to_string());
+                    }
+                } else if let Some(id) = line.strip_prefix("id: ") {
+                    self.segment(id)?;
+                }
+            }
+            pending.drain(..cut);
+        }
+        Ok(String::new())
+    }
+
+    fn segment(&mut self, id: &str) -> Result<(), String> {
+        let seq: i64 = id
+            .rsplit_once(':')
+            .and_then(|(_, s)| s.parse().ok())
+            .unwrap_or(-1);
+        if seq != self.expected {
+            return Err(format!(
+                "event {id} came where segment {} was due",
+                self.expected
+            ));
+        }
+        self.expected += 1;
+        self.last_id = Some(id.to_string());
+        Ok(())
+    }
+}
+
+/// The value of gauge `name` in the server's `/metrics` text (NaN when it has none).
+pub fn gauge(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or(f64::NAN)
+}

@@ -3,10 +3,12 @@
 //! - `approval`: a gated call waits, is approved, denied or timed out, and never runs twice;
 //! - `budget`: a run killed again and again near its limit stops at it;
 //! - `crash`: kill -9 at each write-ahead boundary, then the next worker resumes;
+//! - `format`: a ledger holding an event of a newer kind is resumed past, and said so;
 //! - `limits`: the ledger's size cap and events split across segments;
 //! - `mcp`: MCP tools against the official Python SDK's server: recorded, called with
 //!   baton's metadata, never run twice, errors bounded;
 //! - `openai`: the OpenAI-compatible provider end to end against a local server;
+//! - `providers`: both HTTP providers through the LiteLLM proxy, and a server answering a page;
 //! - `resume`: zombies, effect probes, idempotent re-runs, askUser answered later;
 //! - `run`: a run from claim to Finishing, handoff on SIGTERM, stop;
 //! - `threads`: turns of a thread with the real controller: history carried, resumed the same,
@@ -47,9 +49,11 @@ async fn status(ns: &common::TestNamespace, name: &str) -> AgentRunStatus {
 mod approval;
 mod budget;
 mod crash;
+mod format;
 mod limits;
 mod mcp;
 mod openai;
+mod providers;
 mod resume;
 mod run;
 mod thread_cli;

@@ -77,6 +77,12 @@ pub struct ModelSpec {
     /// For `scripted`: the model's turns, in order. A turn without tool calls ends the run.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub script: Vec<ScriptTurn>,
+    /// The longest a model call waits with nothing from the server: for its answer to begin,
+    /// and between two events of its stream (pings do not count). Then the call fails and is
+    /// retried. Default 300: models can think for minutes before their first token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 3600))]
+    pub idle_timeout_seconds: Option<i64>,
 }
 
 /// A key in a Secret in the run's namespace.

@@ -139,9 +139,14 @@ pub enum ApprovalOutcome {
     TimedOut,
 }
 
-/// One ledger event. Field names are part of the stored format: add, never rename.
+/// One ledger event. Field names are part of the stored format: add, never rename. An event of
+/// a kind this version does not know (a newer version wrote it) reads as
+/// [`LedgerEvent::Unrecognized`], kept whole, never as a ledger that cannot be read.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+// The derived (de)serializers are the known kinds' wire form; `Serialize` and `Deserialize`
+// below wrap them with the unknown kinds' (serde's `remote = "Self"` keeps both).
 #[serde(
+    remote = "Self",
     tag = "type",
     rename_all = "camelCase",
     rename_all_fields = "camelCase"
@@ -235,4 +240,50 @@ pub enum LedgerEvent {
         total: i64,
         data: String,
     },
+    /// An event of a kind this version does not know, as written: readers pass over it (and
+    /// say so), copies of the ledger keep it unchanged.
+    #[serde(skip)]
+    Unrecognized(UnrecognizedEvent),
+}
+
+/// An event a newer version wrote, whole: its `type` and every field as written.
+#[derive(Clone, Debug, PartialEq)]
+pub struct UnrecognizedEvent(pub serde_json::Map<String, serde_json::Value>);
+
+impl UnrecognizedEvent {
+    /// Its `type`, as written.
+    pub fn kind(&self) -> &str {
+        self.0
+            .get("type")
+            .and_then(|t| t.as_str())
+            .unwrap_or_default()
+    }
+}
+
+impl Serialize for LedgerEvent {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            LedgerEvent::Unrecognized(event) => event.0.serialize(serializer),
+            known => LedgerEvent::serialize(known, serializer),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for LedgerEvent {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::Error as _;
+        let value = serde_json::Value::deserialize(deserializer)?;
+        match LedgerEvent::deserialize(&value) {
+            Ok(event) => Ok(event),
+            // serde's words for a tag no variant has; a known kind with bad fields (or no
+            // `type` at all) is an error, not an unknown kind.
+            Err(err) if err.to_string().starts_with("unknown variant") => match value {
+                serde_json::Value::Object(fields) => {
+                    Ok(LedgerEvent::Unrecognized(UnrecognizedEvent(fields)))
+                }
+                _ => Err(D::Error::custom(err)),
+            },
+            Err(err) => Err(D::Error::custom(err)),
+        }
+    }
 }

@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 use reqwest::header::ACCEPT;
 use serde_json::{Value, json};
 
+use super::answer::{self, Answer};
+use super::body::{Bounds, Target};
 use super::endpoint::{self, ApiKey};
 use super::openai::{model_name, paired_tool_results};
 use super::sse::{self, SseReader};
@@ -25,9 +27,8 @@ pub const DEFAULT_MAX_TOKENS: u32 = 4096;
 #[derive(Debug, Clone)]
 pub struct AnthropicModel {
     client: reqwest::Client,
-    url: String,
+    target: Target,
     model: String,
-    key: ApiKey,
     max_tokens: u32,
 }
 
@@ -44,9 +45,12 @@ impl AnthropicModel {
         };
         Ok(Self {
             client: endpoint::http_client()?,
-            url,
+            target: Target {
+                url,
+                key,
+                bounds: Bounds::for_spec(spec),
+            },
             model: model_name(spec, "anthropic")?,
-            key,
             max_tokens: DEFAULT_MAX_TOKENS,
         })
     }
@@ -63,18 +67,21 @@ impl AnthropicModel {
         request: &ModelRequest,
         deltas: &DeltaSink,
     ) -> Result<ModelTurn, ModelError> {
+        let target = &self.target;
         let mut http = self
             .client
-            .post(&self.url)
+            .post(&target.url)
             .header(ACCEPT, "text/event-stream")
             .header("anthropic-version", API_VERSION)
             .json(&request_body(&self.model, self.max_tokens, request));
-        if let Some(key) = self.key.header("")? {
+        if let Some(key) = target.key.header("")? {
             http = http.header("x-api-key", key);
         }
-        let response = endpoint::send(http, &self.key, &self.url).await?;
-        let mut reader = SseReader::new(response, &self.key, &self.url);
-        read_turn(&mut reader, &self.key, deltas).await
+        let response = answer::send(http, target).await?;
+        match answer::receive(response, target).await? {
+            Answer::Stream(mut reader) => read_turn(&mut reader, &target.key, deltas).await,
+            Answer::Whole(answer) => whole_turn(&answer, target, deltas),
+        }
     }
 }
 
@@ -211,8 +218,29 @@ async fn read_turn(
     }
     match turn.stop_reason {
         true => turn.build(),
-        false => Err(sse::stream_ended_early()),
+        false => Err(reader.ended_early("message_stop nor stop reason")),
     }
+}
+
+/// A message sent whole (a gateway that does not stream this endpoint): its content blocks
+/// are read as their starts would be, their text sent on as one piece.
+fn whole_turn(
+    answer: &Value,
+    target: &Target,
+    deltas: &DeltaSink,
+) -> Result<ModelTurn, ModelError> {
+    if answer["type"] == "error" || answer.get("error").is_some_and(|e| !e.is_null()) {
+        return Err(endpoint::stream_error(&answer["error"], &target.key));
+    }
+    let Some(blocks) = answer["content"].as_array() else {
+        return Err(target.not_an_answer(answer, "content"));
+    };
+    let mut turn = TurnBuilder::default();
+    turn.count_usage(&answer["usage"]);
+    for (index, block) in blocks.iter().enumerate() {
+        turn.start(index as u64, block, deltas);
+    }
+    turn.build()
 }
 
 /// A turn as its events arrive: text as streamed, tool uses by content block index.
@@ -396,7 +424,12 @@ mod tests {
             endpoint: Some(endpoint.into()),
             ..ModelSpec::default()
         };
-        let url = |endpoint| AnthropicModel::new(&spec(endpoint), None).unwrap().url;
+        let url = |endpoint| {
+            AnthropicModel::new(&spec(endpoint), None)
+                .unwrap()
+                .target
+                .url
+        };
         assert_eq!(url("http://h:1"), "http://h:1/v1/messages");
         assert_eq!(url("http://h:1/v1/"), "http://h:1/v1/messages");
     }

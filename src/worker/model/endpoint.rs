@@ -1,13 +1,13 @@
 //! What the HTTP providers share about their endpoint: the HTTP client, the API key (which
 //! never reaches a log, an error or a `Debug` string) and the mapping of HTTP failures onto
-//! `ModelError`. The streamed responses are read by [`super::sse`].
+//! `ModelError`. Requests are sent and their answers sorted by [`super::answer`].
 
 use std::error::Error as _;
 use std::fmt;
 use std::time::{Duration, SystemTime};
 
+use reqwest::StatusCode;
 use reqwest::header::{HeaderMap, HeaderValue};
-use reqwest::{RequestBuilder, Response, StatusCode};
 use serde_json::Value;
 
 use super::ModelError;
@@ -15,13 +15,10 @@ use super::retry::parse_retry_after;
 
 /// Connecting is quick or it is broken: fail fast so the retry can try another backend.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
-/// Longest silence tolerated between two reads of a stream. Models can think for minutes
-/// before their first token, so this is generous; the lease, not this, bounds a stuck call.
-const READ_TIMEOUT: Duration = Duration::from_secs(300);
 /// Provider messages end up in the run's status: keep them short.
 const MAX_MESSAGE_CHARS: usize = 2000;
 /// An error body is read up to this size; the rest is noise.
-const MAX_ERROR_BODY: usize = 64 * 1024;
+pub(super) const MAX_ERROR_BODY: usize = 64 * 1024;
 /// A word sharing this many consecutive characters with the key is treated as the key.
 const KEY_PIECE: usize = 12;
 const REDACTED: &str = "[REDACTED]";
@@ -33,7 +30,7 @@ pub fn http_client() -> Result<reqwest::Client, ModelError> {
     reqwest::Client::builder()
         .redirect(redirect_policy())
         .connect_timeout(CONNECT_TIMEOUT)
-        .read_timeout(READ_TIMEOUT)
+        // No read timeout here: a call's silence is bounded per model (`body::Bounds`).
         .user_agent(concat!("baton/", env!("CARGO_PKG_VERSION")))
         .build()
         .map_err(|e| ModelError::Permanent {
@@ -154,25 +151,6 @@ fn shares_piece(word: &str, key: &str) -> bool {
 
 // === errors ===
 
-/// Sends a request; anything but a 2xx becomes a `ModelError`.
-pub async fn send(
-    request: RequestBuilder,
-    key: &ApiKey,
-    url: &str,
-) -> Result<Response, ModelError> {
-    let response = request
-        .send()
-        .await
-        .map_err(|e| transport_error(&e, key, url))?;
-    let status = response.status();
-    if status.is_success() {
-        return Ok(response);
-    }
-    let headers = response.headers().clone();
-    let body = read_capped(response).await;
-    Err(status_error(status, &headers, &body, key, url))
-}
-
 /// Maps a failed HTTP exchange. 408, 429 and 5xx are worth waiting for; every other status
 /// (400 bad request, 401/403 bad key, 404 unknown model or endpoint) will fail again.
 pub fn status_error(
@@ -222,8 +200,9 @@ pub fn transport_error(err: &reqwest::Error, key: &ApiKey, url: &str) -> ModelEr
     }
 }
 
-/// Maps an error the provider reported inside a stream that had started well. The request
-/// was accepted, so unless the provider says it was invalid, trying again may work.
+/// Maps an error the provider reported in an answer that had started well (in its stream, or
+/// as its whole JSON answer). The request was accepted, so unless the provider says it was
+/// invalid, trying again may work.
 pub fn stream_error(error: &Value, key: &ApiKey) -> ModelError {
     const PERMANENT: &[&str] = &[
         "invalid_request_error",
@@ -234,7 +213,10 @@ pub fn stream_error(error: &Value, key: &ApiKey) -> ModelError {
     ];
     let message = clean(
         key,
-        &format!("error in the model's stream: {}", error_message(error)),
+        &format!(
+            "the model server reported an error: {}",
+            error_message(error)
+        ),
     );
     let kind = error.get("type").and_then(Value::as_str).unwrap_or("");
     match PERMANENT.contains(&kind) {
@@ -278,7 +260,7 @@ fn error_message(error: &Value) -> String {
 }
 
 /// Redacts first (so truncation cannot leave a short piece of the key), then bounds.
-fn clean(key: &ApiKey, message: &str) -> String {
+pub(super) fn clean(key: &ApiKey, message: &str) -> String {
     let redacted = key.redact(message);
     match redacted.char_indices().nth(MAX_MESSAGE_CHARS) {
         Some((cut, _)) => format!("{}...", &redacted[..cut]),
@@ -296,18 +278,6 @@ pub fn error_chain(err: &reqwest::Error) -> String {
         source = cause.source();
     }
     text
-}
-
-async fn read_capped(mut response: Response) -> String {
-    let mut body = Vec::new();
-    while let Ok(Some(chunk)) = response.chunk().await {
-        body.extend_from_slice(&chunk);
-        if body.len() >= MAX_ERROR_BODY {
-            body.truncate(MAX_ERROR_BODY);
-            break;
-        }
-    }
-    String::from_utf8_lossy(&body).into_owned()
 }
 
 #[cfg(test)]

@@ -1,7 +1,9 @@
 //! Model providers behind one interface: the agent loop asks for the next assistant turn
 //! given the conversation so far, and receives streamed text as it comes.
 
+pub mod answer;
 pub mod anthropic;
+pub mod body;
 pub mod endpoint;
 pub mod openai;
 pub mod retry;

@@ -9,6 +9,8 @@ use std::collections::BTreeMap;
 use reqwest::header::{ACCEPT, AUTHORIZATION};
 use serde_json::{Value, json};
 
+use super::answer::{self, Answer};
+use super::body::{Bounds, Target};
 use super::endpoint::{self, ApiKey};
 use super::sse::{self, SseReader};
 use super::{DeltaSink, ModelError, ModelRequest, ModelToolCall, ModelTurn, Usage};
@@ -26,9 +28,8 @@ const MISSING_RESULT: &str = "No result was recorded for this tool call.";
 #[derive(Debug, Clone)]
 pub struct OpenAiModel {
     client: reqwest::Client,
-    url: String,
+    target: Target,
     model: String,
-    key: ApiKey,
 }
 
 impl OpenAiModel {
@@ -39,9 +40,12 @@ impl OpenAiModel {
         key.header("Bearer ")?;
         Ok(Self {
             client: endpoint::http_client()?,
-            url: format!("{base}/chat/completions"),
+            target: Target {
+                url: format!("{base}/chat/completions"),
+                key,
+                bounds: Bounds::for_spec(spec),
+            },
             model: model_name(spec, "openai")?,
-            key,
         })
     }
 
@@ -51,17 +55,20 @@ impl OpenAiModel {
         request: &ModelRequest,
         deltas: &DeltaSink,
     ) -> Result<ModelTurn, ModelError> {
+        let target = &self.target;
         let mut http = self
             .client
-            .post(&self.url)
+            .post(&target.url)
             .header(ACCEPT, "text/event-stream")
             .json(&request_body(&self.model, request));
-        if let Some(auth) = self.key.header("Bearer ")? {
+        if let Some(auth) = target.key.header("Bearer ")? {
             http = http.header(AUTHORIZATION, auth);
         }
-        let response = endpoint::send(http, &self.key, &self.url).await?;
-        let mut reader = SseReader::new(response, &self.key, &self.url);
-        read_turn(&mut reader, &self.key, deltas).await
+        let response = answer::send(http, target).await?;
+        match answer::receive(response, target).await? {
+            Answer::Stream(mut reader) => read_turn(&mut reader, &target.key, deltas).await,
+            Answer::Whole(answer) => whole_turn(&answer, target, deltas),
+        }
     }
 }
 
@@ -236,8 +243,31 @@ async fn read_turn(
     // Some servers close without `[DONE]`; a finish reason says the turn was complete.
     match turn.finished {
         true => turn.build(),
-        false => Err(sse::stream_ended_early()),
+        false => Err(reader.ended_early("[DONE] nor finish reason")),
     }
+}
+
+/// A completion sent whole (a server that does not stream, or not on this endpoint): its
+/// message is read as one chunk's delta, its text sent on as one piece.
+fn whole_turn(
+    answer: &Value,
+    target: &Target,
+    deltas: &DeltaSink,
+) -> Result<ModelTurn, ModelError> {
+    if let Some(error) = answer.get("error").filter(|e| !e.is_null()) {
+        return Err(endpoint::stream_error(error, &target.key));
+    }
+    let choice = answer["choices"].as_array().and_then(|c| c.first());
+    let Some(choice) = choice.filter(|c| c["message"].is_object()) else {
+        return Err(target.not_an_answer(answer, "choices[0].message"));
+    };
+    let chunk = json!({
+        "choices": [{"delta": choice["message"], "finish_reason": choice["finish_reason"]}],
+        "usage": answer["usage"],
+    });
+    let mut turn = TurnBuilder::default();
+    turn.apply(&chunk, &target.key, deltas)?;
+    turn.build()
 }
 
 /// A turn as its chunks arrive: text, and tool calls assembled by their index.

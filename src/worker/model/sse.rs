@@ -2,10 +2,8 @@
 
 use std::collections::VecDeque;
 
-use reqwest::Response;
-
 use super::ModelError;
-use super::endpoint::{ApiKey, transport_error};
+use super::body::BodyReader;
 
 /// One Server-Sent Event.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -74,34 +72,38 @@ impl SseParser {
     }
 }
 
-/// Reads the events of a streamed response.
+/// Reads the events of a streamed response, within the call's bounds.
 #[derive(Debug)]
 pub struct SseReader {
-    response: Response,
+    body: BodyReader,
     parser: SseParser,
     queue: VecDeque<SseEvent>,
     ended: bool,
-    key: ApiKey,
-    url: String,
+    /// Events read so far (what an error says came).
+    events: usize,
 }
 
 impl SseReader {
-    pub fn new(response: Response, key: &ApiKey, url: &str) -> Self {
+    pub fn new(body: BodyReader) -> Self {
         Self {
-            response,
+            body,
             parser: SseParser::default(),
             queue: VecDeque::new(),
             ended: false,
-            key: key.clone(),
-            url: url.to_string(),
+            events: 0,
         }
     }
 
     /// The next event; `None` once the server closed the stream. A connection that breaks
-    /// off is retryable: the model call is made again.
+    /// off or falls silent is retryable: the model call is made again. Every event but a
+    /// `ping` restarts the idle bound (a server that only pings is silent).
     pub async fn next(&mut self) -> Result<Option<SseEvent>, ModelError> {
         loop {
             if let Some(event) = self.queue.pop_front() {
+                self.events += 1;
+                if event.event.as_deref() != Some("ping") {
+                    self.body.moved();
+                }
                 return Ok(Some(event));
             }
             if self.ended {
@@ -113,16 +115,30 @@ impl SseReader {
 
     async fn read(&mut self) -> Result<(), ModelError> {
         let mut events = Vec::new();
-        match self.response.chunk().await {
-            Ok(Some(bytes)) => self.parser.feed(&bytes, &mut events),
-            Ok(None) => {
+        match self.body.chunk().await? {
+            Some(bytes) => self.parser.feed(&bytes, &mut events),
+            None => {
                 self.ended = true;
                 self.parser.finish(&mut events);
             }
-            Err(e) => return Err(transport_error(&e, &self.key, &self.url)),
         }
         self.queue.extend(events);
         Ok(())
+    }
+
+    /// The stream closed before the provider said the turn was complete (`end`: what says
+    /// so). Retryable: a proxy may have cut it. When no event came at all, what did is shown.
+    pub fn ended_early(&self, end: &str) -> ModelError {
+        let came = match self.events {
+            0 => format!("no event came; the body began: {}", self.body.shown()),
+            n => format!("{n} events came"),
+        };
+        ModelError::Retryable {
+            message: self.body.target().error_text(&format!(
+                "the model's stream ended before the turn was complete (no {end}): {came}"
+            )),
+            retry_after: None,
+        }
     }
 }
 
@@ -132,14 +148,6 @@ pub fn json_data(data: &str) -> Result<serde_json::Value, ModelError> {
         message: format!("the model's stream sent a malformed event: {e}"),
         retry_after: None,
     })
-}
-
-/// The stream closed before the provider said the turn was complete.
-pub fn stream_ended_early() -> ModelError {
-    ModelError::Retryable {
-        message: "the model's stream ended before the turn was complete".into(),
-        retry_after: None,
-    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,113 @@
+//! The LiteLLM proxy (PyPI's `litellm[proxy]`, in the venv hack/setup.sh installs) on a
+//! loopback port of its own, with the mock models of tests/litellm/config.yaml: a model
+//! server nobody here wrote, as teams reach their models. Stopped (by its PID) when dropped.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use baton::crd::v1alpha1::{ModelSpec, Provider};
+use tokio::process::{Child, Command};
+
+/// The proxy's own key (tests/litellm/config.yaml): every request must carry it.
+pub const KEY: &str = "sk-baton-litellm-test-5f0c2a9e7d1b4c83";
+
+/// The switches that keep the proxy from fetching anything at start (read in its source).
+const LOCAL_ONLY: [&str; 5] = [
+    "LITELLM_LOCAL_MODEL_COST_MAP",
+    "LITELLM_LOCAL_ANTHROPIC_BETA_HEADERS",
+    "LITELLM_LOCAL_BLOG_POSTS",
+    "LITELLM_LOCAL_POLICY_TEMPLATES",
+    "LITELLM_LOCAL_AUTOROUTER_PRESETS",
+];
+
+pub struct LiteLlm {
+    _child: Child,
+    pub url: String,
+    /// Its version, as installed.
+    pub version: String,
+    log: PathBuf,
+}
+
+impl LiteLlm {
+    pub async fn start() -> Self {
+        baton::kube_util::ensure_crypto_provider();
+        let venv = std::env::var("BATON_LITELLM_VENV").unwrap_or_else(|_| {
+            let home = std::env::var("HOME").unwrap_or_default();
+            format!("{home}/.cache/baton/litellm-venv")
+        });
+        let port = free_port();
+        let log = std::env::temp_dir().join(format!("baton-litellm-{port}.log"));
+        let config = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/litellm/config.yaml");
+        let child = Command::new(format!("{venv}/bin/litellm"))
+            .args(["--config", config, "--host", "127.0.0.1", "--port"])
+            .arg(port.to_string())
+            // Everything it would fetch at start (prices, beta headers, blog posts, policy
+            // templates, router presets) from the package instead: it reaches nothing but
+            // loopback.
+            .envs(LOCAL_ONLY.iter().map(|name| (*name, "True")))
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&log).unwrap())
+            .stderr(std::fs::File::create(log.with_extension("err")).unwrap())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("starting the LiteLLM proxy from {venv} (hack/setup.sh installs it): {e}")
+            });
+        let version = std::process::Command::new(format!("{venv}/bin/python"))
+            .args([
+                "-c",
+                "import importlib.metadata as m; print(m.version('litellm'))",
+            ])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_default();
+        let proxy = Self {
+            _child: child,
+            url: format!("http://127.0.0.1:{port}"),
+            version,
+            log,
+        };
+        proxy.wait_live().await;
+        proxy
+    }
+
+    /// `model` of the proxy through `provider`'s API (its Chat Completions under `/v1`, its
+    /// Messages at the root, as each provider's endpoint is written).
+    pub fn model(&self, provider: Provider, model: &str) -> ModelSpec {
+        let endpoint = match provider {
+            Provider::Anthropic => self.url.clone(),
+            _ => format!("{}/v1", self.url),
+        };
+        ModelSpec {
+            provider,
+            name: Some(model.into()),
+            endpoint: Some(endpoint),
+            idle_timeout_seconds: Some(30),
+            ..ModelSpec::default()
+        }
+    }
+
+    /// Waits for its liveness answer; its logs in the panic when it never comes.
+    async fn wait_live(&self) {
+        let started = Instant::now();
+        let live = format!("{}/health/liveliness", self.url);
+        while started.elapsed() < Duration::from_secs(180) {
+            if let Ok(r) = reqwest::get(&live).await
+                && r.status().is_success()
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        let err = std::fs::read_to_string(self.log.with_extension("err")).unwrap_or_default();
+        panic!("the LiteLLM proxy never answered {live}:\n{err}");
+    }
+}
+
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}

@@ -1,0 +1,249 @@
+//! The chart's `baton server` pods on the real node under the load DESIGN's bounds are for: 10
+//! runs with 20 MB ledgers each, 1,000 clients with one token that open a stream and read
+//! nothing, and after them 20 others that read every ledger whole. Each server pod stays under
+//! its memory limit (256 MiB: its process's peak resident memory, read from the host, no
+//! restart, no OOM kill), holds at most its event budget for its clients, cuts the clients that
+//! read nothing, and the readers get every segment once, in order, without waiting on the idle
+//! ones (a reader cut on the way reconnects with its cursor, as a browser does; how often, and
+//! why, is printed); `GET …/segments` answers in pages. The ledgers are written straight to LedgerSegments by the admin, in a namespace the
+//! webhook does not watch (only a run's worker may write them elsewhere): the server's bounds,
+//! not the webhook, are under test.
+
+mod e2e_support;
+#[path = "common/large_ledger.rs"]
+mod large_ledger;
+mod node_support;
+#[path = "common/proc.rs"]
+mod proc;
+#[path = "sse_support/mod.rs"]
+mod sse;
+
+use std::time::{Duration, Instant};
+
+use baton::crd::v1alpha1::AgentRun;
+use baton::ledger::SegmentStore;
+use k8s_openapi::api::core::v1::Pod;
+use kube::{Api, ResourceExt};
+use node_support::*;
+use proc::{peak_rss_kib, raise_fd_limit};
+
+const RUNS: usize = 10;
+const MEGABYTES: usize = 20;
+const IDLE: usize = 1000;
+const READERS_PER_RUN: usize = 2;
+/// The chart's memory limit of a server replica.
+const LIMIT_KIB: u64 = 256 * 1024;
+/// The server's default event budget (`--max-stream-bytes`).
+const BUDGET: f64 = 32.0 * 1024.0 * 1024.0;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_a_thousand_idle_streams_on_large_ledgers_stay_within_the_servers_bounds() {
+    raise_fd_limit();
+    let env = NodeEnv::start_without_webhook("server-bounds").await;
+    let servers = servers_ready(&env.client).await;
+    let token = person(
+        &env.client,
+        &env.ns,
+        "reader",
+        vec![
+            rule(&["agentruns"], &["get", "list", "watch"]),
+            rule(&["ledgersegments"], &["get", "list", "watch"]),
+        ],
+    )
+    .await;
+    let mut tails = Vec::new();
+    for i in 0..RUNS {
+        tails.push(filled_run(&env, &format!("big-{i}")).await);
+    }
+    let service = Relay::start(&format!("{}:80", server_cluster_ip(&env.client).await));
+    let mut pods = Vec::new();
+    for server in &servers {
+        pods.push(Watched::new(&env.client, server).await);
+    }
+    let events = |i: usize| {
+        format!(
+            "{}/api/v1/namespaces/{}/runs/big-{i}/events",
+            service.url(),
+            env.ns
+        )
+    };
+
+    // A page of segments is at most 100, however many are asked for.
+    let page = format!(
+        "{}/api/v1/namespaces/{}/runs/big-0/segments?limit=1000",
+        service.url(),
+        env.ns
+    );
+    let listed: serde_json::Value = sse::http()
+        .get(&page)
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let listed = listed.as_array().map_or(0, Vec::len);
+    assert!(
+        (1..=100).contains(&listed),
+        "a page of {listed} segments (tail {})",
+        tails[0]
+    );
+
+    // The idle clients come first: the readers after them must not wait on them.
+    let mut idle = Vec::new();
+    for i in 0..IDLE {
+        let opened = sse::http()
+            .get(events(i % RUNS))
+            .bearer_auth(&token)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(opened.status(), 200);
+        idle.push(opened);
+    }
+    let started = Instant::now();
+    let readers: Vec<_> = (0..RUNS * READERS_PER_RUN)
+        .map(|i| {
+            let run = i % RUNS;
+            tokio::spawn(sse::reads_in_order(events(run), token.clone(), tails[run]))
+        })
+        .collect();
+    let mut complete = 0;
+    let mut reconnects = Vec::new();
+    for reader in readers {
+        let read = reader
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("a reader: {e}"));
+        complete += 1;
+        reconnects.extend(read.why);
+    }
+    let read_in = started.elapsed();
+
+    // The idle clients are all cut (within seconds of holding room others wait for, or a
+    // minute after their events began to wait on them).
+    let mut most_held = 0.0f64;
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let mut open = 0.0;
+        for pod in &pods {
+            let metrics = pod.metrics().await;
+            most_held = most_held.max(sse::gauge(&metrics, "baton_server_stream_bytes_held"));
+            open += sse::gauge(&metrics, "baton_server_followers");
+        }
+        if open == 0.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{open} idle streams still open 300 s after the readers finished"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let cut_in = started.elapsed();
+    drop(idle);
+    assert!(most_held <= BUDGET, "{most_held} event bytes held");
+    let peaks: Vec<u64> = pods.iter().map(|p| p.peak_kib()).collect();
+    println!(
+        "{RUNS} runs of {MEGABYTES} MB: {complete} readers got every segment in order in {:.0} s \
+         ({} reconnections with their cursor: {reconnects:?}); {IDLE} idle streams all cut within {:.0} s; most event bytes held by a pod {:.1} MiB; \
+         server peak RSS {peaks:?} KiB (limit {LIMIT_KIB} KiB)",
+        read_in.as_secs_f64(),
+        reconnects.len(),
+        cut_in.as_secs_f64(),
+        most_held / 1024.0 / 1024.0,
+    );
+    for (pod, peak) in pods.iter().zip(&peaks) {
+        assert!(
+            *peak > 0 && *peak < LIMIT_KIB,
+            "{}: peak {peak} KiB",
+            pod.name
+        );
+        pod.never_restarted(&env.client).await;
+    }
+    drop((pods, service));
+    env.finish().await;
+}
+
+/// A run that ended (asked to stop before it began: no worker ever writes its ledger) whose
+/// ledger then gets `MEGABYTES` of messages; its last position.
+async fn filled_run(env: &NodeEnv, name: &str) -> i64 {
+    let mut run = AgentRun::builder(name).input("bench").reply("ok").build();
+    run.spec.stop = true;
+    env.create(&run).await;
+    env.wait_run(name, Duration::from_secs(60), "stopped", |s| {
+        s.phase.is_terminal()
+    })
+    .await;
+    let run = env.runs().get(name).await.unwrap();
+    let store = SegmentStore::for_run(env.client.clone(), &run);
+    let tail = store.list().await.unwrap().len() as i64;
+    large_ledger::fill(&store, tail, MEGABYTES).await.unwrap()
+}
+
+/// A server pod, watched from the host: its `/metrics` through a relay to its own address,
+/// its process's figures from `/proc`.
+struct Watched {
+    name: String,
+    pid: u32,
+    restarts: i32,
+    relay: Relay,
+}
+
+impl Watched {
+    async fn new(client: &kube::Client, pod: &Pod) -> Self {
+        let status = pod.status.clone().unwrap_or_default();
+        let ip = status.pod_ip.clone().expect("a server pod's IP");
+        let restarts = status
+            .container_statuses
+            .unwrap_or_default()
+            .iter()
+            .map(|c| c.restart_count)
+            .sum();
+        let name = pod.name_any();
+        let pods: Api<Pod> = Api::namespaced(client.clone(), SYSTEM_NS);
+        let pid = container_pid(&pods, &name, "server")
+            .await
+            .expect("the server container's PID");
+        Self {
+            name,
+            pid,
+            restarts,
+            relay: Relay::start(&format!("{ip}:8080")),
+        }
+    }
+
+    async fn metrics(&self) -> String {
+        let url = format!("{}/metrics", self.relay.url());
+        match sse::http().get(url).send().await {
+            Ok(r) => r.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        }
+    }
+
+    fn peak_kib(&self) -> u64 {
+        peak_rss_kib(self.pid)
+    }
+
+    /// Panics if the pod restarted or was OOM-killed since [`Watched::new`].
+    async fn never_restarted(&self, client: &kube::Client) {
+        let pods: Api<Pod> = Api::namespaced(client.clone(), SYSTEM_NS);
+        let pod = pods.get(&self.name).await.unwrap();
+        let statuses = pod
+            .status
+            .and_then(|s| s.container_statuses)
+            .unwrap_or_default();
+        let restarts: i32 = statuses.iter().map(|c| c.restart_count).sum();
+        let killed = statuses.iter().any(|c| {
+            let last = c.last_state.as_ref().and_then(|s| s.terminated.as_ref());
+            last.is_some_and(|t| t.reason.as_deref() == Some("OOMKilled"))
+        });
+        assert!(
+            restarts == self.restarts && !killed,
+            "server pod {} restarted ({} → {restarts}) or was OOM-killed",
+            self.name,
+            self.restarts
+        );
+    }
+}
