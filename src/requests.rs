@@ -33,9 +33,26 @@ pub enum RequestError {
     #[error("run {name} kept changing while we tried to update it; try again")]
     Contended { name: String },
     #[error("reading the ledger of run {name}: {detail}")]
-    Ledger { name: String, detail: String },
+    Ledger {
+        name: String,
+        detail: String,
+        /// Whether a retry may get past it ([`LedgerError::is_transient`]).
+        transient: bool,
+    },
     #[error(transparent)]
     Kube(kube::Error),
+}
+
+impl RequestError {
+    /// A failure a retry may get past: the API server or the ledger's backend unreachable or
+    /// overloaded for a moment. Never a refusal, a missing run or a broken ledger.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            RequestError::Kube(e) => crate::ledger::kube_is_transient(e),
+            RequestError::Ledger { transient, .. } => *transient,
+            _ => false,
+        }
+    }
 }
 
 /// What a stop request found.
@@ -234,6 +251,7 @@ impl RunRequests {
             other => RequestError::Ledger {
                 name: run.name_any(),
                 detail: other.to_string(),
+                transient: other.is_transient(),
             },
         };
         let ledger = self.ledgers.for_run(run).map_err(unreadable)?;

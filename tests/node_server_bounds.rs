@@ -112,12 +112,14 @@ async fn node_a_thousand_idle_streams_on_large_ledgers_stay_within_the_servers_b
     let mut complete = 0;
     let mut reconnects = Vec::new();
     for reader in readers {
-        let read = reader
-            .await
-            .unwrap()
-            .unwrap_or_else(|e| panic!("a reader: {e}"));
+        match reader.await.unwrap() {
+            Ok(read) => reconnects.extend(read.why),
+            Err(e) => panic!(
+                "a reader: {e}\n{}",
+                what_the_servers_saw(&env.client, &pods).await
+            ),
+        }
         complete += 1;
-        reconnects.extend(read.why);
     }
     let read_in = started.elapsed();
 
@@ -180,6 +182,42 @@ async fn filled_run(env: &NodeEnv, name: &str) -> i64 {
     let store = SegmentStore::for_run(env.client.clone(), &run);
     let tail = store.list().await.unwrap().len() as i64;
     large_ledger::fill(&store, tail, MEGABYTES).await.unwrap()
+}
+
+/// For a failed read: what the server pods logged above `info`, and what the API server logged
+/// of requests it timed out or aborted (a response cut mid-body is one of those).
+async fn what_the_servers_saw(client: &kube::Client, pods: &[Watched]) -> String {
+    let api: Api<Pod> = Api::namespaced(client.clone(), SYSTEM_NS);
+    let mut out = String::new();
+    for pod in pods {
+        let params = kube::api::LogParams {
+            container: Some("server".into()),
+            ..Default::default()
+        };
+        let log = api.logs(&pod.name, &params).await.unwrap_or_default();
+        out.push_str(&format!("server pod {}:\n", pod.name));
+        out.push_str(&last_lines(&log, &["WARN", "ERROR"], 20));
+    }
+    let apiserver = node_dir().join("kube-apiserver.log");
+    let log = std::fs::read_to_string(&apiserver).unwrap_or_default();
+    out.push_str("the API server:\n");
+    out.push_str(&last_lines(
+        &log,
+        &["imeout", "abort", "Abort", "panic"],
+        20,
+    ));
+    out
+}
+
+/// The last `n` lines of `log` that contain one of `marks`.
+fn last_lines(log: &str, marks: &[&str], n: usize) -> String {
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| marks.iter().any(|m| l.contains(m)))
+        .collect();
+    let mut out = lines[lines.len().saturating_sub(n)..].join("\n");
+    out.push('\n');
+    out
 }
 
 /// A server pod, watched from the host: its `/metrics` through a relay to its own address,

@@ -307,7 +307,7 @@ impl Session {
             RequestError::Decision(e) => CliError::Decision(e),
             RequestError::CallNotShown { name, step } => CliError::CallNotShown { name, step },
             RequestError::Contended { name } => CliError::Contended { name },
-            RequestError::Ledger { name, detail } => CliError::Ledger { name, detail },
+            RequestError::Ledger { name, detail, .. } => CliError::Ledger { name, detail },
             RequestError::Kube(e) => self.error(e),
         }
     }

@@ -98,11 +98,7 @@ impl LedgerError {
     pub fn is_transient(&self) -> bool {
         match self {
             LedgerError::Served { code, .. } => code.is_none_or(|c| matches!(c, 429 | 502..=504)),
-            LedgerError::Kube(kube::Error::Api(s)) => s.code == 429 || s.code >= 500,
-            LedgerError::Kube(e) => matches!(
-                e,
-                kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::ReadEvents(_)
-            ),
+            LedgerError::Kube(e) => kube_is_transient(e),
             LedgerError::Postgres(e) => e.is_connection(),
             _ => false,
         }
@@ -123,6 +119,18 @@ impl LedgerError {
             LedgerError::BackendUnavailable { .. } => "backend_unavailable",
             LedgerError::Served { .. } => "served",
         }
+    }
+}
+
+/// A failed request to the API server a retry may get past: it was overloaded (429), failed
+/// (5xx), or the connection broke (refused, reset, cut mid-body).
+pub fn kube_is_transient(err: &kube::Error) -> bool {
+    match err {
+        kube::Error::Api(s) => s.code == 429 || s.code >= 500,
+        e => matches!(
+            e,
+            kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::ReadEvents(_)
+        ),
     }
 }
 

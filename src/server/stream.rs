@@ -21,6 +21,7 @@ use super::cursor::{Contiguous, EventId};
 use super::held::{EventBudget, Held, Outgoing, Tally};
 use super::hub::{Change, Hub};
 use super::watchdog::Watchdog;
+use crate::causes::with_causes;
 use crate::connection::ConnectionCut;
 use crate::crd::v1alpha1::{AgentRun, LedgerSegment, Phase};
 use crate::ledger::is_segment_of;
@@ -47,6 +48,11 @@ pub const ACCESS_RECHECK: Duration = Duration::from_secs(60);
 pub const STREAM_BUFFER: usize = 1;
 /// Segments read at once for a replay.
 pub const REPLAY_PAGE: usize = 4;
+/// Reads of one replay page that fails transiently before the stream ends with an `error`
+/// event; the pause between them doubles from [`REPLAY_PAUSE`]. A long ledger is many reads,
+/// and one connection a busy API server resets must not end a stream.
+pub const REPLAY_TRIES: u32 = 4;
+pub const REPLAY_PAUSE: Duration = Duration::from_secs(1);
 /// A client that takes no event for this long is dropped, its connection cut: it reconnects
 /// with its cursor and loses nothing, instead of pinning what its stream holds for as long
 /// as it likes (sooner while other streams wait for room: [`super::watchdog`]).
@@ -287,8 +293,7 @@ impl Follow {
                 _ = self.out.closed() => return Some(Ended::ClientGone),
                 place = self.budget.reading() => place,
             };
-            let page = self.requests.ledger_page(run, after, REPLAY_PAGE);
-            match page.await {
+            match self.read_page(run, after).await {
                 Ok(segments) => {
                     let last_page = segments.len() < REPLAY_PAGE;
                     for s in segments {
@@ -305,11 +310,37 @@ impl Follow {
                     }
                 }
                 Err(err) => {
-                    let data =
-                        serde_json::json!({ "run": run.name_any(), "message": err.to_string() });
+                    let message = with_causes(&err);
+                    let data = serde_json::json!({ "run": run.name_any(), "message": message });
                     let _ = self.send(json_event("error", &data)).await;
                     return Some(Ended::Failed);
                 }
+            }
+        }
+    }
+
+    /// A page of the ledger after `after`, read again after a pause while it fails in a way
+    /// a retry may get past ([`REPLAY_TRIES`]).
+    async fn read_page(
+        &self,
+        run: &AgentRun,
+        after: i64,
+    ) -> Result<Vec<LedgerSegment>, RequestError> {
+        let mut pause = REPLAY_PAUSE;
+        let mut tries = 1;
+        loop {
+            match self.requests.ledger_page(run, after, REPLAY_PAGE).await {
+                Err(err) if err.is_transient() && tries < REPLAY_TRIES => {
+                    let error = with_causes(&err);
+                    tracing::warn!(run = %run.name_any(), after, %error, "a ledger page could not be read; trying again");
+                    tokio::select! {
+                        _ = self.out.closed() => return Err(err),
+                        _ = tokio::time::sleep(pause) => {}
+                    }
+                    pause *= 2;
+                    tries += 1;
+                }
+                read => return read,
             }
         }
     }

@@ -139,11 +139,18 @@ pub struct WholeRead {
     pub why: Vec<String>,
 }
 
+/// Connections in a row that may end without bringing a segment before a whole read fails,
+/// and the pause before the next (an `EventSource` waits its `retry` so): a server may end a
+/// stream on a failure a moment long, but one that ends it again and again without progress
+/// gives no read.
+pub const EMPTY_CONNECTIONS: usize = 3;
+pub const RECONNECT_PAUSE: Duration = Duration::from_secs(5);
+
 /// Reads a run's stream from its start until it has `segments` of them, reconnecting with
 /// `Last-Event-ID` when the stream ends first; Ok if they came once each, in order. Only the
 /// event ids (and `error` events' data) are looked at. Err, saying why, on a refused
-/// connection, a segment out of order, 300 s without a byte, or a reconnection that brought
-/// nothing new (a stream that ends again and again without progress is no read).
+/// connection, a segment out of order, 300 s without a byte, or [`EMPTY_CONNECTIONS`] in a
+/// row that brought nothing new.
 pub async fn reads_in_order(
     url: String,
     token: String,
@@ -151,35 +158,51 @@ pub async fn reads_in_order(
 ) -> Result<WholeRead, String> {
     let mut read = WholeRead::default();
     let mut cursor = Cursor::default();
+    let mut empty = 0;
     loop {
         let before = cursor.expected;
         let why = cursor.read(&url, &token, segments).await?;
         if cursor.expected > segments {
             return Ok(read);
         }
-        if cursor.expected == before {
+        empty = if cursor.expected == before {
+            empty + 1
+        } else {
+            0
+        };
+        read.why.push(why);
+        if empty == EMPTY_CONNECTIONS {
             return Err(format!(
-                "a connection ended before it brought segment {before}: {why} (earlier: {:?})",
+                "{empty} connections in a row ended before they brought segment {before}: {:?}",
                 read.why
             ));
         }
         read.reconnects += 1;
-        read.why.push(why);
+        if empty > 0 {
+            tokio::time::sleep(RECONNECT_PAUSE).await;
+        }
     }
 }
 
 /// Where a whole read stands: the next position due and the last event id.
-#[derive(Default)]
 struct Cursor {
     expected: i64,
     last_id: Option<String>,
+}
+
+impl Default for Cursor {
+    fn default() -> Self {
+        Self {
+            expected: 1,
+            last_id: None,
+        }
+    }
 }
 
 impl Cursor {
     /// One connection: reads until the ledger is whole (Ok, empty) or the stream ends (Ok,
     /// why it ended).
     async fn read(&mut self, url: &str, token: &str, segments: i64) -> Result<String, String> {
-        self.expected = self.expected.max(1);
         let mut request = reqwest::Client::new().get(url).bearer_auth(token);
         if let Some(id) = &self.last_id {
             request = request.header("Last-Event-ID", id);
