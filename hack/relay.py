@@ -19,6 +19,17 @@ import socket
 import sys
 
 CLONE_NEWNET = 0x40000000
+# The kernel buffers of each relayed connection, both ways (Linux keeps twice this). Left to
+# itself Linux grows them to megabytes while the relay keeps up, and a test that holds a
+# thousand streams open and reads nothing would park gigabytes here, past the machine's TCP
+# memory limit (net.ipv4.tcp_mem), where the kernel drops packets on every connection.
+BUFFER_BYTES = 64 * 1024
+
+
+def bounded(sock: socket.socket) -> socket.socket:
+    for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        sock.setsockopt(socket.SOL_SOCKET, option, BUFFER_BYTES)
+    return sock
 
 
 def enter_netns(path: str) -> None:
@@ -45,9 +56,13 @@ async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> No
 
 async def serve(listener: socket.socket, host: str, port: int) -> None:
     async def handle(client_r, client_w):
+        upstream = bounded(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
         try:
-            up_r, up_w = await asyncio.open_connection(host, port)
+            upstream.setblocking(False)
+            await asyncio.get_running_loop().sock_connect(upstream, (host, port))
+            up_r, up_w = await asyncio.open_connection(sock=upstream)
         except OSError as e:
+            upstream.close()
             print(f"relay: connecting to {host}:{port}: {e}", file=sys.stderr, flush=True)
             client_w.close()
             return
@@ -69,7 +84,8 @@ def main() -> None:
     # than the usual soft limit of 1,024 files.
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # Accepted connections inherit the listener's buffers.
+    listener = bounded(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", listen_port))
     listener.listen(512)

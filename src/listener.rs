@@ -28,6 +28,23 @@ pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a request body may stall between two of its frames.
 pub const BODY_FRAME_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The kernel's send buffer of every connection a listener accepts (accepted sockets inherit
+/// it from their listener; Linux keeps twice this for its own bookkeeping). Left to itself,
+/// Linux grows a connection's send buffer while the peer keeps up, to `net.ipv4.tcp_wmem`'s
+/// maximum (4 MiB by default), and what the server has written stays there until the peer
+/// reads it: outside the process and its event budget, yet memory all the same (the pod's,
+/// under cgroup v2), drawn from one pool of TCP memory per machine. Past that pool's limit
+/// (`net.ipv4.tcp_mem`) the kernel drops packets on every connection, the API server's answers
+/// among them: on the project's node a thousand clients that read nothing did that, and the
+/// API server cut the server's reads of the ledger mid-body. Bounded, a thousand such clients
+/// hold at most 128 MiB there; a stream still fills a link of 10 ms at 12 MB/s.
+pub const SEND_BUFFER_BYTES: usize = 64 * 1024;
+
+/// Sets [`SEND_BUFFER_BYTES`] on `listener`, for every connection it accepts.
+pub fn bound_send_buffer(listener: &impl std::os::fd::AsFd) -> std::io::Result<()> {
+    socket2::SockRef::from(listener).set_send_buffer_size(SEND_BUFFER_BYTES)
+}
+
 /// Sets [`HEADER_TIMEOUT`] on an HTTP/1 connection builder (the webhook's, which serves each
 /// TLS connection itself).
 pub fn bound_http1(builder: &mut hyper::server::conn::http1::Builder) {
@@ -54,6 +71,7 @@ pub fn bound_bodies(router: Router) -> Router {
 /// the listener fails.
 pub async fn serve_plain(listener: tokio::net::TcpListener, router: Router) -> std::io::Result<()> {
     let listener: TcpListener = listener.into_std()?;
+    bound_send_buffer(&listener)?;
     let mut server = axum_server::from_tcp(listener)?
         .acceptor(crate::connection::CuttableAcceptor::new(DefaultAcceptor));
     bound_auto(server.http_builder());
@@ -145,6 +163,57 @@ mod tests {
         assert_eq!(budget.cost(Some(4 * 1024 * 1024)), Some(4096));
         assert_eq!(budget.cost(None), Some(4096), "unknown: the most");
         assert_eq!(budget.cost(Some(4 * 1024 * 1024 + 1)), None);
+    }
+
+    /// What the server writes for a client that reads nothing waits in the connection's send
+    /// buffer: bounded, well under a MiB of an endless body is taken off the server before its
+    /// writes stop; left to Linux (megabytes on loopback), several.
+    #[tokio::test]
+    async fn a_client_that_reads_nothing_takes_little_of_an_endless_body() {
+        use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+        use tokio::io::AsyncWriteExt;
+        const CHUNK: usize = 16 * 1024;
+        let taken = Arc::new(AtomicUsize::new(0));
+        let counted = taken.clone();
+        let endless = move || {
+            let counted = counted.clone();
+            async move {
+                let chunks = futures::stream::repeat_with(move || {
+                    counted.fetch_add(CHUNK, SeqCst);
+                    Ok::<_, std::convert::Infallible>(axum::body::Bytes::from(vec![0u8; CHUNK]))
+                });
+                axum::body::Body::from_stream(chunks)
+            }
+        };
+        let router = Router::new().route("/", axum::routing::get(endless));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(serve_plain(listener, router));
+        // The server's task sets the bound before this connection's handshake: a connection
+        // takes its buffer from the listener when the kernel makes it, before any accept.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let client = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None);
+        let client = client.unwrap();
+        client.set_recv_buffer_size(64 * 1024).unwrap();
+        client.connect(&addr.into()).unwrap();
+        client.set_nonblocking(true).unwrap();
+        let mut client = tokio::net::TcpStream::from_std(client.into()).unwrap();
+        client
+            .write_all(b"GET / HTTP/1.1\r\nHost: baton\r\n\r\n")
+            .await
+            .unwrap();
+        // Until the server has stopped taking chunks: its writes wait on the client.
+        let mut last = usize::MAX;
+        while taken.load(SeqCst) != last {
+            last = taken.load(SeqCst);
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        assert!(last > 0, "the body was never polled");
+        assert!(
+            last < 1024 * 1024,
+            "{last} bytes taken for a client that reads nothing"
+        );
+        drop(client);
     }
 
     #[test]

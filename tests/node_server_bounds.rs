@@ -5,9 +5,13 @@
 //! restart, no OOM kill), holds at most its event budget for its clients, cuts the clients that
 //! read nothing, and the readers get every segment once, in order, without waiting on the idle
 //! ones (a reader cut on the way reconnects with its cursor, as a browser does; how often, and
-//! why, is printed); `GET …/segments` answers in pages. The ledgers are written straight to LedgerSegments by the admin, in a namespace the
-//! webhook does not watch (only a run's worker may write them elsewhere): the server's bounds,
-//! not the webhook, are under test.
+//! why, is printed); `GET …/segments` answers in pages; and the machine's TCP memory stays
+//! below where the kernel squeezes every connection (before the server bounded its sockets'
+//! send buffers, the idle clients' unread events took it past its limit: packets dropped on
+//! every connection, the API server cut the server's reads of the ledger mid-body, and in CI a
+//! reader got nothing). The ledgers are written straight to LedgerSegments by the admin, in a
+//! namespace the webhook does not watch (only a run's worker may write them elsewhere): the
+//! server's bounds, not the webhook, are under test.
 
 mod e2e_support;
 #[path = "common/large_ledger.rs"]
@@ -25,7 +29,7 @@ use baton::ledger::SegmentStore;
 use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, ResourceExt};
 use node_support::*;
-use proc::{peak_rss_kib, raise_fd_limit};
+use proc::{peak_rss_kib, raise_fd_limit, tcp_memory_kib, tcp_memory_pressure_kib};
 
 const RUNS: usize = 10;
 const MEGABYTES: usize = 20;
@@ -90,6 +94,21 @@ async fn node_a_thousand_idle_streams_on_large_ledgers_stay_within_the_servers_b
         tails[0]
     );
 
+    // What every connection's buffers hold, this machine's all together (the clients here, the
+    // relay, the node's pods): a thousand clients that read nothing must not take the kernel
+    // to where it squeezes or drops every connection's packets (the server's own reads from
+    // the API server among them).
+    let tcp_peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let sampler = tokio::spawn({
+        let peak = tcp_peak.clone();
+        async move {
+            loop {
+                peak.fetch_max(tcp_memory_kib(), std::sync::atomic::Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    });
+
     // The idle clients come first: the readers after them must not wait on them.
     let mut idle = Vec::new();
     for i in 0..IDLE {
@@ -145,16 +164,26 @@ async fn node_a_thousand_idle_streams_on_large_ledgers_stay_within_the_servers_b
     }
     let cut_in = started.elapsed();
     drop(idle);
+    sampler.abort();
+    let tcp_peak = tcp_peak.load(std::sync::atomic::Ordering::Relaxed);
+    let tcp_pressure = tcp_memory_pressure_kib();
     assert!(most_held <= BUDGET, "{most_held} event bytes held");
     let peaks: Vec<u64> = pods.iter().map(|p| p.peak_kib()).collect();
     println!(
         "{RUNS} runs of {MEGABYTES} MB: {complete} readers got every segment in order in {:.0} s \
          ({} reconnections with their cursor: {reconnects:?}); {IDLE} idle streams all cut within {:.0} s; most event bytes held by a pod {:.1} MiB; \
-         server peak RSS {peaks:?} KiB (limit {LIMIT_KIB} KiB)",
+         server peak RSS {peaks:?} KiB (limit {LIMIT_KIB} KiB); the machine's TCP memory at \
+         most {} MiB (the kernel squeezes it past {} MiB)",
         read_in.as_secs_f64(),
         reconnects.len(),
         cut_in.as_secs_f64(),
         most_held / 1024.0 / 1024.0,
+        tcp_peak / 1024,
+        tcp_pressure / 1024,
+    );
+    assert!(
+        tcp_peak < tcp_pressure,
+        "TCP memory {tcp_peak} KiB, past the kernel's pressure mark {tcp_pressure} KiB"
     );
     for (pod, peak) in pods.iter().zip(&peaks) {
         assert!(

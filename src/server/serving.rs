@@ -52,7 +52,9 @@ pub async fn serve_until_stopped(
     tls: Option<TlsFiles>,
 ) -> std::io::Result<()> {
     let handle: Handle<std::net::SocketAddr> = Handle::new();
-    let mut server = axum_server::from_tcp(listener.into_std()?)?.handle(handle.clone());
+    let listener = listener.into_std()?;
+    crate::listener::bound_send_buffer(&listener)?;
+    let mut server = axum_server::from_tcp(listener)?.handle(handle.clone());
     let cuttable = crate::connection::CuttableAcceptor::new;
     crate::listener::bound_auto(server.http_builder());
     let make = crate::listener::bound_bodies(app).into_make_service();

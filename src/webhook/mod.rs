@@ -134,6 +134,7 @@ async fn serve(
         .with_state(reviewer);
     let app = crate::listener::bound_bodies(app);
     let listener = TcpListener::bind(addr).await?;
+    crate::listener::bound_send_buffer(&listener)?;
     tracing::info!(%addr, "admission webhook listening");
     loop {
         let (tcp, peer) = match listener.accept().await {

@@ -44,3 +44,34 @@ pub fn raise_fd_limit() {
 pub fn peak_rss_kib(pid: u32) -> u64 {
     status_kib(pid, "VmHWM:")
 }
+
+/// The machine's TCP memory in use, in KiB: every socket's buffers, of every network namespace
+/// (the kernel keeps one count: the `mem` pages of `/proc/net/sockstat`'s TCP line).
+pub fn tcp_memory_kib() -> u64 {
+    let sockstat = std::fs::read_to_string("/proc/net/sockstat").unwrap_or_default();
+    let pages = sockstat
+        .lines()
+        .find(|l| l.starts_with("TCP:"))
+        .and_then(|l| l.split_whitespace().skip_while(|w| *w != "mem").nth(1))
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or(0);
+    pages * page_kib()
+}
+
+/// Where the kernel starts to squeeze TCP memory (`net.ipv4.tcp_mem`'s second figure), in KiB;
+/// past its third it drops packets on every connection.
+pub fn tcp_memory_pressure_kib() -> u64 {
+    let limits = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_mem").unwrap_or_default();
+    let pressure: u64 = limits
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    pressure * page_kib()
+}
+
+fn page_kib() -> u64 {
+    // SAFETY: sysconf reads a constant of the system.
+    let bytes = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(bytes).unwrap_or(4096) / 1024
+}
