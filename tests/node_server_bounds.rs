@@ -22,6 +22,8 @@ mod proc;
 #[path = "sse_support/mod.rs"]
 mod sse;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use baton::crd::v1alpha1::AgentRun;
@@ -94,20 +96,8 @@ async fn node_a_thousand_idle_streams_on_large_ledgers_stay_within_the_servers_b
         tails[0]
     );
 
-    // What every connection's buffers hold, this machine's all together (the clients here, the
-    // relay, the node's pods): a thousand clients that read nothing must not take the kernel
-    // to where it squeezes or drops every connection's packets (the server's own reads from
-    // the API server among them).
-    let tcp_peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let sampler = tokio::spawn({
-        let peak = tcp_peak.clone();
-        async move {
-            loop {
-                peak.fetch_max(tcp_memory_kib(), std::sync::atomic::Ordering::Relaxed);
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-        }
-    });
+    let peaks = Arc::new(Peaks::default());
+    let sampler = peaks.sample(pods.iter().map(Watched::metrics_url).collect());
 
     // The idle clients come first: the readers after them must not wait on them.
     let mut idle = Vec::new();
@@ -144,13 +134,11 @@ async fn node_a_thousand_idle_streams_on_large_ledgers_stay_within_the_servers_b
 
     // The idle clients are all cut (within seconds of holding room others wait for, or a
     // minute after their events began to wait on them).
-    let mut most_held = 0.0f64;
     let deadline = Instant::now() + Duration::from_secs(300);
     loop {
         let mut open = 0.0;
         for pod in &pods {
             let metrics = pod.metrics().await;
-            most_held = most_held.max(sse::gauge(&metrics, "baton_server_stream_bytes_held"));
             open += sse::gauge(&metrics, "baton_server_followers");
         }
         if open == 0.0 {
@@ -165,7 +153,8 @@ async fn node_a_thousand_idle_streams_on_large_ledgers_stay_within_the_servers_b
     let cut_in = started.elapsed();
     drop(idle);
     sampler.abort();
-    let tcp_peak = tcp_peak.load(std::sync::atomic::Ordering::Relaxed);
+    let most_held = peaks.held_bytes.load(Ordering::Relaxed) as f64;
+    let tcp_peak = peaks.tcp_kib.load(Ordering::Relaxed);
     let tcp_pressure = tcp_memory_pressure_kib();
     assert!(most_held <= BUDGET, "{most_held} event bytes held");
     let peaks: Vec<u64> = pods.iter().map(|p| p.peak_kib()).collect();
@@ -211,6 +200,38 @@ async fn filled_run(env: &NodeEnv, name: &str) -> i64 {
     let store = SegmentStore::for_run(env.client.clone(), &run);
     let tail = store.list().await.unwrap().len() as i64;
     large_ledger::fill(&store, tail, MEGABYTES).await.unwrap()
+}
+
+/// The highest figures seen while the streams are open, sampled every half second: the event
+/// bytes a server pod held, and what every connection's buffers held on this machine, all
+/// together (the clients here, the relay, the node's pods). A thousand clients that read
+/// nothing must not take the kernel to where it squeezes or drops every connection's packets
+/// (the server's own reads from the API server among them).
+#[derive(Default)]
+struct Peaks {
+    held_bytes: AtomicU64,
+    tcp_kib: AtomicU64,
+}
+
+impl Peaks {
+    /// Samples until the task is aborted; `metrics`: each server pod's `/metrics`.
+    fn sample(self: &Arc<Self>, metrics: Vec<String>) -> tokio::task::JoinHandle<()> {
+        let peaks = self.clone();
+        tokio::spawn(async move {
+            loop {
+                peaks.tcp_kib.fetch_max(tcp_memory_kib(), Ordering::Relaxed);
+                for url in &metrics {
+                    let text = match sse::http().get(url).send().await {
+                        Ok(r) => r.text().await.unwrap_or_default(),
+                        Err(_) => String::new(),
+                    };
+                    let held = sse::gauge(&text, "baton_server_stream_bytes_held") as u64;
+                    peaks.held_bytes.fetch_max(held, Ordering::Relaxed);
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        })
+    }
 }
 
 /// For a failed read: what the server pods logged above `info`, and what the API server logged
@@ -281,9 +302,12 @@ impl Watched {
         }
     }
 
+    fn metrics_url(&self) -> String {
+        format!("{}/metrics", self.relay.url())
+    }
+
     async fn metrics(&self) -> String {
-        let url = format!("{}/metrics", self.relay.url());
-        match sse::http().get(url).send().await {
+        match sse::http().get(self.metrics_url()).send().await {
             Ok(r) => r.text().await.unwrap_or_default(),
             Err(_) => String::new(),
         }
