@@ -5,7 +5,6 @@ use std::time::{Duration, Instant};
 use crate::controller_support::*;
 use baton::crd::v1alpha1::{LedgerEvent, Phase};
 use baton::fence::Fence;
-use baton::lease::{lease_fence, lease_holder};
 use baton::status::StatusError;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::DeleteParams;
@@ -213,11 +212,8 @@ async fn max_attempts_ends_interrupted_with_salvage_and_unknown_effects() {
         seals(&ledger_recorded(&ns, "r").await),
         vec![(1, false), (2, false), (3, false), (3, true)]
     );
-    let l = lease(&ns, "r").await.unwrap();
-    assert_eq!(
-        (lease_holder(&l), lease_fence(&l)),
-        (None, Some(baton::fence::Fence::new(3)))
-    );
+    // Released after the status and the record: waited for, not read at once.
+    wait_lease_released(&ns, "r", 3, T).await;
     ns.cleanup().await;
 }
 
@@ -273,8 +269,7 @@ async fn finishing_is_completed_even_when_the_worker_died_after_writing_it() {
             .iter()
             .any(|c| c.type_ == "Complete" && c.status == "True")
     );
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(lease_holder(&lease(&ns, "r").await.unwrap()), None);
+    wait_lease_released(&ns, "r", 1, T).await;
     ns.cleanup().await;
 }
 

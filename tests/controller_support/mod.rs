@@ -157,17 +157,40 @@ pub async fn wait_lease(
     fence: i64,
     timeout: Duration,
 ) -> Lease {
+    wait_lease_held_by(ns, run, Some(pod), fence, timeout).await
+}
+
+/// Waits for the run's Lease to be released at `fence`. A terminal end releases it after its
+/// status and its ledger record, so a test that saw the end must wait for this too.
+pub async fn wait_lease_released(
+    ns: &TestNamespace,
+    run: &str,
+    fence: i64,
+    timeout: Duration,
+) -> Lease {
+    wait_lease_held_by(ns, run, None, fence, timeout).await
+}
+
+async fn wait_lease_held_by(
+    ns: &TestNamespace,
+    run: &str,
+    holder: Option<&str>,
+    fence: i64,
+    timeout: Duration,
+) -> Lease {
     let deadline = Instant::now() + timeout;
     loop {
-        if let Some(l) = lease(ns, run).await
-            && lease_holder(&l) == Some(pod)
-            && lease_fence(&l) == Some(baton::fence::Fence::new(fence))
+        let found = lease(ns, run).await;
+        if let Some(l) = &found
+            && lease_holder(l) == holder
+            && lease_fence(l) == Some(baton::fence::Fence::new(fence))
         {
-            return l;
+            return found.unwrap();
         }
         assert!(
             Instant::now() < deadline,
-            "lease of {run} never named {pod} at fence {fence}"
+            "lease of {run} never held by {holder:?} at fence {fence}; last seen: {:?}",
+            found.as_ref().map(|l| (lease_holder(l), lease_fence(l)))
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
