@@ -13,6 +13,11 @@
 #   hack/images.sh busybox   docker.io/library/busybox:baton, Debian's static busybox alone
 #                            (no libc, no baton): a plain user image for the tools container
 #   hack/images.sh all       all four
+#   hack/images.sh previous  docker.io/library/baton:previous, the release named in
+#                            hack/previous-release, built from its commit in the repository's
+#                            own history (offline) as `baton` builds this tree's; its source and
+#                            chart kept in $BATON_CACHE_DIR/previous/<commit>/ for the upgrade
+#                            lane (tests/node_upgrade.rs). `make test` builds it; the demo does not.
 #
 # podman builds with --pull=never: a FROM that is not already local fails instead of pulling.
 set -euo pipefail
@@ -31,6 +36,7 @@ readonly DEBIAN=docker.io/library/debian:bookworm-slim
 readonly BATON=docker.io/library/baton:dev
 readonly BATON_NEXT=docker.io/library/baton:next
 readonly BUSYBOX=docker.io/library/busybox:baton
+readonly BATON_PREVIOUS=docker.io/library/baton:previous
 
 mkdir -p "$IMAGES"
 
@@ -98,6 +104,48 @@ image_baton() {
   log "baton: $(podman image inspect --format '{{.Size}}' "$BATON" | awk '{printf "%.1f MB", $1/1e6}') ($((SECONDS - t0))s)"
 }
 
+# The release the upgrade lane starts from: its source unpacked from the commit
+# hack/previous-release names, its binaries built in this tree's target directory (the
+# dependencies the two share are compiled once; the old crate's own units live beside the
+# new ones, under another hash), its image from its own Dockerfile. The archive is kept with
+# the commit it was built from, and rebuilt when hack/previous-release names another.
+image_previous() {
+  image_debian
+  local version commit
+  # shellcheck source=hack/previous-release
+  source "$HACK/previous-release"
+  [[ ${commit:-} =~ ^[0-9a-f]{40}$ ]] || die "hack/previous-release: commit '${commit:-}' is not a full commit hash"
+  local out=$IMAGES/baton-previous.oci.tar stamp=$IMAGES/baton-previous.commit
+  if [[ -f $out && $(cat "$stamp" 2>/dev/null) == "$commit" ]]; then
+    podman image exists "$BATON_PREVIOUS" || podman load -q -i "$out" >/dev/null
+    return 0
+  fi
+  git -C "$ROOT" cat-file -e "$commit^{commit}" 2>/dev/null ||
+    die "commit $commit (hack/previous-release, $version) is not in this clone's history: a shallow clone? (git fetch --unshallow)"
+  local src=$CACHE_DIR/previous/$commit t0=$SECONDS
+  rm -rf "$src"
+  mkdir -p "$src"
+  git -C "$ROOT" archive "$commit" | tar -x -C "$src"
+  log "baton $version ($commit): cargo build --release in $src"
+  local triple
+  triple=$(rustc -vV | sed -n 's/^host: //p')
+  (cd "$src" && CARGO_TARGET_DIR=$ROOT/target cargo build --release --locked --bin baton --bin kubectl-baton)
+  mkdir -p "$src/target/image"
+  install -m 0755 "$ROOT/target/release/baton" "$ROOT/target/release/kubectl-baton" "$src/target/image/"
+  (cd "$src" && CARGO_TARGET_DIR=$ROOT/target RUSTFLAGS="-C target-feature=+crt-static" \
+    cargo build --release --locked -p baton-exec --target "$triple")
+  install -m 0755 "$ROOT/target/$triple/release/baton-exec" "$src/target/image/"
+  # The shared target directory's binaries are this tree's again (both builds are fresh:
+  # cargo only links them back into place).
+  (cd "$ROOT" && cargo build --release --locked --bin baton --bin kubectl-baton)
+  (cd "$ROOT" && RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --locked -p baton-exec --target "$triple")
+  podman build -q --pull=never --network=host --target prebuilt -t "$BATON_PREVIOUS" -f "$src/Dockerfile" "$src" >/dev/null
+  rm -rf "$src/target"
+  save "$BATON_PREVIOUS" "$out"
+  echo "$commit" >"$stamp"
+  log "baton $version: $out ($((SECONDS - t0))s)"
+}
+
 image_busybox() {
   local out=$IMAGES/busybox.oci.tar
   [[ -f $out ]] && return 0
@@ -120,5 +168,6 @@ case ${1:-help} in
   baton) image_baton ;;
   busybox) image_busybox ;;
   all) image_pause; image_debian; image_baton; image_busybox ;;
-  *) sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; [[ ${1:-help} == help ]] ;;
+  previous) image_previous ;;
+  *) sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; [[ ${1:-help} == help ]] ;;
 esac

@@ -8,6 +8,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash hack/setup.sh
+# The upgrade lane's starting point (tests/node_upgrade.rs): the release hack/previous-release
+# names, built from its commit (cached; the demo does not need it).
+bash hack/images.sh previous
 
 echo "==> checking generated files"
 cargo run -q -- crd --dir crds --check

@@ -25,7 +25,7 @@ pub async fn installed(client: &Client) {
 /// kube-proxy's rules follow a moment later, and until then every create of an AgentRun is
 /// refused ("failed calling webhook … connection refused"). A server-side dry run of a valid
 /// run reaches the webhook (dry runs are admitted like writes) without creating anything.
-async fn wait_webhook_answers(client: &Client, timeout: Duration) {
+pub async fn wait_webhook_answers(client: &Client, timeout: Duration) {
     let runs: Api<AgentRun> = Api::namespaced(client.clone(), "default");
     let probe = scripted_run(
         "127.0.0.1:1",
@@ -106,34 +106,31 @@ fn merge(into: &mut serde_json::Value, from: &serde_json::Value) {
 }
 
 fn helm_install(extra: &serde_json::Value) {
-    helm("install", &["--create-namespace"], extra);
+    helm("install", THIS_CHART, &["--create-namespace"], extra);
 }
 
 /// `helm upgrade` of the release with these values (on top of [`values`]).
 pub fn helm_upgrade(extra: &serde_json::Value) {
-    helm("upgrade", &[], extra);
+    helm("upgrade", THIS_CHART, &[], extra);
 }
 
-/// `hack/helm.py ACTION` (Helm's SDK) of the chart as the release, with [`values`] and `extra`.
-fn helm(action: &str, flags: &[&str], extra: &serde_json::Value) {
+/// This tree's chart, as the README's commands name it (relative to the repository).
+pub const THIS_CHART: &str = "charts/baton";
+
+/// `hack/helm.py ACTION` (Helm's SDK) of `chart` (a directory) as the release, with
+/// [`values`] and `extra`.
+pub fn helm(action: &str, chart: &str, flags: &[&str], extra: &serde_json::Value) {
     let values = values(extra).to_string();
     let out = Command::new("python3")
         .env("KUBECONFIG", kubeconfig())
         .arg(root().join("hack/helm.py"))
-        .args([
-            action,
-            "charts/baton",
-            "--name",
-            RELEASE,
-            "--namespace",
-            SYSTEM_NS,
-        ])
+        .args([action, chart, "--name", RELEASE, "--namespace", SYSTEM_NS])
         .args(flags)
         .args(["--values", &values])
         .current_dir(root())
         .output()
         .expect("running hack/helm.py");
-    assert_succeeded(&format!("helm {action}"), &out);
+    assert_succeeded(&format!("helm {action} {chart}"), &out);
 }
 
 /// Waits until the controller Deployment has all its replicas updated and Ready.

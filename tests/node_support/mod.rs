@@ -25,6 +25,7 @@ mod effects;
 mod logs;
 mod node_loss;
 mod postgres;
+mod previous;
 #[path = "../rbac_support/mod.rs"]
 pub mod rbac;
 mod reads;
@@ -38,6 +39,8 @@ pub use logs::LogFollower;
 pub use node_loss::{NodeLoss, wait_node_ready};
 #[allow(unused_imports)]
 pub use postgres::{InPostgres, NodePostgres};
+#[allow(unused_imports)]
+pub use previous::{OnPreviousRelease, PREVIOUS_TAG, PreviousRelease};
 #[allow(unused_imports)]
 pub use server::*;
 

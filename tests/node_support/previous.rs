@@ -1,0 +1,132 @@
+//! The release the upgrade lane starts from (`hack/previous-release`), as `hack/images.sh
+//! previous` built it: its image `baton:previous` in the node's containerd, its source tree,
+//! chart and CRDs included, under the cache. And the node's release switched to it, then
+//! upgraded as the README says.
+
+use super::*;
+
+/// The previous release's image tag on the node (`hack/images.sh previous`).
+pub const PREVIOUS_TAG: &str = "previous";
+
+pub struct PreviousRelease {
+    pub version: String,
+    pub commit: String,
+    /// Its source tree (`git archive` of its commit), chart and CRDs included.
+    pub source: PathBuf,
+}
+
+impl PreviousRelease {
+    /// The release `hack/previous-release` names, once `hack/images.sh previous` built it.
+    pub fn built() -> Self {
+        let named = std::fs::read_to_string(root().join("hack/previous-release"))
+            .expect("reading hack/previous-release");
+        let field = |key: &str| {
+            named
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("{key}=")))
+                .unwrap_or_else(|| panic!("hack/previous-release names no {key}"))
+                .to_string()
+        };
+        let (version, commit) = (field("version"), field("commit"));
+        let cache = std::env::var_os("BATON_CACHE_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/baton")
+            });
+        let source = cache.join("previous").join(&commit);
+        assert!(
+            source.join("charts/baton/Chart.yaml").is_file(),
+            "no source of the previous release {version} in {}: `bash hack/images.sh previous` \
+             builds it (make test does)",
+            source.display()
+        );
+        Self {
+            version,
+            commit,
+            source,
+        }
+    }
+
+    pub fn chart(&self) -> String {
+        self.source.join("charts/baton").display().to_string()
+    }
+
+    fn crds(&self) -> String {
+        self.source.join("charts/baton/crds").display().to_string()
+    }
+}
+
+/// The node's release replaced by the previous one (this tree's uninstalled, the previous
+/// CRDs applied over this tree's, its chart installed with its image). Dropped before
+/// [`OnPreviousRelease::upgrade`], it uninstalls the previous release and puts this tree's
+/// CRDs back: the next test binary installs this tree's chart afresh.
+pub struct OnPreviousRelease {
+    upgraded: bool,
+}
+
+impl OnPreviousRelease {
+    pub async fn install(client: &Client, previous: &PreviousRelease) -> Self {
+        helm("uninstall", THIS_CHART, &[], &serde_json::json!({}));
+        let switched = Self { upgraded: false };
+        wait_no_controller_pods(client, Duration::from_secs(120)).await;
+        apply_crds(&previous.crds()).expect("applying the previous release's CRDs");
+        helm(
+            "install",
+            &previous.chart(),
+            &["--create-namespace"],
+            &serde_json::json!({"image": {"tag": PREVIOUS_TAG}}),
+        );
+        wait_controllers_ready(client, Duration::from_secs(180)).await;
+        wait_webhook_answers(client, Duration::from_secs(60)).await;
+        switched
+    }
+
+    /// The README's upgrade ("Upgrading"), in its order: this tree's CRDs applied, then the
+    /// release upgraded to this tree's chart with the new image named.
+    pub fn upgrade(mut self) {
+        apply_crds(THIS_CHART_CRDS).expect("the README's CRD command");
+        helm_upgrade(&serde_json::json!({"image": {"tag": "dev"}}));
+        self.upgraded = true;
+    }
+}
+
+const THIS_CHART_CRDS: &str = "charts/baton/crds/";
+
+/// The README's CRD command on the CRDs in `dir`. `--force-conflicts`: Helm created the CRDs,
+/// so their fields belong to Helm's field manager, and changing them by another is a conflict
+/// (without it the apply fails on every CRD that changed).
+fn apply_crds(dir: &str) -> Result<String, String> {
+    kubectl(&["apply", "--server-side", "--force-conflicts", "-f", dir])
+}
+
+impl Drop for OnPreviousRelease {
+    fn drop(&mut self) {
+        if self.upgraded {
+            return;
+        }
+        // No panic in a drop: each step is tried, and the next test's install says the rest.
+        let _ = Command::new("python3")
+            .env("KUBECONFIG", kubeconfig())
+            .arg(root().join("hack/helm.py"))
+            .args(["uninstall", "--name", RELEASE, "--namespace", SYSTEM_NS])
+            .status();
+        let _ = apply_crds(&root().join(THIS_CHART_CRDS).display().to_string());
+    }
+}
+
+/// Waits until no controller pod of the release is left (an uninstall's pods terminate).
+async fn wait_no_controller_pods(client: &Client, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let (pods, _) = controller_pods(client).await;
+        if pods.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "controller pods still there {timeout:?} after the uninstall: {:?}",
+            pods.iter().map(|p| p.name_any()).collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
