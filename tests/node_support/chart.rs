@@ -94,7 +94,7 @@ pub fn api_server_client_ca() -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-fn merge(into: &mut serde_json::Value, from: &serde_json::Value) {
+pub fn merge(into: &mut serde_json::Value, from: &serde_json::Value) {
     match (into, from) {
         (serde_json::Value::Object(a), serde_json::Value::Object(b)) => {
             for (k, v) in b {

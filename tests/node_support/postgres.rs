@@ -65,10 +65,24 @@ const DB_SECRET: &str = "baton-node-ledger-db";
 
 /// The release switched to the PostgreSQL ledger for as long as this lives; switched back
 /// (default values) when dropped.
-pub struct InPostgres;
+pub struct InPostgres {
+    /// The values that keep the release on PostgreSQL (`ledger`).
+    pub values: serde_json::Value,
+}
 
 impl InPostgres {
     pub async fn switch(client: &Client, db: &NodePostgres) -> Self {
+        Self::switch_release(client, db, THIS_CHART, &serde_json::json!({})).await
+    }
+
+    /// [`InPostgres::switch`] by a `helm upgrade` of `chart` (a directory) with `extra` values
+    /// besides the ledger's: the upgrade lane switches the previous release.
+    pub async fn switch_release(
+        client: &Client,
+        db: &NodePostgres,
+        chart: &str,
+        extra: &serde_json::Value,
+    ) -> Self {
         servers_ready(client).await;
         let secrets: Api<Secret> = Api::namespaced(client.clone(), SYSTEM_NS);
         let _ = secrets.delete(DB_SECRET, &DeleteParams::default()).await;
@@ -86,12 +100,16 @@ impl InPostgres {
             .expect("the database's Secret");
         // The node runs no cluster DNS: the server is reached at its Service's cluster IP.
         let server = format!("http://{}:80", server_cluster_ip(client).await);
-        helm_upgrade(&serde_json::json!({"ledger": {
-            "backend": "PostgreSQL",
-            "postgres": {"urlSecret": {"name": DB_SECRET}},
-            "serverURL": server,
-        }}));
-        let switched = Self;
+        let switched = Self {
+            values: serde_json::json!({"ledger": {
+                "backend": "PostgreSQL",
+                "postgres": {"urlSecret": {"name": DB_SECRET}},
+                "serverURL": server,
+            }}),
+        };
+        let mut values = extra.clone();
+        merge(&mut values, &switched.values);
+        helm("upgrade", chart, &[], &values);
         wait_rolled_out(client, SERVER, Duration::from_secs(180)).await;
         wait_controllers_ready(client, Duration::from_secs(180)).await;
         switched

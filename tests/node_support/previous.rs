@@ -83,9 +83,13 @@ impl OnPreviousRelease {
 
     /// The README's upgrade ("Upgrading"), in its order: this tree's CRDs applied, then the
     /// release upgraded to this tree's chart with the new image named.
-    pub fn upgrade(mut self) {
+    /// `values`: what the release was switched to meanwhile (as a user passes the values file
+    /// they installed with), besides the new image.
+    pub fn upgrade(mut self, values: &serde_json::Value) {
         apply_crds(THIS_CHART_CRDS).expect("the README's CRD command");
-        helm_upgrade(&serde_json::json!({"image": {"tag": "dev"}}));
+        let mut values = values.clone();
+        merge(&mut values, &serde_json::json!({"image": {"tag": "dev"}}));
+        helm_upgrade(&values);
         self.upgraded = true;
     }
 }
