@@ -292,17 +292,7 @@ async fn big_events_are_split_across_positions_and_rebuilt() {
 
 #[tokio::test]
 async fn many_replicas_connecting_at_once_to_a_fresh_database_migrate_it_once() {
-    let url = std::env::var("BATON_TEST_POSTGRES_URL").expect("BATON_TEST_POSTGRES_URL");
-    let fresh = format!("baton_migrate_{:016x}", rand::random::<u64>());
-    let (admin, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
-    admin
-        .batch_execute(&format!("CREATE DATABASE {fresh}"))
-        .await
-        .unwrap();
-    let fresh_url = format!("{}/{fresh}", url.rsplit_once('/').unwrap().0);
+    let fresh_url = fresh_database("migrate").await;
     let connects = (0..6).map(|_| PgLedger::connect(&fresh_url, 1));
     for connected in futures::future::join_all(connects).await {
         connected.expect("every replica connects");
@@ -323,6 +313,69 @@ async fn many_replicas_connecting_at_once_to_a_fresh_database_migrate_it_once() 
         (1..=schema::VERSION).collect::<Vec<_>>(),
         "each step once"
     );
+}
+
+/// A database of its own on the bed's server (empty, no schema); its URL.
+async fn fresh_database(what: &str) -> String {
+    let url = std::env::var("BATON_TEST_POSTGRES_URL").expect("BATON_TEST_POSTGRES_URL");
+    let fresh = format!("baton_{what}_{:016x}", rand::random::<u64>());
+    let (admin, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    admin
+        .batch_execute(&format!("CREATE DATABASE {fresh}"))
+        .await
+        .unwrap();
+    format!("{}/{fresh}", url.rsplit_once('/').unwrap().0)
+}
+
+/// During a rollout the previous release's servers keep serving the database the new one
+/// migrated: a newer schema whose newest step allows this binary is served as it is (nothing
+/// migrated, appends and reads work); one that does not, or that was recorded before the
+/// rule, is refused at connect, naming both versions.
+#[tokio::test]
+async fn a_newer_schema_is_served_only_when_its_newest_step_allows_this_binary() {
+    let url = fresh_database("newer").await;
+    PgLedger::connect(&url, 1).await.expect("a fresh database");
+    let (db, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let known = schema::VERSION;
+    let newer = |version: i32, oldest: Option<i32>| {
+        let db = &db;
+        async move {
+            db.execute(
+                "INSERT INTO baton_schema (version, oldest_reader) VALUES ($1, $2)",
+                &[&version, &oldest],
+            )
+            .await
+            .unwrap();
+        }
+    };
+    // A newer binary's additive step.
+    newer(known + 1, Some(known)).await;
+    let served = PgLedger::connect(&url, 1)
+        .await
+        .expect("a newer schema that allows this binary is served");
+    let run = served.for_run("ns", "r", &uid());
+    run.append(0, Fence::new(1), said("still served"))
+        .await
+        .unwrap();
+    assert_eq!(run.list().await.unwrap().len(), 1);
+    // A newer binary's step this one cannot serve.
+    newer(known + 2, Some(known + 2)).await;
+    let refused = PgLedger::connect(&url, 1).await.err().expect("refused");
+    assert!(
+        matches!(refused, PgError::SchemaTooNew { found, known: k, oldest_reader }
+            if found == known + 2 && k == known && oldest_reader == known + 2),
+        "{refused}"
+    );
+    // A step recorded before the rule allows no older binary.
+    newer(known + 3, None).await;
+    let refused = PgLedger::connect(&url, 1).await.err().expect("refused");
+    assert!(refused.to_string().contains("upgrade baton"), "{refused}");
 }
 
 #[tokio::test]

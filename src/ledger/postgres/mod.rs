@@ -49,9 +49,14 @@ pub enum PgError {
     BypassingRole { role: String },
     #[error(
         "the PostgreSQL ledger's schema is at version {found}, newer than this baton knows \
-         ({known}): upgrade baton"
+         ({known}), and it is served only by a baton of schema version {oldest_reader} or \
+         later: upgrade baton"
     )]
-    SchemaTooNew { found: i32, known: i32 },
+    SchemaTooNew {
+        found: i32,
+        known: i32,
+        oldest_reader: i32,
+    },
     /// A position is taken by a row this namespace's session cannot see (a UID collision
     /// across namespaces: never a legitimate state).
     #[error("ledger position {seq} of run UID {uid} is taken by a row of another namespace")]
