@@ -15,9 +15,11 @@
 #   hack/images.sh all       all four
 #   hack/images.sh previous  docker.io/library/baton:previous, the release named in
 #                            hack/previous-release, built from its commit in the repository's
-#                            own history (offline) as `baton` builds this tree's; its source and
-#                            chart kept in $BATON_CACHE_DIR/previous/<commit>/ for the upgrade
-#                            lane (tests/node_upgrade.rs). `make test` builds it; the demo does not.
+#                            own history (offline) as `baton` builds this tree's; its source,
+#                            chart and binaries (bin/) kept in $BATON_CACHE_DIR/previous/<commit>/
+#                            for the upgrade lane (tests/node_upgrade.rs) and the mixed-version
+#                            tests (tests/controller/versions.rs). `make test` builds it; the
+#                            demo does not.
 #
 # podman builds with --pull=never: a FROM that is not already local fails instead of pulling.
 set -euo pipefail
@@ -116,7 +118,7 @@ image_previous() {
   source "$HACK/previous-release"
   [[ ${commit:-} =~ ^[0-9a-f]{40}$ ]] || die "hack/previous-release: commit '${commit:-}' is not a full commit hash"
   local out=$IMAGES/baton-previous.oci.tar stamp=$IMAGES/baton-previous.commit
-  if [[ -f $out && $(cat "$stamp" 2>/dev/null) == "$commit" ]]; then
+  if [[ -f $out && -x $CACHE_DIR/previous/$commit/bin/baton && $(cat "$stamp" 2>/dev/null) == "$commit" ]]; then
     podman image exists "$BATON_PREVIOUS" || podman load -q -i "$out" >/dev/null
     return 0
   fi
@@ -140,6 +142,10 @@ image_previous() {
   (cd "$ROOT" && cargo build --release --locked --bin baton --bin kubectl-baton)
   (cd "$ROOT" && RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --locked -p baton-exec --target "$triple")
   podman build -q --pull=never --network=host --target prebuilt -t "$BATON_PREVIOUS" -f "$src/Dockerfile" "$src" >/dev/null
+  # Its binaries stay beside its source: the bed's mixed-version tests run its controller
+  # (tests/controller/versions.rs).
+  rm -rf "${src:?}/bin"
+  mv "$src/target/image" "$src/bin"
   rm -rf "$src/target"
   save "$BATON_PREVIOUS" "$out"
   echo "$commit" >"$stamp"

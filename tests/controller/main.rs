@@ -6,6 +6,7 @@
 //! - `rbac`: per-run least privilege before a run's first worker pod;
 //! - `restart`: a controller that dies between the steps of a claim completes it;
 //! - `trust`: nothing deleted or replaced on a guess; a Lease speaks only for its own run;
+//! - `versions`: the previous release's controller beside this tree's;
 //! - `terminal`: a terminal claim decided on a stale view of the run is a claim like any other;
 //! - `threads`: thread admission;
 //! - `thread_trust`: a thread lends only what its writer holds; a turn joins only the thread
@@ -27,5 +28,6 @@ mod terminal;
 mod thread_trust;
 mod threads;
 mod trust;
+mod versions;
 mod webhook;
 mod webhook_hostile;
