@@ -75,6 +75,10 @@ bench-ledger-load: ## Figures at scale: 10,000 runs, 1 GiB of transcript per bac
 	BATON_CP_ETCD_QUOTA_BYTES=8589934592 \
 	bash hack/with-control-plane.sh $(CARGO) run --release --example ledger_bench -- 10000 7 15339
 
+.PHONY: bench-format
+bench-format: ## Figures: reading a ledger event through the wrapper that keeps unknown kinds, vs the derived reader alone (ns per event, ratio)
+	$(CARGO) run --release --example format_bench
+
 .PHONY: bench-executor
 bench-executor: ## Figures: latency a tool step gets from the tools container's executor, vs running the command directly
 	$(CARGO) build --release -p baton-exec
