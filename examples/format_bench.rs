@@ -40,7 +40,10 @@ fn main() {
 
 /// Every event of every ledger in the fixture, as its JSON text.
 fn fixture_events() -> Vec<String> {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/ledger/format-1.json");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/ledger/format-1.json"
+    );
     let fixture: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(path).expect("the fixture")).unwrap();
     let ledgers = fixture["ledgers"].as_object().expect("ledgers by name");
