@@ -109,6 +109,10 @@ bench-controller: ## Figures: takeover lateness, controller memory and writes wi
 bench-node: ## Figures on the real node: faults to resumed work, work lost, vs a Job-style restart; pod start, controller rollout, image size, warm node start
 	bash hack/bench-node.sh
 
+.PHONY: bench-upgrade
+bench-upgrade: ## Figures on the real node: an upgrade from the previous release with BATON_UPGRADE_RUNS (40) runs in flight: lost, effects twice, handoff lateness p50/p99, helm upgrade -> last old worker gone
+	bash hack/bench-upgrade.sh
+
 .PHONY: control-plane-up
 control-plane-up: ## Start the local kube-apiserver + etcd (builds kube-apiserver once, cached)
 	bash $(CP) up

@@ -20,8 +20,6 @@
 mod e2e_support;
 mod node_support;
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use baton::crd::v1alpha1::{
@@ -29,8 +27,7 @@ use baton::crd::v1alpha1::{
     ScriptTurn, ToolKind,
 };
 use e2e_support::{Effects, Script, effect_command, run_with, scripted_run_tagged, shell_tool};
-use kube::ResourceExt;
-use kube::api::{ListParams, PostParams};
+use kube::api::PostParams;
 use node_support::*;
 
 /// Runs started before the switch to PostgreSQL: they must still be mid tool call after the
@@ -330,69 +327,4 @@ fn thread_turn(thread: &str, name: &str, input: &str) -> AgentRun {
     .expect("a turn deserializes");
     turn.metadata.generate_name = None;
     turn
-}
-
-/// Every worker pod of the namespace seen while the runs go on: each run's images, and when
-/// a pod of the previous release's image was last seen alive.
-struct ImageSampler {
-    seen: Arc<Mutex<Seen>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-#[derive(Default)]
-struct Seen {
-    images: BTreeMap<String, BTreeSet<String>>,
-    old_last_seen: Option<Instant>,
-}
-
-impl ImageSampler {
-    fn start(env: &NodeEnv) -> Self {
-        let seen = Arc::new(Mutex::new(Seen::default()));
-        let pods = env.pods();
-        let into = seen.clone();
-        let task = tokio::spawn(async move {
-            loop {
-                if let Ok(list) = pods.list(&ListParams::default()).await {
-                    record(&mut into.lock().unwrap(), &list.items);
-                }
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        });
-        Self { seen, task }
-    }
-
-    /// Stops sampling; when a worker of the old image was last seen alive.
-    fn stop(&self) -> Option<Instant> {
-        self.task.abort();
-        self.seen.lock().unwrap().old_last_seen
-    }
-
-    /// Whether a worker of `run` ran this tree's image (baton:dev).
-    fn ran_new(&self, run: &str) -> bool {
-        self.images(run).iter().any(|i| i.ends_with(":dev"))
-    }
-
-    fn images(&self, run: &str) -> BTreeSet<String> {
-        let seen = self.seen.lock().unwrap();
-        seen.images.get(run).cloned().unwrap_or_default()
-    }
-}
-
-fn record(seen: &mut Seen, pods: &[k8s_openapi::api::core::v1::Pod]) {
-    for pod in pods {
-        let name = pod.name_any();
-        let Some((run, _)) = name.rsplit_once("-w") else {
-            continue;
-        };
-        let image = baton::controller::pod::pod_image(pod);
-        let phase = pod.status.as_ref().and_then(|s| s.phase.clone());
-        let alive = matches!(phase.as_deref(), Some("Pending" | "Running"));
-        if alive && image.ends_with(&format!(":{PREVIOUS_TAG}")) {
-            seen.old_last_seen = Some(Instant::now());
-        }
-        seen.images
-            .entry(run.to_string())
-            .or_default()
-            .insert(image);
-    }
 }

@@ -22,6 +22,7 @@ use tokio::sync::{Mutex, MutexGuard, OnceCell};
 
 mod chart;
 mod effects;
+mod images;
 mod logs;
 mod node_loss;
 mod postgres;
@@ -33,6 +34,8 @@ mod server;
 
 pub use chart::*;
 pub use effects::EffectsServer;
+#[allow(unused_imports)]
+pub use images::ImageSampler;
 #[allow(unused_imports)]
 pub use logs::LogFollower;
 #[allow(unused_imports)]

@@ -1,0 +1,177 @@
+//! `make bench-upgrade`: an upgrade from the previous release with many runs in flight, on the
+//! real node (prints figures; asserts nothing but that the figures could be taken).
+//!
+//! The previous release (`hack/previous-release`, `hack/images.sh previous`) is installed with
+//! `BATON_UPGRADE_RUNS` (default 40) scripted runs, each mid tool call; then the README's
+//! upgrade (the CRDs, then `helm upgrade` with the new image) at the chart's default pace of
+//! handoffs (`controller.maxConcurrentHandoffs`, 1). Printed:
+//! - runs in flight across the upgrade, runs lost (not Succeeded), effects run twice (counted
+//!   by the effects server, outside baton);
+//! - the takeover lateness of each handoff during the upgrade: from the run's `Handoff` phase
+//!   to its next claim, both seen by a watch (p50, p99, max);
+//! - the time from `helm upgrade` to the last worker of the old image gone, and how many runs
+//!   moved to the new image by handoff before they ended.
+//!
+//! The node's kubelet takes at most 110 pods (its default), so runs in flight stay below that.
+
+#[path = "../tests/e2e_support/mod.rs"]
+mod e2e_support;
+#[path = "../tests/node_support/mod.rs"]
+mod node_support;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use baton::crd::v1alpha1::{AgentRun, Phase};
+use e2e_support::{Effects, Script};
+use futures::StreamExt;
+use kube::ResourceExt;
+use kube::runtime::{WatchStreamExt, watcher};
+use node_support::*;
+
+/// Long enough that most runs are still mid tool call when their handoff comes, one at a time.
+const SCRIPT: Script = Script {
+    turns: 150,
+    think_ms: 200,
+    tool_ms: 2000,
+};
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let n: usize = std::env::var("BATON_UPGRADE_RUNS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(40);
+    let previous = PreviousRelease::built();
+    let env = NodeEnv::start("bench-upgrade").await;
+    let on_previous = OnPreviousRelease::install(&env.client, &previous).await;
+    let names: Vec<String> = (0..n).map(|i| format!("u{i}")).collect();
+    env.create_scripted(&names, &SCRIPT).await;
+    for name in &names {
+        env.wait_effect(name, 1).await;
+    }
+    let handoffs = Handoffs::watch(&env);
+    let images = ImageSampler::start(&env);
+    let upgraded_at = Instant::now();
+    on_previous.upgrade(&serde_json::json!({}));
+    for name in &names {
+        env.wait_run(name, Duration::from_secs(3600), "ended", |s| {
+            s.phase.is_terminal()
+        })
+        .await;
+    }
+    let old_gone = images.stop();
+    let lateness = handoffs.stop();
+    print_figures(
+        &env,
+        &names,
+        &images,
+        &lateness,
+        old_gone.map(|t| t - upgraded_at),
+    )
+    .await;
+    wait_controllers_ready(&env.client, Duration::from_secs(180)).await;
+    env.finish().await;
+}
+
+async fn print_figures(
+    env: &NodeEnv,
+    names: &[String],
+    images: &ImageSampler,
+    lateness: &[Duration],
+    old_gone: Option<Duration>,
+) {
+    let mut lost = 0;
+    for name in names {
+        if env.status(name).await.phase != Phase::Succeeded {
+            lost += 1;
+        }
+    }
+    let effects = Effects::read(&env.effects.file);
+    let twice: usize = names
+        .iter()
+        .map(|name| effects.per_turn(name).values().filter(|n| **n > 1).count())
+        .sum();
+    let moved = names.iter().filter(|name| images.ran_new(name)).count();
+    println!(
+        "upgrade figures: {} runs in flight across the upgrade, {lost} lost, {twice} effects run twice",
+        names.len()
+    );
+    println!(
+        "  takeover lateness of {} handoffs (Handoff phase -> next claim): p50 {:.2} s, p99 {:.2} s, max {:.2} s",
+        lateness.len(),
+        percentile(lateness, 50),
+        percentile(lateness, 99),
+        percentile(lateness, 100),
+    );
+    println!(
+        "  helm upgrade -> last worker of the old image gone: {:.1} s; {moved} runs moved to the \
+         new image by handoff, {} ended on their old worker",
+        old_gone.unwrap_or_default().as_secs_f64(),
+        names.len() - moved
+    );
+}
+
+/// The `p`th percentile of `samples`, in seconds (nearest rank; 0 when there are none).
+fn percentile(samples: &[Duration], p: usize) -> f64 {
+    let mut sorted = samples.to_vec();
+    sorted.sort();
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = (p * sorted.len()).div_ceil(100).clamp(1, sorted.len());
+    sorted[rank - 1].as_secs_f64()
+}
+
+/// Each run's handoffs as a watch sees them: when it entered `Handoff` at a fence, and how
+/// long until its status named a later fence.
+struct Handoffs {
+    lateness: Arc<Mutex<Vec<Duration>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Handoffs {
+    fn watch(env: &NodeEnv) -> Self {
+        let lateness = Arc::new(Mutex::new(Vec::new()));
+        let into = lateness.clone();
+        let runs = env.runs();
+        let task = tokio::spawn(async move {
+            // Run → (the fence it handed off at, when that was seen).
+            let mut waiting: BTreeMap<String, (i64, Instant)> = BTreeMap::new();
+            let mut events = watcher(runs, watcher::Config::default())
+                .applied_objects()
+                .boxed();
+            while let Some(event) = events.next().await {
+                let Ok(run) = event else { continue };
+                if let Some(late) = observe(&mut waiting, &run) {
+                    into.lock().unwrap().push(late);
+                }
+            }
+        });
+        Self { lateness, task }
+    }
+
+    fn stop(self) -> Vec<Duration> {
+        self.task.abort();
+        self.lateness.lock().unwrap().clone()
+    }
+}
+
+/// Notes `run`'s handoff, or the claim that ends one: then its lateness.
+fn observe(waiting: &mut BTreeMap<String, (i64, Instant)>, run: &AgentRun) -> Option<Duration> {
+    let status = run.status.as_ref()?;
+    let (name, fence) = (run.name_any(), status.fence.get());
+    if status.phase == Phase::Handoff {
+        waiting.entry(name).or_insert((fence, Instant::now()));
+        return None;
+    }
+    match waiting.get(&name) {
+        Some((handed_off_at, seen)) if fence > *handed_off_at => {
+            let late = seen.elapsed();
+            waiting.remove(&name);
+            Some(late)
+        }
+        _ => None,
+    }
+}
