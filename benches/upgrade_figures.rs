@@ -43,7 +43,7 @@ async fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(40);
-    let previous = PreviousRelease::built();
+    let previous = PreviousRelease::with_chart();
     let env = NodeEnv::start("bench-upgrade").await;
     let on_previous = OnPreviousRelease::install(&env.client, &previous).await;
     let names: Vec<String> = (0..n).map(|i| format!("u{i}")).collect();

@@ -47,7 +47,7 @@ const THREAD: &str = "talk";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_upgrade_from_the_previous_release_keeps_every_run() {
-    let previous = PreviousRelease::built();
+    let previous = PreviousRelease::with_chart();
     let db = NodePostgres::up();
     let rows = baton::ledger::postgres::PgLedger::connect(&db.local_url, 2)
         .await

@@ -16,6 +16,8 @@
 
 #[path = "../controller_support/mod.rs"]
 mod controller_support;
+#[path = "../common/previous_release.rs"]
+mod previous_release;
 #[path = "../rbac_support/mod.rs"]
 mod rbac_support;
 

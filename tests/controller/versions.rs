@@ -4,33 +4,10 @@
 //! act on every run: neither may undo what the other wrote, so every expiry is still one claim,
 //! one seal and one pod, whichever version makes it.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::controller_support::*;
-
-/// The previous release's `baton` binary; the test fails saying how to build it.
-fn previous_baton() -> PathBuf {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let named = std::fs::read_to_string(root.join("hack/previous-release"))
-        .expect("reading hack/previous-release");
-    let commit = named
-        .lines()
-        .find_map(|l| l.strip_prefix("commit="))
-        .expect("hack/previous-release names a commit");
-    let cache = std::env::var_os("BATON_CACHE_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/baton")
-        });
-    let binary = cache.join("previous").join(commit).join("bin/baton");
-    assert!(
-        binary.is_file(),
-        "no {}: `bash hack/images.sh previous` builds the previous release (make test does)",
-        binary.display()
-    );
-    binary
-}
+use crate::previous_release::PreviousRelease;
 
 /// The previous release's controller as a process, watching `namespace` alone, without the
 /// election; killed when dropped.
@@ -38,7 +15,7 @@ fn start_previous(namespace: &str, log: &std::path::Path) -> tokio::process::Chi
     let admin = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free port");
-    tokio::process::Command::new(previous_baton())
+    tokio::process::Command::new(PreviousRelease::named().built("bin/baton"))
         .args([
             "controller",
             "--namespace",

@@ -8,51 +8,24 @@ use super::*;
 /// The previous release's image tag on the node (`hack/images.sh previous`).
 pub const PREVIOUS_TAG: &str = "previous";
 
-pub struct PreviousRelease {
-    pub version: String,
-    pub commit: String,
-    /// Its source tree (`git archive` of its commit), chart and CRDs included.
-    pub source: PathBuf,
-}
+#[path = "../common/previous_release.rs"]
+mod previous_release;
+pub use previous_release::PreviousRelease;
 
 impl PreviousRelease {
-    /// The release `hack/previous-release` names, once `hack/images.sh previous` built it.
-    pub fn built() -> Self {
-        let named = std::fs::read_to_string(root().join("hack/previous-release"))
-            .expect("reading hack/previous-release");
-        let field = |key: &str| {
-            named
-                .lines()
-                .find_map(|l| l.strip_prefix(&format!("{key}=")))
-                .unwrap_or_else(|| panic!("hack/previous-release names no {key}"))
-                .to_string()
-        };
-        let (version, commit) = (field("version"), field("commit"));
-        let cache = std::env::var_os("BATON_CACHE_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| {
-                PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/baton")
-            });
-        let source = cache.join("previous").join(&commit);
-        assert!(
-            source.join("charts/baton/Chart.yaml").is_file(),
-            "no source of the previous release {version} in {}: `bash hack/images.sh previous` \
-             builds it (make test does)",
-            source.display()
-        );
-        Self {
-            version,
-            commit,
-            source,
-        }
+    /// The previous release, its source (chart and CRDs) built by `hack/images.sh previous`.
+    pub fn with_chart() -> Self {
+        let release = Self::named();
+        release.built("charts/baton/Chart.yaml");
+        release
     }
 
     pub fn chart(&self) -> String {
-        self.source.join("charts/baton").display().to_string()
+        self.dir.join("charts/baton").display().to_string()
     }
 
     fn crds(&self) -> String {
-        self.source.join("charts/baton/crds").display().to_string()
+        self.dir.join("charts/baton/crds").display().to_string()
     }
 }
 
