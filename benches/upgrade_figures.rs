@@ -2,7 +2,7 @@
 //! real node (prints figures; asserts nothing but that the figures could be taken).
 //!
 //! The previous release (`hack/previous-release`, `hack/images.sh previous`) is installed with
-//! `BATON_UPGRADE_RUNS` (default 40) scripted runs, each mid tool call; then the README's
+//! `BATON_UPGRADE_RUNS` (default 20) scripted runs, each mid tool call; then the README's
 //! upgrade (the CRDs, then `helm upgrade` with the new image) at the chart's default pace of
 //! handoffs (`controller.maxConcurrentHandoffs`, 1). Printed:
 //! - runs in flight across the upgrade, runs lost (not Succeeded), effects run twice (counted
@@ -12,7 +12,10 @@
 //! - the time from `helm upgrade` to the last worker of the old image gone, and how many runs
 //!   moved to the new image by handoff before they ended.
 //!
-//! The node's kubelet takes at most 110 pods (its default), so runs in flight stay below that.
+//! Runs in flight on the project's node are bounded by its 2 CPUs: every worker pod's tools
+//! container requests 50m (`src/controller/bounds.rs`), so with the release's own pods about
+//! 30 fit, and 40 left runs Pending past the bench's wait. Past those, the kubelet's default
+//! of 110 pods is the bound.
 
 #[path = "../tests/e2e_support/mod.rs"]
 mod e2e_support;
@@ -30,9 +33,10 @@ use kube::ResourceExt;
 use kube::runtime::{WatchStreamExt, watcher};
 use node_support::*;
 
-/// Long enough that most runs are still mid tool call when their handoff comes, one at a time.
+/// Long enough that most runs are still mid tool call when their handoff comes, one at a time,
+/// and within the runs' 100 steps (`e2e_support::run_with`).
 const SCRIPT: Script = Script {
-    turns: 150,
+    turns: 90,
     think_ms: 200,
     tool_ms: 2000,
 };
@@ -42,7 +46,7 @@ async fn main() {
     let n: usize = std::env::var("BATON_UPGRADE_RUNS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(40);
+        .unwrap_or(20);
     let previous = PreviousRelease::with_chart();
     let env = NodeEnv::start("bench-upgrade").await;
     let on_previous = OnPreviousRelease::install(&env.client, &previous).await;
