@@ -85,19 +85,26 @@ image_debian() {
   log "debian base: $out ($((SECONDS - t0))s)"
 }
 
+# The binaries an image's prebuilt stage copies, built from the source tree SRC (this tree, or
+# the previous release's) in this tree's target directory and installed in SRC/target/image/.
+release_binaries() {
+  local src=$1 triple
+  (cd "$src" && CARGO_TARGET_DIR=$ROOT/target cargo build --release --locked --bin baton --bin kubectl-baton)
+  # The executor runs in images without baton's libc: linked statically. The triple is named
+  # so that crt-static applies to it and not to build scripts (as the Dockerfile does).
+  triple=$(rustc -vV | sed -n 's/^host: //p')
+  (cd "$src" && CARGO_TARGET_DIR=$ROOT/target RUSTFLAGS="-C target-feature=+crt-static" \
+    cargo build --release --locked -p baton-exec --target "$triple")
+  mkdir -p "$src/target/image"
+  install -m 0755 "$ROOT/target/release/baton" "$ROOT/target/release/kubectl-baton" "$src/target/image/"
+  install -m 0755 "$ROOT/target/$triple/release/baton-exec" "$src/target/image/"
+}
+
 image_baton() {
   image_debian
   local t0=$SECONDS
   log "baton: cargo build --release (the binaries the image's prebuilt stage copies)"
-  (cd "$ROOT" && cargo build --release --locked --bin baton --bin kubectl-baton)
-  # The executor runs in images without baton's libc: linked statically. The triple is named
-  # so that crt-static applies to it and not to build scripts (as the Dockerfile does).
-  local triple
-  triple=$(rustc -vV | sed -n 's/^host: //p')
-  (cd "$ROOT" && RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --locked -p baton-exec --target "$triple")
-  mkdir -p "$ROOT/target/image"
-  install -m 0755 "$ROOT/target/release/baton" "$ROOT/target/release/kubectl-baton" "$ROOT/target/image/"
-  install -m 0755 "$ROOT/target/$triple/release/baton-exec" "$ROOT/target/image/"
+  release_binaries "$ROOT"
   log "baton: podman build --target prebuilt (Dockerfile)"
   podman build -q --pull=never --network=host --target prebuilt -t "$BATON" -f "$ROOT/Dockerfile" "$ROOT" >/dev/null
   podman tag "$BATON" "$BATON_NEXT"
@@ -129,18 +136,10 @@ image_previous() {
   mkdir -p "$src"
   git -C "$ROOT" archive "$commit" | tar -x -C "$src"
   log "baton $version ($commit): cargo build --release in $src"
-  local triple
-  triple=$(rustc -vV | sed -n 's/^host: //p')
-  (cd "$src" && CARGO_TARGET_DIR=$ROOT/target cargo build --release --locked --bin baton --bin kubectl-baton)
-  mkdir -p "$src/target/image"
-  install -m 0755 "$ROOT/target/release/baton" "$ROOT/target/release/kubectl-baton" "$src/target/image/"
-  (cd "$src" && CARGO_TARGET_DIR=$ROOT/target RUSTFLAGS="-C target-feature=+crt-static" \
-    cargo build --release --locked -p baton-exec --target "$triple")
-  install -m 0755 "$ROOT/target/$triple/release/baton-exec" "$src/target/image/"
+  release_binaries "$src"
   # The shared target directory's binaries are this tree's again (both builds are fresh:
   # cargo only links them back into place).
-  (cd "$ROOT" && cargo build --release --locked --bin baton --bin kubectl-baton)
-  (cd "$ROOT" && RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --locked -p baton-exec --target "$triple")
+  release_binaries "$ROOT"
   podman build -q --pull=never --network=host --target prebuilt -t "$BATON_PREVIOUS" -f "$src/Dockerfile" "$src" >/dev/null
   # Its binaries stay beside its source: the bed's mixed-version tests run its controller
   # (tests/controller/versions.rs).

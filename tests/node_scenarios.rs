@@ -8,16 +8,9 @@ mod node_support;
 
 use std::time::{Duration, Instant};
 
-use baton::crd::v1alpha1::{LedgerEvent, Phase, Role, ScriptToolCall, ScriptTurn, ToolKind};
-use e2e_support::{Effects, Script, effect_command, run_with, shell_tool};
+use baton::crd::v1alpha1::{LedgerEvent, Phase, Role, ScriptTurn, ToolKind};
+use e2e_support::{Effects, Script, effect_command, run_with, shell_tool, tool_call};
 use node_support::*;
-
-fn call(tool: &str, arg: &str, value: &str) -> ScriptToolCall {
-    ScriptToolCall {
-        tool: tool.into(),
-        arguments: [(arg.to_string(), value.to_string())].into(),
-    }
-}
 
 fn effects(env: &NodeEnv) -> Effects {
     Effects::read(&env.effects.file)
@@ -34,7 +27,7 @@ async fn node_a_run_that_always_dies_ends_interrupted() {
     let turns: Vec<ScriptTurn> = (1..=6)
         .map(|t| ScriptTurn {
             text: Some(format!("attempting step {t}")),
-            tool_calls: vec![call(
+            tool_calls: vec![tool_call(
                 "sh",
                 "command",
                 &effect_command(sink, name, t, 20_000),
@@ -167,13 +160,17 @@ async fn node_ask_user_waits_for_input_then_resumes_in_a_new_pod() {
     let turns = vec![
         ScriptTurn {
             text: Some("Which environment?".into()),
-            tool_calls: vec![call("ask", "question", "staging or production?")],
+            tool_calls: vec![tool_call("ask", "question", "staging or production?")],
             delay_milliseconds: Some(200),
             usage: None,
         },
         ScriptTurn {
             text: Some("deploying".into()),
-            tool_calls: vec![call("sh", "command", &effect_command(sink, name, 2, 0))],
+            tool_calls: vec![tool_call(
+                "sh",
+                "command",
+                &effect_command(sink, name, 2, 0),
+            )],
             delay_milliseconds: Some(200),
             usage: None,
         },
@@ -409,7 +406,11 @@ async fn node_an_approval_nobody_gives_times_out_and_the_call_is_denied() {
     let turns = vec![
         ScriptTurn {
             text: Some("deploying".into()),
-            tool_calls: vec![call("deploy", "command", &effect_command(sink, name, 1, 0))],
+            tool_calls: vec![tool_call(
+                "deploy",
+                "command",
+                &effect_command(sink, name, 1, 0),
+            )],
             delay_milliseconds: Some(100),
             usage: None,
         },

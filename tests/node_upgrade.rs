@@ -23,10 +23,12 @@ mod node_support;
 use std::time::{Duration, Instant};
 
 use baton::crd::v1alpha1::{
-    AgentRun, AgentThread, ApprovalPolicy, LedgerBackend, LedgerEvent, Phase, ScriptToolCall,
-    ScriptTurn, ToolKind,
+    AgentRun, AgentThread, LedgerBackend, LedgerEvent, Phase, ScriptToolCall, ScriptTurn, ToolKind,
 };
-use e2e_support::{Effects, Script, effect_command, run_with, scripted_run_tagged, shell_tool};
+use e2e_support::{
+    Effects, Script, approval_run, effect_command, run_with, scripted_run_tagged, shell_tool,
+    tool_call,
+};
 use kube::api::PostParams;
 use node_support::*;
 
@@ -128,7 +130,8 @@ async fn node_upgrade_from_the_previous_release_keeps_every_run() {
 async fn start_in_segments(env: &NodeEnv) -> Vec<String> {
     let mid: Vec<String> = (0..3).map(|i| format!("seg-{i}")).collect();
     env.create_scripted(&mid, &LONG).await;
-    env.create(&approval_run(env, "approval")).await;
+    env.create(&approval_run(&env.effects.addr, "approval"))
+        .await;
     env.create(&ask_run(env, "ask")).await;
     let threads: kube::Api<AgentThread> = env.api();
     threads
@@ -223,13 +226,6 @@ async fn check_thread(env: &NodeEnv) {
     );
 }
 
-fn call(tool: &str, arg: &str, value: &str) -> ScriptToolCall {
-    ScriptToolCall {
-        tool: tool.into(),
-        arguments: [(arg.to_string(), value.to_string())].into(),
-    }
-}
-
 fn turn(text: &str, calls: Vec<ScriptToolCall>) -> ScriptTurn {
     ScriptTurn {
         text: Some(text.into()),
@@ -237,21 +233,6 @@ fn turn(text: &str, calls: Vec<ScriptToolCall>) -> ScriptTurn {
         delay_milliseconds: Some(200),
         usage: None,
     }
-}
-
-/// A run whose first call needs an approval (WaitingApproval across the upgrade).
-fn approval_run(env: &NodeEnv, name: &str) -> baton::crd::v1alpha1::AgentRun {
-    let command = effect_command(&env.effects.addr, name, 1, 0);
-    let mut deploy = shell_tool("deploy");
-    deploy.approval = Some(ApprovalPolicy::Required);
-    run_with(
-        name,
-        vec![
-            turn("deploying", vec![call("deploy", "command", &command)]),
-            turn("deployed", vec![]),
-        ],
-        vec![deploy],
-    )
 }
 
 /// A run that asks its user first (WaitingInput across the upgrade), then calls a tool.
@@ -264,9 +245,9 @@ fn ask_run(env: &NodeEnv, name: &str) -> baton::crd::v1alpha1::AgentRun {
         vec![
             turn(
                 "Which environment?",
-                vec![call("ask", "question", "which?")],
+                vec![tool_call("ask", "question", "which?")],
             ),
-            turn("deploying", vec![call("sh", "command", &command)]),
+            turn("deploying", vec![tool_call("sh", "command", &command)]),
             turn("deployed", vec![]),
         ],
         vec![ask, shell_tool("sh")],

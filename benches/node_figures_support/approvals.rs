@@ -3,9 +3,9 @@
 use std::time::{Duration, Instant};
 
 use baton::cli::{ApproveArgs, RunArgs, Verb};
-use baton::crd::v1alpha1::{ApprovalPolicy, LedgerEvent, Phase, ScriptToolCall, ScriptTurn};
+use baton::crd::v1alpha1::{LedgerEvent, Phase};
 
-use crate::e2e_support::{effect_command, run_with, shell_tool};
+use crate::e2e_support::approval_run;
 use crate::line;
 use crate::node_support::{NodeEnv, RUN_TIMEOUT};
 
@@ -34,24 +34,7 @@ pub async fn approval_figures(env: &NodeEnv, samples: usize) {
 /// CLI's own code) → the next worker's first write, and → the step starting.
 async fn approval_sample(env: &NodeEnv, i: usize) -> (Duration, Duration) {
     let name = format!("approval-{i}");
-    let command = effect_command(&env.effects.addr, &name, 1, 0);
-    let mut deploy = shell_tool("deploy");
-    deploy.approval = Some(ApprovalPolicy::Required);
-    let turns = vec![
-        ScriptTurn {
-            text: Some("deploying".into()),
-            tool_calls: vec![ScriptToolCall {
-                tool: "deploy".into(),
-                arguments: [("command".to_string(), command)].into(),
-            }],
-            ..ScriptTurn::default()
-        },
-        ScriptTurn {
-            text: Some("deployed".into()),
-            ..ScriptTurn::default()
-        },
-    ];
-    env.create(&run_with(&name, turns, vec![deploy])).await;
+    env.create(&approval_run(&env.effects.addr, &name)).await;
     let st = env
         .wait_run(&name, RUN_TIMEOUT, "WaitingApproval", |s| {
             s.phase == Phase::WaitingApproval

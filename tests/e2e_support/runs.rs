@@ -1,7 +1,9 @@
 //! The runs of the end-to-end tests: scripted runs whose shell tools record their side
 //! effects with `hack/effects.py` over TCP, and the test leases.
 
-use baton::crd::v1alpha1::{AgentRun, LeaseSpec, ScriptToolCall, ScriptTurn, ToolKind, ToolSpec};
+use baton::crd::v1alpha1::{
+    AgentRun, ApprovalPolicy, LeaseSpec, ScriptToolCall, ScriptTurn, ToolKind, ToolSpec,
+};
 
 /// Lease settings for the tests: short, but generous enough for a loaded 2-core machine.
 pub fn lease() -> LeaseSpec {
@@ -64,14 +66,11 @@ pub fn scripted_run_tagged(effects: &str, name: &str, tag: &str, script: &Script
     let mut turns: Vec<ScriptTurn> = (1..=script.turns)
         .map(|t| ScriptTurn {
             text: Some(format!("turn {t}: working")),
-            tool_calls: vec![ScriptToolCall {
-                tool: "sh".into(),
-                arguments: [(
-                    "command".to_string(),
-                    effect_command(effects, tag, t, script.tool_ms),
-                )]
-                .into(),
-            }],
+            tool_calls: vec![tool_call(
+                "sh",
+                "command",
+                &effect_command(effects, tag, t, script.tool_ms),
+            )],
             delay_milliseconds: Some(script.think_ms as i64),
             usage: None,
         })
@@ -83,6 +82,34 @@ pub fn scripted_run_tagged(effects: &str, name: &str, tag: &str, script: &Script
         usage: None,
     });
     run_with(name, turns, vec![shell_tool("sh")])
+}
+
+/// A scripted call of `tool` with one argument.
+pub fn tool_call(tool: &str, arg: &str, value: &str) -> ScriptToolCall {
+    ScriptToolCall {
+        tool: tool.into(),
+        arguments: [(arg.to_string(), value.to_string())].into(),
+    }
+}
+
+/// A run whose one call (tool `deploy`, recording effect 1 with the effects server at
+/// `effects`) needs an approval: it waits `WaitingApproval`, then says "deployed".
+pub fn approval_run(effects: &str, name: &str) -> AgentRun {
+    let command = effect_command(effects, name, 1, 0);
+    let mut deploy = shell_tool("deploy");
+    deploy.approval = Some(ApprovalPolicy::Required);
+    let turns = vec![
+        ScriptTurn {
+            text: Some("deploying".into()),
+            tool_calls: vec![tool_call("deploy", "command", &command)],
+            ..ScriptTurn::default()
+        },
+        ScriptTurn {
+            text: Some("deployed".into()),
+            ..ScriptTurn::default()
+        },
+    ];
+    run_with(name, turns, vec![deploy])
 }
 
 pub fn shell_tool(name: &str) -> ToolSpec {

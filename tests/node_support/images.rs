@@ -42,9 +42,9 @@ impl ImageSampler {
         self.seen.lock().unwrap().old_last_seen
     }
 
-    /// Whether a worker of `run` ran this tree's image (baton:dev).
+    /// Whether a worker of `run` ran this tree's image ([`IMAGE`]).
     pub fn ran_new(&self, run: &str) -> bool {
-        self.images(run).iter().any(|i| i.ends_with(":dev"))
+        self.images(run).contains(IMAGE)
     }
 
     /// The images `run`'s workers ran.
