@@ -7,6 +7,7 @@ helm-python-sdk (Helm's own Go SDK). Used by tests/helm/; also handy by hand.
   python3 hack/helm.py install  CHART --name N --namespace NS [--values JSON] [--skip-crds] [--create-namespace]
   python3 hack/helm.py upgrade  CHART --name N --namespace NS [--values JSON]
   python3 hack/helm.py uninstall --name N --namespace NS
+  python3 hack/helm.py rollback  --name N --namespace NS [--revision K]
 
 Output is one JSON document on stdout: the lint report, the rendered manifests
 ({template path: YAML}) plus the CRDs, or the release summary. Exit 1 on a Helm error
@@ -79,9 +80,19 @@ def uninstall(args, _values):
     return 0
 
 
+def rollback(args, _values):
+    # As `helm rollback N [K]`: a new revision with revision K's chart and values (by default
+    # the one before the current).
+    with helm.Config(namespace=args.namespace) as cfg:
+        cfg.rollback(args.name, version=args.revision, timeout=120)
+        history = cfg.history(args.name)
+    print(json.dumps(history, default=str))
+    return 0
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("action", choices=["lint", "render", "install", "upgrade", "uninstall"])
+    parser.add_argument("action", choices=["lint", "render", "install", "upgrade", "uninstall", "rollback"])
     parser.add_argument("chart", nargs="?", default="charts/baton")
     parser.add_argument("--name", default="baton")
     parser.add_argument("--namespace", default="default")
@@ -89,11 +100,18 @@ def main():
     parser.add_argument("--api-versions", default="", help="render: extra capabilities, comma-separated")
     parser.add_argument("--skip-crds", action="store_true", help="install: leave crds/ alone")
     parser.add_argument("--create-namespace", action="store_true", help="install: create the namespace")
+    parser.add_argument("--revision", type=int, default=None, help="rollback: to this revision (default: the previous)")
     args = parser.parse_args()
     values = json.loads(args.values)
-    action = {"lint": lint, "render": render, "install": install, "upgrade": upgrade, "uninstall": uninstall}[
-        args.action
-    ]
+    actions = {
+        "lint": lint,
+        "render": render,
+        "install": install,
+        "upgrade": upgrade,
+        "uninstall": uninstall,
+        "rollback": rollback,
+    }
+    action = actions[args.action]
     try:
         return action(args, values)
     except helm.HelmError as err:

@@ -13,6 +13,11 @@
 //! upgrade). Then the previous release is switched to PostgreSQL, and in it: mid tool call
 //! (one killed after the upgrade) and WaitingInput.
 //!
+//! Then the way back (README "Upgrading"): with runs of this version in flight (mid tool call,
+//! WaitingInput), `helm rollback` to the previous release; a worker is killed during it, the
+//! waiting run is answered once the old controllers lead, and every run ends Succeeded with
+//! no effect twice, the answered one resumed on the previous release's image.
+//!
 //! Figures printed: runs in flight, lost, effects run twice; the seconds from `helm upgrade`
 //! to the last worker of the old image gone; how many live runs moved to the new image by
 //! handoff and how many finished on their old worker under the new controller.
@@ -120,8 +125,43 @@ async fn node_upgrade_from_the_previous_release_keeps_every_run() {
         live_after_rollout.len() - moved,
         unknown,
     );
+    roll_back(&env).await;
     in_postgres.switch_back(&env.client).await;
     env.finish().await;
+}
+
+/// Runs of this version in flight (in PostgreSQL, where the release now keeps them) while the
+/// release is rolled back to the previous one: one mid tool call, its worker killed during the
+/// rollback; one waiting for input, answered once the previous release's controllers lead.
+async fn roll_back(env: &NodeEnv) {
+    let mid = vec!["back-0".to_string()];
+    env.create_scripted(&mid, &SHORT).await;
+    env.create(&ask_run(env, "back-ask")).await;
+    env.wait_effect("back-0", 1).await;
+    wait_phase(env, "back-ask", Phase::WaitingInput).await;
+
+    let images = ImageSampler::start(env);
+    helm_rollback();
+    kill_mid_tool(env, "back-0").await;
+    wait_controllers_ready(&env.client, Duration::from_secs(180)).await;
+    baton_cli(&["input", "back-ask", "staging", "-n", &env.ns]).expect("baton input");
+    let all: Vec<String> = mid.into_iter().chain(["back-ask".to_string()]).collect();
+    for run in &all {
+        env.wait_succeeded(run).await;
+    }
+    images.stop();
+    env.check_invariants(&all).await;
+    assert_eq!(
+        Effects::read(&env.effects.file).count("back-ask", 2),
+        1,
+        "back-ask's call ran once"
+    );
+    assert!(
+        images.ran_previous("back-ask"),
+        "back-ask resumed on the previous release's image after the rollback; its pods ran {:?}",
+        images.images("back-ask")
+    );
+    eprintln!("upgrade lane: rolled back with {} runs in flight, 0 lost, 0 effects twice", all.len());
 }
 
 /// The runs kept in LedgerSegments, each in its state before the switch: mid tool call

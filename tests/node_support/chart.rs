@@ -121,16 +121,29 @@ pub const THIS_CHART: &str = "charts/baton";
 /// [`values`] and `extra`.
 pub fn helm(action: &str, chart: &str, flags: &[&str], extra: &serde_json::Value) {
     let values = values(extra).to_string();
-    let out = Command::new("python3")
+    let args = [action, chart, "--values", &values];
+    assert_succeeded(
+        &format!("helm {action} {chart}"),
+        &helm_py(&[&args[..], flags].concat()),
+    );
+}
+
+/// `helm rollback` of the release to its revision before the current one, as the README's
+/// Upgrading says to undo a failed upgrade.
+pub fn helm_rollback() {
+    assert_succeeded("helm rollback", &helm_py(&["rollback"]));
+}
+
+/// `hack/helm.py ARGS` on the release.
+fn helm_py(args: &[&str]) -> std::process::Output {
+    Command::new("python3")
         .env("KUBECONFIG", kubeconfig())
         .arg(root().join("hack/helm.py"))
-        .args([action, chart, "--name", RELEASE, "--namespace", SYSTEM_NS])
-        .args(flags)
-        .args(["--values", &values])
+        .args(args)
+        .args(["--name", RELEASE, "--namespace", SYSTEM_NS])
         .current_dir(root())
         .output()
-        .expect("running hack/helm.py");
-    assert_succeeded(&format!("helm {action} {chart}"), &out);
+        .expect("running hack/helm.py")
 }
 
 /// Waits until the controller Deployment has all its replicas updated and Ready.

@@ -47,6 +47,11 @@ impl ImageSampler {
         self.images(run).contains(IMAGE)
     }
 
+    /// Whether a worker of `run` ran the previous release's image ([`PREVIOUS_TAG`]).
+    pub fn ran_previous(&self, run: &str) -> bool {
+        self.images(run).iter().any(|image| is_previous(image))
+    }
+
     /// The images `run`'s workers ran.
     pub fn images(&self, run: &str) -> BTreeSet<String> {
         let seen = self.seen.lock().unwrap();
@@ -63,7 +68,7 @@ fn record(seen: &mut Seen, pods: &[k8s_openapi::api::core::v1::Pod]) {
         let image = baton::controller::pod::pod_image(pod);
         let phase = pod.status.as_ref().and_then(|s| s.phase.clone());
         let alive = matches!(phase.as_deref(), Some("Pending" | "Running"));
-        if alive && image.ends_with(&format!(":{PREVIOUS_TAG}")) {
+        if alive && is_previous(&image) {
             seen.old_last_seen = Some(Instant::now());
         }
         seen.images
@@ -71,4 +76,8 @@ fn record(seen: &mut Seen, pods: &[k8s_openapi::api::core::v1::Pod]) {
             .or_default()
             .insert(image);
     }
+}
+
+fn is_previous(image: &str) -> bool {
+    image.ends_with(&format!(":{PREVIOUS_TAG}"))
 }
