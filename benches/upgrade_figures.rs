@@ -2,7 +2,7 @@
 //! real node (prints figures; asserts nothing but that the figures could be taken).
 //!
 //! The previous release (`hack/previous-release`, `hack/images.sh previous`) is installed with
-//! `BATON_UPGRADE_RUNS` (default 20) scripted runs, each mid tool call; then the README's
+//! `BATON_UPGRADE_RUNS` (default 200) scripted runs, each mid tool call; then the README's
 //! upgrade (the CRDs, then `helm upgrade` with the new image) at the chart's default pace of
 //! handoffs (`controller.maxConcurrentHandoffs`, 1). Printed:
 //! - runs in flight across the upgrade, runs lost (not Succeeded), effects run twice (counted
@@ -12,10 +12,10 @@
 //! - the time from `helm upgrade` to the last worker of the old image gone, and how many runs
 //!   moved to the new image by handoff before they ended.
 //!
-//! Runs in flight on the project's node are bounded by its 2 CPUs: every worker pod's tools
-//! container requests 50m (`src/controller/bounds.rs`), so with the release's own pods about
-//! 30 fit, and 40 left runs Pending past the bench's wait. Past those, the kubelet's default
-//! of 110 pods is the bound.
+//! Runs in flight on the project's node are bounded by its 2 CPUs and its pod addresses: the
+//! bench's runs request 5m CPU for their tools container (the default, 50m, fits about 30
+//! runs beside the release's pods), and the node's kubelet takes up to 250 pods
+//! (`hack/node.sh`) on a /24 of pod addresses. 200 runs fit.
 
 #[path = "../tests/e2e_support/mod.rs"]
 mod e2e_support;
@@ -29,29 +29,54 @@ use std::time::{Duration, Instant};
 use baton::crd::v1alpha1::{AgentRun, Phase};
 use e2e_support::{Effects, Script};
 use futures::StreamExt;
+use k8s_openapi::api::core::v1::ResourceRequirements;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::ResourceExt;
 use kube::runtime::{WatchStreamExt, watcher};
 use node_support::*;
 
 /// Long enough that most runs are still mid tool call when their handoff comes, one at a time,
-/// and within the runs' 100 steps (`e2e_support::run_with`).
-const SCRIPT: Script = Script {
-    turns: 90,
-    think_ms: 200,
-    tool_ms: 2000,
-};
+/// and within the runs' 100 steps (`e2e_support::run_with`): 90 turns, each tool call longer
+/// as there are more runs (the last run's pod starts minutes after the first on 2 CPUs).
+fn script(runs: usize) -> Script {
+    Script {
+        turns: 90,
+        think_ms: 200,
+        tool_ms: (30 * runs as u64).max(2000),
+    }
+}
+
+/// The tools container's requests for the bench's runs: a tenth of the default's CPU, so that
+/// 200 runs fit the node's 2 CPUs (their commands are `curl`s to the effects server).
+fn small_tools() -> ResourceRequirements {
+    let quantity = |v: &str| Quantity(v.to_string());
+    ResourceRequirements {
+        requests: Some(
+            [("cpu", "5m"), ("memory", "16Mi")]
+                .map(|(k, v)| (k.to_string(), quantity(v)))
+                .into(),
+        ),
+        limits: Some([("memory".to_string(), quantity("256Mi"))].into()),
+        ..ResourceRequirements::default()
+    }
+}
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let n: usize = std::env::var("BATON_UPGRADE_RUNS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(20);
+        .unwrap_or(200);
     let previous = PreviousRelease::with_chart();
     let env = NodeEnv::start("bench-upgrade").await;
     let on_previous = OnPreviousRelease::install(&env.client, &previous).await;
     let names: Vec<String> = (0..n).map(|i| format!("u{i}")).collect();
-    env.create_scripted(&names, &SCRIPT).await;
+    let script = script(n);
+    for name in &names {
+        let mut run = env.scripted(name, &script);
+        run.spec.worker.tools_resources = Some(small_tools());
+        env.create(&run).await;
+    }
     for name in &names {
         env.wait_effect(name, 1).await;
     }

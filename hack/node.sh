@@ -391,6 +391,9 @@ volumeStatsAggPeriod: 10s
 # One pod may not take the node's process table (a fork bomb in a tools container): every
 # cluster that runs baton needs a bound like it (the kubelet's podPidsLimit; no pod field sets one).
 podPidsLimit: 1024
+# Pods beyond the default 110: make bench-upgrade keeps 200 runs in flight. The /24 of pod
+# addresses (POD_CIDR) bounds it below 254.
+maxPods: 250
 EOF
 }
 
