@@ -141,8 +141,7 @@ impl ControllerArgs {
         let Some(path) = &self.ledger_server_ca_file else {
             return Ok(Some(server));
         };
-        let pem = std::fs::read_to_string(path).map_err(|e| LedgerError::Served {
-            code: None,
+        let pem = std::fs::read_to_string(path).map_err(|e| LedgerError::Client {
             message: format!("--ledger-server-ca-file {}: {e}", path.display()),
         })?;
         Ok(Some(server.trusting(&pem)?))

@@ -74,6 +74,11 @@ pub enum LedgerError {
     /// if it answered, and its message).
     #[error("ledger server: {message}")]
     Served { code: Option<u16>, message: String },
+    /// This process cannot make its request to the ledger server at all: its token file, the
+    /// server's CA or its address. Not an answer of the server, and no retry gets past it
+    /// (the kubelet swaps a projected token's file whole, so a read does not fail midway).
+    #[error("ledger server client: {message}")]
+    Client { message: String },
     /// The run's ledger is kept where this process cannot reach.
     #[error("the run's ledger is kept in {backend:?}, which this process cannot reach")]
     BackendUnavailable {
@@ -118,6 +123,7 @@ impl LedgerError {
             LedgerError::Postgres(_) => "postgres",
             LedgerError::BackendUnavailable { .. } => "backend_unavailable",
             LedgerError::Served { .. } => "served",
+            LedgerError::Client { .. } => "client",
         }
     }
 }

@@ -26,8 +26,7 @@ impl LedgerToken {
             LedgerToken::Fixed(token) => Ok(token.clone()),
             LedgerToken::File(path) => std::fs::read_to_string(path)
                 .map(|t| t.trim().to_string())
-                .map_err(|e| LedgerError::Served {
-                    code: None,
+                .map_err(|e| LedgerError::Client {
                     message: format!("reading the ledger token {}: {e}", path.display()),
                 }),
         }
@@ -65,8 +64,7 @@ impl LedgerServer {
 
     /// The same server, whose certificate must chain to the CA in `pem` (and to no other).
     pub fn trusting(self, pem: &str) -> Result<Self, LedgerError> {
-        let refused = |detail: String| LedgerError::Served {
-            code: None,
+        let refused = |detail: String| LedgerError::Client {
             message: format!("the ledger server's CA: {detail}"),
         };
         let roots = reqwest::Certificate::from_pem_bundle(pem.as_bytes())
@@ -187,8 +185,7 @@ impl ServedLedger {
 
     /// The run's ledger address with `params`.
     fn url_with(&self, params: &[(&str, &str)]) -> Result<reqwest::Url, LedgerError> {
-        reqwest::Url::parse_with_params(&self.url, params).map_err(|e| LedgerError::Served {
-            code: None,
+        reqwest::Url::parse_with_params(&self.url, params).map_err(|e| LedgerError::Client {
             message: format!("the ledger server's address {}: {e}", self.url),
         })
     }
@@ -236,4 +233,23 @@ async fn answer<T: serde::de::DeserializeOwned>(
         code: Some(code.as_u16()),
         message: format!("the answer does not read: {e}"),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What this process cannot send is not the server's answer: a worker whose token file
+    /// is unreadable fails at once instead of retrying "transient" for as long as its lease
+    /// holds.
+    #[test]
+    fn an_unreadable_token_or_ca_is_not_transient() {
+        let token = LedgerToken::File(PathBuf::from("/nonexistent/baton/token"));
+        let err = token.read().unwrap_err();
+        assert!(matches!(err, LedgerError::Client { .. }), "{err:?}");
+        assert!(!err.is_transient(), "{err}");
+        let server = LedgerServer::new("http://127.0.0.1:1", LedgerToken::Fixed("t".into()));
+        let err = server.trusting("not a certificate").unwrap_err();
+        assert!(!err.is_transient(), "{err}");
+    }
 }
