@@ -28,16 +28,17 @@ fmt: ## Format the code
 	$(CARGO) fmt
 
 .PHONY: lint
-lint: ## rustfmt check, clippy with warnings as errors, versions that agree (crates, chart, CHANGELOG.md), no import circle in src/, no fence compared outside src/fence.rs, no rise in the public fields of API-client structs or the files over 500 lines, shellcheck on hack/
+lint: ## rustfmt check, clippy with warnings as errors, versions that agree (crates, chart, CHANGELOG.md), no import circle in src/, no fence compared outside src/fence/, no rise in the public fields of API-client structs, the files over 500 lines or the README's lines, every path, name, link and section the docs cite resolves, shellcheck on hack/
 	$(CARGO) fmt --check
 	$(CARGO) clippy --all-targets -- -D warnings
 	python3 hack/code-figures.py --check
+	python3 hack/check-docs.py
 	bash hack/lint-fence.sh
 	bash hack/lint-shell.sh
 	bash hack/release.sh check
 
 .PHONY: code-figures
-code-figures: ## The shape of src/: import circles, functions over 50 lines, the protocol's reading set, fence comparisons outside src/fence.rs, public fields of structs holding an API client, source files over 500 lines (src/, tests/, examples/, benches/)
+code-figures: ## The shape of the code: import circles, functions over 50 lines, the protocol's reading set, fence comparisons outside src/fence/, public fields of structs holding an API client, source files over 500 lines (src/, tests/, examples/, benches/), the README's lines, docs references that do not resolve
 	python3 hack/code-figures.py
 
 .PHONY: release

@@ -73,7 +73,8 @@ async fn node_chart_runs_two_ready_controllers_one_leading_behind_a_pdb() {
     .expect("the chart's PodDisruptionBudget");
     assert_eq!(min_available, "1");
 
-    // The README's CRD upgrade command works on the oldest server the chart claims (1.20).
+    // The CRD upgrade command (docs/operations.md, "Upgrading") works on the oldest server the
+    // chart claims (1.20).
     let crds = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/baton/crds/");
     kubectl(&["apply", "--server-side", "--force-conflicts", "-f", crds])
         .expect("kubectl apply --server-side -f charts/baton/crds/");

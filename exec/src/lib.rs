@@ -1,5 +1,5 @@
 //! baton's executor. It runs in the tools container, the one that runs the model's commands,
-//! apart from the worker's credentials (docs/architecture.md, "The tools container"). An init
+//! apart from the worker's credentials (docs/security.md, "The tools container"). An init
 //! container copies it there from baton's image (`baton-exec install`), the way Argo's
 //! emissary and Tekton's entrypoint reach a user's image; the worker drives it over a Unix
 //! socket in a volume the two containers share (`protocol`).

@@ -1,5 +1,5 @@
 //! `baton server`: the HTTP API over runs and threads, with Server-Sent Events whose id is
-//! the ledger position (docs/architecture.md, "The server"). Stateless: every request acts
+//! the ledger position (docs/architecture.md, "Server"). Stateless: every request acts
 //! with the caller's own Kubernetes credential, and any replica answers any request the same.
 
 mod args;
