@@ -4,7 +4,9 @@
 //! one step's unknown effect, and the Recorder's key holds the run's resourceVersion. At
 //! 5,000 runs its 10,000 cached Events were ~20 MiB of the controller's memory.)
 
-/// The reporting controller of a worker's Events (the controller's is `controller::CONTROLLER_NAME`).
+/// The reporting controller of the controller's Events.
+pub const CONTROLLER_NAME: &str = "baton-controller";
+/// The reporting controller of a worker's Events.
 pub const WORKER_REPORTER: &str = "baton-worker";
 
 use k8s_openapi::api::core::v1::ObjectReference;

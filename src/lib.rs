@@ -1,12 +1,14 @@
 //! baton: a Kubernetes operator that keeps long-lived AI agent runs alive across pod deaths,
 //! node drains and rollouts. See docs/protocol.md for the protocol this crate implements.
 
+pub mod access;
 pub mod approval;
 mod causes;
 pub mod cli;
 pub mod connection;
 pub mod controller;
 pub mod crd;
+pub mod display;
 mod events;
 pub mod fence;
 pub mod kube_util;

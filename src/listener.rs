@@ -40,6 +40,12 @@ pub const BODY_FRAME_TIMEOUT: Duration = Duration::from_secs(10);
 /// hold at most 128 MiB there; a stream still fills a link of 10 ms at 12 MB/s.
 pub const SEND_BUFFER_BYTES: usize = 64 * 1024;
 
+/// The worker's default `--admin-addr` (metrics, probes): every interface, [`WORKER_ADMIN_PORT`].
+/// The controller declares the port as the worker pod's `metrics` port, so both sides read it
+/// here.
+pub const WORKER_ADMIN_ADDR: &str = "0.0.0.0:9090";
+pub const WORKER_ADMIN_PORT: u16 = 9090;
+
 /// Sets [`SEND_BUFFER_BYTES`] on `listener`, for every connection it accepts.
 pub fn bound_send_buffer(listener: &impl std::os::fd::AsFd) -> std::io::Result<()> {
     socket2::SockRef::from(listener).set_send_buffer_size(SEND_BUFFER_BYTES)

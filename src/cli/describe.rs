@@ -6,8 +6,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
-use super::render::{age, align, block};
+use super::render::{align, block};
 use crate::crd::v1alpha1::{AgentRun, AgentRunStatus, LedgerEvent, LedgerSegment};
+use crate::display::age;
 use crate::fence::Fence;
 
 /// What `describe` shows about a run.

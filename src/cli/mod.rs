@@ -2,7 +2,6 @@
 //! ...`): argument types, errors, and the entry point. `render` is pure; `ops` does the I/O.
 
 mod describe;
-mod neutral;
 mod ops;
 mod render;
 #[cfg(test)]
@@ -10,10 +9,8 @@ mod render_tests;
 
 use kube::Client;
 
-use neutral::Neutral;
-pub use neutral::neutralize;
-pub(crate) use neutral::reorders_or_controls;
-pub use render::age;
+use crate::display::Neutral;
+pub use crate::display::{age, neutralize};
 
 pub use ops::Session;
 

@@ -363,7 +363,7 @@ fn is_finished(run: &AgentRun) -> bool {
 /// posted it the Event cannot tell; the admission webhook does not review Events.)
 fn from_baton(e: &Event) -> bool {
     const REPORTERS: [&str; 2] = [
-        crate::controller::CONTROLLER_NAME,
+        crate::events::CONTROLLER_NAME,
         crate::events::WORKER_REPORTER,
     ];
     let reporter = e

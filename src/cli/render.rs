@@ -3,7 +3,6 @@
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
@@ -11,6 +10,7 @@ use crate::crd::v1alpha1::{
     AgentRun, AgentRunStatus, AgentThread, ApprovalOutcome, LedgerEvent, LedgerSegment,
     ProbeOutcome, Role,
 };
+use crate::display::age;
 use crate::fence::Fence;
 
 // === the `get` table ===
@@ -109,20 +109,6 @@ pub(super) fn align(rows: &[Vec<String>]) -> String {
         out.push('\n');
     }
     out
-}
-
-/// A kubectl-style age: `45s`, `12m`, `3h`, `2d`.
-pub fn age(since: Option<&Time>, now: Timestamp) -> String {
-    let Some(since) = since else {
-        return "<unknown>".into();
-    };
-    let secs = now.as_second().saturating_sub(since.0.as_second()).max(0);
-    match secs {
-        s if s < 120 => format!("{s}s"),
-        s if s < 2 * 3600 => format!("{}m", s / 60),
-        s if s < 2 * 86400 => format!("{}h", s / 3600),
-        s => format!("{}d", s / 86400),
-    }
 }
 
 // === the transcript ===

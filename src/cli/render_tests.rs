@@ -9,6 +9,7 @@ use crate::crd::v1alpha1::Resolution;
 use crate::crd::v1alpha1::{
     AgentRun, AgentRunStatus, LedgerEvent, LedgerSegment, Phase, ProbeOutcome, Role, UnknownEffect,
 };
+use crate::display::age;
 use crate::fence::test_segment as seg;
 use crate::fence::{CloseReason, Fence};
 

@@ -40,11 +40,12 @@ impl Session {
     ) -> Result<(), CliError> {
         let namespace = self.namespace(args.namespace.as_deref());
         let thread = self.read_thread(&namespace, &args.thread).await?;
+        let uid = thread.uid().unwrap_or_default();
         let mut turns: Vec<AgentRun> = self
             .list_runs(self.runs(&namespace))
             .await?
             .into_iter()
-            .filter(|r| r.spec.thread.as_deref() == Some(args.thread.as_str()))
+            .filter(|r| r.is_turn_of(&args.thread, &uid))
             .collect();
         turns.sort_by_key(AgentRun::turn_order);
         if turns.is_empty() {

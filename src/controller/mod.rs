@@ -46,8 +46,7 @@ pub use reconcile::{run, run_until};
 pub const LEADER_LEASE_NAME: &str = "baton-controller-leader";
 /// The worker image used when neither the run nor the flag names one.
 pub const DEFAULT_WORKER_IMAGE: &str = "baton:dev";
-/// Reporting controller name in Events.
-pub const CONTROLLER_NAME: &str = "baton-controller";
+pub use crate::events::CONTROLLER_NAME;
 
 /// How the controller runs.
 #[derive(Debug, Clone)]

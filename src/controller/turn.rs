@@ -1,4 +1,4 @@
-//! Turns of a thread (docs/architecture.md, "Threads"). A turn (an AgentRun with
+//! Turns of a thread (docs/architecture.md, "AgentThread"). A turn (an AgentRun with
 //! `spec.thread`) first joins its thread: one CAS copies the thread's agent and settings into
 //! its spec and makes the thread its owner. Its first seal then fixes its history (the
 //! thread's earlier turns, each up to its ledger's end), and the thread's status follows its
@@ -223,7 +223,8 @@ fn earlier_turns(ctx: &Context, run: &AgentRun) -> Vec<std::sync::Arc<AgentRun>>
         return Vec::new();
     };
     let before = run.turn_order();
-    let mut turns: Vec<_> = turns_of(ctx, &run.namespace().unwrap_or_default(), &owner.uid)
+    let ns = run.namespace().unwrap_or_default();
+    let mut turns: Vec<_> = turns_of(ctx, &ns, &owner.name, &owner.uid)
         .into_iter()
         .filter(|t| t.turn_order() < before)
         .collect();
@@ -231,15 +232,19 @@ fn earlier_turns(ctx: &Context, run: &AgentRun) -> Vec<std::sync::Arc<AgentRun>>
     turns
 }
 
-/// The cached turns of the thread with UID `thread_uid` in `ns`: those that joined it (an owner
-/// reference only the controller writes, to the thread their `spec.thread` names).
-pub(super) fn turns_of(ctx: &Context, ns: &str, thread_uid: &str) -> Vec<std::sync::Arc<AgentRun>> {
+/// The cached turns of thread `thread` (UID `uid`) in `ns` that joined it (an owner reference
+/// only the controller writes, to the thread their `spec.thread` names).
+pub(super) fn turns_of(
+    ctx: &Context,
+    ns: &str,
+    thread: &str,
+    uid: &str,
+) -> Vec<std::sync::Arc<AgentRun>> {
     ctx.run_cache()
         .state()
         .into_iter()
         .filter(|r| r.namespace().as_deref() == Some(ns))
-        .filter(|r| r.has_joined())
-        .filter(|r| r.thread_owner().is_some_and(|o| o.uid == thread_uid))
+        .filter(|r| r.has_joined() && r.is_turn_of(thread, uid))
         .collect()
 }
 
@@ -262,7 +267,10 @@ pub async fn publish_thread_status(ctx: &Context, run: &AgentRun) -> Result<(), 
         let Some(mut desired) = thread.filter(|t| t.uid() == Some(owner.uid.clone())) else {
             return Ok(());
         };
-        let status = thread_status(&turns_of(ctx, &ns, &owner.uid), desired.status.as_ref());
+        let status = thread_status(
+            &turns_of(ctx, &ns, &owner.name, &owner.uid),
+            desired.status.as_ref(),
+        );
         if desired.status.as_ref() == Some(&status) {
             return Ok(());
         }

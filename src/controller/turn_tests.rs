@@ -43,6 +43,24 @@ fn a_turn_has_joined_once_its_thread_owns_it() {
     assert!(!other.has_joined());
 }
 
+/// The one definition of a thread's turns: a turn of a deleted thread of the same name is not
+/// one of the new thread's; a turn that has not joined yet is.
+#[test]
+fn a_threads_turns_are_those_naming_it_and_owned_by_it_once_joined() {
+    let joined = turn("a", 1, Phase::Succeeded, 1, 0);
+    assert!(joined.is_turn_of("t", "thread-uid"));
+    assert!(
+        !joined.is_turn_of("t", "recreated-uid"),
+        "a turn of the deleted namesake"
+    );
+    assert!(!joined.is_turn_of("other", "thread-uid"));
+    let mut pending = (*joined).clone();
+    pending.metadata.owner_references = None;
+    assert!(pending.is_turn_of("t", "recreated-uid"), "not joined yet");
+    pending.spec.thread = None;
+    assert!(!pending.is_turn_of("t", "thread-uid"), "a run of no thread");
+}
+
 #[test]
 fn the_thread_status_follows_its_turns() {
     let turns = vec![

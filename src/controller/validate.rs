@@ -109,10 +109,8 @@ fn provider_name(provider: Provider) -> &'static str {
 }
 
 fn check_script_tools(spec: &AgentRunSpec, agent: &AgentSpec) -> Result<(), String> {
-    let declared = |name: &str| {
-        agent.tools.iter().any(|t| t.name == name)
-            || crate::worker::toolbox::names_an_mcp_tool(spec, name)
-    };
+    let declared =
+        |name: &str| agent.tools.iter().any(|t| t.name == name) || spec.names_an_mcp_tool(name);
     for (turn_index, turn) in agent.model.script.iter().enumerate() {
         for (call_index, call) in turn.tool_calls.iter().enumerate() {
             if !declared(&call.tool) {

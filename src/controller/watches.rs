@@ -125,7 +125,7 @@ pub(super) fn turns_of_thread(
 ) -> impl Fn(AgentThread) -> Vec<reflector::ObjectRef<AgentRun>> + Send + Sync + 'static {
     move |thread| {
         let (ns, uid) = (thread.namespace().unwrap_or_default(), thread.uid());
-        super::turn::turns_of(&ctx, &ns, &uid.unwrap_or_default())
+        super::turn::turns_of(&ctx, &ns, &thread.name_any(), &uid.unwrap_or_default())
             .iter()
             // Ended turns wait on nothing: a long thread's change wakes only its few live ones.
             .filter(|r| !r.status.as_ref().is_some_and(|s| s.phase.is_terminal()))

@@ -290,7 +290,7 @@ pub async fn index(
 
 fn run_row(run: &AgentRun, now: Timestamp) -> RunRow {
     let status = run.status.clone().unwrap_or_default();
-    let age = crate::cli::age(run.metadata.creation_timestamp.as_ref(), now);
+    let age = crate::display::age(run.metadata.creation_timestamp.as_ref(), now);
     RunRow {
         name: run.name_any(),
         phase: status.phase.to_string(),

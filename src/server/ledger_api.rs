@@ -23,12 +23,11 @@ use super::body::json_within;
 use super::caller::bearer_of;
 use super::error::ApiError;
 use super::token_cache::TokenCache;
+use crate::access::{Ask, RunFacts, Writer, segment_refusal, user_may, worker_pod_refusal};
 use crate::crd::v1alpha1::{AgentRun, LedgerSegment};
 use crate::ledger::postgres::{PgError, PgLedger};
 use crate::ledger::served::{AppendOutcome, AppendRequest, Deleted, LEDGER_AUDIENCE, ReadQuery};
 use crate::ledger::{LedgerError, segment_of_run};
-use crate::webhook::review::user_may;
-use crate::webhook::rules::{Ask, RunFacts, Writer, segment_refusal, worker_pod_refusal};
 
 /// The largest append body read: one segment's events (a writer sends a larger append as the
 /// segments it is stored as, `ledger::remote`) and their envelope, as the API server bounds

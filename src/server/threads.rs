@@ -94,18 +94,13 @@ async fn turns(
     thread: &AgentThread,
 ) -> Result<Vec<AgentRun>, ApiError> {
     let api: Api<AgentRun> = Api::namespaced(client.clone(), ns);
-    let name = thread.name_any();
-    let uid = thread.uid();
+    let (name, uid) = (thread.name_any(), thread.uid().unwrap_or_default());
     let mut turns: Vec<AgentRun> = api
         .list(&ListParams::default())
         .await?
         .items
         .into_iter()
-        .filter(|r| r.spec.thread.as_deref() == Some(name.as_str()))
-        .filter(|r| {
-            r.thread_owner()
-                .is_none_or(|o| Some(&o.uid) == uid.as_ref())
-        })
+        .filter(|r| r.is_turn_of(&name, &uid))
         .collect();
     turns.sort_by_key(AgentRun::turn_order);
     Ok(turns)

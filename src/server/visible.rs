@@ -18,7 +18,7 @@ impl Escaper for VisibleHtml {
         let mut rest = string;
         while let Some((at, c)) = rest
             .char_indices()
-            .find(|(_, c)| crate::cli::reorders_or_controls(*c))
+            .find(|(_, c)| crate::display::reorders_or_controls(*c))
         {
             Html.write_escaped_str(&mut dest, &rest[..at])?;
             write!(dest, "{}", c.escape_unicode())?;

@@ -10,65 +10,19 @@
 
 use serde_json::Value;
 
-/// A permission the requesting user must hold, because a field of the manifest would make
-/// baton use it on their behalf.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Ask {
-    /// The field that needs it, as the user wrote it (`spec.worker.image`).
-    pub field: String,
-    pub verb: &'static str,
-    /// The API group of `resource` (`""`: the core group).
-    pub group: &'static str,
-    pub resource: &'static str,
-    /// The object, when the permission is on one object (a Secret); None: the namespace.
-    pub name: Option<String>,
-}
+pub use crate::access::Ask;
 
-impl Ask {
-    pub(crate) fn get_secret(field: String, name: &str) -> Ask {
-        Ask {
-            field,
-            verb: "get",
-            group: "",
-            resource: "secrets",
-            name: Some(name.to_string()),
-        }
-    }
-
-    pub(crate) fn create(field: &str, group: &'static str, resource: &'static str) -> Ask {
-        Ask {
-            field: field.to_string(),
-            verb: "create",
-            group,
-            resource,
-            name: None,
-        }
-    }
-
-    /// A turn's worker reads its thread's earlier turns' ledgers: its creator must be able
-    /// to read them too.
-    pub(crate) fn read_ledgers(field: &str) -> Ask {
-        Ask {
-            field: field.to_string(),
-            verb: "list",
-            group: crate::crd::GROUP,
-            resource: "ledgersegments",
-            name: None,
-        }
-    }
-
-    /// The refusal when the user lacks it, on a resource of `kind`.
-    pub fn refusal(&self, user: &str, namespace: &str, kind: Kind) -> String {
-        let what = match &self.name {
-            Some(name) => format!("{} {} {name:?}", self.verb, self.resource),
-            None => format!("{} {}", self.verb, self.resource),
-        };
-        format!(
-            "{}: {user} may not {what} in namespace {namespace}, and {}",
-            self.field,
-            kind.acts_for()
-        )
-    }
+/// The refusal when the user lacks `ask`, on a resource of `kind`.
+pub fn refusal(ask: &Ask, user: &str, namespace: &str, kind: Kind) -> String {
+    let what = match &ask.name {
+        Some(name) => format!("{} {} {name:?}", ask.verb, ask.resource),
+        None => format!("{} {}", ask.verb, ask.resource),
+    };
+    format!(
+        "{}: {user} may not {what} in namespace {namespace}, and {}",
+        ask.field,
+        kind.acts_for()
+    )
 }
 
 /// The resources whose specs borrow.

@@ -2,18 +2,16 @@
 //! requesting user's permissions) and answers. The rules themselves are in `rules.rs`.
 
 use k8s_openapi::api::authentication::v1::UserInfo;
-use k8s_openapi::api::authorization::v1::{
-    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
-};
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::{Api, PostParams};
+use kube::api::Api;
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use kube::{Client, ResourceExt};
 use serde::de::DeserializeOwned;
 
-use super::borrow::{Ask, Kind};
-use super::rules::{self, RunFacts, Writer};
+use super::borrow::{self, Kind};
+use super::rules;
+use crate::access::{self, Ask, RunFacts, Writer, user_may};
 use crate::crd::v1alpha1::{AgentRun, AgentRunSpec, AgentThread, LedgerSegment};
 
 /// Why a request is not admitted.
@@ -87,7 +85,7 @@ impl Reviewer {
                 let run = self.run_facts(&namespace, &seg.spec.run).await?;
                 let user = username(&request.user_info);
                 let writer = Writer::of(user, &self.controller_users, run.as_ref());
-                refused(rules::segment_refusal(&seg, writer, user, run.as_ref()))
+                refused(access::segment_refusal(&seg, writer, user, run.as_ref()))
             }
             ("leases", Operation::Update) => {
                 let new: Lease = typed(request.object.as_ref(), "Lease")?;
@@ -97,7 +95,7 @@ impl Reviewer {
                     return Ok(());
                 };
                 let user = username(&request.user_info);
-                if rules::lease_update_is_plain(
+                if access::lease_update_is_plain(
                     &old,
                     &new,
                     user,
@@ -109,7 +107,7 @@ impl Reviewer {
                 }
                 let run = self.run_facts(&namespace, run).await?;
                 let writer = Writer::of(user, &self.controller_users, run.as_ref());
-                refused(rules::lease_refusal(&old, &new, writer, user))
+                refused(access::lease_refusal(&old, &new, writer, user))
             }
             _ => Ok(()),
         }
@@ -171,7 +169,7 @@ impl Reviewer {
             .iter()
             .zip(answers)
             .filter(|(_, allowed)| !allowed)
-            .map(|(ask, _)| ask.refusal(username(user), namespace, kind))
+            .map(|(ask, _)| borrow::refusal(ask, username(user), namespace, kind))
             .collect();
         if missing.is_empty() {
             Ok(())
@@ -294,38 +292,6 @@ impl Reviewer {
         };
         Ok(Some(RunFacts::of(&run)))
     }
-}
-
-/// Whether `user` holds `ask` in `namespace`, asked of the API server with `client` (a
-/// SubjectAccessReview on the user's behalf: RBAC, or whatever authorizer the cluster runs,
-/// decides).
-pub(crate) async fn user_may(
-    client: &Client,
-    user: &UserInfo,
-    namespace: &str,
-    ask: &Ask,
-) -> Result<bool, kube::Error> {
-    let review = SubjectAccessReview {
-        spec: SubjectAccessReviewSpec {
-            user: user.username.clone(),
-            groups: user.groups.clone(),
-            uid: user.uid.clone(),
-            extra: user.extra.clone(),
-            resource_attributes: Some(ResourceAttributes {
-                namespace: Some(namespace.to_string()),
-                verb: Some(ask.verb.to_string()),
-                group: Some(ask.group.to_string()),
-                resource: Some(ask.resource.to_string()),
-                name: ask.name.clone(),
-                ..ResourceAttributes::default()
-            }),
-            ..SubjectAccessReviewSpec::default()
-        },
-        ..SubjectAccessReview::default()
-    };
-    let api = Api::<SubjectAccessReview>::all(client.clone());
-    let answer = api.create(&PostParams::default(), &review).await?;
-    Ok(answer.status.is_some_and(|s| s.allowed))
 }
 
 fn username(user: &UserInfo) -> &str {

@@ -1,18 +1,14 @@
 //! What the webhook admits (pure): the permissions a run's manifest borrows, the size of its
-//! spec, and who may append to a ledger or edit a run Lease. The I/O (SubjectAccessReviews,
-//! reading the run) is in `review.rs`; every refusal here names the field and the reason.
+//! spec, a thread's turns and their stamps. Who may append to a ledger or edit a run Lease is
+//! `crate::access`, shared with `baton server`. The I/O (SubjectAccessReviews, reading the
+//! run) is in `review.rs`; every refusal here names the field and the reason.
 
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::ResourceExt;
 use serde_json::Value;
 
-pub use super::borrow::Ask;
 use super::borrow::{self, Kind};
-use crate::crd::RUN_UID_LABEL;
-use crate::crd::v1alpha1::{AgentRun, AgentRunSpec, AgentThreadSpec, LedgerSegment};
-use crate::fence::{Fence, append_ceiling, may_append_at, segment_name, worker_pod_name};
-use crate::rbac::{pod_service_account, service_account_username};
+use crate::access::Ask;
+use crate::crd::v1alpha1::{AgentRunSpec, AgentThreadSpec};
 
 /// The permissions `new` borrows (the one borrow rule, `borrow.rs`): each borrowed field
 /// set and changed since `old`. An update that leaves them as they were (an input, an
@@ -193,161 +189,6 @@ fn largest_field(value: &Value, path: &str) -> (String, usize) {
         .filter(|(_, s)| *s * 2 > size)
         .max_by_key(|(_, s)| *s)
         .unwrap_or((path.to_string(), size))
-}
-
-/// What the webhook knows of the run a segment or Lease claims to belong to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RunFacts {
-    pub uid: String,
-    /// `status.fence`: the attempt that holds the run.
-    pub fence: Fence,
-    /// The user name the run's worker pods authenticate as.
-    pub worker_user: String,
-}
-
-impl RunFacts {
-    /// The facts of `run` as read from the API server.
-    pub fn of(run: &AgentRun) -> Self {
-        let namespace = run.namespace().unwrap_or_default();
-        RunFacts {
-            uid: run.uid().unwrap_or_default(),
-            fence: Fence::of_run(run),
-            worker_user: service_account_username(&namespace, &pod_service_account(run)),
-        }
-    }
-}
-
-/// Who is asking, as far as a ledger or a run Lease is concerned.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Writer {
-    /// baton's controller: it seals a claim at the run's fence + 1 before moving the status.
-    Controller,
-    /// The identity the run's worker pods run as.
-    RunWorker,
-    /// Anyone else.
-    Other,
-}
-
-impl Writer {
-    pub fn of(user: &str, controller_users: &[String], run: Option<&RunFacts>) -> Writer {
-        if controller_users.iter().any(|c| c == user) {
-            Writer::Controller
-        } else if run.is_some_and(|r| r.worker_user == user) {
-            Writer::RunWorker
-        } else {
-            Writer::Other
-        }
-    }
-}
-
-/// Why a segment is refused, or None: admitted. `run` is the live run named by `spec.run`.
-pub fn segment_refusal(
-    seg: &LedgerSegment,
-    writer: Writer,
-    user: &str,
-    run: Option<&RunFacts>,
-) -> Option<String> {
-    let name = seg.name_any();
-    let of = &seg.spec.run;
-    let expected = segment_name(of, seg.spec.seq);
-    if name != expected {
-        return Some(format!(
-            "metadata.name: {name:?} is not the name of position {} of run {of:?} ({expected:?})",
-            seg.spec.seq
-        ));
-    }
-    // Anyone but the run's worker and the controller is told only that: not whether the run
-    // exists, nor its UID, its fence or its worker's name, which it may not be able to read.
-    let by_controller = match writer {
-        Writer::Controller => true,
-        Writer::RunWorker => false,
-        Writer::Other => {
-            return Some(format!(
-                "{user} may not append to the ledger of run {of:?}: only its worker and baton's \
-                 controller may"
-            ));
-        }
-    };
-    let Some(run) = run else {
-        return Some(format!(
-            "spec.run: no AgentRun {of:?} exists in this namespace"
-        ));
-    };
-    let label = seg.labels().get(RUN_UID_LABEL).map(String::as_str);
-    if label != Some(run.uid.as_str()) {
-        return Some(format!(
-            "metadata.labels[{RUN_UID_LABEL}]: {label:?} is not the UID of run {of:?} ({})",
-            run.uid
-        ));
-    }
-    let (at, status) = (Fence::of_segment(seg), run.fence);
-    (!may_append_at(at, status, by_controller)).then(|| {
-        let ceiling = append_ceiling(status, by_controller);
-        format!(
-            "spec.fence: {at} is ahead of run {of:?}, which is at fence {status} (a segment may \
-             carry at most {ceiling})"
-        )
-    })
-}
-
-/// Why a ledger write through `baton server` by a run's worker is refused, or None: beyond
-/// [`segment_refusal`], its token must be bound to the pod of the attempt whose fence it
-/// writes under (`pod`: the pod the API server says the token is bound to), so another
-/// pod of the same ServiceAccount cannot write as that attempt.
-pub fn worker_pod_refusal(run: &str, fence: Fence, pod: Option<&str>) -> Option<String> {
-    let expected = worker_pod_name(run, fence);
-    match pod {
-        Some(pod) if pod == expected => None,
-        Some(pod) => Some(format!(
-            "fence: {fence} is the attempt of pod {expected:?}; this token is bound to pod {pod:?}"
-        )),
-        None => Some(format!(
-            "a run's worker writes its ledger with its pod-bound token (for pod {expected:?}); \
-             this token is bound to no pod"
-        )),
-    }
-}
-
-/// Why an update of the run Lease of `run` is refused, or None. A run's worker renews and
-/// releases its Lease; it may not re-point it (its ownerReferences) at anything else.
-pub fn lease_refusal(old: &Lease, new: &Lease, writer: Writer, user: &str) -> Option<String> {
-    match writer {
-        Writer::Controller => None,
-        Writer::RunWorker if old.metadata.owner_references != new.metadata.owner_references => {
-            Some(format!(
-                "metadata.ownerReferences: {user} may renew or release Lease {} but not change \
-                 what owns it",
-                new.name_any()
-            ))
-        }
-        Writer::RunWorker => None,
-        Writer::Other if crate::rbac::run_of_username(user).is_some() => Some(format!(
-            "{user} is another run's worker: it may not write Lease {}",
-            new.name_any()
-        )),
-        Writer::Other => None,
-    }
-}
-
-/// Whether a run Lease's update is admitted without reading its run: what owns the Lease is
-/// unchanged and the writer is the controller or the run's own default worker identity
-/// (`baton-run-<run>`). Those are the renewals, one per live run every few seconds, the
-/// webhook's busiest traffic, so they skip the read. [`lease_refusal`] admits each of them
-/// with one exception: `baton-run-<run>` on a run whose pods use a custom ServiceAccount. No
-/// baton pod runs as that identity then; only a namespace user who may create pods (or
-/// ServiceAccount tokens) can hold it, and such a user is outside what the webhook defends
-/// (README, the threat table). Letting them renew the run's own Lease gives them nothing.
-pub fn lease_update_is_plain(
-    old: &Lease,
-    new: &Lease,
-    user: &str,
-    controller_users: &[String],
-    namespace: &str,
-    run: &str,
-) -> bool {
-    old.metadata.owner_references == new.metadata.owner_references
-        && (controller_users.iter().any(|c| c == user)
-            || user == crate::rbac::worker_username(namespace, run))
 }
 
 #[cfg(test)]

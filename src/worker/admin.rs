@@ -15,11 +15,6 @@ use tracing::{info, warn};
 
 use super::metrics::WorkerMetrics;
 
-/// The default `--admin-addr`: every interface, [`DEFAULT_ADMIN_PORT`].
-pub const DEFAULT_ADMIN_ADDR: &str = "0.0.0.0:9090";
-/// The port of [`DEFAULT_ADMIN_ADDR`], declared as the worker pod's `metrics` port.
-pub const DEFAULT_ADMIN_PORT: u16 = 9090;
-
 /// Where the admin server listens, if anywhere (`none` or empty disables it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AdminAddr(pub Option<SocketAddr>);
@@ -104,8 +99,11 @@ mod tests {
     fn none_and_empty_disable_the_admin_server() {
         assert_eq!("none".parse::<AdminAddr>(), Ok(AdminAddr(None)));
         assert_eq!("".parse::<AdminAddr>(), Ok(AdminAddr(None)));
-        let addr: AdminAddr = DEFAULT_ADMIN_ADDR.parse().unwrap();
-        assert_eq!(addr.0.map(|a| a.port()), Some(DEFAULT_ADMIN_PORT));
+        let addr: AdminAddr = crate::listener::WORKER_ADMIN_ADDR.parse().unwrap();
+        assert_eq!(
+            addr.0.map(|a| a.port()),
+            Some(crate::listener::WORKER_ADMIN_PORT)
+        );
         assert!("localhost".parse::<AdminAddr>().is_err());
     }
 

@@ -4,10 +4,11 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::admin::{AdminAddr, DEFAULT_ADMIN_ADDR};
+use super::admin::AdminAddr;
 use super::appender::FlushPolicy;
 use crate::fence::Fence;
 use crate::ledger::SEGMENT_BUDGET_BYTES;
+use crate::listener::WORKER_ADMIN_ADDR;
 use crate::telemetry::LogFormat;
 
 /// Default cap on the ledger's size: past it the run ends `Interrupted` (TranscriptTooLarge).
@@ -51,7 +52,7 @@ pub struct WorkerArgs {
     pub stats_file: Option<PathBuf>,
     /// Admin server (/metrics, /livez, /readyz); `none` disables it. A busy port is logged
     /// and skipped.
-    #[arg(long, env = "BATON_ADMIN_ADDR", default_value = DEFAULT_ADMIN_ADDR)]
+    #[arg(long, env = "BATON_ADMIN_ADDR", default_value = WORKER_ADMIN_ADDR)]
     pub admin_addr: AdminAddr,
     /// Log format.
     #[arg(long, env = "BATON_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
@@ -188,7 +189,7 @@ mod tests {
     fn flags_default_to_text_logs_and_the_admin_port() {
         let args = parse(&[]);
         assert_eq!(args.log_format, LogFormat::Text);
-        assert_eq!(args.admin_addr, DEFAULT_ADMIN_ADDR.parse().unwrap());
+        assert_eq!(args.admin_addr, WORKER_ADMIN_ADDR.parse().unwrap());
         let cfg: WorkerConfig = args.try_into().unwrap();
         assert_eq!(cfg.segment_budget, SEGMENT_BUDGET_BYTES);
         let args = parse(&["--log-format=json", "--admin-addr=none"]);

@@ -6,10 +6,9 @@ use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
-use crate::crd::v1alpha1::{AgentRunSpec, McpSpec, McpToolRecord, ToolKind, ToolSpec};
-
-/// Between an `mcp` tool's name and its server's name for one of its tools.
-pub const MCP_SEPARATOR: &str = "__";
+use crate::crd::v1alpha1::{
+    AgentRunSpec, MCP_SEPARATOR, McpSpec, McpToolRecord, ToolKind, ToolSpec,
+};
 
 /// The longest tool name providers accept.
 const MAX_NAME: usize = 64;
@@ -155,15 +154,6 @@ pub fn mcp_tool_name(server: &str, tool: &str) -> String {
     let mut name = format!("{server}{MCP_SEPARATOR}{safe}");
     name.truncate(MAX_NAME);
     name
-}
-
-/// True when `name` is the model's name of a tool of one of the spec's MCP servers.
-pub fn names_an_mcp_tool(spec: &AgentRunSpec, name: &str) -> bool {
-    name.split_once(MCP_SEPARATOR).is_some_and(|(server, _)| {
-        spec.tools()
-            .iter()
-            .any(|t| t.kind == ToolKind::Mcp && t.name == server)
-    })
 }
 
 fn builtin_description(spec: &ToolSpec) -> String {
@@ -335,8 +325,8 @@ mod tests {
         assert_eq!(mcp_tool_name("s", "a/b.c"), "s__a_b_c");
         assert_eq!(mcp_tool_name("s", &"x".repeat(100)).len(), 64);
         let spec = spec(McpSpec::default());
-        assert!(names_an_mcp_tool(&spec, "files__anything"));
-        assert!(!names_an_mcp_tool(&spec, "sh__x"));
-        assert!(!names_an_mcp_tool(&spec, "files"));
+        assert!(spec.names_an_mcp_tool("files__anything"));
+        assert!(!spec.names_an_mcp_tool("sh__x"));
+        assert!(!spec.names_an_mcp_tool("files"));
     }
 }

@@ -140,6 +140,10 @@ pub struct ScriptToolCall {
     pub arguments: BTreeMap<String, String>,
 }
 
+/// Between an `mcp` tool's name and its server's name for one of its tools
+/// (`<server>__<tool>`).
+pub const MCP_SEPARATOR: &str = "__";
+
 /// What a tool does.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]

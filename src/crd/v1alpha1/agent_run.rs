@@ -264,6 +264,16 @@ impl AgentRun {
         let thread = self.spec.thread.as_deref();
         thread.is_some_and(|t| self.thread_owner().is_some_and(|o| o.name == t))
     }
+
+    /// Whether this run is a turn of the thread named `thread` with UID `uid` (in the run's
+    /// namespace): it names the thread in `spec.thread` and, once joined, the thread that owns
+    /// it is that one. A turn of a deleted thread of the same name is not; a turn that has not
+    /// joined yet is (the controller joins it to the thread its name gives). The one
+    /// definition of a thread's turns, for the controller, the server and the CLI.
+    pub fn is_turn_of(&self, thread: &str, uid: &str) -> bool {
+        self.spec.thread.as_deref() == Some(thread)
+            && self.thread_owner().is_none_or(|o| o.uid == uid)
+    }
 }
 
 impl AgentRunSpec {
@@ -280,6 +290,17 @@ impl AgentRunSpec {
     /// The agent's tools (none before a turn is admitted).
     pub fn tools(&self) -> &[super::ToolSpec] {
         self.agent.as_ref().map_or(&[], |a| a.tools.as_slice())
+    }
+
+    /// True when `name` is the model's name of a tool of one of the agent's MCP servers
+    /// (`<server>__<tool>`: the name approvals and the ledger know it by).
+    pub fn names_an_mcp_tool(&self, name: &str) -> bool {
+        name.split_once(super::MCP_SEPARATOR)
+            .is_some_and(|(server, _)| {
+                self.tools()
+                    .iter()
+                    .any(|t| t.kind == super::ToolKind::Mcp && t.name == server)
+            })
     }
 
     /// The run's own agent to edit, an empty one set first if it has none.

@@ -11,7 +11,7 @@ use std::io::{self, Write};
 /// but newline and tab, DEL, and the Unicode bidirectional marks, embeddings, overrides and
 /// isolates. The console's pages show the same characters as the same escapes
 /// (`server::visible`).
-pub(crate) fn reorders_or_controls(c: char) -> bool {
+pub fn reorders_or_controls(c: char) -> bool {
     (c.is_control() && c != '\n' && c != '\t')
         || matches!(c, '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
 }
