@@ -2,8 +2,8 @@
 //! real node (prints figures; asserts nothing but that the figures could be taken).
 //!
 //! The previous release (`hack/previous-release`, `hack/images.sh previous`) is installed with
-//! `BATON_UPGRADE_RUNS` (default 200) scripted runs, each mid tool call; then the README's
-//! upgrade (the CRDs, then `helm upgrade` with the new image) at the chart's default pace of
+//! `BATON_UPGRADE_RUNS` (default 200) scripted runs, each mid tool call; then the upgrade of
+//! docs/operations.md (the CRDs, then `helm upgrade` with the new image) at the chart's default pace of
 //! handoffs (`controller.maxConcurrentHandoffs`, 1). Printed:
 //! - runs in flight across the upgrade, runs lost (not Succeeded), effects run twice (counted
 //!   by the effects server, outside baton);
@@ -26,7 +26,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use baton::crd::v1alpha1::{AgentRun, Phase};
+use baton::crd::v1alpha1::{AgentRun, LeaseSpec, Phase};
 use e2e_support::{Effects, Script};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ResourceRequirements;
@@ -75,6 +75,11 @@ async fn main() {
     for name in &names {
         let mut run = env.scripted(name, &script);
         run.spec.worker.tools_resources = Some(small_tools());
+        // The default Lease (30 s, renewed every 10 s, 300 s to start): the tests' 5 s and
+        // 30 s to start are too short for 200 pods starting at once on 2 CPUs, where the
+        // last pod's containers start minutes after its claim, and every claim of a pod
+        // that had not started would count as a death.
+        run.spec.lease = LeaseSpec::default();
         env.create(&run).await;
     }
     for name in &names {

@@ -1,7 +1,7 @@
-//! The upgrade lane (issue 42; README "Upgrading"): baton's previous release
+//! The upgrade lane (issue 42; docs/operations.md, "Upgrading"): baton's previous release
 //! (`hack/previous-release`, built from its commit by `hack/images.sh previous`) installed on
 //! the real node with runs in flight in every state it can hold them in, on both ledger
-//! backends, then upgraded to this tree exactly as the README says (the CRDs applied, then
+//! backends, then upgraded to this tree exactly as docs/operations.md says (the CRDs applied, then
 //! `helm upgrade` with the release's values and the new image), with old workers killed with
 //! SIGKILL around it. Every run must end Succeeded, no non-idempotent effect may run twice
 //! (counted outside baton, by the effects server), no ledger may show a write from a stale
@@ -13,7 +13,7 @@
 //! upgrade). Then the previous release is switched to PostgreSQL, and in it: mid tool call
 //! (one killed after the upgrade) and WaitingInput.
 //!
-//! Then the way back (README "Upgrading"): with runs of this version in flight (mid tool call,
+//! Then the way back (docs/operations.md, "Upgrading"): with runs of this version in flight (mid tool call,
 //! WaitingInput), `helm rollback` to the previous release; a worker is killed during it, the
 //! waiting run is answered once the old controllers lead, and every run ends Succeeded with
 //! no effect twice, the answered one resumed on the previous release's image.
@@ -161,7 +161,10 @@ async fn roll_back(env: &NodeEnv) {
         "back-ask resumed on the previous release's image after the rollback; its pods ran {:?}",
         images.images("back-ask")
     );
-    eprintln!("upgrade lane: rolled back with {} runs in flight, 0 lost, 0 effects twice", all.len());
+    eprintln!(
+        "upgrade lane: rolled back with {} runs in flight, 0 lost, 0 effects twice",
+        all.len()
+    );
 }
 
 /// The runs kept in LedgerSegments, each in its state before the switch: mid tool call

@@ -128,8 +128,8 @@ pub fn helm(action: &str, chart: &str, flags: &[&str], extra: &serde_json::Value
     );
 }
 
-/// `helm rollback` of the release to its revision before the current one, as the README's
-/// Upgrading says to undo a failed upgrade.
+/// `helm rollback` of the release to its revision before the current one, as docs/operations.md,
+/// "Upgrading" says to undo a failed upgrade.
 pub fn helm_rollback() {
     assert_succeeded("helm rollback", &helm_py(&["rollback"]));
 }

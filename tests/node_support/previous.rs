@@ -1,7 +1,7 @@
 //! The release the upgrade lane starts from (`hack/previous-release`), as `hack/images.sh
 //! previous` built it: its image `baton:previous` in the node's containerd, its source tree,
 //! chart and CRDs included, under the cache. And the node's release switched to it, then
-//! upgraded as the README says.
+//! upgraded as docs/operations.md ("Upgrading") says.
 
 use super::*;
 
@@ -54,12 +54,13 @@ impl OnPreviousRelease {
         switched
     }
 
-    /// The README's upgrade ("Upgrading"), in its order: this tree's CRDs applied, then the
+    /// The upgrade of docs/operations.md ("Upgrading"), in its order: this tree's CRDs applied, then the
     /// release upgraded to this tree's chart with the new image named.
     /// `values`: what the release was switched to meanwhile (as a user passes the values file
     /// they installed with), besides the new image.
     pub fn upgrade(mut self, values: &serde_json::Value) {
-        apply_crds(THIS_CHART_CRDS).expect("the README's CRD command");
+        apply_crds(THIS_CHART_CRDS)
+            .expect("applying this tree's CRDs (docs/operations.md, \"Upgrading\")");
         let mut values = values.clone();
         merge(&mut values, &serde_json::json!({"image": {"tag": "dev"}}));
         helm_upgrade(&values);
@@ -69,7 +70,7 @@ impl OnPreviousRelease {
 
 const THIS_CHART_CRDS: &str = "charts/baton/crds/";
 
-/// The README's CRD command on the CRDs in `dir`. `--force-conflicts`: Helm created the CRDs,
+/// The CRD command of docs/operations.md ("Upgrading") on the CRDs in `dir`. `--force-conflicts`: Helm created the CRDs,
 /// so their fields belong to Helm's field manager, and changing them by another is a conflict
 /// (without it the apply fails on every CRD that changed).
 fn apply_crds(dir: &str) -> Result<String, String> {
