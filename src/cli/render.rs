@@ -1,8 +1,6 @@
 //! Pure rendering for the CLI: the `get` table, the transcript and `describe`. No I/O here;
 //! every function takes what was read and `now`, and returns text.
 
-use base64::Engine;
-use base64::engine::general_purpose::STANDARD as B64;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
@@ -12,6 +10,7 @@ use crate::crd::v1alpha1::{
 };
 use crate::display::age;
 use crate::fence::Fence;
+use crate::ledger::Unchunker;
 
 // === the `get` table ===
 
@@ -118,7 +117,7 @@ pub(super) fn align(rows: &[Vec<String>]) -> String {
 /// the tool of each step.
 #[derive(Debug, Default)]
 pub struct Transcript {
-    chunks: Vec<u8>,
+    chunks: Unchunker,
     streamed: String,
     tools: std::collections::BTreeMap<i64, String>,
     /// Position of the last segment rendered.
@@ -145,21 +144,10 @@ impl Transcript {
         lines
     }
 
-    /// Rebuilds chunked events; passes others through.
+    /// Rebuilds chunked events ([`Unchunker`], the one decoder); passes others through.
     fn assemble(&mut self, event: &LedgerEvent, lines: &mut Vec<String>) -> Option<LedgerEvent> {
-        let LedgerEvent::Chunk { index, total, data } = event else {
-            return Some(event.clone());
-        };
-        match B64.decode(data) {
-            Ok(bytes) => self.chunks.extend(bytes),
-            Err(_) => lines.push(format!("!! chunk {index}/{total} is not valid base64")),
-        }
-        if index + 1 < *total {
-            return None;
-        }
-        let bytes = std::mem::take(&mut self.chunks);
-        match serde_json::from_slice(&bytes) {
-            Ok(event) => Some(event),
+        match self.chunks.feed(event) {
+            Ok(whole) => whole.map(|e| e.into_owned()),
             Err(err) => {
                 lines.push(format!("!! a chunked event could not be rebuilt: {err}"));
                 None

@@ -1,5 +1,9 @@
 //! Packing events into segments that stay well under the API server's request limit, and
-//! splitting an event too large for one segment into `chunk` events (rebuilt by `replay`).
+//! splitting an event too large for one segment into `chunk` events; and [`Unchunker`], the
+//! one decoder every reader rebuilds them with (the fold, the CLI's transcript, the server's
+//! streams, and through those the console).
+
+use std::borrow::Cow;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
@@ -73,6 +77,52 @@ fn split(bytes: &[u8], budget: usize) -> Vec<LedgerEvent> {
             data: B64.encode(piece),
         })
         .collect()
+}
+
+/// A ledger's events as its readers see them, taken in order: chunked events rebuilt whole.
+/// One writer writes a chunked event's chunks at consecutive positions with nothing between
+/// them, and its append is acknowledged only after the last. Anything else met before the
+/// last chunk (a seal, a new owner's first event, another chunked event starting) means that
+/// writer lost the run or died mid-event: the event was never written as far as anyone knows,
+/// and it is dropped (counted in [`Unchunker::abandoned`]).
+#[derive(Default, Debug, Clone, PartialEq)]
+pub struct Unchunker {
+    chunks: ChunkAssembler,
+    abandoned: usize,
+}
+
+impl Unchunker {
+    /// `event` as a reader sees it: itself; for a chunk, nothing until the last chunk of its
+    /// event, then the whole event. An error names what could not be rebuilt.
+    pub fn feed<'a>(
+        &mut self,
+        event: &'a LedgerEvent,
+    ) -> Result<Option<Cow<'a, LedgerEvent>>, String> {
+        let starts_anew = !matches!(event, LedgerEvent::Chunk { index, .. } if *index > 0);
+        if starts_anew && self.chunks.abandon() {
+            self.abandoned += 1;
+        }
+        match event {
+            LedgerEvent::Chunk { index, total, data } => {
+                let whole = self.chunks.feed(*index, *total, data);
+                if whole.is_err() {
+                    self.chunks.abandon();
+                }
+                Ok(whole?.map(Cow::Owned))
+            }
+            other => Ok(Some(Cow::Borrowed(other))),
+        }
+    }
+
+    /// True while a chunked event is incomplete.
+    pub fn in_progress(&self) -> bool {
+        self.chunks.in_progress()
+    }
+
+    /// Chunked events whose writer stopped before their last chunk.
+    pub fn abandoned(&self) -> usize {
+        self.abandoned
+    }
 }
 
 /// Collects chunk events until an event is complete.
@@ -164,6 +214,35 @@ mod tests {
         }
         assert_eq!(rebuilt, Some(big));
         assert!(!asm.in_progress());
+    }
+
+    #[test]
+    fn the_unchunker_rebuilds_whole_events_and_drops_an_abandoned_one() {
+        let big = text(3000);
+        let groups = encode_events(vec![big.clone()], 1000).unwrap();
+        let chunks: Vec<LedgerEvent> = groups.into_iter().flatten().collect();
+        assert!(chunks.len() > 2, "{}", chunks.len());
+        let mut reader = Unchunker::default();
+        let small = text(3);
+        let mut seen = Vec::new();
+        // A writer that died after its first chunk, then the next attempt's events.
+        for event in [&chunks[0], &small].into_iter().chain(chunks.iter()) {
+            if let Some(whole) = reader.feed(event).unwrap() {
+                seen.push(whole.into_owned());
+            }
+        }
+        assert_eq!(seen, vec![small, big]);
+        assert_eq!(reader.abandoned(), 1);
+        assert!(!reader.in_progress());
+        let LedgerEvent::Chunk { total, .. } = &chunks[1] else {
+            panic!("not a chunk")
+        };
+        let stray = LedgerEvent::Chunk {
+            index: 1,
+            total: *total,
+            data: "not base64!".into(),
+        };
+        assert!(Unchunker::default().feed(&stray).is_err(), "out of order");
     }
 
     #[test]

@@ -18,7 +18,7 @@ mod store;
 
 pub use append::Appended;
 pub(crate) use append::segment_of_run;
-pub use chunk::{EncodeError, SEGMENT_BUDGET_BYTES, encode_events, event_bytes};
+pub use chunk::{EncodeError, SEGMENT_BUDGET_BYTES, Unchunker, encode_events, event_bytes};
 pub use history::{
     ENDED_WITHOUT_RESULT, Fitted, FixedHistory, HistoryError, estimated_tokens, fit,
     recorded_history, turn_conversation,

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use super::LedgerError;
-use super::chunk::ChunkAssembler;
+use super::chunk::Unchunker;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::crd::v1alpha1::{
@@ -114,7 +114,7 @@ pub struct Replay {
     /// partial answer: never promoted to a message, only salvaged).
     pub streamed_tail: String,
     tool_result_index: BTreeMap<i64, usize>,
-    chunks: ChunkAssembler,
+    chunks: Unchunker,
     /// Chunked events whose writer stopped before their last chunk (dropped).
     pub abandoned_chunks: usize,
     /// What the run spent, as recorded.
@@ -154,29 +154,19 @@ impl Replay {
             self.tail = seg.spec.seq;
             for event in &seg.spec.events {
                 self.events += 1;
-                // One writer writes a chunked event's chunks at consecutive positions with
-                // nothing between them, and its append is acknowledged only after the last.
-                // Anything else met before the last chunk (a seal, a new owner's first event,
-                // another chunked event starting) means that writer lost the run or died
-                // mid-event: the event was never written as far as anyone knows (a result
-                // lost this way leaves its step open, so it is reported unknown), and a
+                // A chunked event abandoned by a writer that lost the run is dropped (a
+                // result lost this way leaves its step open, so it is reported unknown): a
                 // resumed run must not be stopped by it.
-                let starts_anew = !matches!(event, LedgerEvent::Chunk { index, .. } if *index > 0);
-                if starts_anew && self.chunks.abandon() {
-                    self.abandoned_chunks += 1;
-                }
-                if let LedgerEvent::Chunk { index, total, data } = event {
-                    let rebuilt = self.chunks.feed(*index, *total, data).map_err(|detail| {
-                        LedgerError::CorruptChunk {
+                let whole =
+                    self.chunks
+                        .feed(event)
+                        .map_err(|detail| LedgerError::CorruptChunk {
                             seq: seg.spec.seq,
                             detail,
-                        }
-                    })?;
-                    if let Some(event) = rebuilt {
-                        self.apply(seg.spec.fence, &event);
-                    }
-                } else {
-                    self.apply(seg.spec.fence, event);
+                        })?;
+                self.abandoned_chunks = self.chunks.abandoned();
+                if let Some(event) = whole {
+                    self.apply(seg.spec.fence, &event);
                 }
             }
         }

@@ -23,6 +23,7 @@ mod threads;
 mod token_cache;
 pub mod visible;
 mod watchdog;
+mod whole;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -5,7 +5,8 @@
 //!
 //! Events (Server-Sent Events):
 //! - `status` (no id): the run's phase, reason, message and pending approval, when it changes;
-//! - `segment` (id `<run UID>:<position>`): one ledger segment, as stored;
+//! - `segment` (id `<run UID>:<position>`): one ledger segment, its chunked events rebuilt
+//!   whole ([`super::whole`]);
 //! - `end` (no id): the run ended (its phase) or was deleted;
 //! - `error` (no id): the ledger could not be read, or the caller may no longer read it
 //!   (asked again every minute); the stream closes.
@@ -17,10 +18,11 @@ use kube::ResourceExt;
 use tokio::sync::{OwnedSemaphorePermit, broadcast, mpsc, watch};
 use tokio::time::Instant;
 
-use super::cursor::{Contiguous, EventId};
+use super::cursor::Contiguous;
 use super::held::{EventBudget, Held, Outgoing, Tally};
 use super::hub::{Change, Hub};
 use super::watchdog::Watchdog;
+use super::whole::{WholeSegments, earlier_chunks};
 use crate::causes::with_causes;
 use crate::connection::ConnectionCut;
 use crate::crd::v1alpha1::{AgentRun, LedgerSegment, Phase};
@@ -211,8 +213,10 @@ impl Follow {
             name: run.name_any(),
             uid: run.uid().unwrap_or_default(),
             sent: Contiguous::after(after),
+            whole: WholeSegments::default(),
             phase: None,
         };
+        self.take_in_earlier_chunks(&run, &mut state, after).await;
         let mut current = run;
         // The ledger is read at the start, after a gap or a resync, and once more when the
         // run has ended (its last segments may come after its last change); a change of the
@@ -251,7 +255,7 @@ impl Follow {
                 None => return Moved::ClientGone,
                 Some(Change::Segment(s)) if is_segment_of(&s, &state.name, &state.uid) => {
                     state.sent.offer(s);
-                    if !self.send_ready(&mut state.sent).await {
+                    if !self.send_ready(state).await {
                         return Moved::ClientGone;
                     }
                     if state.sent.has_gap() {
@@ -299,10 +303,7 @@ impl Follow {
                     for s in segments {
                         state.sent.offer(Arc::new(s));
                     }
-                    if !self
-                        .send_ready_reading(&mut state.sent, Some(reading))
-                        .await
-                    {
+                    if !self.send_ready_reading(state, Some(reading)).await {
                         return Some(Ended::ClientGone);
                     }
                     if last_page || state.sent.tail() == after {
@@ -345,8 +346,26 @@ impl Follow {
         }
     }
 
-    async fn send_ready(&self, sent: &mut Contiguous) -> bool {
-        self.send_ready_reading(sent, None).await
+    async fn send_ready(&self, state: &mut RunState) -> bool {
+        self.send_ready_reading(state, None).await
+    }
+
+    /// A client that resumes just after a chunk of an event that goes on: the chunks of that
+    /// event up to its cursor, taken in (not sent) so the event is sent whole once its last
+    /// chunk comes. If they cannot be read, the rest of the event is sent as stored.
+    async fn take_in_earlier_chunks(&self, run: &AgentRun, state: &mut RunState, after: i64) {
+        if after < 1 {
+            return;
+        }
+        let Ok(last) = self.requests.ledger_page(run, after - 1, 1).await else {
+            return;
+        };
+        let Some((from, count)) = last.first().and_then(earlier_chunks) else {
+            return;
+        };
+        if let Ok(earlier) = self.requests.ledger_page(run, from, count).await {
+            state.whole.take_in(&earlier);
+        }
     }
 
     /// Sends the segments the cursor releases. Their room in the budget is taken at once for
@@ -356,10 +375,12 @@ impl Follow {
     /// and only while it has a reading place.
     async fn send_ready_reading(
         &self,
-        sent: &mut Contiguous,
+        state: &mut RunState,
         reading: Option<OwnedSemaphorePermit>,
     ) -> bool {
-        let events: Vec<Outgoing> = sent.release().iter().map(|s| segment_event(s)).collect();
+        let released = state.sent.release();
+        let whole = &mut state.whole;
+        let events: Vec<Outgoing> = released.iter().map(|s| whole.segment_event(s)).collect();
         let batches = self.budget.batches(events);
         let mut reading = reading;
         let count = batches.len();
@@ -445,38 +466,9 @@ struct RunState {
     name: String,
     uid: String,
     sent: Contiguous,
+    /// What is sent of each segment: its events with chunked ones rebuilt.
+    whole: WholeSegments,
     phase: Option<(Phase, Option<i64>)>,
-}
-
-/// A ledger segment as an SSE event whose id is its place, its JSON written straight into
-/// the event (a segment may be a megabyte: no copy of it is made on the way).
-pub fn segment_event(segment: &LedgerSegment) -> Outgoing {
-    let uid = segment
-        .labels()
-        .get(crate::crd::RUN_UID_LABEL)
-        .map_or("", String::as_str);
-    let id = EventId {
-        uid: uid.to_string(),
-        seq: segment.spec.seq,
-    };
-    let data = SegmentData {
-        run: &segment.spec.run,
-        uid,
-        seq: segment.spec.seq,
-        fence: segment.spec.fence,
-        events: &segment.spec.events,
-    };
-    Outgoing::json("segment", Some(&id.to_string()), &data)
-}
-
-/// The `data` of a `segment` event.
-#[derive(serde::Serialize)]
-struct SegmentData<'a> {
-    run: &'a str,
-    uid: &'a str,
-    seq: i64,
-    fence: crate::fence::Fence,
-    events: &'a [crate::crd::v1alpha1::LedgerEvent],
 }
 
 /// An event named `name` with `data` as its JSON (one line: JSON escapes every newline, so

@@ -5,25 +5,16 @@
 // and, as a victim who has not signed in, visit an attacker's page (another origin) that
 // posts the attacker's token to the sign-in form (login CSRF): the victim stays signed out.
 // A screenshot of each page goes to $SHOTS. Exits non-zero, saying why, on any failure.
-import { chromium } from "playwright-core";
 import { mkdirSync } from "node:fs";
 import { createServer } from "node:http";
 import { join } from "node:path";
+import { check, env, runChecks } from "./kit.mjs";
 
-const env = (name) => {
-  const v = process.env[name];
-  if (!v) throw new Error(`${name} is not set`);
-  return v;
-};
 const URL = env("CONSOLE_URL");
 const NS = env("NS");
 const SHOTS = env("SHOTS");
 mkdirSync(SHOTS, { recursive: true });
 const T = 120_000;
-
-function check(cond, what) {
-  if (!cond) throw new Error(what);
-}
 
 async function shot(page, name) {
   await page.screenshot({ path: join(SHOTS, `${name}.png`), fullPage: true });
@@ -138,29 +129,11 @@ async function loginCsrf(browser) {
   }
 }
 
-const browser = await chromium.launch({
-  executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
-  headless: true,
-  args: ["--no-sandbox"],
-});
-let failed = null;
-try {
-  const page = await (await browser.newContext({ viewport: { width: 1280, height: 900 } })).newPage();
-  page.on("pageerror", (e) => { failed = failed || new Error(`script error on the page: ${e.message}`); });
+await runChecks("console", "every check passed", async (browser, page) => {
   await signIn(page);
   await chat(page);
   await reloadMidRun(page);
   await approveFromInbox(page);
   await forbidden(page);
   await loginCsrf(browser);
-  if (failed) throw failed;
-  console.log("console: every check passed");
-} catch (e) {
-  failed = e;
-} finally {
-  await browser.close();
-}
-if (failed) {
-  console.error(`console test failed: ${failed.stack || failed}`);
-  process.exit(1);
-}
+});

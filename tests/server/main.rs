@@ -3,6 +3,8 @@
 //! - `stream`: a run's stream, across a worker's kill -9 and a handoff, equals its ledger, and a
 //!   reconnect at every position gets exactly the rest; a client that leaves mid-run and
 //!   comes back loses and repeats nothing; many streams of one caller share one hub;
+//! - `chunked`: an event stored as chunks is streamed whole, from the start and to a client
+//!   that resumes between its chunks;
 //! - `api`: who may do what (no token, a token without transcript rights, another
 //!   namespace), the answers to stop, inputs and approvals (409s naming why), bad bodies;
 //! - `console`: signing in (a token, or `baton console`'s one-time address), what a signed-in
@@ -37,6 +39,7 @@ mod support;
 
 mod api;
 mod bounds;
+mod chunked;
 mod console;
 mod hostile;
 mod ledger;

@@ -24,13 +24,13 @@ async function postJson(url, body) {
   return answer;
 }
 
-// One run's ledger drawn into a list, each segment once (by its id), chunks rebuilt.
+// One run's ledger drawn into a list, each segment once (by its id). The server sends
+// chunked events already rebuilt (src/server/whole.rs): nothing here decodes a chunk.
 class LedgerView {
   constructor(list, aside) {
     this.list = list;
     this.aside = aside || {};
     this.seen = new Set();
-    this.chunks = [];
     this.streaming = null;
     this.lastAssistant = null;
   }
@@ -51,15 +51,6 @@ class LedgerView {
   }
 
   event(e, seq) {
-    if (e.type === "chunk") {
-      this.chunks[e.index] = e.data;
-      if (e.index + 1 === e.total) {
-        const whole = JSON.parse(this.chunks.join(""));
-        this.chunks = [];
-        this.event(whole, seq);
-      }
-      return;
-    }
     if (e.type === "modelDelta") {
       if (!this.streaming) this.streaming = this.add("msg role-assistant streaming", "assistant", "", seq);
       this.streaming.querySelector(".text").textContent += e.text;
