@@ -37,12 +37,14 @@ use node_support::*;
 
 /// Long enough that most runs are still mid tool call when their handoff comes, one at a time,
 /// and within the runs' 100 steps (`e2e_support::run_with`): 90 turns, each tool call longer
-/// as there are more runs (the last run's pod starts minutes after the first on 2 CPUs).
+/// as there are more runs (the last run's pod starts minutes after the first on 2 CPUs, and
+/// 200 runs appending every few seconds, each append reviewed by the webhook, are more than
+/// the node's API server answers in time).
 fn script(runs: usize) -> Script {
     Script {
         turns: 90,
         think_ms: 200,
-        tool_ms: (30 * runs as u64).max(2000),
+        tool_ms: (60 * runs as u64).max(2000),
     }
 }
 
@@ -82,9 +84,8 @@ async fn main() {
         run.spec.lease = LeaseSpec::default();
         env.create(&run).await;
     }
-    for name in &names {
-        env.wait_effect(name, 1).await;
-    }
+    wait_all_started(&env, &names).await;
+    let in_flight = live(&env, &names).await;
     let handoffs = Handoffs::watch(&env);
     let images = ImageSampler::start(&env);
     let upgraded_at = Instant::now();
@@ -100,6 +101,7 @@ async fn main() {
     print_figures(
         &env,
         &names,
+        in_flight,
         &images,
         &lateness,
         old_gone.map(|t| t - upgraded_at),
@@ -109,9 +111,41 @@ async fn main() {
     env.finish().await;
 }
 
+/// Waits until every run's first tool call ran (at most [`START_WAIT`], printing how many).
+async fn wait_all_started(env: &NodeEnv, names: &[String]) {
+    let deadline = Instant::now() + START_WAIT;
+    loop {
+        let effects = Effects::read(&env.effects.file);
+        let started = names.iter().filter(|n| effects.count(n, 1) > 0).count();
+        if started == names.len() || Instant::now() > deadline {
+            println!(
+                "upgrade figures: {started} of {} runs past their first tool call",
+                names.len()
+            );
+            return;
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+}
+
+/// How many of `names` have not ended.
+async fn live(env: &NodeEnv, names: &[String]) -> usize {
+    let mut live = 0;
+    for name in names {
+        if !env.status(name).await.phase.is_terminal() {
+            live += 1;
+        }
+    }
+    live
+}
+
+/// How long the runs may take to start, together: 200 pods on 2 CPUs take minutes.
+const START_WAIT: Duration = Duration::from_secs(1200);
+
 async fn print_figures(
     env: &NodeEnv,
     names: &[String],
+    in_flight: usize,
     images: &ImageSampler,
     lateness: &[Duration],
     old_gone: Option<Duration>,
@@ -129,7 +163,7 @@ async fn print_figures(
         .sum();
     let moved = names.iter().filter(|name| images.ran_new(name)).count();
     println!(
-        "upgrade figures: {} runs in flight across the upgrade, {lost} lost, {twice} effects run twice",
+        "upgrade figures: {in_flight} runs in flight across the upgrade (of {} created), {lost} lost, {twice} effects run twice",
         names.len()
     );
     println!(
