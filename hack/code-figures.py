@@ -23,9 +23,11 @@ shape"):
 - the README's lines: it is a front door (what baton is, why, the quick start, a short install,
   links), and everything else lives in docs/, so it stays short as features land;
 - the docs references that do not resolve: links, anchors, backticked paths and names, and cited
-  sections of the docs and of the code that names them (hack/check-docs.py, read here).
+  sections of the docs and of the code that names them (hack/check-docs.py, read here);
+- the HTTP listeners not served by the one serving layer (src/serving/): a server library called
+  directly, or a `TcpListener` bound in a file that never hands one to `serving::serve`.
 
-`--check` exits 1 when the import graph has a circle, or when one of the last six figures is
+`--check` exits 1 when the import graph has a circle, or when one of the last seven figures is
 above its ceiling (the constants below): `make lint` runs it, so a circle cannot land and those
 figures can only go down.
 
@@ -67,6 +69,16 @@ SIDEWAYS_ALLOWED = {
     "own process (`webhook::run`, started by the reconciler; its flags are the controller's)",
 }
 CEILING_UNRESOLVED_DOCS = 0
+# Every HTTP listener is served by src/serving/ (its bounds, TLS, stop, spans).
+CEILING_OWN_LISTENERS = 0
+
+# What serves HTTP without the serving layer: a server library called directly, or a listener
+# bound in a file that never hands one to `serving::serve`.
+OWN_SERVER = re.compile(
+    r"\baxum_server::|\baxum::serve\b|\bserve_connection\b|\bhyper(?:_util)?::server\b"
+    r"|\bTowerToHyperService\b"
+)
+TCP_BIND = re.compile(r"\bTcpListener::bind\b")
 
 # A comparison operator beside an operand named `fence`: `fence`, `s.fence`, `*fence`,
 # `Some(fence)`, `fence.get()`, `spec.fence`. On the left the `\b` anchors the name (a leading
@@ -448,6 +460,21 @@ def sideways_imports():
     return found
 
 
+def own_listeners():
+    """`file:line` of every HTTP listener outside src/serving/ that is not served by it, in the
+    code the library is built from (tests bind their own)."""
+    found = []
+    for rel in rust_files("src"):
+        if rel.startswith("src/serving/"):
+            continue
+        code = without_test_items(strip(read(rel)))
+        handed = "serving::serve" in code or "serving::{" in code
+        for number, line in enumerate(code.splitlines(), 1):
+            if OWN_SERVER.search(line) or (TCP_BIND.search(line) and not handed):
+                found.append(f"{rel}:{number}")
+    return found
+
+
 def readme_lines():
     """The README's lines."""
     with open(os.path.join(ROOT, "README.md")) as f:
@@ -476,6 +503,7 @@ def ceilinged_figures():
     files = long_files()
     docs = unresolved_docs()
     sideways = sideways_imports()
+    listeners = own_listeners()
     return [
         ("fence comparisons outside src/fence/", len(fences), CEILING_FENCE_COMPARISONS, fences),
         (
@@ -498,6 +526,12 @@ def ceilinged_figures():
         ),
         ("README lines", readme_lines(), CEILING_README_LINES, []),
         ("docs references that do not resolve", len(docs), CEILING_UNRESOLVED_DOCS, docs),
+        (
+            "listeners not served by the one serving layer",
+            len(listeners),
+            CEILING_OWN_LISTENERS,
+            listeners,
+        ),
     ]
 
 

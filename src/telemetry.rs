@@ -3,6 +3,24 @@
 
 use tracing_subscriber::EnvFilter;
 
+/// A span named `$name` about one run, with the fields every run span carries (docs/operations.md,
+/// "Logs"): `run`, `namespace`, `fence` and `attempt` as the run's status has them. A macro
+/// because a span's name is part of its static metadata.
+#[macro_export]
+macro_rules! run_span {
+    ($name:literal, $run:expr) => {{
+        let run: &$crate::crd::v1alpha1::AgentRun = $run;
+        let status = run.status.as_ref();
+        tracing::info_span!(
+            $name,
+            run = run.metadata.name.as_deref().unwrap_or_default(),
+            namespace = run.metadata.namespace.as_deref().unwrap_or_default(),
+            fence = %$crate::fence::Fence::of_run(run),
+            attempt = status.map_or(0, |s| s.attempt),
+        )
+    }};
+}
+
 /// The filter used when `RUST_LOG` is unset or invalid.
 pub const DEFAULT_LOG_FILTER: &str = "info,kube=warn";
 
@@ -34,6 +52,42 @@ fn filter() -> EnvFilter {
     EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG_FILTER))
 }
 
+/// What a test logs, as text, caught by a subscriber of its own (set for the test's thread).
+#[cfg(test)]
+pub(crate) mod caught {
+    use std::sync::{Arc, Mutex};
+
+    #[derive(Clone, Default)]
+    pub struct Caught(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Caught {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Caught {
+        /// Catches everything logged on this thread until the guard is dropped.
+        pub fn on_this_thread(&self) -> tracing::subscriber::DefaultGuard {
+            let writer = self.clone();
+            let subscriber = tracing_subscriber::fmt()
+                .with_ansi(false)
+                .with_writer(move || writer.clone())
+                .finish();
+            tracing::subscriber::set_default(subscriber)
+        }
+
+        pub fn text(&self) -> String {
+            String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use clap::ValueEnum;
@@ -51,5 +105,24 @@ mod tests {
     #[test]
     fn the_default_filter_parses() {
         assert!(EnvFilter::try_new(DEFAULT_LOG_FILTER).is_ok());
+    }
+
+    #[test]
+    fn a_run_span_names_the_run_its_namespace_fence_and_attempt() {
+        let caught = caught::Caught::default();
+        let _guard = caught.on_this_thread();
+        let run: crate::crd::v1alpha1::AgentRun = serde_json::from_value(serde_json::json!({
+            "apiVersion": "baton.dev/v1alpha1", "kind": "AgentRun",
+            "metadata": {"name": "r1", "namespace": "team-a"},
+            "spec": {"input": "hi"},
+            "status": {"fence": 3, "attempt": 3}
+        }))
+        .expect("a run");
+        crate::run_span!("claim", &run).in_scope(|| tracing::info!("claimed"));
+        let text = caught.text();
+        assert!(
+            text.contains("claim{run=\"r1\" namespace=\"team-a\" fence=3 attempt=3}: "),
+            "{text}"
+        );
     }
 }

@@ -1,15 +1,17 @@
-//! The admin HTTP server: `/metrics` (Prometheus text), `/livez`, `/readyz`.
+//! The admin HTTP server: `/metrics` (OpenMetrics text), `/livez`, `/readyz`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::response::Response;
 use axum::routing::get;
 
 use super::Context;
+use crate::serving::admin::{Ready, metrics_response, probes};
+use crate::serving::{Stop, Tls};
 
 /// What the handlers share.
 #[derive(Clone)]
@@ -21,36 +23,17 @@ pub struct AdminState {
 
 /// Serves until the listener fails.
 pub async fn serve(addr: SocketAddr, state: AdminState) -> std::io::Result<()> {
+    let ready = Ready::once(state.ready.clone(), "caches not synced");
     let app = Router::new()
         .route("/metrics", get(metrics))
-        .route("/livez", get(|| async { "ok" }))
-        .route("/readyz", get(ready))
+        .merge(probes(ready))
         .with_state(state);
     let listener = tokio::net::TcpListener::bind(addr).await?;
-    tracing::info!(%addr, "admin server listening");
-    crate::listener::serve_plain(listener, app).await
+    crate::serving::serve("admin", listener, app, Tls::Plain, Stop::WithTheProcess).await
 }
 
-async fn metrics(
-    State(state): State<AdminState>,
-) -> (StatusCode, [(&'static str, &'static str); 1], String) {
+async fn metrics(State(state): State<AdminState>) -> Response {
     let runs = state.ctx.run_cache().state();
     state.ctx.metrics().remembered_runs(state.ctx.remembered());
-    let body = state.ctx.metrics().render(runs.iter().map(|r| r.as_ref()));
-    (
-        StatusCode::OK,
-        [(
-            "content-type",
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        body,
-    )
-}
-
-async fn ready(State(state): State<AdminState>) -> (StatusCode, &'static str) {
-    if state.ready.load(Ordering::Relaxed) {
-        (StatusCode::OK, "ok")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "caches not synced")
-    }
+    metrics_response(state.ctx.metrics().render(runs.iter().map(|r| r.as_ref())))
 }

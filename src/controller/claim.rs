@@ -16,6 +16,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::PostParams;
 use kube::runtime::reflector::ObjectRef;
+use tracing::Instrument;
 
 use super::Error;
 use super::access::{ensure_run_rbac, ensure_workspace};
@@ -70,6 +71,11 @@ struct LeaseMoved {
 /// A claim of `run` for fence+1 (docs/protocol.md, "The claim"): prepared → sealed → status
 /// written → Lease moved → pod created, each stage a type that only the one before makes.
 pub async fn claim(ctx: &Context, run: &AgentRun, claim: Claim) -> Result<Applied, Error> {
+    let span = crate::run_span!("claim", run);
+    claim_stages(ctx, run, claim).instrument(span).await
+}
+
+async fn claim_stages(ctx: &Context, run: &AgentRun, claim: Claim) -> Result<Applied, Error> {
     let started = Instant::now();
     let confirm = confirm_trigger(ctx, run, claim.reason);
     let (prepared, lease) = match prepare(ctx, run, confirm).await? {

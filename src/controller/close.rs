@@ -16,6 +16,7 @@
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::DeleteParams;
+use tracing::Instrument;
 
 use super::Error;
 use super::admission;
@@ -32,6 +33,16 @@ use crate::ledger::{Replay, RunLedger};
 /// CAS, the end at the seal's fence with the salvage of the ledger up to the seal, then the
 /// record, the Lease released, the thread freed, the old pod deleted.
 pub async fn end(
+    ctx: &Context,
+    run: &AgentRun,
+    fence: Fence,
+    close: &Close,
+) -> Result<Applied, Error> {
+    let span = crate::run_span!("end", run);
+    end_at_seal(ctx, run, fence, close).instrument(span).await
+}
+
+async fn end_at_seal(
     ctx: &Context,
     run: &AgentRun,
     fence: Fence,

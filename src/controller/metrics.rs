@@ -4,7 +4,6 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -187,11 +186,7 @@ impl Metrics {
     /// The Prometheus text exposition, with runs by phase counted from `runs`.
     pub fn render<'a>(&self, runs: impl Iterator<Item = &'a AgentRun>) -> String {
         self.count_phases(runs);
-        let mut out = String::new();
-        if encode(&mut out, &self.registry).is_err() {
-            out.clear();
-        }
-        out
+        crate::serving::admin::openmetrics_text(&self.registry)
     }
 
     fn count_phases<'a>(&self, runs: impl Iterator<Item = &'a AgentRun>) {

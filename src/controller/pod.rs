@@ -409,7 +409,7 @@ fn api_access_volume() -> Volume {
 fn metrics_port() -> ContainerPort {
     ContainerPort {
         name: Some(METRICS_PORT_NAME.into()),
-        container_port: crate::listener::WORKER_ADMIN_PORT.into(),
+        container_port: crate::serving::admin::WORKER_ADMIN_PORT.into(),
         protocol: Some("TCP".into()),
         ..ContainerPort::default()
     }

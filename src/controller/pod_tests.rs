@@ -60,7 +60,7 @@ fn the_pod_carries_name_labels_owner_and_env() {
 fn the_pod_declares_the_workers_metrics_port() {
     let spec = worker_pod(&run(), Fence::new(1), "img").spec.unwrap();
     let ports = container(&spec, CONTAINER_NAME).ports.clone().unwrap();
-    let admin: std::net::SocketAddr = crate::listener::WORKER_ADMIN_ADDR.parse().unwrap();
+    let admin: std::net::SocketAddr = crate::serving::admin::WORKER_ADMIN_ADDR.parse().unwrap();
     assert_eq!(ports[0].name.as_deref(), Some(METRICS_PORT_NAME));
     assert_eq!(ports[0].container_port, i32::from(admin.port()));
 }

@@ -9,6 +9,7 @@ use futures::{Stream, StreamExt};
 use kube::runtime::controller::Action as Requeue;
 use kube::{Client, ResourceExt};
 use tokio::sync::watch;
+use tracing::Instrument;
 
 use super::admin::{self, AdminState};
 use super::apply::apply;
@@ -204,7 +205,9 @@ async fn mark_ready(
 
 async fn reconcile(run: Arc<AgentRun>, ctx: Arc<Context>) -> Result<Requeue, Error> {
     let started = Instant::now();
-    let result = reconcile_run(&run, &ctx).await;
+    let result = reconcile_run(&run, &ctx)
+        .instrument(crate::run_span!("reconcile", &run))
+        .await;
     if result.is_ok() {
         match turn::publish_thread_status(&ctx, &run).await {
             Ok(()) | Err(Error::NotLeader) => {}

@@ -196,6 +196,7 @@ impl RunLedger {
     }
 
     /// Fenced append (docs/protocol.md): `events` at `tail + 1` onwards under `fence`.
+    #[tracing::instrument(name = "append", skip_all, fields(%fence, tail, events = events.len()))]
     pub async fn append(
         &self,
         tail: i64,

@@ -32,7 +32,7 @@ pub async fn announced_within(
     request: Request,
     next: Next,
 ) -> Response {
-    let announced = crate::listener::announced_length(request.headers());
+    let announced = crate::serving::bounds::announced_length(request.headers());
     if announced.is_some_and(|length| length > limit as u64) {
         return ApiError::TooLarge { limit }.into_response();
     }

@@ -2,7 +2,6 @@
 //! API watches they hold (the figure that must not grow with the number of followers), and
 //! requests answered by status code.
 
-use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -62,9 +61,6 @@ impl Default for ServerMetrics {
 impl ServerMetrics {
     /// The OpenMetrics text of every metric.
     pub fn render(&self) -> String {
-        let mut out = String::new();
-        // Writing into a String cannot fail.
-        let _ = encode(&mut out, &self.registry);
-        out
+        crate::serving::admin::openmetrics_text(&self.registry)
     }
 }

@@ -14,7 +14,6 @@ mod identity;
 mod ledger_api;
 mod metrics;
 mod runs;
-mod serving;
 mod session;
 mod signin;
 mod slots;
@@ -34,6 +33,9 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use tokio::sync::mpsc;
+
+use crate::serving::admin::{Ready, metrics_response, probes};
+use crate::serving::{Stop, Tls, TlsFiles};
 
 pub use args::{ConsoleArgs, ServerArgs};
 pub use caller::well_formed;
@@ -192,12 +194,12 @@ impl ServerState {
     /// A stream of `requests` from `hub`, with this server's timing and budget, and the
     /// response its client reads (at most [`stream::STREAM_BUFFER`] events waiting in it).
     /// `connection`: the switch of the client's connection (absent where the server is not
-    /// served through [`crate::connection::CuttableAcceptor`]), for its watchdog to cut it.
+    /// served through [`crate::serving::serve`]), for its watchdog to cut it.
     fn follow(
         &self,
         requests: crate::requests::RunRequests,
         hub: Arc<hub::Hub>,
-        connection: Option<axum::Extension<crate::connection::ConnectionCut>>,
+        connection: Option<axum::Extension<crate::serving::cut::ConnectionCut>>,
     ) -> (stream::Follow, Response) {
         let (out, events) = mpsc::channel(stream::STREAM_BUFFER);
         let (cut, cut_seen) = tokio::sync::watch::channel(false);
@@ -289,8 +291,7 @@ pub fn router(state: Arc<ServerState>) -> Router {
             get(|| async { axum::response::Redirect::to("/console") }),
         )
         .route("/metrics", get(metrics_text))
-        .route("/livez", get(|| async { "ok" }))
-        .route("/readyz", get(|| async { "ok" }))
+        .merge(probes(Ready::always()))
         .layer(middleware::from_fn_with_state(
             state.clone(),
             count_responses,
@@ -317,13 +318,7 @@ fn ledger_routes() -> Router<Arc<ServerState>> {
 async fn metrics_text(State(state): State<Arc<ServerState>>) -> impl IntoResponse {
     let held = i64::try_from(state.stream_bytes.held_bytes()).unwrap_or(i64::MAX);
     state.metrics.stream_bytes.set(held);
-    (
-        [(
-            "content-type",
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        state.metrics.render(),
-    )
+    metrics_response(state.metrics.render())
 }
 
 /// Every name in a path (namespace, run, thread) must be a Kubernetes object name before it
@@ -411,8 +406,10 @@ pub async fn main(args: ServerArgs) -> Result<(), crate::Error> {
     let state = Arc::new(state);
     let listener = tokio::net::TcpListener::bind(args.addr).await?;
     let tls = args.tls_cert_file.zip(args.tls_key_file);
-    let tls = tls.map(|(cert, key)| serving::TlsFiles { cert, key });
-    tracing::info!(addr = %args.addr, tls = tls.is_some(), "baton server listening");
+    let tls = match tls {
+        Some((cert, key)) => Tls::Files(TlsFiles { cert, key }),
+        None => Tls::Plain,
+    };
     serve(listener, state, tls).await
 }
 
@@ -461,15 +458,16 @@ pub async fn console_main(args: ConsoleArgs) -> Result<(), crate::Error> {
     let secret = state.one_time_secret().unwrap_or_default();
     println!("baton console: open http://{addr}/console/login?once={secret}");
     println!("(the address signs one browser in, once; stop with Ctrl-C)");
-    serve(listener, state, None).await
+    serve(listener, state, Tls::Plain).await
 }
 
 async fn serve(
     listener: tokio::net::TcpListener,
     state: Arc<ServerState>,
-    tls: Option<serving::TlsFiles>,
+    tls: Tls,
 ) -> Result<(), crate::Error> {
-    Ok(serving::serve_until_stopped(listener, router(state), tls).await?)
+    let app = router(state);
+    Ok(crate::serving::serve("server", listener, app, tls, Stop::OnSignal).await?)
 }
 
 #[cfg(test)]

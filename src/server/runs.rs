@@ -17,9 +17,9 @@ use super::ServerState;
 use super::caller::Caller;
 use super::cursor::Resume;
 use super::error::ApiError;
-use crate::connection::ConnectionCut;
 use crate::crd::v1alpha1::{AgentRun, LedgerSegment, Phase, Verdict};
 use crate::requests::{Stopped, phase_of};
+use crate::serving::cut::ConnectionCut;
 
 /// `?thread=`, `?phase=`, `?labelSelector=` of a list.
 #[derive(Deserialize, Default)]

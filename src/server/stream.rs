@@ -17,6 +17,7 @@ use std::time::Duration;
 use kube::ResourceExt;
 use tokio::sync::{OwnedSemaphorePermit, broadcast, mpsc, watch};
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use super::cursor::Contiguous;
 use super::held::{EventBudget, Held, Outgoing, Tally};
@@ -24,10 +25,10 @@ use super::hub::{Change, Hub};
 use super::watchdog::Watchdog;
 use super::whole::{WholeSegments, earlier_chunks};
 use crate::causes::with_causes;
-use crate::connection::ConnectionCut;
 use crate::crd::v1alpha1::{AgentRun, LedgerSegment, Phase};
 use crate::ledger::is_segment_of;
 use crate::requests::{RequestError, RunRequests, phase_of};
+use crate::serving::cut::ConnectionCut;
 
 /// How a run's stream ended.
 #[derive(Debug)]
@@ -209,6 +210,11 @@ impl Follow {
     /// Streams `run` from after position `after` until it ends, is deleted, or the client
     /// leaves.
     pub async fn run(&mut self, run: AgentRun, after: i64) -> Ended {
+        let span = crate::run_span!("stream", &run);
+        self.stream(run, after).instrument(span).await
+    }
+
+    async fn stream(&mut self, run: AgentRun, after: i64) -> Ended {
         let mut state = RunState {
             name: run.name_any(),
             uid: run.uid().unwrap_or_default(),

@@ -21,10 +21,10 @@ use super::error::ApiError;
 use super::hub::Change;
 use super::runs::{StreamQuery, bad_body};
 use super::stream::{Ended, Follow, json_event};
-use crate::connection::ConnectionCut;
 use crate::crd::v1alpha1::{AgentRun, AgentThread, BusyPolicy};
 use crate::kube_util::is_not_found;
 use crate::requests::phase_of;
+use crate::serving::cut::ConnectionCut;
 
 pub async fn list(caller: Caller, Path(ns): Path<String>) -> Result<Json<Value>, ApiError> {
     let api: Api<AgentThread> = Api::namespaced(caller.client().clone(), &ns);

@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::held::{EventBudget, Tally};
-use crate::connection::ConnectionCut;
+use crate::serving::cut::ConnectionCut;
 
 /// While other streams wait for room in the budget, a client that holds room and has taken
 /// nothing for this long is cut (a reader on a slow link takes a segment in a second or two).

@@ -18,18 +18,17 @@ mod tls;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use axum::Extension;
 use axum::Json;
 use axum::Router;
-use axum::extract::{ConnectInfo, DefaultBodyLimit, State};
+use axum::extract::{DefaultBodyLimit, State};
 use axum::routing::post;
-use hyper_util::rt::TokioIo;
-use hyper_util::service::TowerToHyperService;
 use kube::Client;
 use kube::core::DynamicObject;
 use kube::core::admission::AdmissionReview;
 use tokio::net::TcpListener;
-use tokio_rustls::TlsAcceptor;
+
+use crate::serving::bounds::{BodyBudget, within_budget};
+use crate::serving::{Stop, Tls};
 
 pub use review::Reviewer;
 pub use tls::{CertIssuer, TlsSettings};
@@ -47,8 +46,6 @@ const MAX_REVIEW_BYTES: usize = 4 * 1024 * 1024;
 /// reaches the port is answered 503 past it instead of growing the controller to its memory
 /// limit, and takes nothing from the API server's own budget.
 const REVIEW_BYTES_PER_PEER: usize = 16 * 1024 * 1024;
-/// A TLS handshake that takes longer is dropped, so a silent client holds nothing for long.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often each replica checks the certificate Secret.
 pub const CHECK_EVERY: Duration = Duration::from_secs(30);
 
@@ -116,8 +113,9 @@ pub async fn run(
     }
 }
 
-/// Accepts connections on `addr` with the current certificate; each connection's handshake
-/// runs in its own task. Written over hyper because axum's own server has no TLS.
+/// Serves the reviews on `addr` over TLS with the certificate `served` publishes (nothing is
+/// accepted before the first is loaded: the API server's call waits, then retries or fails
+/// closed).
 async fn serve(
     addr: SocketAddr,
     served: tls::Served,
@@ -128,47 +126,13 @@ async fn serve(
         .route(MUTATE_PATH, post(mutate))
         .layer(DefaultBodyLimit::max(MAX_REVIEW_BYTES))
         .layer(axum::middleware::from_fn_with_state(
-            crate::listener::BodyBudget::new(REVIEW_BYTES_PER_PEER, MAX_REVIEW_BYTES),
-            crate::listener::within_budget,
+            BodyBudget::new(REVIEW_BYTES_PER_PEER, MAX_REVIEW_BYTES),
+            within_budget,
         ))
         .with_state(reviewer);
-    let app = crate::listener::bound_bodies(app);
     let listener = TcpListener::bind(addr).await?;
-    crate::listener::bound_send_buffer(&listener)?;
-    tracing::info!(%addr, "admission webhook listening");
-    loop {
-        let (tcp, peer) = match listener.accept().await {
-            Ok(accepted) => accepted,
-            Err(err) => {
-                tracing::warn!(%err, "webhook accept failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        // Not yet loaded: the connection is dropped (the API server retries, or fails closed).
-        let Some(config) = served.borrow().clone() else {
-            continue;
-        };
-        let app = app.clone().layer(Extension(ConnectInfo(peer)));
-        let service = TowerToHyperService::new(app);
-        tokio::spawn(async move {
-            let tls = match tokio::time::timeout(
-                HANDSHAKE_TIMEOUT,
-                TlsAcceptor::from(config).accept(tcp),
-            )
-            .await
-            {
-                Ok(Ok(tls)) => tls,
-                Ok(Err(err)) => return tracing::debug!(%peer, %err, "webhook TLS handshake failed"),
-                Err(_) => return tracing::debug!(%peer, "webhook TLS handshake timed out"),
-            };
-            let mut http = hyper::server::conn::http1::Builder::new();
-            crate::listener::bound_http1(&mut http);
-            if let Err(err) = http.serve_connection(TokioIo::new(tls), service).await {
-                tracing::debug!(%peer, %err, "webhook connection ended");
-            }
-        });
-    }
+    let tls = Tls::Published(served);
+    Ok(crate::serving::serve("webhook", listener, app, tls, Stop::WithTheProcess).await?)
 }
 
 async fn mutate(

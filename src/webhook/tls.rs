@@ -58,7 +58,7 @@ pub struct TlsSettings {
 const RETRY_FIRST: Duration = Duration::from_millis(500);
 
 /// The serving configuration, once the certificate is loaded.
-pub type Served = watch::Receiver<Option<Arc<ServerConfig>>>;
+pub type Served = crate::serving::Published;
 
 /// Loads the certificate (issuing it if none and baton is its issuer), then checks it every
 /// `settings.check_every`, forever.

@@ -1,19 +1,21 @@
-//! The worker's admin HTTP server: `/metrics` (Prometheus text), `/livez`, `/readyz`.
+//! The worker's admin HTTP server: `/metrics` (OpenMetrics text), `/livez`, `/readyz`.
 //!
 //! Many workers may share one host (the worker tests run them as processes), so a busy port is
 //! not an error: the worker logs a warning and runs without the endpoint.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::response::Response;
 use axum::routing::get;
-use tracing::{info, warn};
+use tracing::warn;
 
 use super::metrics::WorkerMetrics;
+use crate::serving::admin::{Ready, metrics_response, probes};
+use crate::serving::{Stop, Tls, serve};
 
 /// Where the admin server listens, if anywhere (`none` or empty disables it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,10 +54,10 @@ pub async fn start(addr: AdminAddr, state: AdminState) -> Option<tokio::task::Jo
             return None;
         }
     };
-    let local = listener.local_addr().unwrap_or(addr);
-    info!(addr = %local, "admin server listening");
     Some(tokio::spawn(async move {
-        if let Err(err) = crate::listener::serve_plain(listener, router(state)).await {
+        let app = router(state);
+        let served = serve("admin", listener, app, Tls::Plain, Stop::WithTheProcess).await;
+        if let Err(err) = served {
             warn!(error = %err, "admin server stopped");
         }
     }))
@@ -63,32 +65,15 @@ pub async fn start(addr: AdminAddr, state: AdminState) -> Option<tokio::task::Jo
 
 /// The routes.
 pub fn router(state: AdminState) -> Router {
+    let ready = Ready::once(state.ready.clone(), "not holding the run yet");
     Router::new()
         .route("/metrics", get(metrics))
-        .route("/livez", get(|| async { "ok" }))
-        .route("/readyz", get(ready))
+        .merge(probes(ready))
         .with_state(state)
 }
 
-async fn metrics(
-    State(state): State<AdminState>,
-) -> (StatusCode, [(&'static str, &'static str); 1], String) {
-    (
-        StatusCode::OK,
-        [(
-            "content-type",
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        state.metrics.render(),
-    )
-}
-
-async fn ready(State(state): State<AdminState>) -> (StatusCode, &'static str) {
-    if state.ready.load(Ordering::Relaxed) {
-        (StatusCode::OK, "ok")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not holding the run yet")
-    }
+async fn metrics(State(state): State<AdminState>) -> Response {
+    metrics_response(state.metrics.render())
 }
 
 #[cfg(test)]
@@ -99,10 +84,10 @@ mod tests {
     fn none_and_empty_disable_the_admin_server() {
         assert_eq!("none".parse::<AdminAddr>(), Ok(AdminAddr(None)));
         assert_eq!("".parse::<AdminAddr>(), Ok(AdminAddr(None)));
-        let addr: AdminAddr = crate::listener::WORKER_ADMIN_ADDR.parse().unwrap();
+        let addr: AdminAddr = crate::serving::admin::WORKER_ADMIN_ADDR.parse().unwrap();
         assert_eq!(
             addr.0.map(|a| a.port()),
-            Some(crate::listener::WORKER_ADMIN_PORT)
+            Some(crate::serving::admin::WORKER_ADMIN_PORT)
         );
         assert!("localhost".parse::<AdminAddr>().is_err());
     }
@@ -141,7 +126,9 @@ mod tests {
         };
         assert!(get("/livez").await.starts_with("HTTP/1.1 200"));
         assert!(get("/readyz").await.starts_with("HTTP/1.1 503"));
-        state.ready.store(true, Ordering::Relaxed);
+        state
+            .ready
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         assert!(get("/readyz").await.starts_with("HTTP/1.1 200"));
         let metrics = get("/metrics").await;
         assert!(

@@ -8,7 +8,7 @@ use super::admin::AdminAddr;
 use super::appender::FlushPolicy;
 use crate::fence::Fence;
 use crate::ledger::SEGMENT_BUDGET_BYTES;
-use crate::listener::WORKER_ADMIN_ADDR;
+use crate::serving::admin::WORKER_ADMIN_ADDR;
 use crate::telemetry::LogFormat;
 
 /// Default cap on the ledger's size: past it the run ends `Interrupted` (TranscriptTooLarge).

@@ -6,7 +6,6 @@
 use crate::crd::v1alpha1::Resolution;
 use std::time::Duration;
 
-use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
@@ -300,11 +299,7 @@ impl WorkerMetrics {
 
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
-        let mut out = String::new();
-        if encode(&mut out, &self.registry).is_err() {
-            out.clear();
-        }
-        out
+        crate::serving::admin::openmetrics_text(&self.registry)
     }
 }
 

@@ -4,7 +4,7 @@
 //! SubjectAccessReview asked, no run's UID told). Where none is configured, large reviews
 //! announced and withheld are answered at once past the sender's budget (503, unread), the
 //! ones held end within seconds, and the API server's reviews are answered as before once they
-//! end. (Each address has a budget of its own, `baton::listener::BodyBudget`; here the test
+//! end. (Each address has a budget of its own, `baton::serving::bounds::BodyBudget`; here the test
 //! and the API server share 127.0.0.1, so the API server's reviews are checked after the burst.)
 
 use std::time::{Duration, Instant};
@@ -15,7 +15,7 @@ use crate::controller_support::common::webhook::{
 };
 use crate::webhook::Watched;
 use baton::crd::v1alpha1::AgentRun;
-use baton::listener::BODY_FRAME_TIMEOUT;
+use baton::serving::bounds::BODY_FRAME_TIMEOUT;
 use futures::StreamExt;
 use kube::api::PostParams;
 

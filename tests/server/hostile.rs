@@ -5,8 +5,8 @@
 
 use std::time::{Duration, Instant};
 
-use baton::listener::{BODY_FRAME_TIMEOUT, HEADER_TIMEOUT};
 use baton::server::APPEND_BODY_LIMIT;
+use baton::serving::bounds::{BODY_FRAME_TIMEOUT, HEADER_TIMEOUT};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

@@ -9,6 +9,8 @@ use crate::common::worker_proc::*;
 use crate::rbac::grant_user;
 use crate::support::*;
 use baton::crd::v1alpha1::{AgentRun, LeaseSpec};
+use baton::serving::Stop::WithTheProcess;
+use baton::serving::Tls::Plain;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
 use kube::Api;
 use kube::api::{DeleteParams, ObjectMeta, PostParams};
@@ -25,7 +27,7 @@ async fn start_proxied_server_with(groups: Option<&str>) -> (String, Running) {
     (
         url,
         Running::spawn(async move {
-            let _ = baton::listener::serve_plain(listener, app).await;
+            let _ = baton::serving::serve("test", listener, app, Plain, WithTheProcess).await;
         }),
     )
 }

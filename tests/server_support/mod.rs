@@ -15,6 +15,8 @@ use serde_json::Value;
 
 use crate::common::TestNamespace;
 use crate::common::worker_proc::{WorkerProc, spawn_worker, wait_until};
+use baton::serving::Stop::WithTheProcess;
+use baton::serving::Tls::Plain;
 
 pub const T: Duration = Duration::from_secs(60);
 
@@ -41,7 +43,7 @@ pub async fn serve_state(state: baton::server::ServerState) -> (String, Running)
     let url = format!("http://{}", listener.local_addr().unwrap());
     let app = baton::server::router(Arc::new(state));
     let task = Running::spawn(async move {
-        let _ = baton::listener::serve_plain(listener, app).await;
+        let _ = baton::serving::serve("test", listener, app, Plain, WithTheProcess).await;
     });
     (url, task)
 }

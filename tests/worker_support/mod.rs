@@ -74,7 +74,8 @@ pub fn tool_messages(body: &Value) -> Vec<(String, String)> {
 
 /// The address a worker's admin server listens on, from its log.
 pub fn admin_addr(log: &str) -> Option<String> {
-    let line = log.lines().find(|l| l.contains("admin server listening"))?;
+    let listening = |l: &&str| l.contains("listening") && l.contains("admin");
+    let line = log.lines().find(listening)?;
     let start = line.find("addr=")? + "addr=".len();
     let addr: String = line[start..]
         .chars()

@@ -1,12 +1,10 @@
-//! What every HTTP listener of baton bounds (DESIGN §12; docs/security.md, "Listeners"): the
-//! API server (`baton server`), the admission webhook, the controller's and the workers' admin
-//! ports. A client that sends no complete request head within [`HEADER_TIMEOUT`] (a new
+//! What every HTTP listener of baton bounds (DESIGN §12; docs/security.md, "Listeners"). A client that sends no complete request head within [`HEADER_TIMEOUT`] (a new
 //! connection, or a kept-alive one between requests) is dropped, and a body that stops
 //! arriving for [`BODY_FRAME_TIMEOUT`] ends its request; so a client that withholds what it
 //! sends holds nothing for long. Bodies are bounded per route where they are read.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr, TcpListener};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -16,7 +14,6 @@ use axum::http::StatusCode;
 use axum::http::header::CONTENT_LENGTH;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum_server::accept::DefaultAcceptor;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::sync::Semaphore;
@@ -40,27 +37,16 @@ pub const BODY_FRAME_TIMEOUT: Duration = Duration::from_secs(10);
 /// hold at most 128 MiB there; a stream still fills a link of 10 ms at 12 MB/s.
 pub const SEND_BUFFER_BYTES: usize = 64 * 1024;
 
-/// The worker's default `--admin-addr` (metrics, probes): every interface, [`WORKER_ADMIN_PORT`].
-/// The controller declares the port as the worker pod's `metrics` port, so both sides read it
-/// here.
-pub const WORKER_ADMIN_ADDR: &str = "0.0.0.0:9090";
-pub const WORKER_ADMIN_PORT: u16 = 9090;
+/// A TLS handshake that takes longer is dropped, so a silent client holds nothing for long.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Sets [`SEND_BUFFER_BYTES`] on `listener`, for every connection it accepts.
-pub fn bound_send_buffer(listener: &impl std::os::fd::AsFd) -> std::io::Result<()> {
+pub(super) fn bound_send_buffer(listener: &impl std::os::fd::AsFd) -> std::io::Result<()> {
     socket2::SockRef::from(listener).set_send_buffer_size(SEND_BUFFER_BYTES)
 }
 
-/// Sets [`HEADER_TIMEOUT`] on an HTTP/1 connection builder (the webhook's, which serves each
-/// TLS connection itself).
-pub fn bound_http1(builder: &mut hyper::server::conn::http1::Builder) {
-    builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_TIMEOUT);
-}
-
 /// Sets [`HEADER_TIMEOUT`] on axum-server's connection builder.
-pub fn bound_auto(builder: &mut auto::Builder<TokioExecutor>) {
+pub(super) fn bound_auto(builder: &mut auto::Builder<TokioExecutor>) {
     builder
         .http1()
         .timer(TokioTimer::new())
@@ -68,20 +54,8 @@ pub fn bound_auto(builder: &mut auto::Builder<TokioExecutor>) {
 }
 
 /// `router` with [`BODY_FRAME_TIMEOUT`] on every request body.
-pub fn bound_bodies(router: Router) -> Router {
+pub(super) fn bound_bodies(router: Router) -> Router {
     router.layer(RequestBodyTimeoutLayer::new(BODY_FRAME_TIMEOUT))
-}
-
-/// Serves `router` on `listener` (plain HTTP: the admin ports, and `baton server` without TLS
-/// in tests) with the bounds above, until
-/// the listener fails.
-pub async fn serve_plain(listener: tokio::net::TcpListener, router: Router) -> std::io::Result<()> {
-    let listener: TcpListener = listener.into_std()?;
-    bound_send_buffer(&listener)?;
-    let mut server = axum_server::from_tcp(listener)?
-        .acceptor(crate::connection::CuttableAcceptor::new(DefaultAcceptor));
-    bound_auto(server.http_builder());
-    server.serve(bound_bodies(router).into_make_service()).await
 }
 
 /// A bound on the body bytes one peer's requests hold at once on a listener: each request
@@ -161,6 +135,7 @@ pub async fn within_budget(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::serving::{Stop, Tls};
 
     #[test]
     fn a_body_costs_its_announced_length_or_the_most_one_may_be() {
@@ -194,7 +169,9 @@ mod tests {
         let router = Router::new().route("/", axum::routing::get(endless));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        tokio::spawn(serve_plain(listener, router));
+        let served =
+            super::super::serve("test", listener, router, Tls::Plain, Stop::WithTheProcess);
+        tokio::spawn(served);
         // The server's task sets the bound before this connection's handshake: a connection
         // takes its buffer from the listener when the kernel makes it, before any accept.
         tokio::time::sleep(Duration::from_millis(100)).await;
