@@ -13,10 +13,12 @@
 # --- build ---------------------------------------------------------------------------------
 FROM rust:1.89-bookworm AS build
 WORKDIR /src
-# benches/ and examples/ only because Cargo.toml names targets there (cargo checks they exist).
+# benches/ and examples/ only because Cargo.toml names targets there, testkit/ because it is a
+# member of the workspace (cargo checks they exist).
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
 COPY exec ./exec
+COPY testkit ./testkit
 COPY benches ./benches
 COPY examples ./examples
 # Cache mounts keep the registry and the target dir between builds. The executor is built for

@@ -38,7 +38,7 @@ lint: ## rustfmt check, clippy with warnings as errors, versions that agree (cra
 	bash hack/release.sh check
 
 .PHONY: code-figures
-code-figures: ## The shape of the code: import circles, functions over 50 lines, the protocol's reading set, fence comparisons outside src/fence/, public fields of structs holding an API client, source files over 500 lines (src/, tests/, examples/, benches/), the README's lines, docs references that do not resolve, listeners not served by the one serving layer
+code-figures: ## The shape of the code: import circles, functions over 50 lines, the protocol's reading set, fence comparisons outside src/fence/, public fields of structs holding an API client, source files over 500 lines (src/, tests/, examples/, benches/), the README's lines, docs references that do not resolve, listeners not served by the one serving layer, #[path] in tests, benchmarks and examples
 	python3 hack/code-figures.py
 
 .PHONY: release

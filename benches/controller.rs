@@ -27,12 +27,12 @@
 //! benches/controller_support/: the metrics read (`metrics`), what is printed (`report`), the
 //! namespace's cleanup (`cleanup`).
 
-#[path = "controller_support/cleanup.rs"]
-mod cleanup;
-#[path = "controller_support/metrics.rs"]
-mod metrics;
-#[path = "controller_support/report.rs"]
-mod report;
+/// The benchmark's own parts, in `controller_support/`.
+mod controller_support {
+    pub mod cleanup;
+    pub mod report;
+}
+use controller_support::{cleanup, report};
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -41,13 +41,13 @@ use std::time::{Duration, Instant};
 use baton::crd::v1alpha1::AgentRun;
 use baton::fence::Fence;
 use baton::lease::WorkerLease;
+use baton_testkit::metrics::{rss_kib, scrape, scrape_apiserver, settle_events};
 use cleanup::cleanup;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{ObjectMeta, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
-use metrics::{rss_kib, scrape, scrape_apiserver, settle_events};
 use report::{report, report_apiserver};
 
 const DURATION: i32 = 10;

@@ -22,24 +22,20 @@
 //! (a)–(d) (`faults`), the rollout and image of (e) (`rollout`), the approvals of (f)
 //! (`approvals`).
 
-#[path = "../tests/e2e_support/mod.rs"]
-mod e2e_support;
-#[path = "../tests/node_support/mod.rs"]
-mod node_support;
-
-#[path = "node_figures_support/approvals.rs"]
-mod approvals;
-#[path = "node_figures_support/faults.rs"]
-mod faults;
-#[path = "node_figures_support/rollout.rs"]
-mod rollout;
+/// The figures' own parts, in `node_figures_support/`.
+mod node_figures_support {
+    pub mod approvals;
+    pub mod faults;
+    pub mod rollout;
+}
+use node_figures_support::{approvals, faults, rollout};
 
 use std::time::Duration;
 
 use approvals::approval_figures;
-use e2e_support::{Script, lease};
+use baton_testkit::e2e::{Script, lease};
+use baton_testkit::node::{IMAGE, NodeEnv};
 use faults::{job_style, sample};
-use node_support::{IMAGE, NodeEnv};
 use rollout::{controller_rollout, image_size};
 
 /// The script of every sample: 6 tool turns; the fault comes once the effect of turn 3 landed.

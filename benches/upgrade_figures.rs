@@ -17,26 +17,21 @@
 //! runs beside the release's pods), and the node's kubelet takes up to 250 pods
 //! (`hack/node.sh`) on a /24 of pod addresses. 200 runs fit.
 
-#[path = "../tests/e2e_support/mod.rs"]
-mod e2e_support;
-#[path = "../tests/node_support/mod.rs"]
-mod node_support;
-
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use baton::crd::v1alpha1::{AgentRun, LeaseSpec, Phase};
-use e2e_support::{Effects, Script};
+use baton_testkit::e2e::{Effects, Script};
+use baton_testkit::node::*;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ResourceRequirements;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::ResourceExt;
 use kube::runtime::{WatchStreamExt, watcher};
-use node_support::*;
 
 /// Long enough that most runs are still mid tool call when their handoff comes, one at a time,
-/// and within the runs' 100 steps (`e2e_support::run_with`): 90 turns, each tool call longer
+/// and within the runs' 100 steps (`baton_testkit::e2e::run_with`): 90 turns, each tool call longer
 /// as there are more runs (the last run's pod starts minutes after the first on 2 CPUs, and
 /// 200 runs appending every few seconds, each append reviewed by the webhook, are more than
 /// the node's API server answers in time).

@@ -8,13 +8,10 @@
 //!
 //!     make bench-burst    (cargo run --release --example burst_bench [-- SENDERS SECONDS])
 
-#[allow(dead_code)]
-#[path = "../tests/common/claim.rs"]
-mod claim;
-#[path = "../tests/common/namespace.rs"]
-mod namespace;
 mod stream_support;
 
+use baton_testkit::common::claim;
+use baton_testkit::common::namespace;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

@@ -22,16 +22,10 @@
 //! read once before and once after: a garbage collector's timing moves them, so read them as
 //! one run's, not as a law.
 
-#[path = "../tests/rbac_support/mod.rs"]
-mod rbac;
+use baton_testkit::metrics;
 
-#[allow(dead_code)]
-#[path = "../benches/controller_support/metrics.rs"]
-mod metrics;
-
-#[path = "../tests/common/namespace.rs"]
-mod namespace;
-
+use baton_testkit::common::namespace;
+use baton_testkit::rbac;
 use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};

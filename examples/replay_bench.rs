@@ -13,15 +13,11 @@
 //!
 //!     make bench-replay    (cargo run --release --example replay_bench [-- FOLLOWERS MB])
 
-#[allow(dead_code)]
-#[path = "../tests/common/claim.rs"]
-mod claim;
-#[path = "../tests/common/large_ledger.rs"]
-mod large_ledger;
-#[path = "../tests/common/namespace.rs"]
-mod namespace;
 mod stream_support;
 
+use baton_testkit::common::claim;
+use baton_testkit::common::large_ledger;
+use baton_testkit::common::namespace;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};

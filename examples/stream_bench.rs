@@ -11,13 +11,10 @@
 //!
 //!     make bench-stream    (cargo run --release --example stream_bench [-- FOLLOWERS APPENDS])
 
-#[allow(dead_code)]
-#[path = "../tests/common/claim.rs"]
-mod claim;
-#[path = "../tests/common/namespace.rs"]
-mod namespace;
 mod stream_support;
 
+use baton_testkit::common::claim;
+use baton_testkit::common::namespace;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

@@ -11,12 +11,8 @@
 //! CONTROLLER_USER (default `admin`, the local control plane's) is the identity this process
 //! appends as, admitted as the controller's.
 
-#[path = "../tests/common/namespace.rs"]
-mod namespace;
-#[allow(dead_code)]
-#[path = "../tests/common/webhook.rs"]
-mod webhook;
-
+use baton_testkit::common::namespace;
+use baton_testkit::common::webhook;
 use std::time::{Duration, Instant};
 
 use baton::crd::v1alpha1::{AgentRun, LEDGER_FORMAT_VERSION, LedgerSegment, LedgerSegmentSpec};

@@ -6,12 +6,8 @@
 //!
 //! The worker runs in this process (`baton::worker::run`), its tools as real `sh` processes.
 
-#[allow(dead_code)]
-#[path = "../tests/common/claim.rs"]
-mod claim;
-#[path = "../tests/common/namespace.rs"]
-mod namespace;
-
+use baton_testkit::common::claim;
+use baton_testkit::common::namespace;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Namespace;

@@ -15,7 +15,7 @@ shape"):
   API server goes through the type that owns the handle and the state beside it (the fence, the
   run it holds), so no one reaches the raw handle, or that state, through a public field and
   writes around the owner's rules;
-- the source files over 500 lines, in src/, tests/, examples/ and benches/;
+- the source files over 500 lines, in src/, tests/, examples/, benches/ and testkit/;
 - the modules of one process (controller/, worker/, server/, cli/, webhook/) that import
   another's: what two processes share belongs to the kernel (crd/, fence/, ledger/, access/,
   display/, …), so each process can change without reaching into a sibling; the exceptions,
@@ -25,9 +25,11 @@ shape"):
 - the docs references that do not resolve: links, anchors, backticked paths and names, and cited
   sections of the docs and of the code that names them (hack/check-docs.py, read here);
 - the HTTP listeners not served by the one serving layer (src/serving/): a server library called
-  directly, or a `TcpListener` bound in a file that never hands one to `serving::serve`.
+  directly, or a `TcpListener` bound in a file that never hands one to `serving::serve`;
+- the modules mounted by `#[path]` in tests/, benches/, examples/ and testkit/: what they share
+  is the test kit, a crate each of them names the same way.
 
-`--check` exits 1 when the import graph has a circle, or when one of the last seven figures is
+`--check` exits 1 when the import graph has a circle, or when one of the last eight figures is
 above its ceiling (the constants below): `make lint` runs it, so a circle cannot land and those
 figures can only go down.
 
@@ -71,6 +73,9 @@ SIDEWAYS_ALLOWED = {
 CEILING_UNRESOLVED_DOCS = 0
 # Every HTTP listener is served by src/serving/ (its bounds, TLS, stop, spans).
 CEILING_OWN_LISTENERS = 0
+# What tests, benchmarks and examples share is the test kit (testkit/), named the same everywhere.
+CEILING_PATH_MOUNTS = 0
+PATH_MOUNT = re.compile(r"#\[path\s*=")
 
 # What serves HTTP without the serving layer: a server library called directly, or a listener
 # bound in a file that never hands one to `serving::serve`.
@@ -438,7 +443,7 @@ def public_writer_fields():
 def long_files():
     """(lines, path) of every source file, code or test, over LONG_FILE lines."""
     found = []
-    for rel in rust_files("src", "tests", "examples", "benches"):
+    for rel in rust_files("src", "tests", "examples", "benches", "testkit"):
         with open(os.path.join(ROOT, rel)) as f:
             lines = sum(1 for _ in f)
         if lines > LONG_FILE:
@@ -475,6 +480,16 @@ def own_listeners():
     return found
 
 
+def path_mounts():
+    """`file:line` of every module mounted by `#[path]` in the tests, benchmarks and examples."""
+    found = []
+    for rel in rust_files("tests", "benches", "examples", "testkit"):
+        for number, line in enumerate(strip(read(rel)).splitlines(), 1):
+            if PATH_MOUNT.search(line):
+                found.append(f"{rel}:{number}")
+    return found
+
+
 def readme_lines():
     """The README's lines."""
     with open(os.path.join(ROOT, "README.md")) as f:
@@ -504,6 +519,7 @@ def ceilinged_figures():
     docs = unresolved_docs()
     sideways = sideways_imports()
     listeners = own_listeners()
+    mounts = path_mounts()
     return [
         ("fence comparisons outside src/fence/", len(fences), CEILING_FENCE_COMPARISONS, fences),
         (
@@ -532,6 +548,7 @@ def ceilinged_figures():
             CEILING_OWN_LISTENERS,
             listeners,
         ),
+        ("`#[path]` in tests, benchmarks and examples", len(mounts), CEILING_PATH_MOUNTS, mounts),
     ]
 
 

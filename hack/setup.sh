@@ -55,7 +55,7 @@ fi
 "$mcp_venv/bin/python" -c 'import importlib.metadata as m; print("mcp", m.version("mcp"))'
 
 step "a model server nobody here wrote, for the providers' tests: PyPI's litellm[proxy], in a venv of its own"
-# tests/common/litellm.rs starts it on loopback with the mock models of tests/litellm/config.yaml.
+# testkit/src/common/litellm.rs starts it on loopback with the mock models of tests/litellm/config.yaml.
 # 1.108.7: the newest release whose proxy extra resolves from PyPI (1.108.8 to 1.110.x pin
 # litellm-proxy, litellm-proxy-extras or litellm-enterprise builds never published there).
 litellm_venv=${BATON_CACHE_DIR:-$HOME/.cache/baton}/litellm-venv

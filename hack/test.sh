@@ -35,7 +35,7 @@ for path in tests/*.rs tests/*/main.rs; do
   fi
 done
 
-# The worker tests run a real executor beside each worker process (tests/common/worker_proc.rs).
+# The worker tests run a real executor beside each worker process (testkit/src/common/worker_proc.rs).
 cargo build -q -p baton-exec
 echo "==> unit and integration tests against the local control plane"
 # Benchmarks are not tests: they print figures (make bench-*). Every test binary runs even

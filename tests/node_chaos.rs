@@ -15,18 +15,15 @@
 //!
 //! And `examples/thread.yaml` with a worker killed in its second turn, then deleted whole.
 
-mod e2e_support;
-mod node_support;
-
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use baton::crd::v1alpha1::Phase;
-use e2e_support::{Effects, Script, lease, retry};
+use baton_testkit::e2e::{Effects, Script, lease, retry};
+use baton_testkit::node::*;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::DeleteParams;
-use node_support::*;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 

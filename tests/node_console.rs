@@ -5,18 +5,15 @@
 //! approve a gated call from the inbox and see the run go on, and be refused a namespace the
 //! token may not read. Its screenshots land in target/console-screenshots.
 
-mod e2e_support;
-mod node_support;
-
 use std::path::Path;
 use std::process::Command;
 
 use baton::crd::v1alpha1::{AgentThread, AgentThreadSpec, ApprovalPolicy, Phase, ScriptTurn};
-use e2e_support::{run_with, shell_tool};
+use baton_testkit::e2e::{run_with, shell_tool};
+use baton_testkit::node::*;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::Api;
 use kube::api::{DeleteParams, ObjectMeta, PostParams};
-use node_support::*;
 use serde_json::json;
 
 const SLOW_STEPS: usize = 8;

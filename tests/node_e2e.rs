@@ -4,20 +4,17 @@
 //! terminal, no non-idempotent effect twice, no stale-fence write accepted, transcripts
 //! contiguous and unchanged). The scenarios run one at a time: they share the node.
 
-mod e2e_support;
-mod node_support;
-
 use std::time::{Duration, Instant};
 
 use baton::crd::v1alpha1::{LedgerEvent, Phase};
 use baton::fence::Fence;
-use e2e_support::Script;
+use baton_testkit::e2e::Script;
+use baton_testkit::node::*;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{DeleteParams, ListParams};
 use kube::{Api, ResourceExt};
-use node_support::*;
 
 fn names(prefix: &str, n: usize) -> Vec<String> {
     (1..=n).map(|i| format!("{prefix}-{i}")).collect()
@@ -460,7 +457,7 @@ async fn node_lost_the_run_resumes_once_the_lease_expires_and_the_zombie_writes_
         "node lost: claimed again at fence {} after {:.1} s (lease {} s); old pod terminating: {terminating}",
         st.fence,
         claimed_after.as_secs_f64(),
-        e2e_support::lease().duration_seconds
+        baton_testkit::e2e::lease().duration_seconds
     );
     assert!(
         terminating,

@@ -3,17 +3,14 @@
 //! network namespace `curl` runs in. The chart is installed with `webhook.clientCA`, the CA of
 //! the client certificate the node's API server presents to webhooks (`hack/node.sh`).
 
-mod e2e_support;
-mod node_support;
-
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use e2e_support::{Script, retry};
+use baton_testkit::e2e::{Script, retry};
+use baton_testkit::node::*;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::api::{ListParams, PostParams};
 use kube::{Api, Client};
-use node_support::*;
 
 /// A pod of baton's image that only sleeps, with no ServiceAccount token: the attacker's place
 /// in the cluster. The host PID of its container (its network namespace).
@@ -76,27 +73,15 @@ async fn cluster_ip(client: &Client, service: &str) -> String {
 /// A review as the API server would send it, asking whether `alice` may make a run that
 /// lends the Secret `model-key`: answered, it would tell the sender what `alice` may read.
 fn forged_review(namespace: &str) -> String {
-    serde_json::json!({
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "forged",
-            "kind": {"group": "baton.dev", "version": "v1alpha1", "kind": "AgentRun"},
-            "resource": {"group": "baton.dev", "version": "v1alpha1", "resource": "agentruns"},
-            "namespace": namespace,
-            "operation": "CREATE",
-            "userInfo": {"username": "alice"},
-            "object": {
-                "apiVersion": "baton.dev/v1alpha1", "kind": "AgentRun",
-                "metadata": {"name": "forged", "namespace": namespace},
-                "spec": {"input": "hi", "agent": {"model": {
-                    "provider": "openai", "name": "m",
-                    "apiKeySecretRef": {"name": "model-key", "key": "key"},
-                }}},
-            },
-        }
-    })
-    .to_string()
+    let run = serde_json::json!({
+        "apiVersion": "baton.dev/v1alpha1", "kind": "AgentRun",
+        "metadata": {"name": "forged", "namespace": namespace},
+        "spec": {"input": "hi", "agent": {"model": {
+            "provider": "openai", "name": "m",
+            "apiKeySecretRef": {"name": "model-key", "key": "key"},
+        }}},
+    });
+    baton_testkit::common::webhook::forged_review(namespace, run).to_string()
 }
 
 /// Restarts of the release's controller and server containers, and whether any last ended

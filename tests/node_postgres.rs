@@ -15,19 +15,16 @@
 //!
 //! The release is switched back when the test ends, whichever way it ends.
 
-mod e2e_support;
-mod node_support;
-
 use std::time::{Duration, Instant};
 
 use baton::crd::v1alpha1::{LedgerBackend, LedgerSegment};
 use baton::fence::Fence;
 use baton::ledger::postgres::PgLedger;
-use e2e_support::{Effects, Recorded, Script, check_ledger, retry};
+use baton_testkit::e2e::{Effects, Recorded, Script, check_ledger, retry};
+use baton_testkit::node::*;
 use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
 use kube::api::{DeleteParams, ListParams};
-use node_support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_runs_kept_in_postgresql_survive_every_fault() {

@@ -7,24 +7,20 @@
 //! Lease pointed at the victim does not keep its frozen worker alive, and a Lease of a run's
 //! name that baton did not make is left alone.
 
-mod e2e_support;
-#[path = "common/events.rs"]
-mod events;
-mod node_support;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use baton::crd::v1alpha1::{AgentRun, LedgerEvent, Phase};
 use baton::fence::{Fence, segment_name};
-use e2e_support::{Effects, Script, effect_command};
+use baton_testkit::common::events;
+use baton_testkit::e2e::{Effects, Script, effect_command};
+use baton_testkit::node::rbac::forged_segment;
+use baton_testkit::node::*;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::PostParams;
 use kube::{Api, Resource, ResourceExt};
-use node_support::rbac::forged_segment;
-use node_support::*;
 
 /// The turn under which the forged step would record its effect, were it ever run.
 const FORGED_TURN: usize = 99;

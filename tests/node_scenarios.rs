@@ -3,14 +3,11 @@
 //! server unreachable. The controller runs as the chart's pods; faults are real signals from
 //! the host, real deletions and real scaling.
 
-mod e2e_support;
-mod node_support;
-
 use std::time::{Duration, Instant};
 
 use baton::crd::v1alpha1::{LedgerEvent, Phase, Role, ScriptTurn, ToolKind};
-use e2e_support::{Effects, Script, effect_command, run_with, shell_tool, tool_call};
-use node_support::*;
+use baton_testkit::e2e::{Effects, Script, effect_command, run_with, shell_tool, tool_call};
+use baton_testkit::node::*;
 
 fn effects(env: &NodeEnv) -> Effects {
     Effects::read(&env.effects.file)

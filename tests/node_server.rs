@@ -6,20 +6,15 @@
 //! chart's `server.proxyAuth`), the proxy's token cannot make anyone `system:masters`, neither
 //! through baton nor straight at the API server.
 
-mod e2e_support;
-mod node_support;
-#[path = "sse_support/mod.rs"]
-mod sse;
-
 use std::time::Duration;
 
-use e2e_support::Script;
+use baton_testkit::e2e::Script;
+use baton_testkit::node::rbac::grant_user;
+use baton_testkit::node::*;
+use baton_testkit::sse::{Sse, SseReader};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::DeleteParams;
-use node_support::rbac::grant_user;
-use node_support::*;
-use sse::{Sse, SseReader};
 
 const FOLLOWERS: usize = 3;
 

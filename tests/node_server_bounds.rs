@@ -13,24 +13,17 @@
 //! namespace the webhook does not watch (only a run's worker may write them elsewhere): the
 //! server's bounds, not the webhook, are under test.
 
-mod e2e_support;
-#[path = "common/large_ledger.rs"]
-mod large_ledger;
-mod node_support;
-#[path = "common/proc.rs"]
-mod proc;
-#[path = "sse_support/mod.rs"]
-mod sse;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use baton::crd::v1alpha1::AgentRun;
 use baton::ledger::SegmentStore;
+use baton_testkit::common::{large_ledger, proc};
+use baton_testkit::node::*;
+use baton_testkit::sse;
 use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, ResourceExt};
-use node_support::*;
 use proc::{peak_rss_kib, raise_fd_limit, tcp_memory_kib, tcp_memory_pressure_kib};
 
 const RUNS: usize = 10;

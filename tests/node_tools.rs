@@ -4,16 +4,14 @@
 //! and SIGTERM kill a running command; a workspace claim survives the pod.
 //! The tests' shared helpers are in tests/node_tools_support/.
 
-mod e2e_support;
-mod node_support;
 mod node_tools_support;
 
 use baton::crd::v1alpha1::{AgentRun, Phase};
-use e2e_support::{Effects, effect_command, run_with, shell_tool};
+use baton_testkit::e2e::{Effects, effect_command, run_with, shell_tool};
+use baton_testkit::node::*;
 use k8s_openapi::api::core::v1::{PersistentVolume, Secret};
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, ResourceExt};
-use node_support::*;
 use node_tools_support::{
     all_logs, answer, effect_then_marker, provide_volume, step_outputs, turn, wait_tools_gone,
     wait_workspace_ready,

@@ -5,18 +5,15 @@
 //! the webhook the Secret proxy and the forged segment succeed (tests/controller/webhook.rs
 //! shows both in a namespace it does not watch).
 
-mod e2e_support;
-mod node_support;
-
 use baton::crd::v1alpha1::{AgentRun, ApprovalPolicy, Phase, ScriptToolCall, ScriptTurn};
 use baton::fence::Fence;
-use e2e_support::{Script, run_with, shell_tool};
+use baton_testkit::e2e::{Script, run_with, shell_tool};
+use baton_testkit::node::rbac::grant_user;
+use baton_testkit::node::*;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::rbac::v1::PolicyRule;
 use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, ResourceExt};
-use node_support::rbac::grant_user;
-use node_support::*;
 
 /// A user who may do anything with AgentRuns in the namespace, and nothing else.
 const MALLORY: &str = "mallory";

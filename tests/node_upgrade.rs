@@ -22,20 +22,17 @@
 //! to the last worker of the old image gone; how many live runs moved to the new image by
 //! handoff and how many finished on their old worker under the new controller.
 
-mod e2e_support;
-mod node_support;
-
 use std::time::{Duration, Instant};
 
 use baton::crd::v1alpha1::{
     AgentRun, AgentThread, LedgerBackend, LedgerEvent, Phase, ScriptToolCall, ScriptTurn, ToolKind,
 };
-use e2e_support::{
+use baton_testkit::e2e::{
     Effects, Script, approval_run, effect_command, run_with, scripted_run_tagged, shell_tool,
     tool_call,
 };
+use baton_testkit::node::*;
 use kube::api::PostParams;
-use node_support::*;
 
 /// Runs started before the switch to PostgreSQL: they must still be mid tool call after the
 /// upgrade (the switch is a rollout of its own).
@@ -329,7 +326,7 @@ fn thread(env: &NodeEnv) -> AgentThread {
             ..ScriptTurn::default()
         });
     }
-    let lease = e2e_support::lease();
+    let lease = baton_testkit::e2e::lease();
     let mut thread: AgentThread = serde_json::from_value(serde_json::json!({
         "apiVersion": "baton.dev/v1alpha1", "kind": "AgentThread",
         "metadata": {"name": THREAD},

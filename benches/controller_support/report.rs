@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use crate::Args;
-use crate::metrics::{Samples, bucket_quantile, deltas, sum};
+use baton_testkit::metrics::{Samples, bucket_quantile, deltas, sum};
 
 /// What the API server (sharing the machine's cores with etcd, the controller and the bench)
 /// went through during the window: its garbage collections stall its requests.

@@ -5,9 +5,9 @@ use std::time::{Duration, Instant};
 use baton::cli::{ApproveArgs, RunArgs, Verb};
 use baton::crd::v1alpha1::{LedgerEvent, Phase};
 
-use crate::e2e_support::approval_run;
 use crate::line;
-use crate::node_support::{NodeEnv, RUN_TIMEOUT};
+use baton_testkit::e2e::approval_run;
+use baton_testkit::node::{NodeEnv, RUN_TIMEOUT};
 
 /// Section (f); alone with `BATON_FIGURES=approvals`.
 pub async fn approval_figures(env: &NodeEnv, samples: usize) {

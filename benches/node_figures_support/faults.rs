@@ -6,9 +6,9 @@ use baton::crd::v1alpha1::Phase;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::EvictParams;
 
-use crate::e2e_support::{Effects, repeated_model_turns, scripted_run, scripted_run_tagged};
-use crate::node_support::{NodeEnv, RUN_TIMEOUT, node_sh, signal_pid};
 use crate::{FAULT_AFTER_TURN, Fault, Sample, script};
+use baton_testkit::e2e::{Effects, repeated_model_turns, scripted_run, scripted_run_tagged};
+use baton_testkit::node::{NodeEnv, RUN_TIMEOUT, node_sh, signal_pid};
 
 /// Effects lost and doubled for a run tagged `tag`.
 fn effect_loss(env: &NodeEnv, tag: &str) -> (usize, usize) {

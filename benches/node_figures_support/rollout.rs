@@ -4,8 +4,8 @@ use std::time::{Duration, Instant};
 
 use baton::fence::Fence;
 
-use crate::e2e_support::Script;
-use crate::node_support::{
+use baton_testkit::e2e::Script;
+use baton_testkit::node::{
     IMAGE, NodeEnv, RUN_TIMEOUT, leaderless_until_rolled, restart_controllers,
 };
 

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+use baton_testkit::common::proc;
+use baton_testkit::sse;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
@@ -17,10 +19,6 @@ use baton::ledger::SegmentStore;
 
 use crate::claim;
 
-#[path = "../../tests/common/proc.rs"]
-mod proc;
-#[path = "../../tests/sse_support/mod.rs"]
-mod sse;
 // Each benchmark uses some of these.
 #[allow(unused_imports)]
 pub use proc::*;

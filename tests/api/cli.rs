@@ -10,10 +10,10 @@ use std::time::Duration;
 use crate::cli_support::{
     BATON, PLUGIN, create_run, failure, ok, seeded_run, set_status, stderr, stdout,
 };
-use crate::common::TestNamespace;
 use baton::crd::v1alpha1::{AgentRun, LedgerEvent, LedgerSegment, Role};
 use baton::fence::Fence;
 use baton::ledger::SegmentStore;
+use baton_testkit::common::TestNamespace;
 
 #[tokio::test]
 async fn get_transcript_and_describe_show_the_run() {

@@ -2,10 +2,10 @@
 
 use std::process::{Command, Output};
 
-use crate::common::TestNamespace;
 use baton::crd::v1alpha1::{AgentRun, LedgerEvent, Role};
 use baton::fence::Fence;
 use baton::ledger::SegmentStore;
+use baton_testkit::common::TestNamespace;
 use k8s_openapi::api::core::v1::{Event, ObjectReference};
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};

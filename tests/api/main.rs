@@ -5,11 +5,6 @@
 //! - `rbac`: per-run least privilege, checked with `kubectl auth can-i` and a minted token;
 //! - `cli`: the `baton` and `kubectl baton` verbs (its helpers in `cli_support`).
 
-#[path = "../common/mod.rs"]
-mod common;
-#[path = "../rbac_support/mod.rs"]
-mod rbac_support;
-
 mod cli;
 mod cli_support;
 mod platform;

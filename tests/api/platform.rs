@@ -2,7 +2,7 @@
 //! round trips, 409 on stale writes, AlreadyExists on create, schema validation of bad
 //! manifests, and the fenced ledger append.
 
-use crate::common::TestNamespace;
+use baton_testkit::common::TestNamespace;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec as K8sLeaseSpec};
 use kube::api::{ApiResource, DynamicObject, ObjectMeta, PostParams};
 use kube::{Api, CustomResourceExt, ResourceExt};

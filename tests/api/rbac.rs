@@ -4,11 +4,11 @@
 
 use std::collections::BTreeMap;
 
-use crate::common::TestNamespace;
-use crate::rbac_support::{assert_checks, check, client_with_token, mint_token};
 use baton::crd::v1alpha1::{AgentRun, LedgerEvent, LedgerSegment, LedgerSegmentSpec};
 use baton::fence::Fence;
 use baton::rbac::{RunRbac, worker_username};
+use baton_testkit::common::TestNamespace;
+use baton_testkit::rbac::{assert_checks, check, client_with_token, mint_token};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};

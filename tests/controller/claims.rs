@@ -2,10 +2,10 @@
 
 use std::time::{Duration, Instant};
 
-use crate::controller_support::*;
 use baton::crd::v1alpha1::{LedgerEvent, Phase};
 use baton::fence::Fence;
 use baton::status::StatusError;
+use baton_testkit::controller::*;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::DeleteParams;
 

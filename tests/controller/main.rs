@@ -14,13 +14,6 @@
 //! - `webhook`: baton's admission webhook refuses what the requesting user could not do;
 //! - `webhook_hostile`: large withheld reviews from anyone cost a bounded budget and end.
 
-#[path = "../controller_support/mod.rs"]
-mod controller_support;
-#[path = "../common/previous_release.rs"]
-mod previous_release;
-#[path = "../rbac_support/mod.rs"]
-mod rbac_support;
-
 mod claims;
 mod ops;
 mod race;

@@ -4,9 +4,9 @@
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
-use crate::controller_support::*;
 use baton::crd::v1alpha1::{AgentRun, Phase};
 use baton::fence::Fence;
+use baton_testkit::controller::*;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
 
 /// A free loopback port for the admin server.
@@ -217,7 +217,7 @@ async fn a_run_recreated_under_a_deleted_runs_name_starts_clean() {
         WorkerLease::new(ns.client.clone(), &ns.name, "r", "r-w1", Fence::new(1)).of_run(&old_uid);
     assert!(lease.renew().await.unwrap_err().is_lost());
     assert_eq!(
-        status(&crate::controller_support::get(&ns, "r").await).phase,
+        status(&baton_testkit::controller::get(&ns, "r").await).phase,
         Phase::Running
     );
     ns.cleanup().await;
@@ -253,7 +253,7 @@ async fn the_controller_binary_names_itself_as_the_writer() {
     create(&ns, agent_run("r", 10)).await;
     wait_lease(&ns, "r", "r-w1", 1, T).await;
     let pod = wait_pod(&ns, "r-w1", T).await;
-    let run = crate::controller_support::get(&ns, "r").await;
+    let run = baton_testkit::controller::get(&ns, "r").await;
     let lease = lease(&ns, "r").await.expect("the run's Lease");
     // The test created the run (its spec's field manager); the controller wrote its status.
     let of_run = managers(run.metadata.managed_fields);

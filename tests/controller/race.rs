@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
-use crate::controller_support::*;
 use baton::controller::LEADER_LEASE_NAME;
 use baton::lease::lease_holder;
+use baton_testkit::controller::*;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::ListParams;

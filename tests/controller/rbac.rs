@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
-use crate::controller_support::*;
 use baton::crd::controlled_by_run;
 use baton::rbac::{RunRbac, worker_rules};
+use baton_testkit::controller::*;
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::ResourceExt;

@@ -3,12 +3,12 @@
 
 use std::time::Duration;
 
-use crate::controller_support::*;
 use baton::crd::v1alpha1::{AgentRun, LedgerEvent, Phase};
 use baton::fence::{CloseReason, Fence};
 use baton::lease::{LeaseClient, lease_holder};
 use baton::ledger::SegmentStore;
 use baton::status::cas_status;
+use baton_testkit::controller::*;
 use kube::{Resource, ResourceExt};
 
 /// Does the first steps of a claim for fence 1 by hand, as a controller that then died.

@@ -6,7 +6,6 @@
 
 use std::time::{Duration, Instant};
 
-use crate::controller_support::*;
 use baton::controller::decide::{
     Action, Admission, CloseReason, LeaseObs, Observation, PodState, RolloutPolicy, decide,
 };
@@ -16,6 +15,7 @@ use baton::fence::Fence;
 use baton::lease::LeaseSighting;
 use baton::ledger::SegmentStore;
 use baton::status::cas_status;
+use baton_testkit::controller::*;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 

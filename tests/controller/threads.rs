@@ -1,7 +1,7 @@
 //! Thread admission: two runs on one thread key run strictly one after the other; turns of
 //! an AgentThread under two controllers, one killed, are live one at a time.
 
-use crate::controller_support::*;
+use baton_testkit::controller::*;
 use std::time::Duration;
 
 use baton::crd::v1alpha1::{AgentRun, LedgerEvent, Phase};

@@ -4,12 +4,12 @@
 
 use std::time::{Duration, Instant};
 
-use crate::controller_support::*;
-use crate::rbac_support::{forged_segment, worker_client};
 use baton::crd::v1alpha1::{LedgerEvent, LedgerSegment, Phase};
 use baton::fence::Fence;
 use baton::fence::segment_name;
 use baton::lease::lease_holder;
+use baton_testkit::controller::*;
+use baton_testkit::rbac::{forged_segment, worker_client};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Resource, ResourceExt};

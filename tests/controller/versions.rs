@@ -6,8 +6,8 @@
 
 use std::time::Duration;
 
-use crate::controller_support::*;
-use crate::previous_release::PreviousRelease;
+use baton_testkit::common::previous_release::PreviousRelease;
+use baton_testkit::controller::*;
 
 /// The previous release's controller as a process, watching `namespace` alone, without the
 /// election; killed when dropped.

@@ -7,17 +7,17 @@
 //! certificate and writes its CA into the configuration's caBundle, as it does in the chart,
 //! or serves one the test issues as cert-manager would.
 
-use crate::controller_support::common::webhook::{
-    CHECK_EVERY, SECRET, Served, issue_as_cert_manager, wait_serving, wait_trusted,
-};
-use crate::controller_support::*;
-use crate::rbac_support::{grant_user, worker_client};
 use baton::crd::RUN_UID_LABEL;
 use baton::crd::v1alpha1::{
     AgentRun, AgentThread, LEDGER_FORMAT_VERSION, LedgerSegment, LedgerSegmentSpec,
 };
 use baton::fence::{Fence, segment_name};
 use baton::webhook::CertIssuer;
+use baton_testkit::common::webhook::{
+    CHECK_EVERY, SECRET, Served, issue_as_cert_manager, wait_serving, wait_trusted,
+};
+use baton_testkit::controller::*;
+use baton_testkit::rbac::{grant_user, worker_client};
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;

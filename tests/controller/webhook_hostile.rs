@@ -9,31 +9,18 @@
 
 use std::time::{Duration, Instant};
 
-use crate::controller_support::common::TestNamespace;
-use crate::controller_support::common::webhook::{
-    Served, api_server_client_ca, api_server_identity,
-};
 use crate::webhook::Watched;
 use baton::crd::v1alpha1::AgentRun;
 use baton::serving::bounds::BODY_FRAME_TIMEOUT;
+use baton_testkit::common::TestNamespace;
+use baton_testkit::common::webhook::{self, Served, api_server_client_ca, api_server_identity};
 use futures::StreamExt;
 use kube::api::PostParams;
 
 /// A review as the API server would send it, asking about a run in `namespace`.
 fn forged_review(namespace: &str) -> serde_json::Value {
-    serde_json::json!({
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "forged",
-            "kind": {"group": "baton.dev", "version": "v1alpha1", "kind": "AgentRun"},
-            "resource": {"group": "baton.dev", "version": "v1alpha1", "resource": "agentruns"},
-            "namespace": namespace,
-            "operation": "CREATE",
-            "userInfo": {"username": "alice"},
-            "object": AgentRun::builder("forged").input("hi").build(),
-        }
-    })
+    let run = AgentRun::builder("forged").input("hi").build();
+    webhook::forged_review(namespace, serde_json::to_value(run).unwrap())
 }
 
 /// A client certificate for the API server's name, from a CA of the attacker's own.

@@ -5,7 +5,7 @@
 use baton::fence::Fence;
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::helm_support::{CHART, helm, named, of_kind, one, render, yaml_docs};
+use baton_testkit::helm::{CHART, helm, named, of_kind, one, render, yaml_docs};
 use kube::ResourceExt;
 use serde_json::{Value, json};
 

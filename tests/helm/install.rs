@@ -6,12 +6,12 @@
 
 use std::time::{Duration, Instant};
 
-use crate::common::TestNamespace;
-use crate::helm_support::{CHART, helm};
-use crate::rbac_support::{assert_checks, check, client_with_token, mint_token};
 use baton::crd::v1alpha1::{AgentRun, Phase};
 use baton::fence::Fence;
 use baton::rbac::RunRbac;
+use baton_testkit::common::TestNamespace;
+use baton_testkit::helm::{CHART, helm};
+use baton_testkit::rbac::{assert_checks, check, client_with_token, mint_token};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Pod, Secret, ServiceAccount};

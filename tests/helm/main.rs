@@ -8,13 +8,6 @@
 //! The chart running for real, with its controller pods and worker pods, is on the node
 //! (tests/node_e2e.rs).
 
-#[path = "../common/mod.rs"]
-mod common;
-#[path = "../helm_support/mod.rs"]
-mod helm_support;
-#[path = "../rbac_support/mod.rs"]
-mod rbac_support;
-
 mod chart;
 mod install;
 mod server;

@@ -3,7 +3,7 @@
 
 use serde_json::json;
 
-use crate::helm_support::*;
+use baton_testkit::helm::*;
 
 #[test]
 fn the_server_runs_two_replicas_behind_a_service_and_is_bound_to_no_role() {

@@ -1,7 +1,7 @@
 //! The chart's admission webhook, rendered: served by every controller replica behind its
 //! Service, with its certificate from the controller or from cert-manager.
 
-use crate::helm_support::{named, of_kind, one, render};
+use baton_testkit::helm::{named, of_kind, one, render};
 use serde_json::json;
 
 #[test]

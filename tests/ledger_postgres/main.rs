@@ -9,9 +9,7 @@ use baton::fence::{CloseReason, Fence};
 use baton::ledger::postgres::{Notice, PgError, PgLedger, schema};
 use baton::ledger::{LedgerError, Replay, ReplayedMessage};
 
-#[path = "../server_support/own_postgres.rs"]
-mod own_postgres;
-use own_postgres::OwnPostgres;
+use baton_testkit::server::own_postgres::OwnPostgres;
 
 /// The database the bed started; without one the test fails (it never skips).
 async fn ledger() -> PgLedger {

@@ -7,8 +7,8 @@ use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::{ListParams, LogParams, PostParams};
 use kube::{Api, ResourceExt};
 
-use crate::e2e_support::effect_command;
-use crate::node_support::{NodeEnv, RUN_TIMEOUT};
+use baton_testkit::e2e::effect_command;
+use baton_testkit::node::{NodeEnv, RUN_TIMEOUT};
 
 pub fn turn(text: &str, command: &str) -> ScriptTurn {
     ScriptTurn {

@@ -2,12 +2,12 @@
 
 use std::time::{Duration, Instant};
 
-use crate::server::{Reply, Server, answer_tool_calls, calls_of, split_every};
 use baton::crd::v1alpha1::{ModelSpec, Provider, ToolKind, ToolSpec};
 use baton::ledger::ReplayedMessage;
 use baton::worker::model::anthropic::AnthropicModel;
 use baton::worker::model::retry::{RetryPolicy, with_retries};
 use baton::worker::model::{ModelError, ModelRequest, ModelTurn, Usage};
+use baton_testkit::model::{Reply, Server, answer_tool_calls, calls_of, split_every};
 use serde_json::{Value, json};
 use tokio::sync::mpsc::unbounded_channel;
 use tokio_util::sync::CancellationToken;

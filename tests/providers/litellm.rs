@@ -3,12 +3,12 @@
 //! Messages endpoint answers a streamed request with the whole message as JSON (before, the
 //! Anthropic provider waited on events that never came); its errors are its own.
 
-use crate::litellm::{KEY, LiteLlm};
 use baton::crd::v1alpha1::Provider;
 use baton::ledger::ReplayedMessage;
 use baton::worker::model::anthropic::AnthropicModel;
 use baton::worker::model::openai::OpenAiModel;
 use baton::worker::model::{ModelError, ModelRequest, ModelTurn};
+use baton_testkit::common::litellm::{KEY, LiteLlm};
 use tokio::sync::mpsc::unbounded_channel;
 
 fn hi() -> ModelRequest {

@@ -3,14 +3,8 @@
 //! Completions, its shared helpers and stream fixtures in `openai_support`), and both against
 //! a server that misbehaves (`misbehaving`) and the LiteLLM proxy (`litellm_proxy`).
 
-#[path = "../common/litellm.rs"]
-mod litellm;
-#[path = "../providers_support/mod.rs"]
-mod server;
-
 mod anthropic;
-#[path = "litellm.rs"]
-mod litellm_proxy;
+mod litellm;
 mod misbehaving;
 mod openai;
 mod openai_support;

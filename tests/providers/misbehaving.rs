@@ -5,12 +5,12 @@
 
 use std::time::Duration;
 
-use crate::server::{Reply, Server};
 use baton::crd::v1alpha1::{ModelSpec, Provider};
 use baton::ledger::ReplayedMessage;
 use baton::worker::model::anthropic::AnthropicModel;
 use baton::worker::model::openai::OpenAiModel;
 use baton::worker::model::{ModelError, ModelRequest, ModelTurn, Usage};
+use baton_testkit::model::{Reply, Server};
 use serde_json::json;
 use tokio::sync::mpsc::unbounded_channel;
 

@@ -7,12 +7,12 @@ use crate::openai_support::{
     KEY, assert_no_key, complete, data, drain, fast_retries, finish, model, parallel_calls_stream,
     request, text_chunk, text_stream,
 };
-use crate::server::{Reply, Server, answer_tool_calls, calls_of, split_every};
 use baton::crd::v1alpha1::{ModelSpec, Provider};
 use baton::ledger::{ReplayedMessage, ToolCallRecord};
 use baton::worker::model::ModelError;
 use baton::worker::model::openai::OpenAiModel;
 use baton::worker::model::retry::with_retries;
+use baton_testkit::model::{Reply, Server, answer_tool_calls, calls_of, split_every};
 use serde_json::json;
 use tokio::sync::mpsc::unbounded_channel;
 use tokio_util::sync::CancellationToken;

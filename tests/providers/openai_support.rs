@@ -3,12 +3,12 @@
 use std::time::Duration;
 
 use crate::offered;
-use crate::server::{Server, split_every};
 use baton::crd::v1alpha1::{ModelSpec, Provider, ToolKind, ToolSpec};
 use baton::ledger::ReplayedMessage;
 use baton::worker::model::openai::OpenAiModel;
 use baton::worker::model::retry::RetryPolicy;
 use baton::worker::model::{ModelError, ModelRequest, ModelTurn};
+use baton_testkit::model::{Server, split_every};
 use serde_json::{Value, json};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 

@@ -1,9 +1,9 @@
 //! Who may do what through the server, and what its answers say.
 
-use crate::common::TestNamespace;
-use crate::common::worker_proc::*;
-use crate::support::*;
 use baton::crd::v1alpha1::{AgentRun, ApprovalPolicy, LeaseSpec, Phase};
+use baton_testkit::common::TestNamespace;
+use baton_testkit::common::worker_proc::*;
+use baton_testkit::server::*;
 use kube::Api;
 use kube::api::PostParams;
 use serde_json::json;

@@ -3,12 +3,12 @@
 //! every position once, in order), and a client that takes nothing is dropped instead of
 //! pinning its stream, sooner while other streams wait for room.
 
-use crate::common::TestNamespace;
-use crate::common::worker_proc::{final_turn, scripted_run};
-use crate::support::*;
 use baton::crd::v1alpha1::{AgentRun, LeaseSpec, LedgerEvent, Role};
 use baton::fence::Fence;
 use baton::ledger::SegmentStore;
+use baton_testkit::common::TestNamespace;
+use baton_testkit::common::worker_proc::{final_turn, scripted_run};
+use baton_testkit::server::*;
 use kube::ResourceExt;
 use kube::api::PostParams;
 
@@ -134,7 +134,7 @@ async fn streams_share_one_budget_and_each_gets_its_whole_replay() {
     let readers = (0..5).map(|_| {
         let (events, alice) = (events.clone(), alice.clone());
         tokio::spawn(async move {
-            if let Err(e) = crate::sse::reads_in_order(events, alice, 100).await {
+            if let Err(e) = baton_testkit::sse::reads_in_order(events, alice, 100).await {
                 panic!("every segment once, in order: {e}");
             }
         })
@@ -182,7 +182,7 @@ async fn idle_clients_do_not_keep_a_reader_waiting() {
             stream.next().await.expect("the first event");
             idle.push(stream);
         }
-        let whole = crate::sse::reads_in_order(events.clone(), alice.clone(), 100).await;
+        let whole = baton_testkit::sse::reads_in_order(events.clone(), alice.clone(), 100).await;
         if let Err(e) = whole {
             panic!("the reader got every segment once, in order: {e}");
         }

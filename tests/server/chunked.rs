@@ -4,13 +4,12 @@
 //! chunk: the console's page shows it once and whole in a real browser (it used to rebuild
 //! chunks itself, and could not: it parsed their base64 as JSON).
 
-use crate::common::TestNamespace;
-use crate::common::worker_proc::*;
-use crate::sse::*;
-use crate::support::*;
 use baton::crd::v1alpha1::{AgentRun, LeaseSpec, LedgerEvent, Role};
 use baton::fence::Fence;
 use baton::ledger::{SEGMENT_BUDGET_BYTES, SegmentStore, encode_events};
+use baton_testkit::common::TestNamespace;
+use baton_testkit::common::worker_proc::*;
+use baton_testkit::server::*;
 use kube::api::PostParams;
 use kube::{Api, ResourceExt};
 

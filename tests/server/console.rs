@@ -5,10 +5,10 @@
 
 use std::sync::Arc;
 
-use crate::common::TestNamespace;
-use crate::common::worker_proc::*;
-use crate::support::*;
 use baton::crd::v1alpha1::{AgentRun, LeaseSpec};
+use baton_testkit::common::TestNamespace;
+use baton_testkit::common::worker_proc::*;
+use baton_testkit::server::*;
 use kube::Api;
 use kube::api::PostParams;
 

@@ -10,7 +10,7 @@ use baton::serving::bounds::{BODY_FRAME_TIMEOUT, HEADER_TIMEOUT};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::support::start_ledger_server;
+use baton_testkit::server::start_ledger_server;
 
 /// Sends `head` (and `body_start`) on a new connection and waits up to `wait` for the
 /// server's first bytes: the status line, or None when it closed or stayed silent.

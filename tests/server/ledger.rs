@@ -3,17 +3,17 @@
 //! ServiceAccount's token bound to an older attempt's pod, another run's worker, a user with
 //! AgentRun rights only who mints a ledger token for herself, a reader of another namespace.
 
-use crate::common::TestNamespace;
-use crate::common::worker_proc::*;
 use crate::pg_runs::{ledger_server_and_controller, start_pg_controller, start_pg_worker};
-use crate::rbac::mint_token_for;
-use crate::sse::{SseReader, segments};
-use crate::support::*;
 use baton::controller::ledger_rows::LEDGER_FINALIZER;
 use baton::crd::v1alpha1::{AgentRun, AgentRunStatus, LeaseSpec, LedgerBackend, Phase};
 use baton::fence::{Fence, worker_pod_name};
 use baton::ledger::served::{LEDGER_AUDIENCE, ledger_path};
 use baton::rbac::worker_service_account_name;
+use baton_testkit::common::TestNamespace;
+use baton_testkit::common::worker_proc::*;
+use baton_testkit::rbac::mint_token_for;
+use baton_testkit::server::*;
+use baton_testkit::sse::{SseReader, segments};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::PostParams;
 use kube::{Api, ResourceExt};
@@ -143,7 +143,7 @@ async fn only_the_attempt_holding_the_fence_and_the_controller_write_a_served_le
     let (code, body) = append(&url, &unbound, &uid, 1, 2, "unbound").await;
     assert_eq!(code, 403, "{body}");
     // A token for the API server (not for ledgers) is no ledger credential at all.
-    let api_token = crate::rbac::mint_token(&ns.client, &ns.name, &account).await;
+    let api_token = baton_testkit::rbac::mint_token(&ns.client, &ns.name, &account).await;
     let (code, body) = append(&url, &api_token, &uid, 1, 2, "wrong audience").await;
     assert_eq!(code, 401, "{body}");
 
@@ -235,7 +235,7 @@ async fn a_namespace_cannot_read_another_namespaces_served_ledger() {
 }
 
 async fn delete(url: &str, token: &str, uid: &str) -> (u16, Value) {
-    let response = crate::sse::http()
+    let response = baton_testkit::sse::http()
         .delete(format!("{url}?uid={uid}"))
         .bearer_auth(token)
         .send()

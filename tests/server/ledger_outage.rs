@@ -4,12 +4,12 @@
 
 use std::time::Duration;
 
-use crate::common::TestNamespace;
-use crate::common::events::wait_event;
-use crate::common::worker_proc::*;
 use crate::pg_runs::{ledger_server_and_controller_at, start_pg_controller, start_pg_worker};
-use crate::support::*;
 use baton::crd::v1alpha1::{AgentRun, LeaseSpec, Phase};
+use baton_testkit::common::TestNamespace;
+use baton_testkit::common::events::wait_event;
+use baton_testkit::common::worker_proc::*;
+use baton_testkit::server::*;
 use k8s_openapi::api::events::v1::Event;
 use kube::Api;
 

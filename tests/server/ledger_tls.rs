@@ -3,18 +3,18 @@
 //! pod; a run kept in PostgreSQL written and read over HTTPS. A writer that trusts another CA,
 //! or the system's roots, and a plain-HTTP writer get nothing.
 
-use crate::common::TestNamespace;
-use crate::common::worker_proc::*;
 use crate::pg_runs::{
     TlsFiles, free_addr, server_process_with, start_pg_controller_with, start_pg_worker,
     test_controller, worker_env,
 };
-use crate::rbac::mint_token_for;
-use crate::support::*;
 use crate::transcript_cli::exec_kubeconfig;
 use baton::crd::v1alpha1::{AgentRun, LeaseSpec, Phase};
 use baton::ledger::served::LEDGER_AUDIENCE;
 use baton::ledger::{LedgerServer, LedgerToken};
+use baton_testkit::common::TestNamespace;
+use baton_testkit::common::worker_proc::*;
+use baton_testkit::rbac::mint_token_for;
+use baton_testkit::server::*;
 use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, ResourceExt};
 

@@ -28,15 +28,6 @@
 //! - `threads`: a turn posted over HTTP streams on the thread's stream, turn after turn, and
 //!   `onBusy: Reject` answers 409 `ThreadBusy`.
 
-#[path = "../common/mod.rs"]
-mod common;
-#[path = "../rbac_support/mod.rs"]
-mod rbac;
-#[path = "../sse_support/mod.rs"]
-mod sse;
-#[path = "../server_support/mod.rs"]
-mod support;
-
 mod api;
 mod bounds;
 mod chunked;

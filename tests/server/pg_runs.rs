@@ -2,16 +2,16 @@
 //! a test ServiceAccount as baton's controller, the controller writing through it, and a real
 //! `baton worker` per attempt with its pod's ledger token.
 
-use crate::common::TestNamespace;
-use crate::common::in_process::{controller_config, start_controller_with};
-use crate::common::worker_proc::*;
 use crate::ledger::pod_token;
-use crate::rbac::mint_token_for;
-use crate::support::*;
 use baton::crd::v1alpha1::LedgerBackend;
 use baton::fence::{Fence, worker_pod_name};
 use baton::ledger::served::LEDGER_AUDIENCE;
 use baton::rbac::worker_service_account_name;
+use baton_testkit::common::TestNamespace;
+use baton_testkit::common::in_process::{controller_config, start_controller_with};
+use baton_testkit::common::worker_proc::*;
+use baton_testkit::rbac::mint_token_for;
+use baton_testkit::server::*;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use std::process::Stdio;

@@ -4,13 +4,13 @@
 
 use std::sync::Arc;
 
-use crate::common::TestNamespace;
-use crate::common::worker_proc::*;
-use crate::rbac::grant_user;
-use crate::support::*;
 use baton::crd::v1alpha1::{AgentRun, LeaseSpec};
 use baton::serving::Stop::WithTheProcess;
 use baton::serving::Tls::Plain;
+use baton_testkit::common::TestNamespace;
+use baton_testkit::common::worker_proc::*;
+use baton_testkit::rbac::grant_user;
+use baton_testkit::server::*;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
 use kube::Api;
 use kube::api::{DeleteParams, ObjectMeta, PostParams};

@@ -2,11 +2,11 @@
 //! (SIGTERM, a handoff) and a third finishing at fence 3, while clients follow, leave and
 //! come back.
 
-use crate::common::TestNamespace;
-use crate::common::claim::segments as ledger;
-use crate::common::worker_proc::*;
-use crate::support::*;
 use baton::crd::v1alpha1::{AgentRun, LeaseSpec, LedgerSegment, Phase};
+use baton_testkit::common::TestNamespace;
+use baton_testkit::common::claim::segments as ledger;
+use baton_testkit::common::worker_proc::*;
+use baton_testkit::server::*;
 use kube::api::PostParams;
 use kube::{Api, ResourceExt};
 

@@ -1,9 +1,9 @@
 //! A thread over HTTP: turns posted, the thread's stream carrying each turn in its place.
 
-use crate::common::TestNamespace;
-use crate::common::worker_proc::*;
-use crate::support::*;
 use baton::crd::v1alpha1::{AgentThread, AgentThreadSpec, LeaseSpec, ScriptTurn, ThreadPhase};
+use baton_testkit::common::TestNamespace;
+use baton_testkit::common::worker_proc::*;
+use baton_testkit::server::*;
 use kube::Api;
 use kube::api::PostParams;
 use serde_json::{Value, json};

@@ -7,13 +7,13 @@ use std::process::Stdio;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
-use crate::common::TestNamespace;
-use crate::common::worker_proc::*;
 use crate::pg_runs::{
     free_addr, server_process, start_pg_controller, start_pg_worker, test_controller,
 };
-use crate::support::*;
 use baton::crd::v1alpha1::{AgentRun, LeaseSpec, Phase};
+use baton_testkit::common::TestNamespace;
+use baton_testkit::common::worker_proc::*;
+use baton_testkit::server::*;
 use kube::Api;
 
 /// The test's kubeconfig with its user replaced by `user` (YAML), written next to it.
@@ -178,7 +178,7 @@ async fn a_server_told_to_stop_serves_on_a_moment_then_cuts_open_streams() {
         "http://{addr}/api/v1/namespaces/{}/runs/quiet/events",
         ns.name
     );
-    let mut stream = crate::sse::SseReader::open(&events, &reader, None).await;
+    let mut stream = baton_testkit::sse::SseReader::open(&events, &reader, None).await;
 
     let told = std::time::Instant::now();
     let pid = server.id().expect("the server's PID") as i32;

@@ -6,9 +6,6 @@
 use std::path::Path;
 use std::time::Duration;
 
-use crate::common::TestNamespace;
-use crate::common::claim::{claim, claim_because, events, segments};
-use crate::common::worker_proc::*;
 use crate::{create, status};
 use baton::approval::{DecisionError, TIMED_OUT};
 use baton::cli::{ApproveArgs, CliError, DenyArgs, RunArgs, Session, Verb};
@@ -16,6 +13,9 @@ use baton::crd::v1alpha1::{
     AgentRun, AgentRunStatus, ApprovalOutcome, ApprovalPolicy, LeaseSpec, LedgerEvent, Phase,
 };
 use baton::lease::LeaseClient;
+use baton_testkit::common::TestNamespace;
+use baton_testkit::common::claim::{claim, claim_because, events, segments};
+use baton_testkit::common::worker_proc::*;
 use kube::Api;
 
 const TIMEOUT: Duration = Duration::from_secs(60);

@@ -2,10 +2,10 @@
 //! at it, because every attempt sums what the ledger says was spent (status.usage), not what
 //! it spent itself.
 
-use crate::common::TestNamespace;
-use crate::common::claim::{claim, events, segments};
-use crate::common::worker_proc::*;
 use baton::crd::v1alpha1::{BudgetSpec, LeaseSpec, LedgerEvent, Phase};
+use baton_testkit::common::TestNamespace;
+use baton_testkit::common::claim::{claim, events, segments};
+use baton_testkit::common::worker_proc::*;
 
 use super::{EXIT_TIMEOUT, create, status};
 

@@ -6,11 +6,11 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::common::TestNamespace;
-use crate::common::claim::{claim, events, segments};
-use crate::common::worker_proc::*;
 use baton::crd::v1alpha1::{AgentRun, LeaseSpec, LedgerEvent, LedgerSegment, Phase, Role};
 use baton::fence::Fence;
+use baton_testkit::common::TestNamespace;
+use baton_testkit::common::claim::{claim, events, segments};
+use baton_testkit::common::worker_proc::*;
 use kube::api::PostParams;
 use kube::{Api, ResourceExt};
 

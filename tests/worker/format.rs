@@ -2,14 +2,14 @@
 //! during a rollout): the worker resumes the run past it, says so in a Warning Event naming
 //! the kind, and the event stays in the ledger whole.
 
-use crate::common::TestNamespace;
-use crate::common::claim::{claim, segments};
-use crate::common::events::notes;
-use crate::common::worker_proc::*;
 use crate::{EXIT_TIMEOUT, create};
 use baton::crd::v1alpha1::{AgentRun, LeaseSpec, LedgerEvent, Phase, Role, UnrecognizedEvent};
 use baton::fence::Fence;
 use baton::ledger::SegmentStore;
+use baton_testkit::common::TestNamespace;
+use baton_testkit::common::claim::{claim, segments};
+use baton_testkit::common::events::notes;
+use baton_testkit::common::worker_proc::*;
 use kube::Api;
 
 #[tokio::test]

@@ -5,17 +5,17 @@
 
 use std::time::Duration;
 
-use crate::common::TestNamespace;
-use crate::common::claim::{claim, events, segments};
-use crate::common::worker_proc::*;
-use crate::server::{Reply, Server};
-use crate::support::*;
 use crate::{EXIT_TIMEOUT, create, status};
 use baton::crd::v1alpha1::{
     AgentRun, LeaseSpec, LedgerEvent, LedgerSegment, ModelSpec, Phase, Provider,
 };
 use baton::fence::Fence;
 use baton::ledger::{Replay, ReplayedMessage, event_bytes};
+use baton_testkit::common::TestNamespace;
+use baton_testkit::common::claim::{claim, events, segments};
+use baton_testkit::common::worker_proc::*;
+use baton_testkit::model::{Reply, Server};
+use baton_testkit::worker::*;
 
 /// A shell command that prints `n` copies of `c` (no newline).
 fn print_n(c: char, n: usize) -> String {

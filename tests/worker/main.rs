@@ -16,13 +16,6 @@
 //! - `thread_context`: each overflow policy of a thread's context;
 //! - `thread_cli`: `baton chat`, `baton thread` and `baton get` on a thread.
 
-#[path = "../common/mod.rs"]
-mod common;
-#[path = "../providers_support/mod.rs"]
-mod server;
-#[path = "../worker_support/mod.rs"]
-mod support;
-
 use std::time::Duration;
 
 use baton::crd::v1alpha1::{AgentRun, AgentRunStatus};
@@ -33,7 +26,7 @@ use kube::api::PostParams;
 const EXIT_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Creates `run` in the test's namespace.
-async fn create(ns: &common::TestNamespace, run: &AgentRun) {
+async fn create(ns: &baton_testkit::common::TestNamespace, run: &AgentRun) {
     let runs: Api<AgentRun> = ns.api();
     runs.create(&PostParams::default(), run)
         .await
@@ -41,7 +34,7 @@ async fn create(ns: &common::TestNamespace, run: &AgentRun) {
 }
 
 /// The run's status as the API server has it now.
-async fn status(ns: &common::TestNamespace, name: &str) -> AgentRunStatus {
+async fn status(ns: &baton_testkit::common::TestNamespace, name: &str) -> AgentRunStatus {
     let runs: Api<AgentRun> = ns.api();
     runs.get(name).await.unwrap().status.unwrap_or_default()
 }

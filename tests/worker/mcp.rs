@@ -12,13 +12,13 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-use crate::common::TestNamespace;
-use crate::common::claim::{claim, events, segments};
-use crate::common::worker_proc::*;
 use crate::{create, status};
 use baton::crd::v1alpha1::{
     AgentRun, AgentRunStatus, LeaseSpec, LedgerEvent, Phase, ScriptToolCall, ScriptTurn, ToolSpec,
 };
+use baton_testkit::common::TestNamespace;
+use baton_testkit::common::claim::{claim, events, segments};
+use baton_testkit::common::worker_proc::*;
 
 const TIMEOUT: Duration = Duration::from_secs(90);
 

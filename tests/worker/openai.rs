@@ -3,12 +3,12 @@
 //! the API key nowhere but in the request's Authorization header.
 
 use crate::EXIT_TIMEOUT;
-use crate::common::TestNamespace;
-use crate::common::claim::{claim, events, segments};
-use crate::common::worker_proc::*;
-use crate::server::{Reply, Server};
-use crate::support::*;
 use baton::crd::v1alpha1::{AgentRun, LeaseSpec, LedgerEvent, ModelSpec, Phase, Provider};
+use baton_testkit::common::TestNamespace;
+use baton_testkit::common::claim::{claim, events, segments};
+use baton_testkit::common::worker_proc::*;
+use baton_testkit::model::{Reply, Server};
+use baton_testkit::worker::*;
 use k8s_openapi::api::core::v1::Event;
 use kube::Api;
 use kube::api::{ListParams, PostParams};

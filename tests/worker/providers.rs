@@ -6,13 +6,13 @@
 //! one that never answers makes the attempt give up, saying why in an Event.
 
 use crate::EXIT_TIMEOUT;
-use crate::common::TestNamespace;
-use crate::common::claim::{claim, events, segments};
-use crate::common::events::notes;
-use crate::common::litellm::{self, LiteLlm};
-use crate::common::worker_proc::*;
-use crate::server::{Reply, Server};
 use baton::crd::v1alpha1::{AgentRun, LeaseSpec, LedgerEvent, ModelSpec, Phase, Provider};
+use baton_testkit::common::TestNamespace;
+use baton_testkit::common::claim::{claim, events, segments};
+use baton_testkit::common::events::notes;
+use baton_testkit::common::litellm::{self, LiteLlm};
+use baton_testkit::common::worker_proc::*;
+use baton_testkit::model::{Reply, Server};
 use std::time::Duration;
 
 use kube::Api;

@@ -3,15 +3,15 @@
 
 use std::time::Duration;
 
-use crate::common::TestNamespace;
-use crate::common::claim::{claim, events, segments};
-use crate::common::worker_proc::*;
 use crate::{create, status};
 use baton::crd::v1alpha1::{
     AgentRun, AgentRunStatus, LeaseSpec, LedgerEvent, Phase, ProbeSpec, ScriptToolCall, ScriptTurn,
     ToolKind, ToolSpec,
 };
 use baton::fence::Fence;
+use baton_testkit::common::TestNamespace;
+use baton_testkit::common::claim::{claim, events, segments};
+use baton_testkit::common::worker_proc::*;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 

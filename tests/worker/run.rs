@@ -3,12 +3,12 @@
 
 use std::time::Duration;
 
-use crate::common::TestNamespace;
-use crate::common::claim::{claim, events, segments};
-use crate::common::worker_proc::*;
 use crate::{EXIT_TIMEOUT, create, status};
 use baton::crd::v1alpha1::{AgentRun, LeaseSpec, LedgerEvent, Phase};
 use baton::lease::{LeaseClient, lease_holder};
+use baton_testkit::common::TestNamespace;
+use baton_testkit::common::claim::{claim, events, segments};
+use baton_testkit::common::worker_proc::*;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 

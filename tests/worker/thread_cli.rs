@@ -4,11 +4,11 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use crate::common::TestNamespace;
-use crate::server::{Reply, Server};
-use crate::support::*;
 use crate::threads::*;
 use baton::crd::v1alpha1::AgentRun;
+use baton_testkit::common::TestNamespace;
+use baton_testkit::model::{Reply, Server};
+use baton_testkit::worker::*;
 use kube::{Api, ResourceExt};
 use tokio::process::Command;
 

@@ -3,11 +3,11 @@
 //! sizes, before its model is asked anything; `DropOldestTurns` sends the turns that fit and
 //! records which were left out.
 
-use crate::common::TestNamespace;
-use crate::server::{Reply, Server};
-use crate::support::*;
 use crate::threads::*;
 use baton::crd::v1alpha1::{ContextPolicy, LedgerEvent, Overflow, Phase};
+use baton_testkit::common::TestNamespace;
+use baton_testkit::model::{Reply, Server};
+use baton_testkit::worker::*;
 
 /// An answer of about 100 tokens (400 bytes, one token per 4).
 fn long_answer(tag: &str) -> String {

@@ -11,16 +11,16 @@
 use std::time::Duration;
 
 use crate::EXIT_TIMEOUT;
-use crate::common::TestNamespace;
-use crate::common::worker_proc::*;
-use crate::server::{Received, Reply, Server};
-use crate::support::*;
 use baton::crd::v1alpha1::{
     AgentRun, AgentSpec, AgentThread, AgentThreadSpec, HistoryTurn, LedgerEvent, LedgerSegment,
     ModelSpec, Phase, Provider, ThreadPhase,
 };
 use baton::fence::{Fence, worker_pod_name};
 use baton::ledger::SegmentStore;
+use baton_testkit::common::TestNamespace;
+use baton_testkit::common::worker_proc::*;
+use baton_testkit::model::{Received, Reply, Server};
+use baton_testkit::worker::*;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, ResourceExt};
@@ -28,7 +28,7 @@ use serde_json::Value;
 
 pub(crate) const T: Duration = Duration::from_secs(60);
 
-pub(crate) use crate::common::in_process::start_controller;
+pub(crate) use baton_testkit::common::in_process::start_controller;
 
 /// A thread whose model is the test server, with a shell tool, and short leases.
 pub(crate) fn thread(name: &str, server: &Server) -> AgentThread {

@@ -8,26 +8,7 @@ use super::*;
 /// The previous release's image tag on the node (`hack/images.sh previous`).
 pub const PREVIOUS_TAG: &str = "previous";
 
-#[path = "../common/previous_release.rs"]
-mod previous_release;
-pub use previous_release::PreviousRelease;
-
-impl PreviousRelease {
-    /// The previous release, its source (chart and CRDs) built by `hack/images.sh previous`.
-    pub fn with_chart() -> Self {
-        let release = Self::named();
-        release.built("charts/baton/Chart.yaml");
-        release
-    }
-
-    pub fn chart(&self) -> String {
-        self.dir.join("charts/baton").display().to_string()
-    }
-
-    fn crds(&self) -> String {
-        self.dir.join("charts/baton/crds").display().to_string()
-    }
-}
+pub use crate::common::previous_release::PreviousRelease;
 
 /// The node's release replaced by the previous one (this tree's uninstalled, the previous
 /// CRDs applied over this tree's, its chart installed with its image). Dropped before

@@ -1,8 +1,6 @@
 //! A small Server-Sent Events reader for the tests that follow `baton server`'s streams (on
 //! the API-server bed and on the node).
 
-#![allow(dead_code)]
-
 use std::time::Duration;
 
 use futures::StreamExt;

@@ -99,5 +99,5 @@ fn scratch_dir(name: &str) -> PathBuf {
 }
 
 fn script_path() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("hack/postgres.sh")
+    crate::repo_root().join("hack/postgres.sh")
 }

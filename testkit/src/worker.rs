@@ -1,10 +1,6 @@
 //! Helpers for the `worker_*` tests that drive a real worker through the OpenAI-compatible
 //! provider or watch what it does: Chat Completions streams, a worker started with extra
 //! environment, a watch of the ledger, and a plain HTTP GET for the admin server.
-//!
-//! Included with `#[path]`; as a test target of its own it is empty.
-
-#![allow(dead_code)]
 
 use std::sync::{Arc, Mutex};
 

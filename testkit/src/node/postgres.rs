@@ -157,6 +157,6 @@ fn in_node() -> Command {
     let mut command = Command::new("nsenter");
     command
         .arg("--net=/run/netns/baton-node")
-        .current_dir(env!("CARGO_MANIFEST_DIR"));
+        .current_dir(crate::repo_root());
     command
 }

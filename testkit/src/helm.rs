@@ -1,8 +1,5 @@
 //! Drives `hack/helm.py` (PyPI's helm-python-sdk: Helm's Go SDK, no helm binary) from Rust.
 
-#![allow(dead_code)]
-
-use std::path::Path;
 use std::process::Command;
 
 use serde_json::Value;
@@ -11,7 +8,7 @@ pub const CHART: &str = "charts/baton";
 
 /// Runs `python3 hack/helm.py ARGS` in the repository; `Ok(stdout JSON)` or `Err(stderr)`.
 pub fn helm(args: &[&str]) -> Result<Value, String> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = crate::repo_root();
     let out = Command::new("python3")
         .arg(root.join("hack/helm.py"))
         .args(args)

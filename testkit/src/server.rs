@@ -2,8 +2,6 @@
 //! real controller, ServiceAccounts with exactly the rights a test gives them (their tokens
 //! minted by the TokenRequest API), and a small Server-Sent Events reader.
 
-#![allow(dead_code)]
-
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -127,5 +125,5 @@ pub async fn get(url: &str, token: Option<&str>) -> (u16, Value) {
 
 pub use crate::sse::*;
 
-mod own_postgres;
+pub mod own_postgres;
 pub use own_postgres::OwnPostgres;

@@ -1,10 +1,6 @@
 //! A tiny HTTP/1.1 server for the provider tests, on 127.0.0.1:0. It answers each request
 //! with the next scripted reply (streamed chunk by chunk, or cut off mid-stream) and records
 //! what it received. Raw TCP, so a test controls exactly where a stream breaks.
-//!
-//! Included by `tests/providers/` and `tests/worker/` with `#[path]`; as a test target of its own it is empty.
-
-#![allow(dead_code)]
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};

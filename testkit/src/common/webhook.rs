@@ -349,3 +349,21 @@ fn configuration_for(name: &str, namespace: &str, port: u16) -> ValidatingWebhoo
         ]),
     }
 }
+
+/// A review as the API server would send it, asking whether `alice` may create `run` (JSON) in
+/// `namespace`: what an attacker who reaches the webhook's port forges.
+pub fn forged_review(namespace: &str, run: serde_json::Value) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "forged",
+            "kind": {"group": "baton.dev", "version": "v1alpha1", "kind": "AgentRun"},
+            "resource": {"group": "baton.dev", "version": "v1alpha1", "resource": "agentruns"},
+            "namespace": namespace,
+            "operation": "CREATE",
+            "userInfo": {"username": "alice"},
+            "object": run,
+        }
+    })
+}

@@ -40,9 +40,11 @@ impl LiteLlm {
         });
         let port = free_port();
         let log = std::env::temp_dir().join(format!("baton-litellm-{port}.log"));
-        let config = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/litellm/config.yaml");
+        let config = crate::repo_root().join("tests/litellm/config.yaml");
         let child = Command::new(format!("{venv}/bin/litellm"))
-            .args(["--config", config, "--host", "127.0.0.1", "--port"])
+            .arg("--config")
+            .arg(&config)
+            .args(["--host", "127.0.0.1", "--port"])
             .arg(port.to_string())
             // Everything it would fetch at start (prices, beta headers, blog posts, policy
             // templates, router presets) from the package instead: it reaches nothing but

@@ -26,9 +26,10 @@ impl Relay {
             .local_addr()
             .unwrap()
             .port();
-        let relay = concat!(env!("CARGO_MANIFEST_DIR"), "/hack/relay.py");
+        let relay = crate::repo_root().join("hack/relay.py");
         let child = Command::new("python3")
-            .args([relay, &port.to_string(), "/run/netns/baton-node", target])
+            .arg(relay)
+            .args([&port.to_string(), "/run/netns/baton-node", target])
             .spawn()
             .expect("starting hack/relay.py");
         let deadline = Instant::now() + Duration::from_secs(10);

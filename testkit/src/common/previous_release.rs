@@ -2,7 +2,7 @@
 //! `hack/previous-release` names, as `hack/images.sh previous` built it from its commit into
 //! `$BATON_CACHE_DIR/previous/<commit>/` (its source, chart and CRDs; its binaries in `bin/`).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 #[allow(dead_code)] // The controller tests read no commit.
 pub struct PreviousRelease {
@@ -13,9 +13,26 @@ pub struct PreviousRelease {
 }
 
 impl PreviousRelease {
+    /// The previous release, its source (chart and CRDs) built by `hack/images.sh previous`.
+    pub fn with_chart() -> Self {
+        let release = Self::named();
+        release.built("charts/baton/Chart.yaml");
+        release
+    }
+
+    /// Its chart's folder.
+    pub fn chart(&self) -> String {
+        self.dir.join("charts/baton").display().to_string()
+    }
+
+    /// Its CRDs' folder.
+    pub fn crds(&self) -> String {
+        self.dir.join("charts/baton/crds").display().to_string()
+    }
+
     /// The release `hack/previous-release` names (built or not).
     pub fn named() -> Self {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let root = crate::repo_root();
         let named = std::fs::read_to_string(root.join("hack/previous-release"))
             .expect("reading hack/previous-release");
         let field = |key: &str| {

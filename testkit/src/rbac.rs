@@ -2,8 +2,6 @@
 //! a client that uses one, ask the API server `kubectl auth can-i --as=...`, and the segment a
 //! hostile worker identity forges.
 
-#![allow(dead_code)]
-
 use baton::fence::Fence;
 use std::process::Command;
 

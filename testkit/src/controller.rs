@@ -1,8 +1,6 @@
 //! Shared by the controller integration tests: start a controller in-process, create runs,
 //! play the worker (renew or not, write status by fenced CAS, append to the ledger), wait.
 
-#![allow(dead_code)]
-
 use std::time::{Duration, Instant};
 
 use baton::controller::{self, Config};
@@ -17,10 +15,7 @@ use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use tokio::task::JoinHandle;
 
-#[path = "../common/mod.rs"]
-pub mod common;
-
-pub use common::TestNamespace;
+pub use crate::common::TestNamespace;
 
 /// A controller running in this process, scoped to one namespace.
 pub struct Running {
@@ -146,7 +141,7 @@ pub async fn wait_event(
     reason: &str,
     timeout: Duration,
 ) -> k8s_openapi::api::events::v1::Event {
-    common::events::wait_event(&ns.api(), run, reason, timeout).await
+    crate::common::events::wait_event(&ns.api(), run, reason, timeout).await
 }
 
 /// Waits until the run Lease names `pod` under `fence`.

@@ -27,8 +27,7 @@ mod logs;
 mod node_loss;
 mod postgres;
 mod previous;
-#[path = "../rbac_support/mod.rs"]
-pub mod rbac;
+pub use crate::rbac;
 mod reads;
 mod server;
 
@@ -47,7 +46,7 @@ pub use previous::{OnPreviousRelease, PREVIOUS_TAG, PreviousRelease};
 #[allow(unused_imports)]
 pub use server::*;
 
-use crate::e2e_support::{
+use crate::e2e::{
     Effects, Recorder, Script, check_ledger, check_worker_field_manager, retry, scripted_run,
 };
 
@@ -66,7 +65,7 @@ pub const NODE_IP: &str = "10.77.0.1";
 pub const RUN_TIMEOUT: Duration = Duration::from_secs(240);
 
 fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    crate::repo_root()
 }
 
 pub fn node_dir() -> PathBuf {
@@ -131,7 +130,7 @@ pub fn drain_then_uncordon() -> Result<String, String> {
 
 /// The `baton` CLI (this build's binary) against the node, as a user runs it.
 pub fn baton_cli(args: &[&str]) -> Result<String, String> {
-    against_node(env!("CARGO_BIN_EXE_baton"), args)
+    against_node(&crate::baton_bin().display().to_string(), args)
 }
 
 fn against_node(program: &str, args: &[&str]) -> Result<String, String> {

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::{Api, Client};
 
 use super::{NODE_NAME, node_sh, node_sh_command, signal_pid};
-use crate::e2e_support::retry;
+use crate::e2e::retry;
 
 /// The node away: the kubelet stopped and a worker's process frozen, until [`NodeLoss::end`]
 /// (or the guard's drop) starts the kubelet again and thaws the worker.

@@ -20,7 +20,7 @@ pub struct WorkerProc {
 /// The executor binary: built beside `baton` (`cargo build -p baton-exec`, as hack/test.sh
 /// does before the tests).
 pub fn executor_bin() -> PathBuf {
-    let baton = PathBuf::from(env!("CARGO_BIN_EXE_baton"));
+    let baton = crate::baton_bin();
     let exec = baton.with_file_name("baton-exec");
     assert!(
         exec.exists(),
@@ -75,7 +75,7 @@ pub fn spawn_worker_env(
     let log = std::env::temp_dir().join(format!("baton-{namespace}-{pod}.log"));
     let file = std::fs::File::create(&log).expect("creating the worker log");
     let (executor, socket) = spawn_executor(namespace, pod);
-    let mut command = Command::new(env!("CARGO_BIN_EXE_baton"));
+    let mut command = Command::new(crate::baton_bin());
     command
         .arg("worker")
         .args(extra)

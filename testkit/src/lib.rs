@@ -1,0 +1,54 @@
+//! baton's test kit: what the integration tests, benchmarks and node suites share, under one
+//! name each (a dev-dependency of baton, so every test target reaches it the same way).
+//!
+//! - `common`: the bed (a client of the local control plane with the CRDs installed, a
+//!   namespace per test), the controller and workers in this process or as processes, the
+//!   webhook, fenced claims played by hand, Events, LiteLLM, the previous release;
+//! - `controller`, `worker`, `server`, `helm`: what the suites of each share;
+//! - `model`: the fake model server (scripted replies over raw TCP);
+//! - `rbac`: users and service accounts with only the rights a test gives;
+//! - `sse`: a Server-Sent Events reader;
+//! - `node`, `e2e`: the real node (`hack/node.sh`) with the chart installed, and the scripted
+//!   runs, effects and checks the node suites and benchmarks play on it;
+//! - `metrics`: the controller's, the server's and the API server's metrics scraped, a
+//!   process's RSS (the benchmarks' figures).
+//!
+//! There is no mock of the API server here: a test that needs one fails and says how to start
+//! it (`hack/with-control-plane.sh`).
+
+pub mod common;
+pub mod controller;
+pub mod e2e;
+pub mod helm;
+pub mod metrics;
+pub mod model;
+pub mod node;
+pub mod rbac;
+pub mod server;
+pub mod sse;
+pub mod worker;
+
+use std::path::{Path, PathBuf};
+
+/// The repository's root (scripts, charts, fixtures are found from it).
+pub fn repo_root() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+}
+
+/// The `baton` binary of the build the running test belongs to: `target/<profile>/baton`, beside
+/// the `deps/` folder the test binary runs from. Cargo names it to a package's own tests only
+/// (`CARGO_BIN_EXE_baton`), so the kit finds it from where the test runs.
+pub fn baton_bin() -> PathBuf {
+    let test = std::env::current_exe().expect("the running test's path");
+    let profile = test
+        .parent()
+        .and_then(Path::parent)
+        .expect("a test binary runs from target/<profile>/deps");
+    let baton = profile.join("baton");
+    assert!(
+        baton.exists(),
+        "{} is missing: build it with `cargo build` (cargo test builds it for baton's tests)",
+        baton.display()
+    );
+    baton
+}
