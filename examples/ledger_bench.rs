@@ -39,7 +39,7 @@ use baton::crd::v1alpha1::{AgentRun, AgentRunStatus, LedgerBackend, LedgerEvent,
 use baton::fence::{Fence, worker_pod_name};
 use baton::ledger::postgres::PgLedger;
 use baton::ledger::served::LEDGER_AUDIENCE;
-use baton::ledger::{LedgerServer, LedgerToken, RunLedger, SegmentStore};
+use baton::ledger::{LedgerClient, LedgerToken, RunLedger, SegmentStore};
 use baton::rbac::worker_service_account_name;
 
 /// How many runs are prepared, and written, at a time: a busy cluster's worth of workers,
@@ -274,7 +274,7 @@ async fn prepare(
             }
             LedgerBackend::PostgreSQL => {
                 let token = worker_token(client, ns, &name).await?;
-                let writer = LedgerServer::new(&server.base, LedgerToken::Fixed(token));
+                let writer = LedgerClient::new(&server.base, LedgerToken::Fixed(token));
                 RunLedger::Served(writer.for_run(ns, &name, &run.uid().unwrap_or_default()))
             }
         })

@@ -8,7 +8,7 @@ as `file:line: what`, each:
 
 - relative Markdown link whose file does not exist, or whose `#anchor` no heading of the
   target makes (GitHub's slugs);
-- backticked repository path (`src/ledger/replay.rs`, `hack/images.sh`, `docs/protocol.md`)
+- backticked repository path (`src/ledger/model/replay.rs`, `hack/images.sh`, `docs/protocol.md`)
   that does not exist; a path given relative to src/ (the module map's `controller/turn.rs`)
   that no file of the repository ends with;
 - name the docs place in a file that the file does not contain: `src/controller/close.rs::end`,

@@ -9,7 +9,6 @@ use kube::{Api, ResourceExt};
 use crate::approval::{self, DecisionError};
 use crate::crd::v1alpha1::{AgentRun, LedgerSegment, Phase, Verdict};
 use crate::kube_util::{is_conflict, is_not_found};
-use crate::ledger::postgres::PgLedger;
 use crate::ledger::{LedgerError, Ledgers};
 
 /// How many times a request re-reads and retries when the run changes under it.
@@ -85,8 +84,8 @@ pub struct RunRequests {
     runs: Api<AgentRun>,
     client: kube::Client,
     namespace: String,
-    /// Where ledgers are read: the API server with the asker's client, and PostgreSQL when
-    /// this process holds the database (`baton server`).
+    /// Where ledgers are read: the API server with the asker's client, unless the caller says
+    /// more ([`RunRequests::reading`]).
     ledgers: Ledgers,
 }
 
@@ -100,12 +99,10 @@ impl RunRequests {
         }
     }
 
-    /// Reads ledgers kept in PostgreSQL with `db` as well, for an asker RBAC lets read
-    /// ledgers in the namespace.
-    pub fn with_postgres(mut self, db: Option<PgLedger>) -> Self {
-        if let Some(db) = db {
-            self.ledgers = Ledgers::with_postgres(self.client.clone(), db);
-        }
+    /// Reads ledgers from `ledgers` (`baton server`: PostgreSQL as well, which it holds), for
+    /// an asker RBAC lets read ledgers in the namespace.
+    pub fn reading(mut self, ledgers: Ledgers) -> Self {
+        self.ledgers = ledgers;
         self
     }
 

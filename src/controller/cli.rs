@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::crd::v1alpha1::LedgerBackend;
-use crate::ledger::{LedgerError, LedgerServer, LedgerToken};
+use crate::ledger::{LedgerClient, LedgerError, LedgerToken};
 use crate::telemetry::LogFormat;
 use crate::webhook::{CertIssuer, TlsSettings, WebhookConfig};
 
@@ -133,11 +133,11 @@ impl ControllerArgs {
     }
 
     /// The ledger server the seals go to, trusting only `--ledger-server-ca-file` if given.
-    fn ledger_server(&self) -> Result<Option<LedgerServer>, Error> {
+    fn ledger_server(&self) -> Result<Option<LedgerClient>, Error> {
         let Some(url) = self.ledger_server.as_deref() else {
             return Ok(None);
         };
-        let server = LedgerServer::new(url, LedgerToken::File(self.ledger_token_file.clone()));
+        let server = LedgerClient::new(url, LedgerToken::File(self.ledger_token_file.clone()));
         let Some(path) = &self.ledger_server_ca_file else {
             return Ok(Some(server));
         };

@@ -76,7 +76,7 @@ pub struct Config {
     pub webhook: Option<crate::webhook::WebhookConfig>,
     /// `baton server`, serving the ledgers of runs kept in PostgreSQL (the controller's seals
     /// go there, and worker pods of such runs are given its address); None: no such runs.
-    pub ledger_server: Option<crate::ledger::LedgerServer>,
+    pub ledger_server: Option<crate::ledger::LedgerClient>,
     /// Where the ledgers of new runs are kept.
     pub new_runs_ledger: crate::crd::v1alpha1::LedgerBackend,
 }

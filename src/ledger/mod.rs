@@ -1,34 +1,37 @@
-//! The run's durable, append-only ledger (docs/protocol.md).
+//! The run's durable, append-only ledger (docs/protocol.md), in layers, each using only the
+//! ones above it:
 //!
-//! `replay` and `chunk` are pure: they turn segments into a conversation, a step record and a
-//! salvage, and split events too large for one segment. `store` (LedgerSegments in the API
-//! server) and `postgres` (rows in PostgreSQL) are the I/O: the fenced append, the ordered
-//! list; `append` is the fenced append both share; `run_ledger` is the one interface callers
-//! use, choosing the backend a run's status records.
+//! 1. `model`: pure folds of segments (the conversation, the step record, the salvage; chunked
+//!    events put back together; a turn's history);
+//! 2. `append`: the fenced append every backend makes, written once;
+//! 3. `backends`: LedgerSegments in the API server (`SegmentStore`) and rows in PostgreSQL;
+//! 4. `served`: the ledger `baton server` serves for runs kept in PostgreSQL, its wire and its
+//!    client (`LedgerClient`);
+//!
+//! and one door, `RunLedger` (`run_ledger`), which callers use, choosing the backend a run's
+//! status records. What every layer reads by (this module): the errors, whether a segment is
+//! the run's own by all three of its marks (`is_segment_of`), and contiguity.
 
 mod append;
-mod chunk;
-mod history;
-pub mod postgres;
-mod remote;
-mod replay;
+mod backends;
+mod model;
 mod run_ledger;
 pub mod served;
-mod store;
 
 pub use append::Appended;
 pub(crate) use append::segment_of_run;
-pub use chunk::{EncodeError, SEGMENT_BUDGET_BYTES, Unchunker, encode_events, event_bytes};
-pub use history::{
+pub use backends::postgres;
+pub use backends::store::SegmentStore;
+pub use model::chunk::{EncodeError, SEGMENT_BUDGET_BYTES, Unchunker, encode_events, event_bytes};
+pub use model::history::{
     ENDED_WITHOUT_RESULT, Fitted, FixedHistory, HistoryError, estimated_tokens, fit,
     recorded_history, turn_conversation,
 };
-pub use remote::{LedgerServer, LedgerToken, ServedLedger};
-pub use replay::{
+pub use model::replay::{
     Replay, ReplayedMessage, ReplayedStep, StepState, ToolCallRecord, UNKNOWN_EFFECT_NOTICE,
 };
 pub use run_ledger::{Ledgers, RunLedger};
-pub use store::SegmentStore;
+pub use served::{LedgerClient, LedgerToken, ServedLedger};
 
 use crate::crd::v1alpha1::LedgerSegment;
 #[cfg(test)]

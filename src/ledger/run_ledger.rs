@@ -7,7 +7,7 @@
 use kube::{Client, ResourceExt};
 
 use super::postgres::PgLedger;
-use super::{Appended, LedgerError, LedgerServer, SegmentStore, ServedLedger};
+use super::{Appended, LedgerClient, LedgerError, SegmentStore, ServedLedger};
 use crate::crd::v1alpha1::{AgentRun, LedgerBackend, LedgerEvent, LedgerSegment};
 use crate::fence::Fence;
 
@@ -18,7 +18,7 @@ use crate::fence::Fence;
 pub struct Ledgers {
     client: Client,
     postgres: Option<PgLedger>,
-    served: Option<LedgerServer>,
+    served: Option<LedgerClient>,
     /// What a run not yet recorded gets.
     new_runs: LedgerBackend,
 }
@@ -35,7 +35,7 @@ impl Ledgers {
     }
 
     /// Runs kept in PostgreSQL reached through `server`; new runs given `new_runs`.
-    pub fn with_server(client: Client, server: LedgerServer, new_runs: LedgerBackend) -> Self {
+    pub fn with_server(client: Client, server: LedgerClient, new_runs: LedgerBackend) -> Self {
         Self {
             served: Some(server),
             new_runs,

@@ -195,7 +195,7 @@ impl ServerState {
         query
             .ns
             .clone()
-            .filter(|n| super::is_object_name(n))
+            .filter(|n| super::names::is_object_name(n))
             .unwrap_or_else(|| self.console.namespace.clone())
     }
 

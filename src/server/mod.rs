@@ -13,6 +13,7 @@ mod hub;
 mod identity;
 mod ledger_api;
 mod metrics;
+mod names;
 mod runs;
 mod session;
 mod signin;
@@ -34,6 +35,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use tokio::sync::mpsc;
 
+use crate::ledger::Ledgers;
 use crate::serving::admin::{Ready, metrics_response, probes};
 use crate::serving::{Stop, Tls, TlsFiles};
 
@@ -236,8 +238,12 @@ impl ServerState {
     /// `caller`'s requests on the runs of `namespace`, reading ledgers wherever this server
     /// can reach them.
     fn requests(&self, caller: &caller::Caller, namespace: &str) -> crate::requests::RunRequests {
-        crate::requests::RunRequests::new(caller.client().clone(), namespace)
-            .with_postgres(self.ledger.as_ref().map(|l| l.db().clone()))
+        let client = caller.client().clone();
+        let ledgers = match &self.ledger {
+            Some(ledger) => Ledgers::with_postgres(client.clone(), ledger.db().clone()),
+            None => Ledgers::api_server(client.clone()),
+        };
+        crate::requests::RunRequests::new(client, namespace).reading(ledgers)
     }
 
     /// The one-time sign-in secret of `baton console` (None in-cluster, or once used).
@@ -285,7 +291,7 @@ pub fn router(state: Arc<ServerState>) -> Router {
             body::announced_within,
         ))
         .merge(ledger_routes())
-        .route_layer(middleware::from_fn(names_checked))
+        .route_layer(middleware::from_fn(names::checked))
         .route(
             "/",
             get(|| async { axum::response::Redirect::to("/console") }),
@@ -319,36 +325,6 @@ async fn metrics_text(State(state): State<Arc<ServerState>>) -> impl IntoRespons
     let held = i64::try_from(state.stream_bytes.held_bytes()).unwrap_or(i64::MAX);
     state.metrics.stream_bytes.set(held);
     metrics_response(state.metrics.render())
-}
-
-/// Every name in a path (namespace, run, thread) must be a Kubernetes object name before it
-/// goes into a request to the API server: 400 naming the parameter otherwise.
-async fn names_checked(
-    params: axum::extract::RawPathParams,
-    request: Request,
-    next: Next,
-) -> Response {
-    for (param, value) in &params {
-        if !is_object_name(value) {
-            let message = format!(
-                "{param}: {:?} is not a Kubernetes name (lowercase letters, digits, '-' and '.', at most 253)",
-                value.chars().take(80).collect::<String>()
-            );
-            return ApiError::BadRequest(message).into_response();
-        }
-    }
-    next.run(request).await
-}
-
-/// A DNS subdomain name, as the API server requires of namespaces and of baton's objects.
-pub(crate) fn is_object_name(value: &str) -> bool {
-    let bytes = value.as_bytes();
-    let edge = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit();
-    !value.is_empty()
-        && value.len() <= 253
-        && bytes.first().is_some_and(edge)
-        && bytes.last().is_some_and(edge)
-        && bytes.iter().all(|b| edge(b) || *b == b'-' || *b == b'.')
 }
 
 async fn count_responses(
@@ -471,27 +447,4 @@ async fn serve(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::is_object_name;
-
-    #[test]
-    fn only_kubernetes_names_reach_the_api_server() {
-        for ok in ["default", "team-a", "run.1", "a"] {
-            assert!(is_object_name(ok), "{ok}");
-        }
-        for bad in [
-            "",
-            "A",
-            "a/b",
-            "..",
-            "a/../../secrets",
-            "-a",
-            "a-",
-            "a b",
-            "ä",
-            &"a".repeat(254),
-        ] {
-            assert!(!is_object_name(bad), "{bad}");
-        }
-    }
-}
+mod router_tests;

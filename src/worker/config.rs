@@ -104,7 +104,7 @@ pub struct WorkerConfig {
     pub executor_wait: Duration,
     pub mcp_headers_dir: PathBuf,
     /// Where runs kept in PostgreSQL are reached (None: nowhere).
-    pub ledger_server: Option<crate::ledger::LedgerServer>,
+    pub ledger_server: Option<crate::ledger::LedgerClient>,
 }
 
 impl std::fmt::Debug for WorkerConfig {
@@ -127,7 +127,7 @@ impl TryFrom<WorkerArgs> for WorkerConfig {
         let ledger_server = match a.ledger_server {
             Some(url) => {
                 let token = crate::ledger::LedgerToken::File(a.ledger_token_file);
-                let server = crate::ledger::LedgerServer::new(&url, token);
+                let server = crate::ledger::LedgerClient::new(&url, token);
                 Some(match a.ledger_server_ca.as_deref() {
                     Some(ca) => server.trusting(ca)?,
                     None => server,

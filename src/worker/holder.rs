@@ -52,7 +52,7 @@ impl Holder {
         pod: &str,
         fence: Fence,
         segment_budget: usize,
-        ledger_server: Option<&crate::ledger::LedgerServer>,
+        ledger_server: Option<&crate::ledger::LedgerClient>,
     ) -> Result<Self, LedgerError> {
         let id = RunHolder {
             pod: pod.to_string(),

@@ -26,3 +26,4 @@ mod trust;
 mod versions;
 mod webhook;
 mod webhook_hostile;
+mod write_order;

@@ -290,7 +290,7 @@ async fn only_the_controller_deletes_a_served_ledger_and_only_of_a_run_being_del
             .unwrap()
             .is_empty()
     );
-    let late = baton::ledger::LedgerServer::new(&base, baton::ledger::LedgerToken::Fixed(writer))
+    let late = baton::ledger::LedgerClient::new(&base, baton::ledger::LedgerToken::Fixed(writer))
         .for_run(&ns.name, "r", &uid)
         .append(1, Fence::new(1), vec![])
         .await;
@@ -442,7 +442,7 @@ async fn an_append_larger_than_a_segment_goes_as_its_segments() {
         content: text.clone(),
     };
     let appended =
-        baton::ledger::LedgerServer::new(&base, baton::ledger::LedgerToken::Fixed(writer))
+        baton::ledger::LedgerClient::new(&base, baton::ledger::LedgerToken::Fixed(writer))
             .for_run(&ns.name, "r", &uid)
             .append(0, Fence::new(1), vec![message])
             .await

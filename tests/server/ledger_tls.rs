@@ -10,7 +10,7 @@ use crate::pg_runs::{
 use crate::transcript_cli::exec_kubeconfig;
 use baton::crd::v1alpha1::{AgentRun, LeaseSpec, Phase};
 use baton::ledger::served::LEDGER_AUDIENCE;
-use baton::ledger::{LedgerServer, LedgerToken};
+use baton::ledger::{LedgerClient, LedgerToken};
 use baton_testkit::common::TestNamespace;
 use baton_testkit::common::worker_proc::*;
 use baton_testkit::rbac::mint_token_for;
@@ -26,7 +26,7 @@ async fn a_run_kept_in_postgresql_is_written_over_tls_to_the_server_its_ca_names
     let addr = free_addr().await;
     let base = format!("https://{addr}");
     let _server = server_process_with(&addr, &controller_user, Some(&tls)).await;
-    let writer = LedgerServer::new(&base, LedgerToken::Fixed(seal.clone()));
+    let writer = LedgerClient::new(&base, LedgerToken::Fixed(seal.clone()));
     let _controller = start_pg_controller_with(&ns, writer.trusting(&tls.ca_pem).unwrap());
     let lease = LeaseSpec {
         duration_seconds: 4,
@@ -51,11 +51,11 @@ async fn a_run_kept_in_postgresql_is_written_over_tls_to_the_server_its_ca_names
     let reader = person(&ns, "alice", run_user_rules()).await;
     let token = mint_token_for(&ns.client, &ns.name, "alice", LEDGER_AUDIENCE, None).await;
     let other = TlsFiles::issue(&format!("{}-other", ns.name));
-    let read = |server: LedgerServer| {
+    let read = |server: LedgerClient| {
         let ledger = server.for_run(&ns.name, "tls", &uid);
         async move { ledger.list().await.map(|rows| rows.len()) }
     };
-    let trusted = LedgerServer::new(&base, LedgerToken::Fixed(token.clone()));
+    let trusted = LedgerClient::new(&base, LedgerToken::Fixed(token.clone()));
     let trusted = read(trusted.trusting(&tls.ca_pem).unwrap()).await;
     assert!(
         trusted.as_ref().is_ok_and(|n| *n >= 2),
@@ -64,11 +64,11 @@ async fn a_run_kept_in_postgresql_is_written_over_tls_to_the_server_its_ca_names
     for (who, server) in [
         (
             "the system's roots",
-            LedgerServer::new(&base, LedgerToken::Fixed(seal.clone())),
+            LedgerClient::new(&base, LedgerToken::Fixed(seal.clone())),
         ),
         (
             "another CA",
-            LedgerServer::new(&base, LedgerToken::Fixed(seal.clone()))
+            LedgerClient::new(&base, LedgerToken::Fixed(seal.clone()))
                 .trusting(&other.ca_pem)
                 .unwrap(),
         ),
@@ -76,9 +76,9 @@ async fn a_run_kept_in_postgresql_is_written_over_tls_to_the_server_its_ca_names
         let refused = read(server).await.unwrap_err().to_string();
         assert!(refused.contains("certificate"), "{who}: {refused}");
     }
-    let plain = LedgerServer::new(&format!("http://{addr}"), LedgerToken::Fixed(token));
+    let plain = LedgerClient::new(&format!("http://{addr}"), LedgerToken::Fixed(token));
     assert!(read(plain).await.is_err(), "plain HTTP is not served");
-    let not_a_ca = LedgerServer::new(&base, LedgerToken::Fixed(seal)).trusting("no PEM here");
+    let not_a_ca = LedgerClient::new(&base, LedgerToken::Fixed(seal)).trusting("no PEM here");
     assert!(not_a_ca.unwrap_err().to_string().contains("no certificate"));
 
     // `baton transcript --server https://…` with the CA named, and refused without it.

@@ -55,14 +55,14 @@ pub(crate) fn worker_env(pod: &Pod, name: &str) -> Option<String> {
 /// The controller scoped to `ns`, keeping new runs' ledgers in PostgreSQL through `server`,
 /// its seals sent with `token`.
 pub(crate) fn start_pg_controller(ns: &TestNamespace, server: &str, token: String) -> Running {
-    use baton::ledger::{LedgerServer, LedgerToken};
-    start_pg_controller_with(ns, LedgerServer::new(server, LedgerToken::Fixed(token)))
+    use baton::ledger::{LedgerClient, LedgerToken};
+    start_pg_controller_with(ns, LedgerClient::new(server, LedgerToken::Fixed(token)))
 }
 
 /// [`start_pg_controller`] reaching the ledger server as `server` says (its CA, say).
 pub(crate) fn start_pg_controller_with(
     ns: &TestNamespace,
-    server: baton::ledger::LedgerServer,
+    server: baton::ledger::LedgerClient,
 ) -> Running {
     let config = baton::controller::Config {
         ledger_server: Some(server),

@@ -24,10 +24,10 @@ use sql::*;
 
 use tls::Tls;
 
-use super::append::{Appended, AtPosition, Positions, append_fenced, segment_of_run};
-use super::{LedgerError, SEGMENT_BUDGET_BYTES, check_contiguous_after, is_segment_of};
 use crate::crd::v1alpha1::{LEDGER_FORMAT_VERSION, LedgerEvent, LedgerSegment};
 use crate::fence::Fence;
+use crate::ledger::append::{Appended, AtPosition, Positions, append_fenced, segment_of_run};
+use crate::ledger::{LedgerError, SEGMENT_BUDGET_BYTES, check_contiguous_after, is_segment_of};
 
 /// Errors of the PostgreSQL ledger.
 #[derive(Debug, thiserror::Error)]
@@ -283,7 +283,7 @@ impl Positions for PgRunLedger {
     }
 }
 
-/// One run's ledger in PostgreSQL: what [`super::SegmentStore`] is in the API server.
+/// One run's ledger in PostgreSQL: what [`crate::ledger::SegmentStore`] is in the API server.
 #[derive(Clone)]
 pub struct PgRunLedger {
     db: PgLedger,
@@ -364,7 +364,7 @@ impl PgRunLedger {
         Ok(rows.first().map_or(0, |r| r.get(0)))
     }
 
-    /// Fenced append (docs/protocol.md), as [`super::append`] rules it: `events` at
+    /// Fenced append (docs/protocol.md), as [`crate::ledger::append`] rules it: `events` at
     /// `tail + 1` onwards under `fence`; each position one statement, one round trip.
     pub async fn append(
         &self,

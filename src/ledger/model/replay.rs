@@ -4,8 +4,8 @@
 
 use std::collections::BTreeMap;
 
-use super::LedgerError;
 use super::chunk::Unchunker;
+use crate::ledger::LedgerError;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::crd::v1alpha1::{

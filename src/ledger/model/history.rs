@@ -2,10 +2,10 @@
 //! turns, rebuilt from their ledgers up to the positions its first seal fixed. Pure: the
 //! segments are read by the caller.
 
-use super::LedgerError;
 use super::replay::{Replay, ReplayedMessage, StepState};
 use crate::crd::v1alpha1::{ContextPolicy, HistoryTurn, LedgerEvent, LedgerSegment, Overflow};
 use crate::fence::EndReason;
+use crate::ledger::LedgerError;
 
 /// What the model is told about a call its turn ended without a result for (the turn was
 /// stopped, failed or interrupted while the call waited or ran).

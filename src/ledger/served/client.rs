@@ -6,10 +6,12 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::served::{AppendOutcome, AppendRequest, Deleted, ledger_path};
-use super::{Appended, LedgerError, SEGMENT_BUDGET_BYTES, encode_events, own_segments_after};
+use super::wire::{AppendOutcome, AppendRequest, Deleted, ledger_path};
 use crate::crd::v1alpha1::{LedgerEvent, LedgerSegment};
 use crate::fence::Fence;
+use crate::ledger::{
+    Appended, LedgerError, SEGMENT_BUDGET_BYTES, encode_events, own_segments_after,
+};
 
 /// Where a writer's ledger token comes from.
 #[derive(Clone, Debug)]
@@ -35,7 +37,7 @@ impl LedgerToken {
 
 /// `baton server`, as a ledger's writers reach it.
 #[derive(Clone, Debug)]
-pub struct LedgerServer {
+pub struct LedgerClient {
     http: reqwest::Client,
     /// `http(s)://host:port`, no trailing slash.
     base: String,
@@ -52,7 +54,7 @@ pub struct LedgerServer {
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
-impl LedgerServer {
+impl LedgerClient {
     pub fn new(base: &str, token: LedgerToken) -> Self {
         Self {
             http: client(Vec::new()).expect("an HTTP client with the process's TLS provider"),
@@ -103,7 +105,7 @@ impl LedgerServer {
 /// One run's ledger, served.
 #[derive(Clone, Debug)]
 pub struct ServedLedger {
-    server: LedgerServer,
+    server: LedgerClient,
     url: String,
     run: String,
     uid: String,
@@ -248,7 +250,7 @@ mod tests {
         let err = token.read().unwrap_err();
         assert!(matches!(err, LedgerError::Client { .. }), "{err:?}");
         assert!(!err.is_transient(), "{err}");
-        let server = LedgerServer::new("http://127.0.0.1:1", LedgerToken::Fixed("t".into()));
+        let server = LedgerClient::new("http://127.0.0.1:1", LedgerToken::Fixed("t".into()));
         let err = server.trusting("not a certificate").unwrap_err();
         assert!(!err.is_transient(), "{err}");
     }

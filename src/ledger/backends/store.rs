@@ -4,14 +4,14 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 
-use super::append::{Appended, AtPosition, Positions, append_fenced, segment_of_run};
-use super::{
-    LedgerError, SEGMENT_BUDGET_BYTES, check_contiguous, check_contiguous_after, is_segment_of,
-};
 use crate::crd::RUN_UID_LABEL;
 use crate::crd::v1alpha1::{AgentRun, LedgerEvent, LedgerSegment};
 use crate::fence::{Fence, segment_name};
 use crate::kube_util::is_already_exists;
+use crate::ledger::append::{Appended, AtPosition, Positions, append_fenced, segment_of_run};
+use crate::ledger::{
+    LedgerError, SEGMENT_BUDGET_BYTES, check_contiguous, check_contiguous_after, is_segment_of,
+};
 use crate::owned::{Ownership, owner_reference};
 
 /// Segments of a page read from the API server at once.
@@ -119,7 +119,7 @@ impl SegmentStore {
     }
 
     /// Fenced append (docs/protocol.md): writes `events` at `tail + 1` onwards under `fence`,
-    /// as [`super::append`] rules it.
+    /// as [`crate::ledger::append`] rules it.
     pub async fn append(
         &self,
         tail: i64,

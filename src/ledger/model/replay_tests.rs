@@ -197,7 +197,7 @@ fn a_chunked_event_its_writer_never_finished_is_dropped_and_the_ledger_replays()
         output: "y".repeat(4000),
         is_error: false,
     };
-    let groups = super::super::encode_events(vec![result], 1500).unwrap();
+    let groups = crate::ledger::encode_events(vec![result], 1500).unwrap();
     assert!(groups.len() > 2, "the result is split into several chunks");
     let mut segments = vec![seg(1, 1, vec![intent(1)])];
     // All but the last chunk landed, then the writer died.
@@ -225,7 +225,7 @@ fn a_chunked_event_its_writer_never_finished_is_dropped_and_the_ledger_replays()
         output: "z".repeat(4000),
     };
     let mut seq = next;
-    for group in super::super::encode_events(vec![done], 1500).unwrap() {
+    for group in crate::ledger::encode_events(vec![done], 1500).unwrap() {
         seq += 1;
         segments.push(seg(seq, 2, group));
     }

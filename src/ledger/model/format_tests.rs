@@ -8,7 +8,10 @@ use crate::crd::v1alpha1::{LedgerSegmentSpec, UnrecognizedEvent};
 use crate::fence::test_segment;
 
 /// Every format a release wrote, oldest first.
-const FORMATS: &[(i32, &str)] = &[(1, include_str!("../../tests/fixtures/ledger/format-1.json"))];
+const FORMATS: &[(i32, &str)] = &[(
+    1,
+    include_str!("../../../tests/fixtures/ledger/format-1.json"),
+)];
 
 fn ledgers(text: &str) -> serde_json::Map<String, serde_json::Value> {
     let doc: serde_json::Value = serde_json::from_str(text).unwrap();

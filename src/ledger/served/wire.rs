@@ -5,9 +5,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Appended, LedgerError};
 use crate::crd::v1alpha1::{LedgerEvent, LedgerSegment};
 use crate::fence::Fence;
+use crate::ledger::{Appended, LedgerError};
 
 /// The audience a writer's token is issued for: a token for the API server (or anything
 /// else) is refused, and a ledger token is worth nothing to the API server.
