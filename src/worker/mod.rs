@@ -30,7 +30,6 @@ pub mod model;
 mod outage;
 mod progress;
 mod provider;
-mod reconcile;
 mod resume;
 mod session;
 pub mod toolbox;
@@ -53,7 +52,7 @@ use guard::{Interrupts, LostGuard, RETRY_FIRST};
 use heartbeat::{RenewTiming, renew_loop, watch_run};
 use metrics::{FenceRejection, WorkerMetrics};
 use progress::{Progress, progress_loop};
-use reconcile::Resumed;
+use resume::Resumed;
 use session::{Handles, Identity, Session};
 use toolbox::Toolbox;
 use tools::Tools;
@@ -234,7 +233,7 @@ async fn attempt(
     s.report_unrecognized().await;
     let timed_out = crate::approval::claimed_for_timeout(&s.me.run, s.fence());
     let plan = resume::plan(&s.turn.replay, s.spec(), &s.io.toolbox, timed_out);
-    let (ending, record) = match reconcile::resume(&mut s, plan).await {
+    let (ending, record) = match resume::resume(&mut s, plan).await {
         Resumed::End { ending, record } => (ending, record),
         Resumed::Continue => (agent::agent_loop(&mut s).await, true),
     };

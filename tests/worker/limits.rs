@@ -325,6 +325,6 @@ async fn a_chunked_event_its_writer_never_finished_does_not_stop_the_resume() {
     );
     assert_eq!(count(&counter), 1, "step 1 was not run again");
     let replay = Replay::from_segments(&segments(&ns.client, &ns.name, "torn").await).unwrap();
-    assert_eq!(replay.abandoned_chunks, 1);
+    assert_eq!(replay.abandoned_chunks(), 1);
     ns.cleanup().await;
 }

@@ -115,8 +115,6 @@ pub struct Replay {
     pub streamed_tail: String,
     tool_result_index: BTreeMap<i64, usize>,
     chunks: Unchunker,
-    /// Chunked events whose writer stopped before their last chunk (dropped).
-    pub abandoned_chunks: usize,
     /// What the run spent, as recorded.
     pub usage: RunUsage,
     /// A turn's first attempt recorded which earlier turns its model is not sent.
@@ -142,6 +140,11 @@ impl Replay {
         Ok(replay)
     }
 
+    /// Chunked events whose writer stopped before their last chunk (dropped).
+    pub fn abandoned_chunks(&self) -> usize {
+        self.chunks.abandoned()
+    }
+
     /// Folds more segments (the next positions) into this replay.
     pub fn extend(&mut self, segments: &[LedgerSegment]) -> Result<(), LedgerError> {
         for seg in segments {
@@ -164,7 +167,6 @@ impl Replay {
                             seq: seg.spec.seq,
                             detail,
                         })?;
-                self.abandoned_chunks = self.chunks.abandoned();
                 if let Some(event) = whole {
                     self.apply(seg.spec.fence, &event);
                 }

@@ -214,7 +214,7 @@ fn a_chunked_event_its_writer_never_finished_is_dropped_and_the_ledger_replays()
         }],
     ));
     let r = Replay::from_segments(&segments).unwrap();
-    assert_eq!(r.abandoned_chunks, 1);
+    assert_eq!(r.abandoned_chunks(), 1);
     assert_eq!(
         r.open_steps().len(),
         1,
@@ -231,7 +231,7 @@ fn a_chunked_event_its_writer_never_finished_is_dropped_and_the_ledger_replays()
     }
     let r = Replay::from_segments(&segments).unwrap();
     assert_eq!(r.final_output.as_deref().map(str::len), Some(4000));
-    assert_eq!(r.abandoned_chunks, 1);
+    assert_eq!(r.abandoned_chunks(), 1);
 }
 
 fn call(input: i64, output: i64) -> LedgerEvent {

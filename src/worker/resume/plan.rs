@@ -1,5 +1,5 @@
 //! What a new worker does with the ledger it found (docs/protocol.md, Resume): a pure decision
-//! from the replay and the spec. The I/O that carries it out lives in `reconcile`.
+//! from the replay and the spec. The I/O that carries it out lives in `carry_out`.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -8,8 +8,8 @@ use crate::crd::v1alpha1::{AgentRunSpec, AgentSpec, ProbeOutcome, ToolKind, Tool
 use crate::fence::{EndReason, Fence};
 use crate::ledger::{Replay, ReplayedStep, StepState};
 
-use super::toolbox::Toolbox;
-use super::tools::parse_arguments;
+use crate::worker::toolbox::Toolbox;
+use crate::worker::tools::parse_arguments;
 
 /// What to do about one step whose effect is not recorded.
 #[derive(Debug, Clone, PartialEq)]
@@ -244,5 +244,5 @@ fn may_rerun(step: &ReplayedStep, tool: &ToolSpec, agent: Option<&AgentSpec>) ->
 }
 
 #[cfg(test)]
-#[path = "resume_tests.rs"]
+#[path = "plan_tests.rs"]
 mod tests;

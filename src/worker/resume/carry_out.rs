@@ -4,18 +4,18 @@
 
 use tokio_util::sync::CancellationToken;
 
-use super::agent::{ToolRun, execute, result, run_tool, summary};
-use super::finish::Ending;
-use super::resume::{ApprovalCall, Reconcile, ResumePlan, Standing, Then};
-use super::session::Session;
-use super::tools::{ToolOutput, probe};
+use super::plan::{ApprovalCall, Reconcile, ResumePlan, Standing, Then};
 use crate::approval::{self, Settlement};
 use crate::crd::v1alpha1::{
     ApprovalOutcome, LedgerEvent, ProbeOutcome, Resolution, Role, UnknownEffect,
 };
+use crate::worker::agent::{ToolRun, execute, result, run_tool, summary};
+use crate::worker::finish::Ending;
+use crate::worker::session::Session;
+use crate::worker::tools::{ToolOutput, probe};
 
 /// What a probe that confirmed the effect puts in the step's result.
-pub const APPLIED_BY_PROBE: &str = "effect confirmed applied by probe; not re-run";
+const APPLIED_BY_PROBE: &str = "effect confirmed applied by probe; not re-run";
 
 /// Where resume leaves the attempt: an ending (and whether its event must still be
 /// appended), or on into the agent loop.
@@ -61,7 +61,7 @@ pub async fn resume(s: &mut Session, plan: ResumePlan) -> Resumed {
         return end(ending, true);
     }
     if uses_tools(&plan)
-        && let Err(ending) = super::mcp_servers::connect_all(s).await
+        && let Err(ending) = crate::worker::mcp_servers::connect_all(s).await
     {
         return end(ending, true);
     }
@@ -275,8 +275,8 @@ async fn rerun(s: &mut Session, r: &Reconcile) -> Result<(), Ending> {
             Ok(())
         }
         // Killed again: it stays unknown (already recorded); the next owner decides anew.
-        ToolRun::Killed => Err(super::agent::interrupted(s).unwrap_or(Ending::Lost)),
+        ToolRun::Killed => Err(crate::worker::agent::interrupted(s).unwrap_or(Ending::Lost)),
         ToolRun::Lost => Err(Ending::Lost),
-        ToolRun::ToolsLost => Err(super::agent::tools_lost(r.step)),
+        ToolRun::ToolsLost => Err(crate::worker::agent::tools_lost(r.step)),
     }
 }
