@@ -152,7 +152,7 @@ async fn node_behind_a_proxy_no_one_becomes_system_masters() {
         "userHeader": "X-Remote-User", "groupsHeader": "X-Remote-Group",
         "impersonator": { "name": GATEWAY, "namespace": env.ns },
     }}}));
-    wait_rolled_out(&env.client, SERVER, Duration::from_secs(180)).await;
+    wait_only_current_pods(&env.client, SERVER, Duration::from_secs(180)).await;
     let service = Relay::start(&format!("{}:80", server_cluster_ip(&env.client).await));
     let list = format!("{}/api/v1/namespaces/{}/runs", service.url(), env.ns);
     let http = reqwest::Client::new();
@@ -194,6 +194,6 @@ async fn node_behind_a_proxy_no_one_becomes_system_masters() {
         .await
         .expect("impersonating a user is what the chart grants");
     drop((service, _off));
-    wait_rolled_out(&env.client, SERVER, Duration::from_secs(180)).await;
+    wait_only_current_pods(&env.client, SERVER, Duration::from_secs(180)).await;
     env.finish().await;
 }

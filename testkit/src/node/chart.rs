@@ -176,6 +176,40 @@ pub async fn wait_rolled_out(client: &Client, name: &str, timeout: Duration) {
     }
 }
 
+/// Waits until Deployment `name` has rolled out and none of its old pods is left, not even
+/// terminating. Its status counts only the pods not terminating, and an old pod told to stop
+/// serves on a few seconds (`baton server`'s linger): a request sent right after the status
+/// says "rolled out" could still be answered by the old version's replica.
+pub async fn wait_only_current_pods(client: &Client, name: &str, timeout: Duration) {
+    let started = Instant::now();
+    wait_rolled_out(client, name, timeout).await;
+    let api: Api<Deployment> = Api::namespaced(client.clone(), SYSTEM_NS);
+    let d = retry(|| api.get(name)).await;
+    let want = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1) as usize;
+    let labels = d
+        .spec
+        .and_then(|s| s.selector.match_labels)
+        .unwrap_or_default();
+    let selector: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), SYSTEM_NS);
+    let params = ListParams::default().labels(&selector.join(","));
+    loop {
+        let listed = retry(|| pods.list(&params)).await.items;
+        let terminating = listed
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_some());
+        let old = terminating.map(|p| p.name_any()).collect::<Vec<_>>();
+        if listed.len() == want && old.is_empty() {
+            return;
+        }
+        assert!(
+            started.elapsed() < timeout,
+            "Deployment {name}: pods still going after {timeout:?}: {old:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 /// `kubectl rollout restart` of the controller Deployment.
 pub fn restart_controllers() {
     kubectl(&[

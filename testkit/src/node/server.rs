@@ -61,6 +61,9 @@ pub async fn servers_ready(client: &Client) -> Vec<Pod> {
     if kubectl(&["-n", SYSTEM_NS, "get", "deployment", SERVER]).is_err() {
         helm_upgrade(&serde_json::json!({}));
     }
+    // A rollout still under way (an earlier test's `helm upgrade`) has Ready pods of the old
+    // version about to go: the pods returned are the current version's.
+    wait_only_current_pods(client, SERVER, Duration::from_secs(180)).await;
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), SYSTEM_NS);
     let pods: Api<Pod> = Api::namespaced(client.clone(), SYSTEM_NS);
     let params = ListParams::default().labels("app.kubernetes.io/component=server");
