@@ -135,7 +135,7 @@ pub async fn within_budget(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::serving::{Stop, Tls};
+    use crate::serving::{Stop, Tls, serve};
 
     #[test]
     fn a_body_costs_its_announced_length_or_the_most_one_may_be() {
@@ -169,8 +169,7 @@ mod tests {
         let router = Router::new().route("/", axum::routing::get(endless));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let served =
-            super::super::serve("test", listener, router, Tls::Plain, Stop::WithTheProcess);
+        let served = serve("test", listener, router, Tls::Plain, Stop::WithTheProcess);
         tokio::spawn(served);
         // The server's task sets the bound before this connection's handshake: a connection
         // takes its buffer from the listener when the kernel makes it, before any accept.

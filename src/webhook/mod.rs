@@ -118,7 +118,7 @@ pub async fn run(
 /// closed).
 async fn serve(
     addr: SocketAddr,
-    served: tls::Served,
+    served: crate::serving::Published,
     reviewer: Reviewer,
 ) -> Result<(), WebhookError> {
     let app = Router::new()

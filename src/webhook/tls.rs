@@ -57,9 +57,6 @@ pub struct TlsSettings {
 /// The first wait after a failed pass; doubled each failure in a row, up to the period.
 const RETRY_FIRST: Duration = Duration::from_millis(500);
 
-/// The serving configuration, once the certificate is loaded.
-pub type Served = crate::serving::Published;
-
 /// Loads the certificate (issuing it if none and baton is its issuer), then checks it every
 /// `settings.check_every`, forever.
 pub async fn keep(

@@ -4,14 +4,14 @@
 
 use std::collections::BTreeMap;
 
-use super::chunk::Unchunker;
-use crate::ledger::LedgerError;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+use super::chunk::Unchunker;
 use crate::crd::v1alpha1::{
     ApprovalOutcome, LedgerEvent, LedgerSegment, McpToolRecord, ProbeOutcome, Role, RunUsage,
 };
 use crate::fence::{EndReason, Fence};
+use crate::ledger::LedgerError;
 
 /// What the model is told about a step whose worker died while it ran.
 pub const UNKNOWN_EFFECT_NOTICE: &str = "The worker running this step died before its result was recorded. \
