@@ -98,7 +98,7 @@ pub async fn fenced_update(
     let (name, fence) = (ours.run.as_str(), ours.fence);
     for _ in 0..CONFLICT_RETRIES {
         let run = api.get(name).await?;
-        let uid = run.uid().unwrap_or_default();
+        let uid = run.id().uid;
         if uid != ours.uid {
             return Err(StatusError::Replaced {
                 run: name.into(),

@@ -6,6 +6,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
 
 use crate::crd::RUN_UID_LABEL;
+use crate::crd::RunId;
 use crate::crd::v1alpha1::{AgentRun, LedgerSegment};
 use crate::fence::{Fence, append_ceiling, may_append_at, segment_name, worker_pod_name};
 use crate::rbac::{pod_service_account, service_account_username};
@@ -23,9 +24,9 @@ pub struct RunFacts {
 impl RunFacts {
     /// The facts of `run` as read from the API server.
     pub fn of(run: &AgentRun) -> Self {
-        let namespace = run.namespace().unwrap_or_default();
+        let RunId { namespace, uid, .. } = run.id();
         RunFacts {
-            uid: run.uid().unwrap_or_default(),
+            uid,
             fence: Fence::of_run(run),
             worker_user: service_account_username(&namespace, &pod_service_account(run)),
         }

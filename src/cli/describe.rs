@@ -35,7 +35,7 @@ pub fn describe(d: &Description) -> String {
 fn summary(run: &AgentRun, s: &AgentRunStatus) -> String {
     let mut lines = vec![
         ("Name", run.name_any()),
-        ("Namespace", run.namespace().unwrap_or_default()),
+        ("Namespace", run.id().namespace),
         ("Phase", s.phase.to_string()),
         ("Reason", s.reason.clone().unwrap_or_default()),
         ("Message", s.message.clone().unwrap_or_default()),

@@ -1,7 +1,6 @@
 //! Following a run's ledger as it grows (`transcript -f`, `chat`): segments printed in order,
 //! without a gap or a repeat, until the run is where the caller says.
 
-use std::collections::BTreeMap;
 use std::io::Write;
 
 use futures::StreamExt;
@@ -11,14 +10,16 @@ use kube::runtime::{WatchStreamExt, watcher};
 use super::{CliError, Session, print_lines};
 use crate::cli::render::Transcript;
 use crate::crd::RUN_UID_LABEL;
+use crate::crd::RunId;
 use crate::crd::v1alpha1::{AgentRun, LedgerSegment};
+use crate::ledger::Contiguous;
 use crate::ledger::is_segment_of;
 
 impl Session {
     /// `run` once the controller has written its status: its first write records where the
     /// run's ledger is kept, so a run followed from its creation is read from the right one.
     pub(super) async fn first_status(&self, run: &AgentRun) -> Result<AgentRun, CliError> {
-        let namespace = run.namespace().unwrap_or_default();
+        let namespace = run.id().namespace;
         let name = run.name_any();
         let has_status = |r: Option<&AgentRun>| r.is_none_or(|r| r.status.is_some());
         let seen = kube::runtime::wait::await_condition(self.runs(&namespace), &name, has_status);
@@ -41,8 +42,8 @@ impl Session {
         out: &mut impl Write,
         ends: fn(&AgentRun) -> bool,
     ) -> Result<(), CliError> {
-        let namespace = run.namespace().unwrap_or_default();
-        let selector = format!("{RUN_UID_LABEL}={}", run.uid().unwrap_or_default());
+        let RunId { namespace, uid, .. } = run.id();
+        let selector = format!("{RUN_UID_LABEL}={uid}");
         let segments = watcher(
             self.segments(&namespace),
             watcher::Config::default().labels(&selector),
@@ -56,13 +57,13 @@ impl Session {
         .default_backoff();
         let mut segments = std::pin::pin!(segments);
         let mut runs = std::pin::pin!(runs);
-        let mut pending = BTreeMap::new();
+        let mut pending = Contiguous::after(t.tail);
         loop {
             tokio::select! {
                 Some(seg) = segments.next() => {
                     if let Ok(seg) = seg.map(|s| own_or_reported(s, run)) && let Some(seg) = seg {
-                        pending.insert(seg.spec.seq, seg);
-                        print_contiguous(t, &mut pending, out)?;
+                        pending.offer(seg);
+                        print_released(t, &mut pending, out)?;
                     }
                 }
                 Some(event) = runs.next() => {
@@ -74,8 +75,8 @@ impl Session {
             }
         }
         let rest = self.ledger(run).await?;
-        pending.extend(rest.into_iter().map(|s| (s.spec.seq, s)));
-        print_contiguous(t, &mut pending, out)
+        rest.into_iter().for_each(|s| pending.offer(s));
+        print_released(t, &mut pending, out)
     }
 }
 
@@ -83,7 +84,7 @@ impl Session {
 /// other reader checks; otherwise None, and reported: a segment labelled with this run's UID
 /// but named for another run is somebody's forgery, never part of this transcript.
 fn own_or_reported(seg: LedgerSegment, run: &AgentRun) -> Option<LedgerSegment> {
-    let (name, uid) = (run.name_any(), run.uid().unwrap_or_default());
+    let (name, uid) = (run.name_any(), run.id().uid);
     if is_segment_of(&seg, &name, &uid) {
         return Some(seg);
     }
@@ -111,14 +112,13 @@ fn run_ended(
     }
 }
 
-/// Prints the segments that continue the transcript without a gap, and drops older ones.
-fn print_contiguous(
+/// Prints the segments that continue the transcript without a gap.
+fn print_released(
     t: &mut Transcript,
-    pending: &mut BTreeMap<i64, LedgerSegment>,
+    pending: &mut Contiguous<LedgerSegment>,
     out: &mut impl Write,
 ) -> Result<(), CliError> {
-    pending.retain(|seq, _| *seq > t.tail);
-    while let Some(segment) = pending.remove(&(t.tail + 1)) {
+    for segment in pending.release() {
         print_lines(out, t.segment(&segment))?;
     }
     Ok(())

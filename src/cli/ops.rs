@@ -268,8 +268,7 @@ impl Session {
     /// The run's Events from baton's components (core/v1 view, which also shows events.k8s.io
     /// Events), oldest first.
     async fn events_of(&self, run: &AgentRun) -> Result<Vec<Event>, CliError> {
-        let api: Api<Event> =
-            Api::namespaced(self.client.clone(), &run.namespace().unwrap_or_default());
+        let api: Api<Event> = Api::namespaced(self.client.clone(), &run.id().namespace);
         let selector = format!(
             "involvedObject.name={},involvedObject.kind=AgentRun",
             run.name_any()

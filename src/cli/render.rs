@@ -41,7 +41,7 @@ pub fn runs_table(runs: &[AgentRun], all_namespaces: bool, now: Timestamp) -> St
             age(run.metadata.creation_timestamp.as_ref(), now),
         ];
         if all_namespaces {
-            row.insert(0, run.namespace().unwrap_or_default());
+            row.insert(0, run.id().namespace);
         }
         rows.push(row);
     }

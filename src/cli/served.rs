@@ -94,7 +94,7 @@ impl ServerReader {
             .map_err(|e| failed(format!("a client for --server {base}: {e}")))?;
         let path = format!(
             "/api/v1/namespaces/{}/runs/{}",
-            run.namespace().unwrap_or_default(),
+            run.id().namespace,
             run.name_any()
         );
         Ok(Self {
@@ -102,7 +102,7 @@ impl ServerReader {
             base: base.trim_end_matches('/').to_string(),
             path,
             run: run.name_any(),
-            uid: run.uid().unwrap_or_default(),
+            uid: run.id().uid,
         })
     }
 

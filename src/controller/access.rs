@@ -41,13 +41,13 @@ pub async fn ensure_run_rbac(
         return Ok(());
     }
     let rbac = RunRbac::for_run(run).map_err(|e| rbac_error(run, e))?;
-    let ns = run.namespace().unwrap_or_default();
+    let ns = run.id().namespace;
     let present = !first_claim
         && ctx
             .api::<RoleBinding>(&ns)
             .get_opt(&rbac.name())
             .await?
-            .is_some_and(|b| controlled_by_run(&b, &run.uid().unwrap_or_default()));
+            .is_some_and(|b| controlled_by_run(&b, &run.id().uid));
     if !present {
         // The Role must exist before a binding to it can be created by a controller without
         // `bind` (the API server resolves the Role to check for escalation); the
@@ -84,7 +84,7 @@ where
     {
         Wrote::Exists => {
             let existing = api.get(&obj.name_any()).await?;
-            if controlled_by_run(&existing, &run.uid().unwrap_or_default()) {
+            if controlled_by_run(&existing, &run.id().uid) {
                 return Ok(());
             }
             let what = format!(
@@ -117,7 +117,7 @@ pub async fn ensure_workspace(ctx: &Context, run: &AgentRun) -> Result<(), Error
     let Some(claim) = workspace_claim(run) else {
         return Ok(());
     };
-    let ns = run.namespace().unwrap_or_default();
+    let ns = run.id().namespace;
     create_owned(ctx, run, &ctx.api::<PersistentVolumeClaim>(&ns), &claim).await
 }
 

@@ -27,7 +27,7 @@ pub async fn admit(ctx: &Context, run: &AgentRun) -> Result<Applied, Error> {
     let Some(key) = run.spec.admission_key() else {
         return Ok(Applied::Done);
     };
-    let ns = run.namespace().unwrap_or_default();
+    let ns = run.id().namespace;
     let api = ctx.api::<Lease>(&ns);
     let lease = thread_lease(run, key);
     let params = PostParams::default();
@@ -89,7 +89,7 @@ async fn delete_thread_lease(
     key: &str,
     should: impl Fn(&Lease) -> bool,
 ) -> Result<(), Error> {
-    let api = ctx.api::<Lease>(&run.namespace().unwrap_or_default());
+    let api = ctx.api::<Lease>(&run.id().namespace);
     let name = thread_lease_name(key);
     let Some(lease) = api.get_opt(&name).await? else {
         return Ok(());
@@ -110,7 +110,7 @@ async fn delete_thread_lease(
 }
 
 fn wake_next(ctx: &Context, run: &AgentRun, key: &str) {
-    let ns = run.namespace().unwrap_or_default();
+    let ns = run.id().namespace;
     if let Some(next) = oldest_pending(ctx, &ns, key) {
         let _ = ctx.wake().unbounded_send(ObjectRef::new(&next).within(&ns));
     }

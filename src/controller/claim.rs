@@ -220,7 +220,7 @@ fn remember_seal(ctx: &Context, run: &AgentRun, fence: Fence, seq: i64) {
     if seq < 1 {
         return;
     }
-    let uid = run.uid().unwrap_or_default();
+    let uid = run.id().uid;
     ctx.remember(run, |m| m.seal = Some(SealMemory { uid, fence, seq }));
 }
 
@@ -246,7 +246,7 @@ async fn confirm_trigger(
     run: &AgentRun,
     reason: ClaimReason,
 ) -> Result<Stage<LeaseBase>, Error> {
-    let ns = run.namespace().unwrap_or_default();
+    let ns = run.id().namespace;
     match reason {
         ClaimReason::LeaseExpired => {
             let fresh = ctx.lease_edge(&ns).get(&run.name_any()).await?;
@@ -417,7 +417,7 @@ async fn create_pod_patiently(ctx: &Context, ns: &str, pod: &Pod) -> Result<(), 
 
 /// The run Lease as the watch cache has it.
 fn cached_lease(ctx: &Context, run: &AgentRun) -> Option<Lease> {
-    let ns = run.namespace().unwrap_or_default();
+    let ns = run.id().namespace;
     let name = run_lease_name(&run.name_any());
     ctx.lease_cache()
         .get(&ObjectRef::new(&name).within(&ns))

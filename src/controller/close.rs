@@ -126,20 +126,20 @@ async fn after_end(
 }
 
 /// A later pass's share of a terminal claim whose own pass stopped after the terminal status:
-/// the record appended, unless the ledger holds one. It is looked for first where it would be,
-/// in the API server's watch cache: right after the seal, whose position the terminal status
-/// gives, or at it (a version before this rule sealed with `closed`).
+/// the record appended, unless the ledger holds one. It is looked for first where it would be:
+/// right after the seal, whose position the terminal status gives, or at it (a version before
+/// this rule sealed with `closed`).
 pub async fn record_closed(ctx: &Context, run: &AgentRun) -> Result<Applied, Error> {
     let fence = Fence::of_run(run);
     let status = run.status.as_ref();
     let at = status
         .and_then(|s| s.ledger.as_ref())
         .map_or(0, |l| l.segments);
-    if recorded_at(ctx, run, fence, at).await? {
+    let store = ctx.ledger(run)?;
+    if recorded_at(ctx, &store, run, fence, at).await? {
         ctx.remember(run, |m| m.close_recorded = true);
         return Ok(Applied::Done);
     }
-    let store = ctx.ledger(run)?;
     let Some(replay) = up_to_seal(&store, fence).await? else {
         // Recorded already (or, from an older version, nothing of this fence to record).
         ctx.remember(run, |m| m.close_recorded = true);
@@ -152,17 +152,28 @@ pub async fn record_closed(ctx: &Context, run: &AgentRun) -> Result<Applied, Err
     Ok(Applied::Done)
 }
 
-/// True when the watch cache shows a `closed` record at `at + 1` or `at`.
-async fn recorded_at(ctx: &Context, run: &AgentRun, fence: Fence, at: i64) -> Result<bool, Error> {
-    let api = ctx.api::<LedgerSegment>(&run.namespace().unwrap_or_default());
-    for seq in [at + 1, at].into_iter().filter(|seq| *seq > 0) {
-        if let Some(seg) = cached_segment(&api, run, seq).await?
-            && matches!(verdict(fence, &seg, None), Verdict::Closed { .. })
-        {
-            return Ok(true);
+/// True when the ledger shows a `closed` record at `at + 1` or `at`: in the API server's watch
+/// cache for LedgerSegments, in the rows from `at` on for a ledger kept in a database.
+async fn recorded_at(
+    ctx: &Context,
+    store: &RunLedger,
+    run: &AgentRun,
+    fence: Fence,
+    at: i64,
+) -> Result<bool, Error> {
+    let near = [at + 1, at].into_iter().filter(|seq| *seq > 0);
+    let mut seen = Vec::new();
+    if store.in_api_server() {
+        let api = ctx.api::<LedgerSegment>(&run.id().namespace);
+        for seq in near {
+            seen.extend(cached_segment(&api, run, seq).await?);
         }
+    } else if at > 0 {
+        let rows = store.list_after(at - 1).await?;
+        seen.extend(rows.into_iter().take(2));
     }
-    Ok(false)
+    let closed = |seg: &LedgerSegment| matches!(verdict(fence, seg, None), Verdict::Closed { .. });
+    Ok(seen.iter().any(closed))
 }
 
 /// A claim met a `closed` record. One this version wrote follows the terminal status, so the
@@ -213,7 +224,7 @@ pub async fn delete_pod(ctx: &Context, run: &AgentRun, fence: Fence) -> Result<(
     if fence.never_claimed() {
         return Ok(());
     }
-    let ns = run.namespace().unwrap_or_default();
+    let ns = run.id().namespace;
     let name = worker_pod_name(&run.name_any(), fence);
     let cached = kube::runtime::reflector::ObjectRef::<Pod>::new(&name).within(&ns);
     if ctx
@@ -234,8 +245,8 @@ pub async fn delete_pod(ctx: &Context, run: &AgentRun, fence: Fence) -> Result<(
 /// Lease moved meanwhile (Conflict) is someone else's now; a Lease gone needs no release; a
 /// Lease this run does not control is not touched.
 pub async fn release_run_lease(ctx: &Context, run: &AgentRun) -> Result<(), Error> {
-    let leases = ctx.lease_edge(&run.namespace().unwrap_or_default());
-    let uid = run.uid().unwrap_or_default();
+    let leases = ctx.lease_edge(&run.id().namespace);
+    let uid = run.id().uid;
     let name = run.name_any();
     let Some(lease) = leases.released(&name, &uid, Fence::of_run(run)).await? else {
         return Ok(());

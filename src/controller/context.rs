@@ -16,6 +16,7 @@ use super::Config;
 use super::election::Leadership;
 use super::events::{self, Queued};
 use super::metrics::Metrics;
+use crate::crd::RunId;
 use crate::crd::v1alpha1::{AgentRun, AgentThread, LedgerBackend, LedgerSegment};
 use crate::fence::Fence;
 use crate::lease::{LeaseClient, LeaseSighting};
@@ -79,7 +80,7 @@ pub fn memory_for<'a>(
 pub type RunKey = (String, String);
 
 pub fn run_key(run: &AgentRun) -> RunKey {
-    (run.namespace().unwrap_or_default(), run.name_any())
+    (run.id().namespace, run.name_any())
 }
 
 /// The watch caches the controller reads instead of the API server.
@@ -200,10 +201,9 @@ impl Context {
     /// claimed, whose history it carries on.
     pub async fn ledger_of(&self, run: &AgentRun) -> Result<Vec<LedgerSegment>, LedgerError> {
         let backend = LedgerBackend::of(run.status.as_ref());
-        let (ns, uid) = (
-            run.namespace().unwrap_or_default(),
-            run.uid().unwrap_or_default(),
-        );
+        let RunId {
+            namespace: ns, uid, ..
+        } = run.id();
         self.ledgers
             .read_run(backend, &ns, &run.name_any(), &uid)
             .await
@@ -222,7 +222,7 @@ impl Context {
     }
 
     pub fn runs_api(&self, run: &AgentRun) -> Api<AgentRun> {
-        Api::namespaced(self.client.clone(), &run.namespace().unwrap_or_default())
+        Api::namespaced(self.client.clone(), &run.id().namespace)
     }
 
     pub fn api<K>(&self, namespace: &str) -> Api<K>

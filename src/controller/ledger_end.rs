@@ -13,7 +13,7 @@ use crate::fence::{
     CloseReason, Fence, Verdict, follows, ledger_verdict, segment_name, verdict, written_before,
 };
 use crate::kube_util::is_not_found;
-use crate::ledger::is_segment_of;
+use crate::ledger::{RunLedger, is_segment_of};
 
 /// Where a claim for `fence` finds the ledger.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,8 +92,7 @@ pub async fn ledger_end(ctx: &Context, run: &AgentRun, fence: Fence) -> Result<F
     if fence.is_first() {
         return Ok(LedgerEnd::Tail(0).into());
     }
-    let api = ctx.api::<LedgerSegment>(&run.namespace().unwrap_or_default());
-    let uid = run.uid().unwrap_or_default();
+    let uid = run.id().uid;
     let remembered = ctx
         .memory_of(run)
         .seal
@@ -104,6 +103,11 @@ pub async fn ledger_end(ctx: &Context, run: &AgentRun, fence: Fence) -> Result<F
         .as_ref()
         .and_then(|s| s.ledger.as_ref())
         .map_or(0, |l| l.segments);
+    let store = ctx.ledger(run)?;
+    if !store.in_api_server() {
+        return database_end(&store, fence, remembered.unwrap_or(reported)).await;
+    }
+    let api = ctx.api::<LedgerSegment>(&run.id().namespace);
     let start = match remembered {
         Some(seq) => Some(seq),
         None if reported > 0 => match cached_segment(&api, run, reported).await? {
@@ -127,6 +131,37 @@ pub async fn ledger_end(ctx: &Context, run: &AgentRun, fence: Fence) -> Result<F
     let end =
         LedgerEnd::ending(ledger_verdict(fence, &segments), 0).unwrap_or(LedgerEnd::Tail(tail));
     Ok(Found { end, claimants })
+}
+
+/// The end of a ledger kept in a database (through [`RunLedger`]: no watch cache to probe, and
+/// its rows are keyed by the run's UID, so no other run's segment is met): the segments from
+/// the hint on, the hint's own included (it must be of an older fence, as a probe's start is),
+/// classified as the probes classify them. A hint past the ledger's end (none should be: it is
+/// this controller's seal or the size the worker reported) reads the whole ledger instead.
+async fn database_end(store: &RunLedger, fence: Fence, hint: i64) -> Result<Found, Error> {
+    let mut from = (hint - 1).max(0);
+    let mut segments = store.list_after(from).await?;
+    if segments.is_empty() && from > 0 {
+        from = 0;
+        segments = store.list_after(from).await?;
+    }
+    Ok(end_of_rows(&segments, fence, from).into())
+}
+
+/// Where `segments` (a ledger read in order from position `from` on) leave a claim for
+/// `fence`: the first newer segment or `closed` ends it; else our own seal, walked past
+/// (a `closed` of our fence may follow it); else the tail.
+fn end_of_rows(segments: &[LedgerSegment], fence: Fence, from: i64) -> LedgerEnd {
+    let mut sealed = None;
+    for segment in segments {
+        match classify_seen(segment, fence) {
+            None => {}
+            Some(own @ LedgerEnd::Sealed(_)) => sealed = sealed.or(Some(own)),
+            Some(end) => return end,
+        }
+    }
+    let tail = segments.last().map_or(from, |s| s.spec.seq);
+    sealed.unwrap_or(LedgerEnd::Tail(tail))
 }
 
 /// The positions after `start` (a known segment of an older fence), probed one by one in the
@@ -278,5 +313,50 @@ mod tests {
             classify_seen(&seg(5, 2, vec![closed_at(2)]), Fence::new(3)),
             ended(2)
         );
+    }
+
+    #[test]
+    fn a_database_ledger_read_from_a_hint_ends_where_the_probes_would() {
+        let step = |seq, fence| {
+            seg(
+                seq,
+                fence,
+                vec![LedgerEvent::ModelDelta { text: "x".into() }],
+            )
+        };
+        let own = seg(
+            4,
+            3,
+            vec![LedgerEvent::Claimed {
+                fence: Fence::new(3),
+                pod: "r-w3".into(),
+            }],
+        );
+        let closed = seg(
+            5,
+            3,
+            vec![LedgerEvent::Closed {
+                fence: Fence::new(3),
+                reason: CloseReason::StopRequested,
+            }],
+        );
+        let f3 = Fence::new(3);
+        assert_eq!(end_of_rows(&[], f3, 2), LedgerEnd::Tail(2));
+        assert_eq!(
+            end_of_rows(&[step(2, 1), step(3, 2)], f3, 1),
+            LedgerEnd::Tail(3)
+        );
+        assert_eq!(
+            end_of_rows(&[step(3, 2), own.clone()], f3, 2),
+            LedgerEnd::Sealed(4)
+        );
+        assert_eq!(
+            end_of_rows(&[step(3, 2), own.clone(), closed], f3, 2),
+            LedgerEnd::Closed {
+                fence: f3,
+                reason: CloseReason::StopRequested
+            }
+        );
+        assert_eq!(end_of_rows(&[own, step(5, 4)], f3, 3), LedgerEnd::Lost);
     }
 }

@@ -26,6 +26,7 @@ use super::Error;
 use super::context::Context;
 use super::ledger_end::{cached_segment_at, cached_segments_of};
 use super::statuses::run_name;
+use crate::crd::RunId;
 use crate::crd::v1alpha1::{AgentRun, LedgerSegment};
 use crate::crd::{RUN_UID_LABEL, controlling_run};
 use crate::fence::{Fence, run_lease_name, segment_name, worker_pod_name};
@@ -33,8 +34,9 @@ use crate::fence::{Fence, run_lease_name, segment_name, worker_pod_name};
 /// True when nothing of another run stands where the claim of `run` for `fence` will write;
 /// false when leftovers were found (and are being deleted): look again shortly.
 pub async fn cleared(ctx: &Context, run: &AgentRun, fence: Fence) -> Result<bool, Error> {
-    let uid = run.uid().unwrap_or_default();
-    let ns = run.namespace().unwrap_or_default();
+    let RunId {
+        namespace: ns, uid, ..
+    } = run.id();
     let mut found = Vec::new();
     if let Some(pod) = foreign_pod(ctx, run, &uid, fence) {
         delete_leftover(ctx, &ctx.api::<Pod>(&ns), &pod).await?;
@@ -73,7 +75,7 @@ pub async fn cleared(ctx: &Context, run: &AgentRun, fence: Fence) -> Result<bool
 /// The pod the claim for `fence` will create, if the cache has one owned by another run.
 fn foreign_pod(ctx: &Context, run: &AgentRun, uid: &str, fence: Fence) -> Option<Pod> {
     let name = worker_pod_name(&run.name_any(), fence);
-    let ns = run.namespace().unwrap_or_default();
+    let ns = run.id().namespace;
     let pod = ctx.pod_cache().get(&ObjectRef::new(&name).within(&ns))?;
     let other = controlling_run(&*pod).is_some_and(|owner| owner.uid != uid);
     other.then(|| (*pod).clone())
@@ -81,7 +83,7 @@ fn foreign_pod(ctx: &Context, run: &AgentRun, uid: &str, fence: Fence) -> Option
 
 /// The run Lease, if the cache has one controlled by another run.
 fn foreign_lease(ctx: &Context, run: &AgentRun, uid: &str) -> Option<Lease> {
-    let ns = run.namespace().unwrap_or_default();
+    let ns = run.id().namespace;
     let name = run_lease_name(&run.name_any());
     let lease = ctx.lease_cache().get(&ObjectRef::new(&name).within(&ns))?;
     let other = controlling_run(&*lease).is_some_and(|owner| owner.uid != uid);
@@ -102,7 +104,7 @@ enum FirstSegment {
 /// Reads the first position (the API server's watch cache) and, if another run's UID is there,
 /// whether a run with that UID exists.
 async fn first_segment(ctx: &Context, run: &AgentRun, uid: &str) -> Result<FirstSegment, Error> {
-    let api = ctx.api::<LedgerSegment>(&run.namespace().unwrap_or_default());
+    let api = ctx.api::<LedgerSegment>(&run.id().namespace);
     let Some(first) = cached_segment_at(&api, run, 1).await? else {
         return Ok(FirstSegment::FreeOrOurs);
     };

@@ -19,7 +19,7 @@ use crate::lease::{LeaseSighting, lease_fence, lease_holder, thread_lease_name};
 
 /// Everything decide needs about `run`, as of `now`.
 pub fn observe<'a>(ctx: &Context, run: &'a AgentRun, now: Instant) -> Observation<'a> {
-    let ns = run.namespace().unwrap_or_default();
+    let ns = run.id().namespace;
     let lease = ctx
         .lease_cache()
         .get(&ObjectRef::new(&run_lease_name(&run.name_any())).within(&ns));
@@ -74,9 +74,9 @@ pub fn pod_state(ctx: &Context, run: &AgentRun) -> PodState {
         return PodState::Missing;
     }
     let name = worker_pod_name(&run.name_any(), fence);
-    let ns = run.namespace().unwrap_or_default();
+    let ns = run.id().namespace;
     match ctx.pod_cache().get(&ObjectRef::new(&name).within(&ns)) {
-        Some(pod) if controlled_by_run(&*pod, &run.uid().unwrap_or_default()) => classify_pod(&pod),
+        Some(pod) if controlled_by_run(&*pod, &run.id().uid) => classify_pod(&pod),
         _ => PodState::Missing,
     }
 }
@@ -161,7 +161,7 @@ pub fn admission(ctx: &Context, run: &AgentRun) -> Admission {
     let Some(key) = run.spec.admission_key() else {
         return Admission::NotRequired;
     };
-    let ns = run.namespace().unwrap_or_default();
+    let ns = run.id().namespace;
     let lease_ref = ObjectRef::new(&thread_lease_name(key)).within(&ns);
     match ctx.lease_cache().get(&lease_ref) {
         Some(lease) => held_admission(ctx, run, &lease),
@@ -178,7 +178,7 @@ fn held_admission(ctx: &Context, run: &AgentRun, lease: &Lease) -> Admission {
     if holder == run.name_any() && holder_uid == run.uid() {
         return Admission::Held;
     }
-    let ns = run.namespace().unwrap_or_default();
+    let ns = run.id().namespace;
     let live = ctx
         .run_cache()
         .get(&ObjectRef::new(&holder).within(&ns))

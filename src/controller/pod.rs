@@ -456,7 +456,7 @@ fn container_security_context(uid: i64) -> SecurityContext {
 fn worker_env(run: &AgentRun, fence: Fence, pod: &str) -> Vec<EnvVar> {
     let mut vars = vec![
         plain(env::RUN, run.name_any()),
-        plain(env::NAMESPACE, run.namespace().unwrap_or_default()),
+        plain(env::NAMESPACE, run.id().namespace),
         plain(env::FENCE, fence.to_string()),
         plain(env::POD, pod),
         plain("TMPDIR", SCRATCH_DIR),

@@ -238,5 +238,5 @@ fn terminal(
 
 /// The run's display name for logs: `namespace/name`.
 pub fn run_name(run: &AgentRun) -> String {
-    format!("{}/{}", run.namespace().unwrap_or_default(), run.name_any())
+    format!("{}/{}", run.id().namespace, run.name_any())
 }

@@ -25,7 +25,7 @@ use crate::status::set_condition;
 /// The cached thread `run` is a turn of.
 fn thread_of(ctx: &Context, run: &AgentRun) -> Option<std::sync::Arc<AgentThread>> {
     let thread = run.spec.thread.as_deref()?;
-    let key = ObjectRef::new(thread).within(&run.namespace().unwrap_or_default());
+    let key = ObjectRef::new(thread).within(&run.id().namespace);
     ctx.thread_cache().get(&key)
 }
 
@@ -38,7 +38,7 @@ pub fn busy_policy(ctx: &Context, run: &AgentRun) -> BusyPolicy {
 /// run of a `threadKey` of the same name is never stopped for a turn).
 fn holder_turn(ctx: &Context, run: &AgentRun) -> Option<std::sync::Arc<AgentRun>> {
     let thread = run.spec.thread.as_deref()?;
-    let ns = run.namespace().unwrap_or_default();
+    let ns = run.id().namespace;
     let key = ObjectRef::new(&thread_lease_name(thread)).within(&ns);
     let lease = ctx.lease_cache().get(&key)?;
     let holder = lease_holder(&lease)?.to_string();
@@ -85,7 +85,7 @@ pub async fn interrupt(ctx: &Context, run: &AgentRun, holder: &str) -> Result<Ap
 /// CAS on the run as the API server has it (the cache holds no user texts). A thread that does
 /// not exist ends the turn `Failed`, naming it.
 pub async fn join(ctx: &Context, run: &AgentRun) -> Result<Applied, Error> {
-    let (ns, name) = (run.namespace().unwrap_or_default(), run.name_any());
+    let (ns, name) = (run.id().namespace, run.name_any());
     let thread_name = run.spec.thread.clone().unwrap_or_default();
     let (runs, threads) = (ctx.runs_api(run), ctx.api::<AgentThread>(&ns));
     let (fresh, thread) = futures::try_join!(runs.get_opt(&name), threads.get_opt(&thread_name))?;
@@ -178,11 +178,11 @@ pub async fn history(ctx: &Context, run: &AgentRun) -> Result<Option<LedgerEvent
     };
     let mut earlier = earlier_turns(ctx, run);
     let mut turns = Vec::new();
-    let runs = ctx.api::<AgentRun>(&run.namespace().unwrap_or_default());
+    let runs = ctx.api::<AgentRun>(&run.id().namespace);
     while let Some(cached) = earlier.pop() {
         // Read fresh: the turn before ended moments ago (its end admitted this one), and the
         // cache may not show it yet; a history fixed without it would be fixed for good.
-        let uid = cached.uid().unwrap_or_default();
+        let uid = cached.id().uid;
         let Some(previous) = runs.get_opt(&cached.name_any()).await? else {
             continue;
         };
@@ -223,7 +223,7 @@ fn earlier_turns(ctx: &Context, run: &AgentRun) -> Vec<std::sync::Arc<AgentRun>>
         return Vec::new();
     };
     let before = run.turn_order();
-    let ns = run.namespace().unwrap_or_default();
+    let ns = run.id().namespace;
     let mut turns: Vec<_> = turns_of(ctx, &ns, &owner.name, &owner.uid)
         .into_iter()
         .filter(|t| t.turn_order() < before)
@@ -258,7 +258,7 @@ pub async fn publish_thread_status(ctx: &Context, run: &AgentRun) -> Result<(), 
     let Some(owner) = run.thread_owner() else {
         return Ok(());
     };
-    let ns = run.namespace().unwrap_or_default();
+    let ns = run.id().namespace;
     let key = ObjectRef::new(&owner.name).within(&ns);
     let api = ctx.api::<AgentThread>(&ns);
     let params = PostParams::default();

@@ -2,7 +2,10 @@
 //!
 //! Types live in a versioned module so a future `v1beta1` can sit beside them.
 
+mod run_id;
 pub mod v1alpha1;
+
+pub use run_id::RunId;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::CustomResourceExt;

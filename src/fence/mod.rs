@@ -20,8 +20,7 @@ pub mod value;
 pub use reason::{CloseReason, EndReason};
 pub use value::Fence;
 
-use kube::ResourceExt;
-
+use crate::crd::RunId;
 use crate::crd::v1alpha1::{AgentRun, LedgerEvent, LedgerSegment};
 
 impl Fence {
@@ -107,11 +106,15 @@ pub struct RunHolder {
 impl RunHolder {
     /// The holder of `run` (as read from the API server: it needs its UID) at `fence`.
     pub fn of(run: &AgentRun, fence: Fence) -> Self {
-        let name = run.name_any();
+        let RunId {
+            namespace,
+            name,
+            uid,
+        } = run.id();
         Self {
-            namespace: run.namespace().unwrap_or_default(),
+            namespace,
             pod: worker_pod_name(&name, fence),
-            uid: run.uid().unwrap_or_default(),
+            uid,
             run: name,
             fence,
         }

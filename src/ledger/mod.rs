@@ -23,6 +23,7 @@ pub(crate) use append::segment_of_run;
 pub use backends::postgres;
 pub use backends::store::SegmentStore;
 pub use model::chunk::{EncodeError, SEGMENT_BUDGET_BYTES, Unchunker, encode_events, event_bytes};
+pub use model::contiguous::Contiguous;
 pub use model::history::{
     ENDED_WITHOUT_RESULT, Fitted, FixedHistory, HistoryError, estimated_tokens, fit,
     recorded_history, turn_conversation,

@@ -4,10 +4,11 @@
 //! the controller's first status write; a process chooses by that record, never by its own
 //! configuration, so a run's ledger never moves under it.
 
-use kube::{Client, ResourceExt};
+use kube::Client;
 
 use super::postgres::PgLedger;
 use super::{Appended, LedgerClient, LedgerError, SegmentStore, ServedLedger};
+use crate::crd::RunId;
 use crate::crd::v1alpha1::{AgentRun, LedgerBackend, LedgerEvent, LedgerSegment};
 use crate::fence::Fence;
 
@@ -76,9 +77,12 @@ impl Ledgers {
                 run,
             ))),
             LedgerBackend::PostgreSQL => {
-                let namespace = run.namespace().unwrap_or_default();
-                let uid = run.uid().unwrap_or_default();
-                self.in_postgres(&namespace, &run.name_any(), &uid)
+                let RunId {
+                    namespace,
+                    name,
+                    uid,
+                } = run.id();
+                self.in_postgres(&namespace, &name, &uid)
             }
         }
     }
@@ -175,6 +179,12 @@ impl RunLedger {
                 Ok(segments)
             }
         }
+    }
+
+    /// True when the ledger is LedgerSegments in the API server, whose watch cache a reader can
+    /// probe position by position; a database is read from a position on instead.
+    pub fn in_api_server(&self) -> bool {
+        matches!(self, RunLedger::Segments(_))
     }
 
     /// True when reading this ledger does not pass through the reader's own rights (rows

@@ -424,7 +424,7 @@ impl Waiting {
 /// The call `run` waits on, whole from its ledger (read with the caller's credential), or
 /// why it cannot be shown (then it cannot be approved from here).
 async fn waiting_call(state: &ServerState, caller: &Caller, run: &AgentRun) -> WaitingCall {
-    let namespace = run.namespace().unwrap_or_default();
+    let namespace = run.id().namespace;
     let pending = run.status.as_ref().and_then(|s| s.pending_approval.clone());
     let mut call = WaitingCall {
         namespace: namespace.clone(),

@@ -3,11 +3,7 @@
 //! segments after that position, read again from the ledger: nothing lost, nothing twice,
 //! whoever served it before. The UID makes an id of a deleted run never match its namesake.
 
-use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::Arc;
-
-use crate::crd::v1alpha1::LedgerSegment;
 
 /// Why a cursor was refused (a 400 naming where it came from).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -96,54 +92,6 @@ impl Resume {
             Resume::After(_) => 0,
             Resume::AfterPosition(n) => *n,
         }
-    }
-}
-
-/// The segments a stream has not sent yet, released only in order: a segment that arrives
-/// ahead of one still missing waits for it (the live watch and the ledger reads may deliver
-/// in any order, and twice).
-#[derive(Debug, Default)]
-pub struct Contiguous {
-    tail: i64,
-    pending: BTreeMap<i64, Arc<LedgerSegment>>,
-}
-
-impl Contiguous {
-    /// Nothing at or before `tail` will be released.
-    pub fn after(tail: i64) -> Self {
-        Self {
-            tail,
-            pending: BTreeMap::new(),
-        }
-    }
-
-    /// The last position released.
-    pub fn tail(&self) -> i64 {
-        self.tail
-    }
-
-    /// Takes a segment in; one at or before the tail (already sent) is dropped.
-    pub fn offer(&mut self, segment: Arc<LedgerSegment>) {
-        let seq = segment.spec.seq;
-        if seq > self.tail {
-            self.pending.insert(seq, segment);
-        }
-    }
-
-    /// The segments that now follow the tail without a gap, in order; the tail moves past
-    /// them.
-    pub fn release(&mut self) -> Vec<Arc<LedgerSegment>> {
-        let mut out = Vec::new();
-        while let Some(segment) = self.pending.remove(&(self.tail + 1)) {
-            self.tail += 1;
-            out.push(segment);
-        }
-        out
-    }
-
-    /// True when a later segment waits for a missing one: the ledger must be read again.
-    pub fn has_gap(&self) -> bool {
-        !self.pending.is_empty()
     }
 }
 

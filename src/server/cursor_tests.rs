@@ -1,23 +1,4 @@
 use super::*;
-use crate::crd::v1alpha1::LedgerSegmentSpec;
-use crate::fence::Fence;
-
-fn seg(seq: i64) -> Arc<LedgerSegment> {
-    Arc::new(LedgerSegment::new(
-        &format!("r-{seq}"),
-        LedgerSegmentSpec {
-            run: "r".into(),
-            seq,
-            fence: Fence::new(1),
-            format: 1,
-            events: vec![],
-        },
-    ))
-}
-
-fn seqs(list: &[Arc<LedgerSegment>]) -> Vec<i64> {
-    list.iter().map(|s| s.spec.seq).collect()
-}
 
 #[test]
 fn an_event_id_is_the_run_uid_and_the_position() {
@@ -66,20 +47,4 @@ fn after_takes_a_position_or_an_id() {
 fn an_id_of_another_run_starts_this_one_from_its_beginning() {
     let resume = Resume::from_request(Some("old-uid:40"), None).unwrap();
     assert_eq!(resume.position_in("new-uid"), 0);
-}
-
-#[test]
-fn segments_are_released_in_order_without_gaps_or_repeats() {
-    let mut c = Contiguous::after(2);
-    c.offer(seg(4));
-    c.offer(seg(2));
-    assert!(c.release().is_empty());
-    assert!(c.has_gap());
-    c.offer(seg(3));
-    c.offer(seg(3));
-    assert_eq!(seqs(&c.release()), vec![3, 4]);
-    assert!(!c.has_gap());
-    c.offer(seg(4));
-    assert!(c.release().is_empty());
-    assert_eq!(c.tail(), 4);
 }

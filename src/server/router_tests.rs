@@ -196,15 +196,25 @@ async fn probes_and_metrics_answer_without_a_credential() {
     assert!(kind.starts_with("application/openmetrics-text"), "{kind}");
 }
 
-#[tokio::test]
-async fn each_error_is_answered_as_a_kubernetes_status_with_its_code_and_reason() {
+/// An error the server answers with, its HTTP code and its Kubernetes `reason`.
+type Case = (super::ApiError, u16, &'static str);
+
+fn run() -> String {
+    "r".to_string()
+}
+
+fn ns() -> String {
+    "team".to_string()
+}
+
+fn forbidden() -> kube::core::Status {
+    kube::core::Status::failure("runs \"r\" is forbidden", "Forbidden").with_code(403)
+}
+
+/// The server's own refusals and failures.
+fn server_errors() -> Vec<Case> {
     use super::ApiError as E;
-    use crate::approval::DecisionError as D;
-    use crate::requests::RequestError as R;
-    let run = || "r".to_string();
-    let ns = || "team".to_string();
-    let status = kube::core::Status::failure("runs \"r\" is forbidden", "Forbidden").with_code(403);
-    let cases: Vec<(E, u16, &str)> = vec![
+    vec![
         (E::Unauthenticated, 401, "Unauthorized"),
         (E::BadRequest("ns: bad".into()), 400, "BadRequest"),
         (E::Csrf, 403, "Forbidden"),
@@ -227,6 +237,29 @@ async fn each_error_is_answered_as_a_kubernetes_status_with_its_code_and_reason(
             409,
             "ThreadBusy",
         ),
+        (E::Kube(Box::new(forbidden())), 403, "Forbidden"),
+        (E::Unreachable("refused".into()), 502, "Unreachable"),
+        (
+            E::Forbidden("not the run's worker".into()),
+            403,
+            "Forbidden",
+        ),
+        (E::Gone("run r is gone".into()), 409, "RunGone"),
+        (
+            E::LedgerUnavailable("down".into()),
+            503,
+            "LedgerUnavailable",
+        ),
+        (E::LedgerBroken("a gap".into()), 500, "LedgerBroken"),
+    ]
+}
+
+/// What a person's request to a run may meet (`requests.rs`).
+fn request_errors() -> Vec<Case> {
+    use super::ApiError as E;
+    use crate::approval::DecisionError as D;
+    use crate::requests::RequestError as R;
+    vec![
         (
             E::Request(R::NotFound {
                 name: run(),
@@ -288,27 +321,17 @@ async fn each_error_is_answered_as_a_kubernetes_status_with_its_code_and_reason(
             502,
             "LedgerUnreadable",
         ),
-        (E::Kube(Box::new(status.clone())), 403, "Forbidden"),
         (
-            E::Request(R::Kube(kube::Error::Api(Box::new(status)))),
+            E::Request(R::Kube(kube::Error::Api(Box::new(forbidden())))),
             403,
             "Forbidden",
         ),
-        (E::Unreachable("refused".into()), 502, "Unreachable"),
-        (
-            E::Forbidden("not the run's worker".into()),
-            403,
-            "Forbidden",
-        ),
-        (E::Gone("run r is gone".into()), 409, "RunGone"),
-        (
-            E::LedgerUnavailable("down".into()),
-            503,
-            "LedgerUnavailable",
-        ),
-        (E::LedgerBroken("a gap".into()), 500, "LedgerBroken"),
-    ];
-    for (error, code, reason) in cases {
+    ]
+}
+
+#[tokio::test]
+async fn each_error_is_answered_as_a_kubernetes_status_with_its_code_and_reason() {
+    for (error, code, reason) in server_errors().into_iter().chain(request_errors()) {
         let said = error.to_string();
         let response = axum::response::IntoResponse::into_response(error);
         assert_eq!(response.status().as_u16(), code, "{said}");

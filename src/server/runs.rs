@@ -8,8 +8,8 @@ use axum::extract::{Path, Query, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
 use axum::{Extension, Json};
+use kube::Api;
 use kube::api::ListParams;
-use kube::{Api, ResourceExt};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -103,7 +103,7 @@ pub async fn events(
     // Read (and so authorized) before the stream opens: a refusal is a plain HTTP answer.
     let run = follow.requests().read(&name).await?;
     follow.requests().probe_ledgers().await?;
-    let after = resume.position_in(&run.uid().unwrap_or_default());
+    let after = resume.position_in(&run.id().uid);
     let metrics = state.metrics.clone();
     let watchdog = follow.watchdog();
     tokio::spawn(async move {

@@ -19,13 +19,13 @@ use tokio::sync::{OwnedSemaphorePermit, broadcast, mpsc, watch};
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::cursor::Contiguous;
 use super::held::{EventBudget, Held, Outgoing, Tally};
 use super::hub::{Change, Hub};
 use super::watchdog::Watchdog;
 use super::whole::{WholeSegments, earlier_chunks};
 use crate::causes::with_causes;
 use crate::crd::v1alpha1::{AgentRun, LedgerSegment, Phase};
+use crate::ledger::Contiguous;
 use crate::ledger::is_segment_of;
 use crate::requests::{RequestError, RunRequests, phase_of};
 use crate::serving::cut::ConnectionCut;
@@ -217,7 +217,7 @@ impl Follow {
     async fn stream(&mut self, run: AgentRun, after: i64) -> Ended {
         let mut state = RunState {
             name: run.name_any(),
-            uid: run.uid().unwrap_or_default(),
+            uid: run.id().uid,
             sent: Contiguous::after(after),
             whole: WholeSegments::default(),
             phase: None,

@@ -176,7 +176,7 @@ impl ThreadStream {
             )));
         };
         for t in &turns[..at] {
-            self.streamed.insert(t.uid().unwrap_or_default());
+            self.streamed.insert(t.id().uid);
         }
         Ok(Some((id.uid.clone(), id.seq)))
     }
@@ -189,12 +189,12 @@ impl ThreadStream {
                 return;
             };
             let next = turns.into_iter().find(|t| {
-                !self.streamed.contains(&t.uid().unwrap_or_default())
+                !self.streamed.contains(&t.id().uid)
                     && (t.has_joined() || phase_of(t).is_terminal())
             });
             match next {
                 Some(turn) => {
-                    let uid = turn.uid().unwrap_or_default();
+                    let uid = turn.id().uid;
                     let after = match resume.take() {
                         Some((u, seq)) if u == uid => seq,
                         _ => 0,

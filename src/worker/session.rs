@@ -3,7 +3,6 @@
 
 use std::sync::Arc;
 
-use kube::ResourceExt;
 use kube::runtime::events::EventType;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -27,57 +26,57 @@ use crate::fence::Fence;
 use crate::ledger::{Fitted, HistoryError, Replay, ReplayedMessage};
 
 /// One attempt at a run: who it is, what it acts through, and where its turn stands.
-pub struct Session {
-    pub me: Identity,
-    pub io: Handles,
-    pub turn: TurnState,
+pub(super) struct Session {
+    pub(super) me: Identity,
+    pub(super) io: Handles,
+    pub(super) turn: TurnState,
     tasks: Tasks,
 }
 
 /// Who the attempt is.
-pub struct Identity {
+pub(super) struct Identity {
     /// The settings the pod was started with.
-    pub cfg: WorkerConfig,
+    pub(super) cfg: WorkerConfig,
     /// The run as read at start (its spec drives the attempt).
-    pub run: AgentRun,
+    pub(super) run: AgentRun,
     /// Its agent (a turn's is its thread's, copied in when it was admitted).
-    pub agent: AgentSpec,
+    pub(super) agent: AgentSpec,
     /// A turn's history: its thread's earlier turns as its first seal fixed them, fitted to
     /// its context policy (empty for a run that is no turn), or why it cannot be sent.
-    pub history: Result<Fitted, HistoryError>,
+    pub(super) history: Result<Fitted, HistoryError>,
 }
 
 /// What the attempt acts through. None of it is a raw API client: the holder is its only way
 /// to write the ledger, Lease and status.
-pub struct Handles {
+pub(super) struct Handles {
     /// The attempt's hold on the run.
-    pub holder: Holder,
-    pub appender: Appender,
-    pub ledger_stats: watch::Receiver<LedgerStats>,
-    pub guard: LostGuard,
-    pub interrupts: Interrupts,
-    pub progress: watch::Sender<Progress>,
-    pub counters: Arc<ApiCounters>,
-    pub metrics: Arc<WorkerMetrics>,
+    pub(super) holder: Holder,
+    pub(super) appender: Appender,
+    pub(super) ledger_stats: watch::Receiver<LedgerStats>,
+    pub(super) guard: LostGuard,
+    pub(super) interrupts: Interrupts,
+    pub(super) progress: watch::Sender<Progress>,
+    pub(super) counters: Arc<ApiCounters>,
+    pub(super) metrics: Arc<WorkerMetrics>,
     /// The model, or why it could not be built (the run fails with that message).
-    pub model: Result<Arc<Model>, String>,
+    pub(super) model: Result<Arc<Model>, String>,
     /// The tools container's executor, or why there is none.
-    pub tools: Tools,
+    pub(super) tools: Tools,
     /// Every tool offered, by the model's name for it (MCP tools as the ledger recorded them).
-    pub toolbox: Toolbox,
+    pub(super) toolbox: Toolbox,
     /// The run's MCP servers, connected for this attempt.
-    pub mcp: McpServers,
+    pub(super) mcp: McpServers,
 }
 
 /// Where the turn stands.
 #[derive(Default)]
-pub struct TurnState {
+pub(super) struct TurnState {
     /// The ledger as replayed at start plus everything this attempt appended or buffered.
-    pub replay: Replay,
+    pub(super) replay: Replay,
     /// Events that go with the next awaited append (the assistant message of a turn).
-    pub pending: Vec<LedgerEvent>,
+    pub(super) pending: Vec<LedgerEvent>,
     /// Drop buffered deltas at the next awaited append: the turn's message replaces them.
-    pub drop_deltas: bool,
+    pub(super) drop_deltas: bool,
 }
 
 /// The attempt's background tasks, stopped by [`Session::stop_progress`] and
@@ -150,7 +149,7 @@ impl Session {
     pub fn tool_env(&self, step: i64) -> ToolEnv {
         ToolEnv {
             run: self.me.cfg.run.clone(),
-            run_uid: self.me.run.uid().unwrap_or_default(),
+            run_uid: self.me.run.id().uid,
             fence: self.fence(),
             step,
         }

@@ -10,7 +10,7 @@ use baton::rbac::worker_service_account_name;
 use baton_testkit::common::TestNamespace;
 use baton_testkit::common::in_process::{controller_config, start_controller_with};
 use baton_testkit::common::worker_proc::*;
-use baton_testkit::rbac::mint_token_for;
+use baton_testkit::rbac::{mint_token_for, rule};
 use baton_testkit::server::*;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
@@ -38,7 +38,10 @@ pub(crate) async fn ledger_server_and_controller_at(
 /// admits as the controller's) and its ledger token (its seals).
 pub(crate) async fn test_controller(ns: &TestNamespace) -> (String, String) {
     let controller = "baton-test-controller";
-    person(ns, controller, vec![]).await;
+    // As the chart's controller role: the server reads a ledger kept in PostgreSQL with the
+    // reader's right to read its segments (the claim reads the tail through it).
+    let reads_segments = rule(&["ledgersegments"], &["get", "list"]);
+    person(ns, controller, vec![reads_segments]).await;
     let token = mint_token_for(&ns.client, &ns.name, controller, LEDGER_AUDIENCE, None).await;
     let user = format!("system:serviceaccount:{}:{controller}", ns.name);
     (user, token)

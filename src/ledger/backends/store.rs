@@ -5,6 +5,7 @@ use kube::api::{ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 
 use crate::crd::RUN_UID_LABEL;
+use crate::crd::RunId;
 use crate::crd::v1alpha1::{AgentRun, LedgerEvent, LedgerSegment};
 use crate::fence::{Fence, segment_name};
 use crate::kube_util::is_already_exists;
@@ -55,11 +56,15 @@ async fn list_of(
 impl SegmentStore {
     /// The ledger of `run` (which must have been read from the API server: it needs its UID).
     pub fn for_run(client: Client, run: &AgentRun) -> Self {
-        let namespace = run.namespace().unwrap_or_default();
+        let RunId {
+            namespace,
+            name,
+            uid,
+        } = run.id();
         Self {
             api: Api::namespaced(client, &namespace),
-            run: run.name_any(),
-            run_uid: run.uid().unwrap_or_default(),
+            run: name,
+            run_uid: uid,
             owner: owner_reference(run, Ownership::Reference).unwrap_or_default(),
             budget: SEGMENT_BUDGET_BYTES,
         }

@@ -1,8 +1,10 @@
 //! The ledger read as a model, pure: segments folded into a conversation, a step record and a
 //! salvage (`replay`), events too large for one segment split and put back together
-//! (`chunk`), and the history a turn's model request is rebuilt from (`history`). No I/O: the
-//! backends below read and write, these only fold what they read.
+//! (`chunk`), segments released in ledger order to a follower (`contiguous`), and the history
+//! a turn's model request is rebuilt from (`history`). No I/O: the backends below read and
+//! write, these only fold what they read.
 
 pub(crate) mod chunk;
+pub(crate) mod contiguous;
 pub(crate) mod history;
 pub(crate) mod replay;
