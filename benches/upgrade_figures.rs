@@ -92,7 +92,7 @@ async fn main() {
         .await;
     }
     let old_gone = images.stop();
-    let lateness = handoffs.stop();
+    let (lateness, claims) = handoffs.stop();
     print_figures(
         &env,
         &names,
@@ -102,6 +102,11 @@ async fn main() {
         old_gone.map(|t| t - upgraded_at),
     )
     .await;
+    let by_reason: Vec<String> = claims.iter().map(|(r, n)| format!("{r} {n}")).collect();
+    println!(
+        "  claims seen after helm upgrade, by reason: {}",
+        by_reason.join(", ")
+    );
     wait_controllers_ready(&env.client, Duration::from_secs(180)).await;
     env.finish().await;
 }
@@ -188,37 +193,61 @@ fn percentile(samples: &[Duration], p: usize) -> f64 {
 }
 
 /// Each run's handoffs as a watch sees them: when it entered `Handoff` at a fence, and how
-/// long until its status named a later fence.
+/// long until its status named a later fence; and every claim seen after the upgrade began,
+/// by its reason (a claim beyond one per handoff is an attempt the upgrade cost: a pod that
+/// never came up, a lease that expired under load).
 struct Handoffs {
     lateness: Arc<Mutex<Vec<Duration>>>,
+    claims: Arc<Mutex<BTreeMap<String, usize>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl Handoffs {
     fn watch(env: &NodeEnv) -> Self {
         let lateness = Arc::new(Mutex::new(Vec::new()));
-        let into = lateness.clone();
+        let claims = Arc::new(Mutex::new(BTreeMap::new()));
+        let (into, claims_into) = (lateness.clone(), claims.clone());
         let runs = env.runs();
         let task = tokio::spawn(async move {
             // Run → (the fence it handed off at, when that was seen).
             let mut waiting: BTreeMap<String, (i64, Instant)> = BTreeMap::new();
+            // Run → the last fence seen.
+            let mut fences: BTreeMap<String, i64> = BTreeMap::new();
             let mut events = watcher(runs, watcher::Config::default())
                 .applied_objects()
                 .boxed();
             while let Some(event) = events.next().await {
                 let Ok(run) = event else { continue };
+                if let Some(reason) = new_claim(&mut fences, &run) {
+                    *claims_into.lock().unwrap().entry(reason).or_default() += 1;
+                }
                 if let Some(late) = observe(&mut waiting, &run) {
                     into.lock().unwrap().push(late);
                 }
             }
         });
-        Self { lateness, task }
+        Self {
+            lateness,
+            claims,
+            task,
+        }
     }
 
-    fn stop(self) -> Vec<Duration> {
+    /// The lateness of every handoff, and the claims seen by reason.
+    fn stop(self) -> (Vec<Duration>, BTreeMap<String, usize>) {
         self.task.abort();
-        self.lateness.lock().unwrap().clone()
+        let lateness = self.lateness.lock().unwrap().clone();
+        (lateness, self.claims.lock().unwrap().clone())
     }
+}
+
+/// The reason of a claim `run`'s status shows at a fence later than the last one seen (none
+/// at the first sight of a run: it was claimed before the watch began).
+fn new_claim(fences: &mut BTreeMap<String, i64>, run: &AgentRun) -> Option<String> {
+    let status = run.status.as_ref()?;
+    let fence = status.fence.get();
+    let before = fences.insert(run.name_any(), fence)?;
+    (fence > before).then(|| status.reason.clone().unwrap_or_default())
 }
 
 /// Notes `run`'s handoff, or the claim that ends one: then its lateness.
