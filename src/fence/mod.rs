@@ -20,7 +20,6 @@ pub mod value;
 pub use reason::{CloseReason, EndReason};
 pub use value::Fence;
 
-use crate::crd::RunId;
 use crate::crd::v1alpha1::{AgentRun, LedgerEvent, LedgerSegment};
 
 impl Fence {
@@ -106,16 +105,12 @@ pub struct RunHolder {
 impl RunHolder {
     /// The holder of `run` (as read from the API server: it needs its UID) at `fence`.
     pub fn of(run: &AgentRun, fence: Fence) -> Self {
-        let RunId {
-            namespace,
-            name,
-            uid,
-        } = run.id();
+        let id = run.id();
         Self {
-            namespace,
-            pod: worker_pod_name(&name, fence),
-            uid,
-            run: name,
+            pod: worker_pod_name(&id.name, fence),
+            namespace: id.namespace,
+            uid: id.uid,
+            run: id.name,
             fence,
         }
     }

@@ -22,7 +22,7 @@ use tracing::Instrument;
 use super::held::{EventBudget, Held, Outgoing, Tally};
 use super::hub::{Change, Hub};
 use super::watchdog::Watchdog;
-use super::whole::{WholeSegments, earlier_chunks};
+use super::whole::{WholeSegments, chunks_before};
 use crate::causes::with_causes;
 use crate::crd::v1alpha1::{AgentRun, LedgerSegment, Phase};
 use crate::ledger::Contiguous;
@@ -221,8 +221,8 @@ impl Follow {
             sent: Contiguous::after(after),
             whole: WholeSegments::default(),
             phase: None,
+            resumed: (after > 0).then(|| run.clone()),
         };
-        self.take_in_earlier_chunks(&run, &mut state, after).await;
         let mut current = run;
         // The ledger is read at the start, after a gap or a resync, and once more when the
         // run has ended (its last segments may come after its last change); a change of the
@@ -356,21 +356,21 @@ impl Follow {
         self.send_ready_reading(state, None).await
     }
 
-    /// A client that resumes just after a chunk of an event that goes on: the chunks of that
+    /// A client that resumed just after a chunk of an event that goes on: the chunks of that
     /// event up to its cursor, taken in (not sent) so the event is sent whole once its last
-    /// chunk comes. If they cannot be read, the rest of the event is sent as stored.
-    async fn take_in_earlier_chunks(&self, run: &AgentRun, state: &mut RunState, after: i64) {
-        if after < 1 {
-            return;
-        }
-        let Ok(last) = self.requests.ledger_page(run, after - 1, 1).await else {
-            return;
-        };
-        let Some((from, count)) = last.first().and_then(earlier_chunks) else {
+    /// chunk comes; read only when `first`, the first segment the stream sends, continues an
+    /// event. If they cannot be read, the rest of the event is sent as stored.
+    async fn take_in_earlier_chunks(
+        &self,
+        run: &AgentRun,
+        first: &LedgerSegment,
+        whole: &mut WholeSegments,
+    ) {
+        let Some((from, count)) = chunks_before(first) else {
             return;
         };
         if let Ok(earlier) = self.requests.ledger_page(run, from, count).await {
-            state.whole.take_in(&earlier);
+            whole.take_in(&earlier);
         }
     }
 
@@ -385,6 +385,12 @@ impl Follow {
         reading: Option<OwnedSemaphorePermit>,
     ) -> bool {
         let released = state.sent.release();
+        if let Some(first) = released.first()
+            && let Some(run) = state.resumed.take()
+        {
+            self.take_in_earlier_chunks(&run, first, &mut state.whole)
+                .await;
+        }
         let whole = &mut state.whole;
         let events: Vec<Outgoing> = released.iter().map(|s| whole.segment_event(s)).collect();
         let batches = self.budget.batches(events);
@@ -475,6 +481,9 @@ struct RunState {
     /// What is sent of each segment: its events with chunked ones rebuilt.
     whole: WholeSegments,
     phase: Option<(Phase, Option<i64>)>,
+    /// The run, for a stream that resumed after a position until it sends its first segment:
+    /// that segment may continue an event begun before the cursor.
+    resumed: Option<AgentRun>,
 }
 
 /// An event named `name` with `data` as its JSON (one line: JSON escapes every newline, so

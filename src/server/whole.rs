@@ -4,8 +4,10 @@
 //! decodes a chunk, the console among them; the one decoder is [`Unchunker`].
 //!
 //! A client that resumes just after a segment whose last event is a chunk before the last
-//! one would meet the rest of that event without its start: the stream first takes in the
-//! chunks before its cursor ([`earlier_chunks`], [`WholeSegments::take_in`]) and sends none.
+//! one would meet the rest of that event without its start: when the first segment the stream
+//! sends begins with a later chunk, the stream first takes in the chunks before its cursor
+//! ([`chunks_before`], [`WholeSegments::take_in`]) and sends none. A stream whose first
+//! segment begins otherwise reads nothing more.
 
 use std::borrow::Cow;
 
@@ -71,14 +73,14 @@ impl WholeSegments {
     }
 }
 
-/// For a stream that resumes after `last` (the segment at its cursor): when `last` ends with
-/// a chunk of an event that goes on after it, the `(after, count)` of the ledger page that
-/// holds that event's chunks up to `last`, `last` included.
-pub fn earlier_chunks(last: &LedgerSegment) -> Option<(i64, usize)> {
-    match last.spec.events.last() {
-        Some(LedgerEvent::Chunk { index, total, .. }) if index + 1 < *total && *index >= 0 => {
-            let count = usize::try_from(index + 1).ok()?;
-            Some((last.spec.seq - index - 1, count))
+/// For a stream whose first segment to send is `first`: when `first` begins with a chunk
+/// after an event's first, the `(after, count)` of the ledger page that holds that event's
+/// earlier chunks (one per segment, the segments just before `first`).
+pub fn chunks_before(first: &LedgerSegment) -> Option<(i64, usize)> {
+    match first.spec.events.first() {
+        Some(LedgerEvent::Chunk { index, .. }) if *index > 0 && *index < first.spec.seq => {
+            let count = usize::try_from(*index).ok()?;
+            Some((first.spec.seq - index - 1, count))
         }
         _ => None,
     }
@@ -140,7 +142,7 @@ mod tests {
     fn a_stream_resumed_mid_event_takes_in_the_chunks_before_its_cursor() {
         let (event, segments) = chunked(3000);
         let cursor = 2;
-        let (after, count) = earlier_chunks(&segments[cursor - 1]).expect("mid-event");
+        let (after, count) = chunks_before(&segments[cursor]).expect("mid-event");
         assert_eq!((after, count), (0, 2), "the chunks at positions 1 and 2");
         let mut whole = WholeSegments::default();
         whole.take_in(&segments[after as usize..after as usize + count]);
@@ -149,10 +151,8 @@ mod tests {
             .map(|s| sent(&mut whole, s))
             .collect();
         assert_eq!(data.last().unwrap()["events"], serde_json::json!([event]));
-        assert_eq!(
-            earlier_chunks(segments.last().unwrap()),
-            None,
-            "the event ends there"
-        );
+        assert_eq!(chunks_before(&segments[0]), None, "the event starts there");
+        let after_it = test_segment(segments.len() as i64 + 1, 1, vec![]);
+        assert_eq!(chunks_before(&after_it), None, "nothing to take in");
     }
 }

@@ -5,7 +5,6 @@ use kube::api::{ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 
 use crate::crd::RUN_UID_LABEL;
-use crate::crd::RunId;
 use crate::crd::v1alpha1::{AgentRun, LedgerEvent, LedgerSegment};
 use crate::fence::{Fence, segment_name};
 use crate::kube_util::is_already_exists;
@@ -56,15 +55,11 @@ async fn list_of(
 impl SegmentStore {
     /// The ledger of `run` (which must have been read from the API server: it needs its UID).
     pub fn for_run(client: Client, run: &AgentRun) -> Self {
-        let RunId {
-            namespace,
-            name,
-            uid,
-        } = run.id();
+        let id = run.id();
         Self {
-            api: Api::namespaced(client, &namespace),
-            run: name,
-            run_uid: uid,
+            api: Api::namespaced(client, &id.namespace),
+            run: id.name,
+            run_uid: id.uid,
             owner: owner_reference(run, Ownership::Reference).unwrap_or_default(),
             budget: SEGMENT_BUDGET_BYTES,
         }
