@@ -25,6 +25,7 @@ use super::decide::{Close, CloseReason};
 use super::ledger_end::cached_segment;
 use super::statuses::{self, run_name};
 use super::writer::Applied;
+use crate::crd::RunId;
 use crate::crd::v1alpha1::{AgentRun, LedgerEvent, LedgerSegment};
 use crate::fence::{Fence, Verdict, ledger_verdict, salvage_end, verdict, worker_pod_name};
 use crate::ledger::{Replay, RunLedger};
@@ -169,8 +170,7 @@ async fn recorded_at(
             seen.extend(cached_segment(&api, run, seq).await?);
         }
     } else if at > 0 {
-        let rows = store.list_after(at - 1).await?;
-        seen.extend(rows.into_iter().take(2));
+        seen.extend(store.list_page(at - 1, 2).await?);
     }
     let closed = |seg: &LedgerSegment| matches!(verdict(fence, seg, None), Verdict::Closed { .. });
     Ok(seen.iter().any(closed))
@@ -245,8 +245,8 @@ pub async fn delete_pod(ctx: &Context, run: &AgentRun, fence: Fence) -> Result<(
 /// Lease moved meanwhile (Conflict) is someone else's now; a Lease gone needs no release; a
 /// Lease this run does not control is not touched.
 pub async fn release_run_lease(ctx: &Context, run: &AgentRun) -> Result<(), Error> {
-    let leases = ctx.lease_edge(&run.id().namespace);
-    let uid = run.id().uid;
+    let RunId { namespace, uid, .. } = run.id();
+    let leases = ctx.lease_edge(&namespace);
     let name = run.name_any();
     let Some(lease) = leases.released(&name, &uid, Fence::of_run(run)).await? else {
         return Ok(());

@@ -8,6 +8,7 @@ use kube::{Api, ResourceExt};
 use super::Error;
 use super::context::Context;
 use crate::crd::RUN_UID_LABEL;
+use crate::crd::RunId;
 use crate::crd::v1alpha1::{AgentRun, LedgerSegment};
 use crate::fence::{
     CloseReason, Fence, Verdict, follows, ledger_verdict, segment_name, verdict, written_before,
@@ -92,7 +93,7 @@ pub async fn ledger_end(ctx: &Context, run: &AgentRun, fence: Fence) -> Result<F
     if fence.is_first() {
         return Ok(LedgerEnd::Tail(0).into());
     }
-    let uid = run.id().uid;
+    let RunId { namespace, uid, .. } = run.id();
     let remembered = ctx
         .memory_of(run)
         .seal
@@ -107,7 +108,7 @@ pub async fn ledger_end(ctx: &Context, run: &AgentRun, fence: Fence) -> Result<F
     if !store.in_api_server() {
         return database_end(&store, fence, remembered.unwrap_or(reported)).await;
     }
-    let api = ctx.api::<LedgerSegment>(&run.id().namespace);
+    let api = ctx.api::<LedgerSegment>(&namespace);
     let start = match remembered {
         Some(seq) => Some(seq),
         None if reported > 0 => match cached_segment(&api, run, reported).await? {
