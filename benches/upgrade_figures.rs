@@ -10,7 +10,10 @@
 //! - the takeover lateness of each handoff during the upgrade: from the run's `Handoff` phase
 //!   to its next claim, both seen by a watch (p50, p99, max);
 //! - the time from `helm upgrade` to the last worker of the old image gone, and how many runs
-//!   moved to the new image by handoff before they ended.
+//!   moved to the new image by handoff before they ended;
+//! - where the API server's time went meanwhile: each baton webhook as it timed its calls,
+//!   and the calls that failed (a timeout is one), the LedgerSegment creates, and the wait of
+//!   requests for a seat (priority and fairness).
 //!
 //! Runs in flight on the project's node are bounded by its 2 CPUs and its pod addresses: the
 //! bench's runs request 5m CPU for their tools container (the default, 50m, fits about 30
@@ -23,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use baton::crd::v1alpha1::{AgentRun, LeaseSpec, Phase};
 use baton_testkit::e2e::{Effects, Script};
+use baton_testkit::metrics::{Samples, bucket_quantile, deltas, scrape_apiserver, sum};
 use baton_testkit::node::*;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ResourceRequirements;
@@ -83,6 +87,7 @@ async fn main() {
     let in_flight = live(&env, &names).await;
     let handoffs = Handoffs::watch(&env);
     let images = ImageSampler::start(&env);
+    let apiserver_before = scrape_apiserver(&env.client).await.unwrap_or_default();
     let upgraded_at = Instant::now();
     on_previous.upgrade(&serde_json::json!({}));
     for name in &names {
@@ -92,6 +97,7 @@ async fn main() {
         .await;
     }
     let old_gone = images.stop();
+    let apiserver_after = scrape_apiserver(&env.client).await.unwrap_or_default();
     let (lateness, claims) = handoffs.stop();
     print_figures(
         &env,
@@ -107,6 +113,7 @@ async fn main() {
         "  claims seen after helm upgrade, by reason: {}",
         by_reason.join(", ")
     );
+    print_api_server_figures(&apiserver_before, &apiserver_after);
     wait_controllers_ready(&env.client, Duration::from_secs(180)).await;
     env.finish().await;
 }
@@ -179,6 +186,55 @@ async fn print_figures(
         old_gone.unwrap_or_default().as_secs_f64(),
         names.len() - moved
     );
+}
+
+/// Where the API server's time went after `helm upgrade`: each webhook as it timed its calls
+/// (p50, p99, calls, calls that failed: a timeout is one), the ledger appends, and how long
+/// requests queued for a seat (priority and fairness), as bucket bounds.
+fn print_api_server_figures(before: &Samples, after: &Samples) {
+    let hist = |metric: &str, needles: &[&str]| {
+        let (b, a) = (only(before, needles), only(after, needles));
+        let bucket = format!("{metric}_bucket");
+        let count = sum(&a, &format!("{metric}_count")) - sum(&b, &format!("{metric}_count"));
+        format!(
+            "p50 ≤ {} s, p99 ≤ {} s of {count}",
+            bucket_quantile(&b, &a, &bucket, 0.50),
+            bucket_quantile(&b, &a, &bucket, 0.99),
+        )
+    };
+    for hook in ["segments", "leases", "runs"] {
+        let name = format!("name=\"{hook}.baton.dev\"");
+        let failed: f64 = deltas(before, after, "apiserver_admission_webhook_rejection_count")
+            .iter()
+            .filter(|(k, _)| k.contains(&name) && k.contains("calling_webhook_error"))
+            .map(|(_, n)| n)
+            .sum();
+        println!(
+            "  webhook {hook}.baton.dev as the API server timed it: {}; {failed} calls failed",
+            hist(
+                "apiserver_admission_webhook_admission_duration_seconds",
+                &[&name]
+            ),
+        );
+    }
+    let appends = ["resource=\"ledgersegments\"", "verb=\"POST\""];
+    println!(
+        "  LedgerSegment creates: {}",
+        hist("apiserver_request_duration_seconds", &appends)
+    );
+    println!(
+        "  requests' wait for a seat (priority and fairness): {}",
+        hist("apiserver_flowcontrol_request_wait_duration_seconds", &[])
+    );
+}
+
+/// The series of `samples` whose name holds every one of `needles`.
+fn only(samples: &Samples, needles: &[&str]) -> Samples {
+    samples
+        .iter()
+        .filter(|(k, _)| needles.iter().all(|n| k.contains(n)))
+        .map(|(k, v)| (k.clone(), *v))
+        .collect()
 }
 
 /// The `p`th percentile of `samples`, in seconds (nearest rank; 0 when there are none).

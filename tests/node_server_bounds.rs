@@ -9,7 +9,9 @@
 //! below where the kernel squeezes every connection (before the server bounded its sockets'
 //! send buffers, the idle clients' unread events took it past its limit: packets dropped on
 //! every connection, the API server cut the server's reads of the ledger mid-body, and in CI a
-//! reader got nothing). The ledgers are written straight to LedgerSegments by the admin, in a
+//! reader got nothing). Then 30 clients follow a live run whose ledger holds all the chunks of
+//! a 20 MB answer but the last, and the pods' peaks still stay under their limit: a stream
+//! keeps nothing of a chunked event while its chunks go by. The ledgers are written straight to LedgerSegments by the admin, in a
 //! namespace the webhook does not watch (only a run's worker may write them elsewhere): the
 //! server's bounds, not the webhook, are under test.
 
@@ -17,9 +19,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use baton::crd::v1alpha1::AgentRun;
-use baton::ledger::SegmentStore;
+use baton::crd::v1alpha1::{AgentRun, LedgerEvent, Phase, Role, ScriptTurn, ToolKind};
+use baton::ledger::{SEGMENT_BUDGET_BYTES, SegmentStore, encode_events, event_bytes};
 use baton_testkit::common::{large_ledger, proc};
+use baton_testkit::e2e::{run_with, shell_tool, tool_call};
 use baton_testkit::node::*;
 use baton_testkit::sse;
 use k8s_openapi::api::core::v1::Pod;
@@ -34,6 +37,10 @@ const READERS_PER_RUN: usize = 2;
 const LIMIT_KIB: u64 = 256 * 1024;
 /// The server's default event budget (`--max-stream-bytes`).
 const BUDGET: f64 = 32.0 * 1024.0 * 1024.0;
+/// Followers of an answer whose chunks are written but its last, and its size: together
+/// more than twice a server pod's memory limit.
+const FOLLOWERS: usize = 30;
+const CHUNKED_MEGABYTES: usize = 20;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_a_thousand_idle_streams_on_large_ledgers_stay_within_the_servers_bounds() {
@@ -145,6 +152,7 @@ async fn node_a_thousand_idle_streams_on_large_ledgers_stay_within_the_servers_b
     }
     let cut_in = started.elapsed();
     drop(idle);
+    let unfinished = follow_an_unfinished_chunked_event(&env, &service, &token).await;
     sampler.abort();
     let most_held = peaks.held_bytes.load(Ordering::Relaxed) as f64;
     let tcp_peak = peaks.tcp_kib.load(Ordering::Relaxed);
@@ -155,13 +163,15 @@ async fn node_a_thousand_idle_streams_on_large_ledgers_stay_within_the_servers_b
         "{RUNS} runs of {MEGABYTES} MB: {complete} readers got every segment in order in {:.0} s \
          ({} reconnections with their cursor: {reconnects:?}); {IDLE} idle streams all cut within {:.0} s; most event bytes held by a pod {:.1} MiB; \
          server peak RSS {peaks:?} KiB (limit {LIMIT_KIB} KiB); the machine's TCP memory at \
-         most {} MiB (the kernel squeezes it past {} MiB)",
+         most {} MiB (the kernel squeezes it past {} MiB); {FOLLOWERS} followers of {} MB \
+         of an event's chunks (its last never written)",
         read_in.as_secs_f64(),
         reconnects.len(),
         cut_in.as_secs_f64(),
         most_held / 1024.0 / 1024.0,
         tcp_peak / 1024,
         tcp_pressure / 1024,
+        unfinished / 1_000_000,
     );
     assert!(
         tcp_peak < tcp_pressure,
@@ -179,8 +189,74 @@ async fn node_a_thousand_idle_streams_on_large_ledgers_stay_within_the_servers_b
     env.finish().await;
 }
 
+/// `FOLLOWERS` clients follow a run waiting for input (a live run: its streams stay open)
+/// whose ledger then gets all the chunks but the last of a `CHUNKED_MEGABYTES` answer (as a
+/// writer mid-event leaves it), each to the last chunk written, and stay. A stream used to
+/// keep the chunks it had gone by until their event was whole: these followers held
+/// `FOLLOWERS` × the answer in the server pods, more than their memory limit (the peak is
+/// checked with the others'). The bytes of chunks written.
+async fn follow_an_unfinished_chunked_event(env: &NodeEnv, service: &Relay, token: &str) -> usize {
+    let turns = vec![ScriptTurn {
+        text: Some("Which environment?".into()),
+        tool_calls: vec![tool_call("ask", "question", "staging or production?")],
+        ..ScriptTurn::default()
+    }];
+    let mut ask = shell_tool("ask");
+    ask.kind = ToolKind::AskUser;
+    env.create(&run_with("unfinished", turns, vec![ask])).await;
+    let waiting = env
+        .wait_run(
+            "unfinished",
+            Duration::from_secs(120),
+            "WaitingInput",
+            |s| s.phase == Phase::WaitingInput,
+        )
+        .await;
+    let run = env.runs().get("unfinished").await.unwrap();
+    let store = SegmentStore::for_run(env.client.clone(), &run);
+    let mut tail = store.list().await.unwrap().len() as i64;
+    let answer = LedgerEvent::Message {
+        role: Role::Assistant,
+        content: "y".repeat(CHUNKED_MEGABYTES * 1_000_000),
+    };
+    let mut chunks = encode_events(vec![answer], SEGMENT_BUDGET_BYTES).unwrap();
+    chunks.pop();
+    let mut written = 0;
+    for chunk in chunks {
+        written += chunk.iter().map(|e| event_bytes(e).unwrap()).sum::<usize>();
+        tail = store.append(tail, waiting.fence, chunk).await.unwrap().tail;
+    }
+    let events = format!(
+        "{}/api/v1/namespaces/{}/runs/unfinished/events",
+        service.url(),
+        env.ns
+    );
+    let mut followers = Vec::new();
+    for _ in 0..FOLLOWERS {
+        let mut follower = sse::SseReader::open(&events, token, None).await;
+        let at_tail = async {
+            while let Some(event) = follower.next().await {
+                assert_ne!(event.event, "error", "{:?}", event.data);
+                if event.data["seq"] == tail {
+                    return;
+                }
+            }
+            panic!("the stream ended before position {tail}");
+        };
+        tokio::time::timeout(Duration::from_secs(120), at_tail)
+            .await
+            .expect("a follower reaches the last chunk written");
+        followers.push(follower);
+    }
+    // They stay a while, as followers of a run still writing do.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    drop(followers);
+    written
+}
+
 /// A run that ended (asked to stop before it began: no worker ever writes its ledger) whose
-/// ledger then gets `MEGABYTES` of messages; its last position.
+/// ledger then gets `MEGABYTES` of messages after the `closed` record the controller writes
+/// once the run has ended (appended before it, they would take its place); its last position.
 async fn filled_run(env: &NodeEnv, name: &str) -> i64 {
     let mut run = AgentRun::builder(name).input("bench").reply("ok").build();
     run.spec.stop = true;
@@ -191,7 +267,22 @@ async fn filled_run(env: &NodeEnv, name: &str) -> i64 {
     .await;
     let run = env.runs().get(name).await.unwrap();
     let store = SegmentStore::for_run(env.client.clone(), &run);
-    let tail = store.list().await.unwrap().len() as i64;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let tail = loop {
+        let ledger = store.list().await.unwrap();
+        let events = ledger.iter().flat_map(|s| &s.spec.events);
+        if events
+            .into_iter()
+            .any(|e| matches!(e, LedgerEvent::Closed { .. }))
+        {
+            break ledger.len() as i64;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name}: no `closed` record in 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
     large_ledger::fill(&store, tail, MEGABYTES).await.unwrap()
 }
 

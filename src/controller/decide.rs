@@ -207,6 +207,12 @@ fn decide_running(obs: &Observation<'_>) -> Decision {
         return Decision::act(Action::CompleteClaim);
     };
     let decision = match &obs.pod {
+        // A pod the rollout deleted that did not hand off in its grace period (its appends
+        // failing, say): not counted against `maxAttempts`, an upgrade spends no attempts.
+        PodState::Terminated if obs.rolled_out => {
+            claim_with(obs, ClaimReason::PodTerminated, false)
+        }
+        PodState::Missing if obs.rolled_out => claim_with(obs, ClaimReason::PodGone, false),
         PodState::Terminated => claim(obs, ClaimReason::PodTerminated),
         PodState::Unstartable { message } => decide_unstartable(obs, lease, message),
         PodState::Missing => decide_missing_pod(obs, lease),
@@ -394,13 +400,6 @@ fn rollout_wanted(obs: &Observation<'_>, image: &str, lease: &LeaseObs) -> bool 
         && image != obs.desired_image
         && lease.sighting.renewed
         && lease.holder.is_some()
-}
-
-fn min_requeue(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
-    match (a, b) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
 }
 
 fn stop_now(run: &AgentRun) -> Action {

@@ -96,6 +96,7 @@ fn obs<'a>(
         desired_image: IMAGE.into(),
         rollout: RolloutPolicy::Handoff,
         rollout_slot: true,
+        rolled_out: false,
         close_recorded: false,
         now,
         wall: Timestamp::now(),
@@ -248,6 +249,30 @@ fn rollout_moves_a_live_run_off_an_old_image_at_a_bounded_pace_or_keeps_it() {
     o.rollout = RolloutPolicy::Handoff;
     o.lease = Some(lease(L::Startup, 1, now));
     assert_eq!(decide(&o).action, Action::Nothing);
+}
+
+#[test]
+fn a_pod_the_rollout_deleted_that_did_not_hand_off_costs_the_run_no_attempt() {
+    let now = Instant::now();
+    // Two deaths already, of three allowed: one more would end the run.
+    let r = run(Phase::Running, 3, 2, 3);
+    for (pod, reason) in [
+        (PodState::Missing, ClaimReason::PodGone),
+        (PodState::Terminated, ClaimReason::PodTerminated),
+    ] {
+        let mut o = obs(&r, Some(lease(L::Fresh, 3, now)), pod, now);
+        o.lease.as_mut().unwrap().sighting.renewed = true;
+        assert!(
+            matches!(decide(&o).action, Action::Close(_)),
+            "not the rollout's: a death"
+        );
+        o.rolled_out = true;
+        let claim = Action::Claim(Claim {
+            reason,
+            failed: false,
+        });
+        assert_eq!(decide(&o).action, claim, "the rollout's");
+    }
 }
 
 #[test]

@@ -91,6 +91,9 @@ pub struct Observation<'a> {
     pub rollout: RolloutPolicy,
     /// Whether a rollout handoff may start now (fewer than the maximum in flight).
     pub rollout_slot: bool,
+    /// The rollout deleted the pod of the run's current attempt (to move it to the desired
+    /// image): that attempt's end is baton's doing, not the run's.
+    pub rolled_out: bool,
     /// The controller knows the ledger holds the `closed` record of the terminal claim that
     /// ended the run.
     pub close_recorded: bool,
@@ -276,5 +279,13 @@ impl Decision {
 
     pub(super) fn wait_until(now: Instant, deadline: Instant) -> Self {
         Self::wait(Some(deadline.saturating_duration_since(now)))
+    }
+}
+
+/// The sooner of two requeues (None: none wanted).
+pub(super) fn min_requeue(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
 }

@@ -26,6 +26,11 @@ pub fn observe<'a>(ctx: &Context, run: &'a AgentRun, now: Instant) -> Observatio
     let lease = lease.map(|l| sight(ctx, run, &l, now));
     let stop_seen_at = remember_stop(ctx, run, now);
     let in_flight = rollouts_in_flight(ctx);
+    let rolled_out = ctx
+        .rollouts()
+        .lock()
+        .expect("rollouts lock")
+        .contains(&(run_key(run), Fence::of_run(run)));
     Observation {
         run,
         lease,
@@ -37,6 +42,7 @@ pub fn observe<'a>(ctx: &Context, run: &'a AgentRun, now: Instant) -> Observatio
         desired_image: desired_image(run, &ctx.config().worker_image),
         rollout: ctx.config().rollout_policy,
         rollout_slot: in_flight < ctx.config().max_concurrent_handoffs,
+        rolled_out,
         close_recorded: ctx.memory_of(run).close_recorded,
         now,
         wall: Timestamp::now(),

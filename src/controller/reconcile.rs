@@ -99,6 +99,7 @@ fn spawn_webhook(
         client.clone(),
         config,
         loaded,
+        Some(ctx.run_cache().clone()),
     )))
 }
 

@@ -22,7 +22,7 @@ use tracing::Instrument;
 use super::held::{EventBudget, Held, Outgoing, Tally};
 use super::hub::{Change, Hub};
 use super::watchdog::Watchdog;
-use super::whole::{WholeSegments, chunks_before};
+use super::whole::{earlier_chunks, rebuild, segment_event};
 use crate::causes::with_causes;
 use crate::crd::v1alpha1::{AgentRun, LedgerSegment, Phase};
 use crate::ledger::Contiguous;
@@ -219,9 +219,8 @@ impl Follow {
             name: run.name_any(),
             uid: run.id().uid,
             sent: Contiguous::after(after),
-            whole: WholeSegments::default(),
             phase: None,
-            resumed: (after > 0).then(|| run.clone()),
+            run: run.clone(),
         };
         let mut current = run;
         // The ledger is read at the start, after a gap or a resync, and once more when the
@@ -248,7 +247,7 @@ impl Follow {
                 }
                 Moved::Gap => must_read = true,
                 Moved::Deleted => return self.deleted(&current).await,
-                Moved::ClientGone => return Ended::ClientGone,
+                Moved::Stopped(ended) => return ended,
             }
         }
     }
@@ -258,11 +257,11 @@ impl Follow {
     async fn wait(&mut self, state: &mut RunState) -> Moved {
         loop {
             match self.next_change().await {
-                None => return Moved::ClientGone,
+                None => return Moved::Stopped(Ended::ClientGone),
                 Some(Change::Segment(s)) if is_segment_of(&s, &state.name, &state.uid) => {
                     state.sent.offer(s);
-                    if !self.send_ready(state).await {
-                        return Moved::ClientGone;
+                    if let Err(ended) = self.send_ready(state, None).await {
+                        return Moved::Stopped(ended);
                     }
                     if state.sent.has_gap() {
                         return Moved::Gap;
@@ -303,40 +302,36 @@ impl Follow {
                 _ = self.out.closed() => return Some(Ended::ClientGone),
                 place = self.budget.reading() => place,
             };
-            match self.read_page(run, after).await {
+            match self.read_page(run, after, REPLAY_PAGE).await {
                 Ok(segments) => {
                     let last_page = segments.len() < REPLAY_PAGE;
                     for s in segments {
                         state.sent.offer(Arc::new(s));
                     }
-                    if !self.send_ready_reading(state, Some(reading)).await {
-                        return Some(Ended::ClientGone);
+                    if let Err(ended) = self.send_ready(state, Some(reading)).await {
+                        return Some(ended);
                     }
                     if last_page || state.sent.tail() == after {
                         return None;
                     }
                 }
-                Err(err) => {
-                    let message = with_causes(&err);
-                    let data = serde_json::json!({ "run": run.name_any(), "message": message });
-                    let _ = self.send(json_event("error", &data)).await;
-                    return Some(Ended::Failed);
-                }
+                Err(err) => return Some(self.failed(run, &err).await),
             }
         }
     }
 
-    /// A page of the ledger after `after`, read again after a pause while it fails in a way
-    /// a retry may get past ([`REPLAY_TRIES`]).
+    /// `limit` segments of the ledger after `after`, read again after a pause while it fails
+    /// in a way a retry may get past ([`REPLAY_TRIES`]).
     async fn read_page(
         &self,
         run: &AgentRun,
         after: i64,
+        limit: usize,
     ) -> Result<Vec<LedgerSegment>, RequestError> {
         let mut pause = REPLAY_PAUSE;
         let mut tries = 1;
         loop {
-            match self.requests.ledger_page(run, after, REPLAY_PAGE).await {
+            match self.requests.ledger_page(run, after, limit).await {
                 Err(err) if err.is_transient() && tries < REPLAY_TRIES => {
                     let error = with_causes(&err);
                     tracing::warn!(run = %run.name_any(), after, %error, "a ledger page could not be read; trying again");
@@ -352,53 +347,45 @@ impl Follow {
         }
     }
 
-    async fn send_ready(&self, state: &mut RunState) -> bool {
-        self.send_ready_reading(state, None).await
-    }
-
-    /// A client that resumed just after a chunk of an event that goes on: the chunks of that
-    /// event up to its cursor, taken in (not sent) so the event is sent whole once its last
-    /// chunk comes; read only when `first`, the first segment the stream sends, continues an
-    /// event. If they cannot be read, the rest of the event is sent as stored.
-    async fn take_in_earlier_chunks(
-        &self,
-        run: &AgentRun,
-        first: &LedgerSegment,
-        whole: &mut WholeSegments,
-    ) {
-        let Some((from, count)) = chunks_before(first) else {
-            return;
-        };
-        if let Ok(earlier) = self.requests.ledger_page(run, from, count).await {
-            whole.take_in(&earlier);
-        }
-    }
-
     /// Sends the segments the cursor releases. Their room in the budget is taken at once for
     /// as many as fit it (a stream never waits for room while holding room its client has not
     /// been handed: streams cannot wait on each other), and a page's reading place is kept
-    /// until all its events are counted: what a stream holds uncounted is at most a page,
-    /// and only while it has a reading place.
-    async fn send_ready_reading(
+    /// until all its events are counted: what a stream holds uncounted is at most a page and
+    /// the chunked events it ends, and only while it has a reading place (one is taken, before
+    /// any room, when a segment from the hub ends a chunked event).
+    async fn send_ready(
         &self,
         state: &mut RunState,
         reading: Option<OwnedSemaphorePermit>,
-    ) -> bool {
+    ) -> Result<(), Ended> {
         let released = state.sent.release();
-        if let Some(first) = released.first()
-            && let Some(run) = state.resumed.take()
-        {
-            self.take_in_earlier_chunks(&run, first, &mut state.whole)
-                .await;
-        }
-        let whole = &mut state.whole;
-        let events: Vec<Outgoing> = released.iter().map(|s| whole.segment_event(s)).collect();
-        let batches = self.budget.batches(events);
         let mut reading = reading;
+        if reading.is_none() && released.iter().any(|s| earlier_chunks(s).is_some()) {
+            reading = tokio::select! {
+                _ = self.out.closed() => return Err(Ended::ClientGone),
+                place = self.budget.reading() => Some(place),
+            };
+        }
+        let mut events = Vec::with_capacity(released.len());
+        for segment in &released {
+            let rebuilt = match earlier_chunks(segment) {
+                Some((after, count)) => {
+                    let read = |at, limit| self.read_page(&state.run, at, limit);
+                    match rebuild(after, count, segment, REPLAY_PAGE, read).await {
+                        Ok(rebuilt) => Some(rebuilt),
+                        // The client comes back with its cursor; the event is rebuilt then.
+                        Err(err) => return Err(self.failed(&state.run, &err).await),
+                    }
+                }
+                None => None,
+            };
+            events.push(segment_event(segment, rebuilt));
+        }
+        let batches = self.budget.batches(events);
         let count = batches.len();
         for (i, batch) in batches.into_iter().enumerate() {
             let held = tokio::select! {
-                _ = self.out.closed() => return false,
+                _ = self.out.closed() => return Err(Ended::ClientGone),
                 held = self.budget.hold_all(batch, &self.tally) => held,
             };
             // Nothing of the page is uncounted any more: its reading place is free.
@@ -407,11 +394,18 @@ impl Follow {
             }
             for h in held {
                 if !self.deliver(h).await {
-                    return false;
+                    return Err(Ended::ClientGone);
                 }
             }
         }
-        true
+        Ok(())
+    }
+
+    /// Sends an `error` event: the ledger could not be read.
+    async fn failed(&self, run: &AgentRun, err: &RequestError) -> Ended {
+        let data = serde_json::json!({ "run": run.name_any(), "message": with_causes(err) });
+        let _ = self.send(json_event("error", &data)).await;
+        Ended::Failed
     }
 
     /// A `status` event when the phase (or what the run waits on) changed since the last one.
@@ -470,7 +464,8 @@ enum Moved {
     /// the ledger again.
     Gap,
     Deleted,
-    ClientGone,
+    /// The stream ends so.
+    Stopped(Ended),
 }
 
 /// The run a stream follows and what it has sent.
@@ -478,12 +473,9 @@ struct RunState {
     name: String,
     uid: String,
     sent: Contiguous,
-    /// What is sent of each segment: its events with chunked ones rebuilt.
-    whole: WholeSegments,
     phase: Option<(Phase, Option<i64>)>,
-    /// The run, for a stream that resumed after a position until it sends its first segment:
-    /// that segment may continue an event begun before the cursor.
-    resumed: Option<AgentRun>,
+    /// The run as the stream began: where its ledger is read from.
+    run: AgentRun,
 }
 
 /// An event named `name` with `data` as its JSON (one line: JSON escapes every newline, so

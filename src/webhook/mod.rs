@@ -25,8 +25,10 @@ use axum::routing::post;
 use kube::Client;
 use kube::core::DynamicObject;
 use kube::core::admission::AdmissionReview;
+use kube::runtime::reflector::Store;
 use tokio::net::TcpListener;
 
+use crate::crd::v1alpha1::AgentRun;
 use crate::serving::bounds::{BodyBudget, within_budget};
 use crate::serving::{Stop, Tls};
 
@@ -87,10 +89,13 @@ pub fn read_client_ca(path: &std::path::Path) -> Result<String, WebhookError> {
 }
 
 /// Serves the webhook until it fails; `loaded` turns true once a certificate is served.
+/// `known`: the controller's watch of the runs, when it runs beside it: a ledger append the
+/// run as last seen admits is admitted without a read ([`Reviewer::with_known_runs`]).
 pub async fn run(
     client: Client,
     config: WebhookConfig,
     loaded: tokio::sync::watch::Sender<bool>,
+    known: Option<Store<AgentRun>>,
 ) -> Result<(), WebhookError> {
     let (served_tx, served) = tokio::sync::watch::channel(None);
     let keeping = tls::keep(client.clone(), config.tls.clone(), served_tx);
@@ -98,7 +103,8 @@ pub async fn run(
         client,
         config.controller_users.clone(),
         config.max_spec_bytes,
-    );
+    )
+    .with_known_runs(known);
     let mut watching = served.clone();
     let announcing = async move {
         if watching.wait_for(Option::is_some).await.is_ok() {

@@ -6,6 +6,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
 use serde::de::DeserializeOwned;
 
@@ -40,6 +41,8 @@ pub struct Reviewer {
     controller_users: Vec<String>,
     /// The largest AgentRun spec admitted, in bytes of JSON.
     max_spec_bytes: usize,
+    /// The runs as the controller's watch last showed them, when it runs beside the webhook.
+    known: Option<Store<AgentRun>>,
 }
 
 impl Reviewer {
@@ -48,7 +51,23 @@ impl Reviewer {
             client,
             controller_users,
             max_spec_bytes,
+            known: None,
         }
+    }
+
+    /// Admits a ledger append that the run as `known` last showed it admits, without reading
+    /// the run: every worker's append used to wait on a read of its run, and 200 runs' appends
+    /// were more than a busy API server answered within the webhook's timeout (the appends
+    /// failed, and handoffs waited on them). Safe for the fence, which only grows: a fence the
+    /// copy admits, the live run admits too. What the copy names besides (the run's UID and its
+    /// worker's ServiceAccount) can lag a change by the watch's latency: an append by the
+    /// worker of a run deleted (or re-pointed to another ServiceAccount) that moment ago. Its
+    /// readers check the UID again and report such a segment, and a namesake claims past it
+    /// only once it is gone (`leftovers`). Anything the copy refuses is decided on the run read
+    /// afresh.
+    pub fn with_known_runs(mut self, known: Option<Store<AgentRun>>) -> Self {
+        self.known = known;
+        self
     }
 
     /// The answer to `review`.
@@ -82,10 +101,13 @@ impl Reviewer {
             }
             ("ledgersegments", Operation::Create) => {
                 let seg: LedgerSegment = typed(request.object.as_ref(), "LedgerSegment")?;
-                let run = self.run_facts(&namespace, &seg.spec.run).await?;
                 let user = username(&request.user_info);
-                let writer = Writer::of(user, &self.controller_users, run.as_ref());
-                refused(access::segment_refusal(&seg, writer, user, run.as_ref()))
+                let known = self.known_facts(&namespace, &seg.spec.run);
+                if known.is_some() && self.segment_refusal(&seg, user, known.as_ref()).is_none() {
+                    return Ok(());
+                }
+                let run = self.run_facts(&namespace, &seg.spec.run).await?;
+                refused(self.segment_refusal(&seg, user, run.as_ref()))
             }
             ("leases", Operation::Update) => {
                 let new: Lease = typed(request.object.as_ref(), "Lease")?;
@@ -279,8 +301,26 @@ impl Reviewer {
         Ok(user_may(&self.client, user, namespace, ask).await?)
     }
 
-    /// The live run `name` of `namespace`, read from the API server (not a cache: a worker's
-    /// first append may follow its claim by milliseconds).
+    fn segment_refusal(
+        &self,
+        seg: &LedgerSegment,
+        user: &str,
+        run: Option<&RunFacts>,
+    ) -> Option<String> {
+        let writer = Writer::of(user, &self.controller_users, run);
+        access::segment_refusal(seg, writer, user, run)
+    }
+
+    /// Run `name` of `namespace` as the controller's watch last showed it, if it did.
+    fn known_facts(&self, namespace: &str, name: &str) -> Option<RunFacts> {
+        let key = ObjectRef::new(name).within(namespace);
+        let run = self.known.as_ref()?.get(&key)?;
+        Some(RunFacts::of(&run))
+    }
+
+    /// The live run `name` of `namespace`, read from the API server (what decides when the
+    /// watch's copy does not admit: a worker's first append may follow its claim by
+    /// milliseconds, before the copy shows the claim).
     async fn run_facts(
         &self,
         namespace: &str,
@@ -345,3 +385,7 @@ fn forbidden(response: AdmissionResponse, err: ReviewError) -> AdmissionResponse
 fn borrowed_thread(spec: &AgentRunSpec) -> Option<&str> {
     spec.thread.as_deref().filter(|_| spec.agent.is_none())
 }
+
+#[cfg(test)]
+#[path = "review_tests.rs"]
+mod tests;

@@ -76,21 +76,28 @@ pub fn deltas(before: &Samples, after: &Samples, prefix: &str) -> Vec<(String, f
 }
 
 /// The upper bound of the histogram bucket holding quantile `q` of the observations made
-/// between the two scrapes.
+/// between the two scrapes, of every series starting with `prefix` together (their buckets
+/// added bound by bound).
 pub fn bucket_quantile(before: &Samples, after: &Samples, prefix: &str, q: f64) -> String {
-    let mut buckets: Vec<(f64, f64)> = after
-        .iter()
-        .filter(|(k, _)| k.starts_with(prefix))
-        .filter_map(|(k, v)| {
-            let le = k.split("le=\"").nth(1)?.split('"').next()?;
-            let le = if le == "+Inf" {
-                f64::INFINITY
-            } else {
-                le.parse().ok()?
-            };
-            Some((le, v - before.get(k).copied().unwrap_or(0.0)))
-        })
-        .collect();
+    let mut by_bound: Vec<(f64, f64)> = Vec::new();
+    for (k, v) in after.iter().filter(|(k, _)| k.starts_with(prefix)) {
+        let Some(le) = k.split("le=\"").nth(1).and_then(|s| s.split('"').next()) else {
+            continue;
+        };
+        let le = match le {
+            "+Inf" => f64::INFINITY,
+            le => match le.parse() {
+                Ok(le) => le,
+                Err(_) => continue,
+            },
+        };
+        let count = v - before.get(k).copied().unwrap_or(0.0);
+        match by_bound.iter_mut().find(|(bound, _)| *bound == le) {
+            Some((_, total)) => *total += count,
+            None => by_bound.push((le, count)),
+        }
+    }
+    let mut buckets = by_bound;
     buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
     let total = buckets.last().map_or(0.0, |b| b.1);
     if total <= 0.0 {

@@ -54,6 +54,7 @@ fn decided_on(run: &AgentRun, held: bool, renewed: bool) -> Action {
         desired_image: "baton:dev".into(),
         rollout: RolloutPolicy::Keep,
         rollout_slot: false,
+        rolled_out: false,
         close_recorded: false,
         now,
         wall: Timestamp::now(),

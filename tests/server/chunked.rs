@@ -1,6 +1,8 @@
 //! An event too large for one segment is stored as `chunk` events in consecutive segments; a
 //! run's stream sends it whole, in the segment of its last chunk, to a client that follows
-//! from the start and to one that resumes between two of its chunks. No client decodes a
+//! from the start, to one that follows as it is written and to one that resumes between two
+//! of its chunks (each rebuilds it from the ledger when it meets the last chunk: a stream
+//! keeps nothing of a chunked event while its chunks go by). No client decodes a
 //! chunk: the console's page shows it once and whole in a real browser (it used to rebuild
 //! chunks itself, and could not: it parsed their base64 as JSON).
 
@@ -42,6 +44,9 @@ async fn a_chunked_event_is_streamed_whole_from_the_start_and_from_between_its_c
         "the answer takes 3 chunks: {}",
         groups.len()
     );
+    // A client that follows before the answer is written meets its chunks as they come.
+    let events_url = format!("{url}/api/v1/namespaces/{}/runs/{RUN}/events", ns.name);
+    let live = SseReader::open(&events_url, &alice, None).await;
     let store = SegmentStore::for_run(ns.client.clone(), &created);
     for (tail, group) in groups.into_iter().enumerate() {
         store
@@ -58,7 +63,6 @@ async fn a_chunked_event_is_streamed_whole_from_the_start_and_from_between_its_c
         "stored as chunks"
     );
 
-    let events_url = format!("{url}/api/v1/namespaces/{}/runs/{RUN}/events", ns.name);
     let from_start = read_to(&events_url, &alice, None, tail).await;
     let mut want = vec![serde_json::json!([small])];
     want.extend((2..tail).map(|_| serde_json::json!([])));
@@ -69,6 +73,8 @@ async fn a_chunked_event_is_streamed_whole_from_the_start_and_from_between_its_c
         want,
         "every place sent, the answer whole at its last"
     );
+    let live = read_from(live, tail).await;
+    assert_eq!(events_of(&live), want, "followed as it was written");
 
     // Resumed just after the answer's first chunk (a client cut mid-event reconnects).
     let cursor = format!("{uid}:2");
@@ -98,7 +104,11 @@ async fn a_chunked_event_is_streamed_whole_from_the_start_and_from_between_its_c
 
 /// The `segment` events of a stream opened at `url` (after `last_event_id`), up to `tail`.
 async fn read_to(url: &str, token: &str, last_event_id: Option<&str>, tail: i64) -> Vec<Sse> {
-    let mut reader = SseReader::open(url, token, last_event_id).await;
+    read_from(SseReader::open(url, token, last_event_id).await, tail).await
+}
+
+/// The `segment` events `reader` brings, up to `tail`.
+async fn read_from(mut reader: SseReader, tail: i64) -> Vec<Sse> {
     let mut got = Vec::new();
     while got.last().is_none_or(|e: &Sse| e.data["seq"] != tail) {
         let event = reader.next().await.expect("the stream goes on");

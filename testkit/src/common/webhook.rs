@@ -105,7 +105,7 @@ impl Served {
         let (loaded_tx, mut loaded) = tokio::sync::watch::channel(false);
         let serving = client.clone();
         let task = tokio::spawn(async move {
-            if let Err(err) = baton::webhook::run(serving, config, loaded_tx).await {
+            if let Err(err) = baton::webhook::run(serving, config, loaded_tx, None).await {
                 eprintln!("webhook stopped: {err}");
             }
         });
