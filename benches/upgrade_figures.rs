@@ -13,7 +13,8 @@
 //!   moved to the new image by handoff before they ended;
 //! - where the API server's time went meanwhile: each baton webhook as it timed its calls,
 //!   and the calls that failed (a timeout is one), the LedgerSegment creates, and the wait of
-//!   requests for a seat (priority and fairness).
+//!   requests for a seat (priority and fairness);
+//! - what each new controller replica timed of its own work: a claim's API calls, a reconcile.
 //!
 //! Runs in flight on the project's node are bounded by its 2 CPUs and its pod addresses: the
 //! bench's runs request 5m CPU for their tools container (the default, 50m, fits about 30
@@ -26,12 +27,13 @@ use std::time::{Duration, Instant};
 
 use baton::crd::v1alpha1::{AgentRun, LeaseSpec, Phase};
 use baton_testkit::e2e::{Effects, Script};
-use baton_testkit::metrics::{Samples, bucket_quantile, deltas, scrape_apiserver, sum};
+use baton_testkit::metrics::{Samples, bucket_quantile, deltas, scrape, scrape_apiserver, sum};
 use baton_testkit::node::*;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::ResourceRequirements;
+use k8s_openapi::api::core::v1::{Pod, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::ResourceExt;
+use kube::api::ListParams;
 use kube::runtime::{WatchStreamExt, watcher};
 
 /// Long enough that most runs are still mid tool call when their handoff comes, one at a time,
@@ -114,6 +116,7 @@ async fn main() {
         by_reason.join(", ")
     );
     print_api_server_figures(&apiserver_before, &apiserver_after);
+    print_controller_figures(&env.client).await;
     wait_controllers_ready(&env.client, Duration::from_secs(180)).await;
     env.finish().await;
 }
@@ -226,6 +229,50 @@ fn print_api_server_figures(before: &Samples, after: &Samples) {
         "  requests' wait for a seat (priority and fairness): {}",
         hist("apiserver_flowcontrol_request_wait_duration_seconds", &[])
     );
+}
+
+/// What each controller replica (started by the upgrade) timed of its own work since: the API
+/// calls of each claim it made, and every reconcile (bucket bounds, p50 / p99, and how many).
+async fn print_controller_figures(client: &kube::Client) {
+    let pods: kube::Api<Pod> = kube::Api::namespaced(client.clone(), SYSTEM_NS);
+    let params = ListParams::default().labels("app.kubernetes.io/component=controller");
+    let Ok(list) = pods.list(&params).await else {
+        return println!("  the controllers could not be listed");
+    };
+    for pod in list {
+        let Some(ip) = pod.status.as_ref().and_then(|s| s.pod_ip.clone()) else {
+            continue;
+        };
+        let relay = Relay::start(&format!("{ip}:8080"));
+        let mut metrics = None;
+        for _ in 0..20 {
+            metrics = scrape(relay.port).await.ok();
+            if metrics.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        let Some(after) = metrics else {
+            println!("  controller {}: no metrics", pod.name_any());
+            continue;
+        };
+        let none = Samples::default();
+        let timed = |name: &str| {
+            let bucket = format!("{name}_bucket");
+            format!(
+                "p50 ≤ {} s, p99 ≤ {} s of {}",
+                bucket_quantile(&none, &after, &bucket, 0.50),
+                bucket_quantile(&none, &after, &bucket, 0.99),
+                sum(&after, &format!("{name}_count")),
+            )
+        };
+        println!(
+            "  controller {}: a claim's API calls {}; a reconcile {}",
+            pod.name_any(),
+            timed("baton_claim_api_seconds"),
+            timed("baton_reconcile_duration_seconds"),
+        );
+    }
 }
 
 /// The series of `samples` whose name holds every one of `needles`.

@@ -71,40 +71,42 @@ async fn outcome(reviewer: &Reviewer, request: &AdmissionRequest<DynamicObject>)
 async fn an_append_the_copy_admits_is_admitted_without_a_read() {
     let worker = worker_username(NS, "r");
     let known = reviewer(Some(3));
+    // (case, user, the segment's fence, its UID label, what the review does)
     let cases = [
         (
             "the worker, at the run's fence",
-            append(&worker, 3, "uid-r"),
+            &*worker,
+            3,
+            "uid-r",
             "admitted",
         ),
         (
             "the worker, at an earlier fence",
-            append(&worker, 2, "uid-r"),
+            &worker,
+            2,
+            "uid-r",
             "admitted",
         ),
         (
             "the controller's seal, at fence + 1",
-            append(CONTROLLER, 4, "uid-r"),
+            CONTROLLER,
+            4,
+            "uid-r",
             "admitted",
         ),
         // The claim the copy has not shown yet: the live run decides.
         (
             "the worker, ahead of the copy",
-            append(&worker, 4, "uid-r"),
+            &worker,
+            4,
+            "uid-r",
             "read the run",
         ),
-        (
-            "another UID",
-            append(&worker, 3, "uid-other"),
-            "read the run",
-        ),
-        (
-            "another user",
-            append("mallory", 3, "uid-r"),
-            "read the run",
-        ),
+        ("another UID", &worker, 3, "uid-other", "read the run"),
+        ("another user", "mallory", 3, "uid-r", "read the run"),
     ];
-    for (case, request, expected) in cases {
+    for (case, user, fence, uid, expected) in cases {
+        let request = append(user, fence, uid);
         assert_eq!(outcome(&known, &request).await, expected, "{case}");
     }
     let no_copy = reviewer(None);

@@ -1,13 +1,15 @@
 //! baton's admission webhook served from the test's own process on 127.0.0.1, for one
 //! namespace: the configuration (the chart's three webhooks, reached by URL) selects only
 //! namespaces labelled for it, so the other tests sharing the API server never meet it.
-//! Shared by `tests/controller/webhook.rs` and `examples/webhook_bench.rs`.
+//! Shared by `tests/controller/webhook.rs` and `examples/webhook_bench.rs`. It reviews with a
+//! watch's copy of the namespace's runs, as the controller's replicas do.
 
 use std::time::{Duration, Instant};
 
 use baton::crd::MANAGED_BY_LABEL;
 use baton::crd::v1alpha1::AgentRun;
 use baton::webhook::{CertIssuer, TlsSettings, WebhookConfig};
+use futures::StreamExt;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ValidatingWebhook,
@@ -16,7 +18,22 @@ use k8s_openapi::api::admissionregistration::v1::{
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::reflector::{self, Store, reflector};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
+
+/// The runs of `namespace` as a watch shows them, and the watch that keeps them.
+fn copy_of_runs(
+    client: &Client,
+    namespace: &str,
+) -> (Store<AgentRun>, impl Future<Output = ()> + use<>) {
+    let (known, writer) = reflector::store();
+    let runs = Api::<AgentRun>::namespaced(client.clone(), namespace);
+    let copying = reflector(writer, watcher(runs, watcher::Config::default()))
+        .default_backoff()
+        .for_each(|_| futures::future::ready(()));
+    (known, copying)
+}
 
 /// The label that puts a namespace under a test's webhook configuration.
 pub const WATCHED: &str = "baton.dev/webhook-test";
@@ -104,9 +121,13 @@ impl Served {
         };
         let (loaded_tx, mut loaded) = tokio::sync::watch::channel(false);
         let serving = client.clone();
+        // As in the controller, which serves the webhook with its watch's copy of the runs.
+        let (known, copying) = copy_of_runs(client, namespace);
         let task = tokio::spawn(async move {
-            if let Err(err) = baton::webhook::run(serving, config, loaded_tx, None).await {
-                eprintln!("webhook stopped: {err}");
+            let webhook = baton::webhook::run(serving, config, loaded_tx, Some(known));
+            tokio::select! {
+                () = copying => eprintln!("the webhook's copy of the runs stopped"),
+                Err(err) = webhook => eprintln!("webhook stopped: {err}"),
             }
         });
         tokio::time::timeout(Duration::from_secs(20), loaded.wait_for(|l| *l))
