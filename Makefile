@@ -111,7 +111,7 @@ bench-node: ## Figures on the real node: faults to resumed work, work lost, vs a
 	bash hack/bench-node.sh
 
 .PHONY: bench-upgrade
-bench-upgrade: ## Figures on the real node: an upgrade from the previous release with BATON_UPGRADE_RUNS (200) runs in flight: lost, effects twice, handoff lateness p50/p99, helm upgrade -> last old worker gone, claims after the upgrade by reason
+bench-upgrade: ## Figures on the real node: an upgrade from the previous release with BATON_UPGRADE_RUNS (200) runs in flight: lost, effects twice, handoff lateness p50/p99, helm upgrade -> last old worker gone, claims after the upgrade by reason, the webhooks' and LedgerSegment creates' latency as the API server timed them, each new controller's claim and reconcile timings
 	bash hack/bench-upgrade.sh
 
 .PHONY: control-plane-up
