@@ -25,12 +25,7 @@ pub fn observe<'a>(ctx: &Context, run: &'a AgentRun, now: Instant) -> Observatio
         .get(&ObjectRef::new(&run_lease_name(&run.name_any())).within(&ns));
     let lease = lease.map(|l| sight(ctx, run, &l, now));
     let stop_seen_at = remember_stop(ctx, run, now);
-    let in_flight = rollouts_in_flight(ctx);
-    let rolled_out = ctx
-        .rollouts()
-        .lock()
-        .expect("rollouts lock")
-        .contains(&(run_key(run), Fence::of_run(run)));
+    let (in_flight, rolled_out) = rollouts_in_flight(ctx, run);
     Observation {
         run,
         lease,
@@ -213,8 +208,9 @@ pub fn oldest_pending(ctx: &Context, ns: &str, key: &str) -> Option<String> {
         .map(|r| r.name_any())
 }
 
-/// Rollout handoffs still in flight; finished ones (the run moved past that fence) are dropped.
-fn rollouts_in_flight(ctx: &Context) -> usize {
+/// Rollout handoffs still in flight, and whether `run`'s current attempt is one of them;
+/// finished ones (the run moved past that fence) are dropped.
+fn rollouts_in_flight(ctx: &Context, run: &AgentRun) -> (usize, bool) {
     let mut rollouts = ctx.rollouts().lock().expect("rollouts lock");
     rollouts.retain(|((ns, name), fence)| {
         ctx.run_cache()
@@ -222,7 +218,8 @@ fn rollouts_in_flight(ctx: &Context) -> usize {
             .and_then(|r| r.status.clone())
             .is_some_and(|s| crate::fence::status_names(s.fence, *fence) && !s.phase.is_terminal())
     });
-    rollouts.len()
+    let this_one = rollouts.contains(&(run_key(run), Fence::of_run(run)));
+    (rollouts.len(), this_one)
 }
 
 /// Marks a rollout handoff in flight for the run at its current fence.
