@@ -139,5 +139,5 @@ node-env: ## Print `export KUBECONFIG=...` for the node
 	@bash hack/node.sh env
 
 .PHONY: images
-images: ## The node's images: pause, a Debian base, baton from the Dockerfile, a bare busybox
+images: ## The node's images: pause, a Debian base, baton from the Dockerfile, a bare busybox, the Python agents (tests/agents)
 	bash hack/images.sh all

@@ -64,6 +64,18 @@ fn small_tools() -> ResourceRequirements {
     }
 }
 
+/// The controller replicas' CPU request, from `BATON_UPGRADE_CONTROLLER_CPU` (e.g. `500m`);
+/// unset, the chart's default. The replicas serve the webhook every append goes through, and
+/// on a node whose CPUs the runs saturate a replica gets CPU time in proportion to its request.
+fn controller_values() -> serde_json::Value {
+    match std::env::var("BATON_UPGRADE_CONTROLLER_CPU") {
+        Ok(cpu) if !cpu.is_empty() => {
+            serde_json::json!({"resources": {"requests": {"cpu": cpu}}})
+        }
+        _ => serde_json::json!({}),
+    }
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let n: usize = std::env::var("BATON_UPGRADE_RUNS")
@@ -72,7 +84,9 @@ async fn main() {
         .unwrap_or(200);
     let previous = PreviousRelease::with_chart();
     let env = NodeEnv::start("bench-upgrade").await;
-    let on_previous = OnPreviousRelease::install(&env.client, &previous).await;
+    let values = controller_values();
+    println!("upgrade figures: the release's values besides its image: {values}");
+    let on_previous = OnPreviousRelease::install(&env.client, &previous, &values).await;
     let names: Vec<String> = (0..n).map(|i| format!("u{i}")).collect();
     let script = script(n);
     for name in &names {
@@ -91,7 +105,7 @@ async fn main() {
     let images = ImageSampler::start(&env);
     let apiserver_before = scrape_apiserver(&env.client).await.unwrap_or_default();
     let upgraded_at = Instant::now();
-    on_previous.upgrade(&serde_json::json!({}));
+    on_previous.upgrade(&values);
     for name in &names {
         env.wait_run(name, Duration::from_secs(3600), "ended", |s| {
             s.phase.is_terminal()

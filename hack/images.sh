@@ -12,7 +12,11 @@
 #                            With it, baton-exec (the executor), linked statically.
 #   hack/images.sh busybox   docker.io/library/busybox:baton, Debian's static busybox alone
 #                            (no libc, no baton): a plain user image for the tools container
-#   hack/images.sh all       all four
+#   hack/images.sh agents    docker.io/library/baton-agents:py from tests/agents/Containerfile: a
+#                            user's agent image for "bring your own agent" (Debian's Python, the
+#                            frameworks pinned in tests/agents/requirements.txt from PyPI, the
+#                            agents' scripts in /opt/agents/app/); rebuilt when one of those changes
+#   hack/images.sh all       all five
 #   hack/images.sh previous  docker.io/library/baton:previous, the release named in
 #                            hack/previous-release, built from its commit in the repository's
 #                            own history (offline) as `baton` builds this tree's; its source,
@@ -39,6 +43,7 @@ readonly BATON=docker.io/library/baton:dev
 readonly BATON_NEXT=docker.io/library/baton:next
 readonly BUSYBOX=docker.io/library/busybox:baton
 readonly BATON_PREVIOUS=docker.io/library/baton:previous
+readonly AGENTS=docker.io/library/baton-agents:py
 
 mkdir -p "$IMAGES"
 
@@ -167,12 +172,40 @@ image_busybox() {
   log "busybox image: $out"
 }
 
+# A user's agent image (tests/agents/), built as a team would build theirs: from a Containerfile
+# beside the agents, not generated here, so that it reads as the example it is. It is kept while
+# the hash over everything it is built from (the Containerfile, the pins, the scripts) is the
+# one it was built with: a new pin or an edited agent rebuilds it; nothing else does.
+image_agents() {
+  image_debian
+  local dir=$ROOT/tests/agents out=$IMAGES/agents.oci.tar stamp=$IMAGES/agents.sha256 sum t0=$SECONDS
+  sum=$(cd "$dir" && sha256sum Containerfile requirements.txt ./*.py | sha256sum | cut -d' ' -f1)
+  if [[ -f $out && $(cat "$stamp" 2>/dev/null) == "$sum" ]]; then
+    podman image exists "$AGENTS" || podman load -q -i "$out" >/dev/null
+    return 0
+  fi
+  log "agents: podman build (tests/agents/Containerfile: Debian's python3, pip install -r requirements.txt)"
+  # --network=host: apt-get and pip fetch from the machine's package sources, with the trust
+  # of the machine: its CA bundle stands in for the image's during the build (Debian's pip
+  # verifies with that file), as a machine whose egress re-signs TLS needs. A build mount
+  # only: the image keeps Debian's own bundle.
+  local -a trust=()
+  [[ -f /etc/ssl/certs/ca-certificates.crt ]] &&
+    trust=(-v /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:ro)
+  podman build -q --pull=never --network=host ${trust[@]+"${trust[@]}"} \
+    -t "$AGENTS" -f "$dir/Containerfile" "$dir" >/dev/null
+  save "$AGENTS" "$out"
+  echo "$sum" >"$stamp"
+  log "agents: $(podman image inspect --format '{{.Size}}' "$AGENTS" | awk '{printf "%.1f MB", $1/1e6}') ($((SECONDS - t0))s)"
+}
+
 case ${1:-help} in
   pause) image_pause ;;
   debian) image_debian ;;
   baton) image_baton ;;
   busybox) image_busybox ;;
-  all) image_pause; image_debian; image_baton; image_busybox ;;
+  agents) image_agents ;;
+  all) image_pause; image_debian; image_baton; image_busybox; image_agents ;;
   previous) image_previous ;;
-  *) sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; [[ ${1:-help} == help ]] ;;
+  *) sed -n '2,28p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; [[ ${1:-help} == help ]] ;;
 esac

@@ -94,5 +94,5 @@ bash hack/control-plane.sh install
 step "the node: containerd, runc, CNI, podman, mmdebstrap; kubelet and the rest (built once, cached)"
 bash hack/node.sh install
 
-step "images: pause, Debian base (mmdebstrap), baton (the Dockerfile's prebuilt stage), busybox"
+step "images: pause, Debian base (mmdebstrap), baton (the Dockerfile's prebuilt stage), busybox, agents (tests/agents)"
 bash hack/images.sh all

@@ -57,7 +57,8 @@ async fn node_upgrade_from_the_previous_release_keeps_every_run() {
         .await
         .expect("the node's database, through the relay");
     let env = NodeEnv::start("upgrade").await.with_rows(rows);
-    let on_previous = OnPreviousRelease::install(&env.client, &previous).await;
+    let on_previous =
+        OnPreviousRelease::install(&env.client, &previous, &serde_json::json!({})).await;
     eprintln!(
         "upgrade lane: {} ({}) installed",
         previous.version, previous.commit

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::capture::{Captured, capped_text, within_cap};
+use crate::capture::{Captured, capped_text, tail_text, within_cap};
 use crate::protocol::{Ending, Outcome, RunRequest};
 use crate::reaper;
 
@@ -90,10 +90,19 @@ pub fn run(
     started: impl FnOnce(Tree),
 ) -> Outcome {
     let mark = Tree::new_mark();
-    let mut command = Command::new("sh");
+    let mut command = match request.argv.split_first() {
+        Some((program, args)) => {
+            let mut command = Command::new(program);
+            command.args(args);
+            command
+        }
+        None => {
+            let mut command = Command::new("sh");
+            command.arg("-c").arg(&request.command);
+            command
+        }
+    };
     command
-        .arg("-c")
-        .arg(&request.command)
         .envs(request.env.iter().cloned())
         .env(TREE_MARK, &mark)
         .current_dir(workdir)
@@ -113,11 +122,12 @@ pub fn run(
     let cap = request.cap_bytes;
     if let Some(pipe) = child.stdout.take() {
         let tx = sender.clone();
-        std::thread::spawn(move || tx.send(Event::Stdout(read_capped(pipe, cap))));
+        std::thread::spawn(move || tx.send(Event::Stdout(read_capped(pipe, cap, false))));
     }
     if let Some(pipe) = child.stderr.take() {
         let tx = sender.clone();
-        std::thread::spawn(move || tx.send(Event::Stderr(read_capped(pipe, cap))));
+        let tail = request.stderr_tail;
+        std::thread::spawn(move || tx.send(Event::Stderr(read_capped(pipe, cap, tail))));
     }
     std::thread::spawn(move || {
         let status = child.wait();
@@ -195,6 +205,7 @@ fn outcome(
         stdout.unwrap_or_default(),
         stderr.unwrap_or_default(),
         request.cap_bytes,
+        request.stderr_tail,
     );
     Outcome {
         id: request.id.clone(),
@@ -205,20 +216,32 @@ fn outcome(
     }
 }
 
-/// Reads a pipe to its end, keeping at most `cap` bytes and counting the rest.
-fn read_capped(mut pipe: impl Read, cap: usize) -> Captured {
+/// Reads a pipe to its end, keeping at most `cap` bytes (its first, or with `tail` its last)
+/// and counting the rest.
+fn read_capped(mut pipe: impl Read, cap: usize, tail: bool) -> Captured {
     let mut kept = Vec::new();
     let mut total = 0usize;
     let mut buf = [0u8; 8192];
     loop {
         match pipe.read(&mut buf) {
             Ok(0) | Err(_) => break,
+            Ok(n) if tail => {
+                total += n;
+                kept.extend_from_slice(&buf[..n]);
+                // Dropped in cap-sized pieces, not on every read: at most 2 caps are held.
+                if kept.len() > 2 * cap.max(1) {
+                    kept.drain(..kept.len() - cap);
+                }
+            }
             Ok(n) => {
                 total += n;
                 let room = cap.saturating_sub(kept.len());
                 kept.extend_from_slice(&buf[..n.min(room)]);
             }
         }
+    }
+    if tail {
+        return tail_text(&kept, total, cap);
     }
     capped_text(&kept, total, cap)
 }
@@ -240,6 +263,8 @@ mod tests {
         RunRequest {
             id: "1".into(),
             command: command.into(),
+            argv: vec![],
+            stderr_tail: false,
             env: vec![("BATON_STEP".into(), "4".into())],
             timeout_ms,
             cap_bytes,

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 /// Bumped on any change the other side could misread; both sides come from one image, so a
 /// mismatch means a mixed rollout and is refused with both numbers named.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// A message from the worker.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -34,13 +34,21 @@ pub enum FromExecutor {
     Done(Outcome),
 }
 
-/// One command to run: `sh -c command` in the workspace, with `env` added.
+/// One command to run: `sh -c command` in the workspace (or `argv` itself, when given), with
+/// `env` added.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct RunRequest {
     /// Unique on the connection; the `Done` names it.
     pub id: String,
     pub command: String,
+    /// When not empty: run this argv directly, no shell (an agent container's command, as
+    /// its manifest gives it); `command` is then only what logs show.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub argv: Vec<String>,
+    /// Keep the end of stderr rather than its start (where a crash's traceback is).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stderr_tail: bool,
     /// Added to the executor's own environment (the tools container's: no secret is in it).
     pub env: Vec<(String, String)>,
     pub timeout_ms: u64,
@@ -94,6 +102,8 @@ mod tests {
         let run = FromWorker::Run(RunRequest {
             id: "7".into(),
             command: "printf 'a\\nb'".into(),
+            argv: vec![],
+            stderr_tail: false,
             env: vec![("BATON_STEP".into(), "3".into())],
             timeout_ms: 1000,
             cap_bytes: 10,

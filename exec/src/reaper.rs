@@ -88,6 +88,8 @@ mod tests {
         let request = RunRequest {
             id: "1".into(),
             command: "sleep 0.2 > /dev/null 2>&1 & echo left one behind".into(),
+            argv: vec![],
+            stderr_tail: false,
             env: vec![],
             timeout_ms: 5000,
             cap_bytes: 1000,

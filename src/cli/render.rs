@@ -217,6 +217,18 @@ fn event_lines(
             turns.join(", ")
         ),
         E::Message { role, content } => block(&format!("[{}]", role_name(*role)), content),
+        E::GatewayCall {
+            call,
+            api,
+            request,
+            response,
+        } => block(
+            &format!("[assistant, the agent's model call {call} ({api})]"),
+            &crate::ledger::journal::answer_text(request, response),
+        ),
+        E::GatewayDiverged { call, field } => format!(
+            "!! the agent's model call {call} differed from its record at {field}: it and every later call went to the model"
+        ),
         E::Input { index, content } => block(&format!("[user input #{}]", index + 1), content),
         E::StepIntent {
             step,

@@ -18,6 +18,10 @@ pub const WORKER_TMP_LIMIT: &str = "64Mi";
 pub const TOOLS_TMP_LIMIT: &str = "1Gi";
 /// The executor binary (a few MiB) and the executor's socket.
 pub const EXECUTOR_LIMIT: &str = "64Mi";
+/// The directory the worker and an agent container share: a socket and the run's input.
+pub const AGENT_DIR_LIMIT: &str = "16Mi";
+/// An agent container's scratch `/tmp` (its `HOME` too).
+pub const AGENT_TMP_LIMIT: &str = "1Gi";
 pub const SOCKET_LIMIT: &str = "1Mi";
 /// The tools container without `spec.worker.toolsResources`: limits that stop one command
 /// from taking the node's memory or disk, requests small enough not to reserve a node per run.

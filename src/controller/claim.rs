@@ -27,6 +27,7 @@ use super::ledger_end::{LedgerEnd, ledger_end, report_claimants};
 use super::leftovers;
 use super::observe::sight;
 use super::pod::{desired_image, with_served_ledger, worker_pod};
+use super::pod_agent::with_agent_container;
 use super::statuses::{self, run_name};
 use super::writer::Applied;
 use crate::crd::v1alpha1::{AgentRun, LedgerBackend, LedgerEvent};
@@ -359,7 +360,7 @@ async fn move_lease(ctx: &Context, written: StatusWritten) -> Result<Stage<Lease
 async fn create_pod(ctx: &Context, moved: LeaseMoved) -> Result<(), Error> {
     let LeaseMoved { run, holder } = moved;
     let image = desired_image(&run, &ctx.config().worker_image);
-    let mut pod = worker_pod(&run, holder.fence, &image);
+    let mut pod = with_agent_container(worker_pod(&run, holder.fence, &image), &run);
     if ctx.ledgers().backend_of(&run) == LedgerBackend::PostgreSQL
         && let Some(server) = &ctx.config().ledger_server
     {

@@ -26,6 +26,7 @@ mod leftovers;
 mod metrics;
 mod observe;
 pub mod pod;
+pub mod pod_agent;
 mod reconcile;
 mod statuses;
 #[doc(hidden)]

@@ -64,11 +64,14 @@ const TOKEN_EXPIRATION_SECONDS: i64 = 3607;
 /// Name of the worker's admin port (`/metrics`, `/livez`, `/readyz`), for a PodMonitor.
 pub const METRICS_PORT_NAME: &str = "metrics";
 
+/// The volume the init container copies the executor into.
+pub const EXECUTOR_VOLUME: &str = "baton-executor";
+
 /// The pod's volumes, by name.
 mod volume {
     pub const WORKER_TMP: &str = "tmp";
     pub const TOOLS_TMP: &str = "tools-tmp";
-    pub const EXECUTOR: &str = "baton-executor";
+    pub const EXECUTOR: &str = super::EXECUTOR_VOLUME;
     pub const SOCKET: &str = "baton-socket";
     pub const WORKSPACE: &str = "workspace";
     pub const API_ACCESS: &str = "kube-api-access";
@@ -212,7 +215,7 @@ pub fn workspace_claim(run: &AgentRun) -> Option<PersistentVolumeClaim> {
     })
 }
 
-fn mount(volume: &str, path: &str, read_only: bool) -> VolumeMount {
+pub(super) fn mount(volume: &str, path: &str, read_only: bool) -> VolumeMount {
     VolumeMount {
         name: volume.into(),
         mount_path: path.into(),
@@ -221,7 +224,7 @@ fn mount(volume: &str, path: &str, read_only: bool) -> VolumeMount {
     }
 }
 
-fn plain(name: &str, value: impl Into<String>) -> EnvVar {
+pub(super) fn plain(name: &str, value: impl Into<String>) -> EnvVar {
     EnvVar {
         name: name.into(),
         value: Some(value.into()),
@@ -436,7 +439,7 @@ fn pod_security_context() -> PodSecurityContext {
 
 /// Container level (the Pod Security "restricted" profile): no escalation, no capabilities,
 /// read-only root filesystem, as `uid`.
-fn container_security_context(uid: i64) -> SecurityContext {
+pub(super) fn container_security_context(uid: i64) -> SecurityContext {
     SecurityContext {
         allow_privilege_escalation: Some(false),
         privileged: Some(false),

@@ -269,3 +269,60 @@ fn a_served_ledger_reaches_the_worker_container_only_with_a_token_for_ledgers() 
         Some(crate::ledger::served::LEDGER_AUDIENCE)
     );
 }
+
+#[test]
+fn an_agent_container_runs_the_users_image_through_the_executor_with_no_credential() {
+    use crate::controller::pod_agent::{AGENT_CONTAINER_NAME, AGENT_DIR, AGENT_UID};
+    use crate::crd::v1alpha1::{AgentContainer, PlainEnvVar};
+    let mut r = run();
+    r.spec.agent_mut().container = Some(AgentContainer {
+        image: "team/agent:7".into(),
+        command: vec!["python".into(), "agent.py".into()],
+        env: vec![PlainEnvVar {
+            name: "AGENT_MODE".into(),
+            value: "fast".into(),
+        }],
+        ..AgentContainer::default()
+    });
+    let pod = worker_pod(&r, Fence::new(1), "baton:1");
+    let spec = crate::controller::pod_agent::with_agent_container(pod, &r)
+        .spec
+        .unwrap();
+    let names: Vec<&str> = spec.containers.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [TOOLS_CONTAINER_NAME, AGENT_CONTAINER_NAME, CONTAINER_NAME]
+    );
+    let agent = container(&spec, AGENT_CONTAINER_NAME);
+    assert_eq!(agent.image.as_deref(), Some("team/agent:7"));
+    let command = agent.command.clone().unwrap();
+    assert_eq!(
+        command[0], "/baton/bin/baton-exec",
+        "the executor starts the agent"
+    );
+    assert_eq!(
+        agent.security_context.as_ref().unwrap().run_as_user,
+        Some(AGENT_UID)
+    );
+    // No token, no key, no ledger: only the executor, the shared directory and scratch.
+    let agent_mounts = mounts(agent);
+    assert_eq!(
+        agent_mounts
+            .iter()
+            .map(|(_, path)| *path)
+            .collect::<Vec<_>>(),
+        [EXECUTOR_DIR, AGENT_DIR, SCRATCH_DIR]
+    );
+    assert_eq!(env_names(agent), ["AGENT_MODE", "TMPDIR", "HOME"]);
+    assert!(agent.env.iter().flatten().all(|e| e.value_from.is_none()));
+    // The worker shares the directory; the tools container does not.
+    let worker = container(&spec, CONTAINER_NAME);
+    assert!(mounts(worker).contains(&("baton-agent", AGENT_DIR)));
+    assert!(env_names(worker).contains(&env::AGENT_DIR));
+    let tools = container(&spec, TOOLS_CONTAINER_NAME);
+    assert!(mounts(tools).iter().all(|(_, path)| *path != AGENT_DIR));
+    // Without the field, no agent container.
+    let plain = worker_pod(&run(), Fence::new(1), "baton:1");
+    let plain = crate::controller::pod_agent::with_agent_container(plain, &run());
+    assert_eq!(plain.spec.unwrap().containers.len(), 2);
+}

@@ -1,7 +1,7 @@
 //! Spec rules the CRD schema cannot express, checked at admission. A run that breaks one
 //! ends `Failed` with reason `InvalidSpec` and a message naming the field.
 
-use crate::crd::v1alpha1::{AgentRunSpec, AgentSpec, Provider, ToolKind};
+use crate::crd::v1alpha1::{AgentContainer, AgentRunSpec, AgentSpec, Provider, ToolKind};
 
 /// The reason a rejected run ends with.
 pub const INVALID_SPEC: &str = "InvalidSpec";
@@ -14,6 +14,16 @@ pub fn validate(spec: &AgentRunSpec) -> Result<(), String> {
         return Err("spec.agent is required (or spec.thread: a turn takes its thread's)".into());
     };
     check_model(agent)?;
+    if let Some(container) = &agent.container {
+        if let Some(thread) = &spec.thread {
+            return Err(format!(
+                "spec.agent.container: a turn of thread {thread} cannot bring its own agent \
+                 yet (its container would not be given the thread's history); run it as a \
+                 run of its own"
+            ));
+        }
+        return check_container(agent, container);
+    }
     check_mcp_tools(agent)?;
     check_script_tools(spec, agent)
 }
@@ -100,6 +110,46 @@ fn check_model(agent: &AgentSpec) -> Result<(), String> {
     }
 }
 
+/// The environment variables the worker gives an agent container itself.
+pub const RESERVED_ENV_PREFIXES: [&str; 3] = ["OPENAI_", "ANTHROPIC_", "BATON_"];
+
+/// An agent container's run: its model is reached through the gateway, which speaks the
+/// OpenAI API to an OpenAI-compatible provider; the built-in loop's settings have no use.
+fn check_container(agent: &AgentSpec, container: &AgentContainer) -> Result<(), String> {
+    if agent.model.provider != Provider::Openai {
+        return Err(format!(
+            "spec.agent.model.provider must be openai with spec.agent.container (the gateway \
+             forwards the OpenAI API; {} is not served to an agent container yet)",
+            provider_name(agent.model.provider)
+        ));
+    }
+    let unused = [
+        ("spec.agent.tools", !agent.tools.is_empty()),
+        ("spec.agent.systemPrompt", agent.system_prompt.is_some()),
+        ("spec.agent.approval", agent.approval.is_some()),
+    ];
+    if let Some((field, _)) = unused.into_iter().find(|(_, set)| *set) {
+        return Err(format!(
+            "{field} must not be set with spec.agent.container: it is for baton's own agent \
+             loop, and an agent container brings its own (its tools through baton are not \
+             served yet)"
+        ));
+    }
+    for (i, var) in container.env.iter().enumerate() {
+        if let Some(prefix) = RESERVED_ENV_PREFIXES
+            .iter()
+            .find(|p| var.name.starts_with(*p))
+        {
+            return Err(format!(
+                "spec.agent.container.env[{i}].name ({}): names starting {prefix} are set by \
+                 baton (the gateway's address and this attempt's key)",
+                var.name
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn provider_name(provider: Provider) -> &'static str {
     match provider {
         Provider::Scripted => "scripted",
@@ -164,6 +214,46 @@ mod tests {
         assert!(validate(&s).unwrap_err().contains("spec.agent.model.name"));
         s.agent_mut().model.name = Some("gpt-4o-mini".into());
         assert_eq!(validate(&s), Ok(()));
+    }
+
+    #[test]
+    fn an_agent_container_speaks_openai_and_sets_no_reserved_variable() {
+        use crate::crd::v1alpha1::{AgentContainer, PlainEnvVar};
+        let mut s = spec();
+        s.agent_mut().container = Some(AgentContainer {
+            image: "agents:py".into(),
+            command: vec!["python".into()],
+            env: vec![PlainEnvVar {
+                name: "AGENT_CALLS".into(),
+                value: "3".into(),
+            }],
+            ..AgentContainer::default()
+        });
+        let err = validate(&s).unwrap_err();
+        assert!(
+            err.starts_with("spec.agent.model.provider must be openai"),
+            "{err}"
+        );
+        s.agent_mut().model.provider = Provider::Openai;
+        s.agent_mut().model.name = Some("m".into());
+        assert_eq!(validate(&s), Ok(()));
+        s.agent_mut().system_prompt = Some("be brief".into());
+        let err = validate(&s).unwrap_err();
+        assert!(
+            err.starts_with("spec.agent.systemPrompt must not be set"),
+            "{err}"
+        );
+        s.agent_mut().system_prompt = None;
+        let container = s.agent_mut().container.as_mut().unwrap();
+        container.env.push(PlainEnvVar {
+            name: "OPENAI_API_KEY".into(),
+            value: "sk-mine".into(),
+        });
+        let err = validate(&s).unwrap_err();
+        assert!(
+            err.starts_with("spec.agent.container.env[1].name (OPENAI_API_KEY)"),
+            "{err}"
+        );
     }
 
     #[test]

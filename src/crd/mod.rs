@@ -143,6 +143,9 @@ pub mod env {
     pub const MODEL_API_KEY: &str = "BATON_MODEL_API_KEY";
     /// The tools container's executor socket, as the worker container sees it.
     pub const EXECUTOR_SOCKET: &str = "BATON_EXECUTOR_SOCKET";
+    /// The directory the worker shares with the run's agent container (its executor's socket,
+    /// the run's input), when the run brings its own agent.
+    pub const AGENT_DIR: &str = "BATON_AGENT_DIR";
     /// Where the MCP servers' header Secrets are mounted in the worker container.
     pub const MCP_HEADERS_DIR: &str = "BATON_MCP_HEADERS_DIR";
     /// `baton server`'s address, serving the ledgers of runs kept in PostgreSQL.

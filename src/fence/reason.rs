@@ -124,13 +124,18 @@ pub enum EndReason {
     /// A turn's history is larger than its thread's `context.maxHistoryTokens`, whose
     /// `onOverflow` is `Fail`.
     ContextExceeded,
+    /// The run's own agent container (`agent.container`) exited with a non-zero code.
+    AgentExited,
+    /// A resumed agent container's model call differed from the one recorded at its place,
+    /// and `agent.container.onDivergence` is `Fail`.
+    ResumeDiverged,
     /// A reason this version does not know (written by another version), kept as written:
     /// it is what the run's status shows.
     Unrecognized(String),
 }
 
 impl EndReason {
-    const KNOWN: [EndReason; 7] = [
+    const KNOWN: [EndReason; 9] = [
         EndReason::ProviderError,
         EndReason::MaxStepsExceeded,
         EndReason::BudgetExceeded,
@@ -138,6 +143,8 @@ impl EndReason {
         EndReason::McpServerUnavailable,
         EndReason::HistoryUnavailable,
         EndReason::ContextExceeded,
+        EndReason::AgentExited,
+        EndReason::ResumeDiverged,
     ];
 
     pub fn as_str(&self) -> &str {
@@ -149,6 +156,8 @@ impl EndReason {
             EndReason::McpServerUnavailable => "McpServerUnavailable",
             EndReason::HistoryUnavailable => "HistoryUnavailable",
             EndReason::ContextExceeded => "ContextExceeded",
+            EndReason::AgentExited => "AgentExited",
+            EndReason::ResumeDiverged => "ResumeDiverged",
             EndReason::Unrecognized(reason) => reason,
         }
     }

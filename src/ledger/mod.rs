@@ -28,6 +28,7 @@ pub use model::history::{
     ENDED_WITHOUT_RESULT, Fitted, FixedHistory, HistoryError, estimated_tokens, fit,
     recorded_history, turn_conversation,
 };
+pub use model::journal;
 pub use model::replay::{
     Replay, ReplayedMessage, ReplayedStep, StepState, ToolCallRecord, UNKNOWN_EFFECT_NOTICE,
 };

@@ -108,6 +108,8 @@ pub const BORROWED: &[Borrowed] = &[
     pods("worker.resources"),
     pods("worker.toolsResources"),
     pods("worker.workspaceSizeLimit"),
+    // The whole block: its image, command and environment are what the pod runs.
+    pods("agent.container"),
     Borrowed {
         path: "workspace",
         right: Right::CreateClaims,

@@ -64,6 +64,10 @@ pub struct WorkerArgs {
     /// probes cannot run.
     #[arg(long, env = crate::crd::env::EXECUTOR_SOCKET)]
     pub executor_socket: Option<PathBuf>,
+    /// The directory shared with the run's agent container (the pod sets it when the run
+    /// brings its own agent): its executor's socket and the run's input.
+    #[arg(long, env = crate::crd::env::AGENT_DIR)]
+    pub agent_dir: Option<PathBuf>,
     /// How long to wait for the executor to listen (the tools container starts first).
     #[arg(long, default_value_t = 120)]
     pub executor_wait_seconds: u64,
@@ -101,6 +105,7 @@ pub struct WorkerConfig {
     /// Serialized events per segment, at most.
     pub segment_budget: usize,
     pub executor_socket: Option<PathBuf>,
+    pub agent_dir: Option<PathBuf>,
     pub executor_wait: Duration,
     pub mcp_headers_dir: PathBuf,
     /// Where runs kept in PostgreSQL are reached (None: nowhere).
@@ -151,6 +156,7 @@ impl TryFrom<WorkerArgs> for WorkerConfig {
             stats_file: a.stats_file,
             segment_budget: a.segment_budget_bytes.max(1024),
             executor_socket: a.executor_socket,
+            agent_dir: a.agent_dir,
             executor_wait: Duration::from_secs(a.executor_wait_seconds),
             mcp_headers_dir: a.mcp_headers_dir,
             ledger_server,

@@ -19,6 +19,7 @@ mod agent;
 pub mod api_count;
 pub mod appender;
 mod budget;
+mod byo;
 mod config;
 mod finish;
 mod guard;
@@ -235,7 +236,10 @@ async fn attempt(
     let plan = resume::plan(&s.turn.replay, s.spec(), &s.io.toolbox, timed_out);
     let (ending, record) = match resume::resume(&mut s, plan).await {
         Resumed::End { ending, record } => (ending, record),
-        Resumed::Continue => (agent::agent_loop(&mut s).await, true),
+        Resumed::Continue => match s.agent().container.clone() {
+            Some(container) => (byo::run_agent(&mut s, &container).await, true),
+            None => (agent::agent_loop(&mut s).await, true),
+        },
     };
     Ok(conclude(&mut s, ending, record).await)
 }

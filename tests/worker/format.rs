@@ -25,7 +25,7 @@ async fn a_worker_resumes_past_an_event_of_a_newer_kind_and_says_so() {
     // Attempt 1, as a newer worker would have written it: the input, then a kind of its own.
     claim(&ns.client, &ns.name, "newer", 1).await;
     let newer =
-        serde_json::json!({"type": "gatewayCall", "callId": "g1", "request": {"model": "m"}});
+        serde_json::json!({"type": "responsesCall", "callId": "g1", "request": {"model": "m"}});
     let newer = UnrecognizedEvent(newer.as_object().unwrap().clone());
     let runs: Api<AgentRun> = ns.api();
     let store = SegmentStore::for_run(ns.client.clone(), &runs.get("newer").await.unwrap());
@@ -58,5 +58,5 @@ async fn a_worker_resumes_past_an_event_of_a_newer_kind_and_says_so() {
     assert!(kept.contains(&LedgerEvent::Unrecognized(newer)), "{kept:?}");
     let said = notes(&ns.api(), "newer", "UnrecognizedLedgerEvents").await;
     assert_eq!(said.len(), 1, "{said:?}");
-    assert!(said[0].contains("gatewayCall"), "{said:?}");
+    assert!(said[0].contains("responsesCall"), "{said:?}");
 }

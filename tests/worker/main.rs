@@ -2,6 +2,8 @@
 //! tests playing the controller. One test binary for all of it (each file is a module):
 //! - `approval`: a gated call waits, is approved, denied or timed out, and never runs twice;
 //! - `budget`: a run killed again and again near its limit stops at it;
+//! - `byo`: a run that brings its own agent (the stock `openai` SDK): replayed after a kill,
+//!   diverging, exiting non-zero, its gateway closed to all but its agent;
 //! - `crash`: kill -9 at each write-ahead boundary, then the next worker resumes;
 //! - `format`: a ledger holding an event of a newer kind is resumed past, and said so;
 //! - `limits`: the ledger's size cap and events split across segments;
@@ -41,6 +43,7 @@ async fn status(ns: &baton_testkit::common::TestNamespace, name: &str) -> AgentR
 
 mod approval;
 mod budget;
+mod byo;
 mod crash;
 mod format;
 mod limits;

@@ -48,6 +48,7 @@ pub(crate) fn thread_busy(name: &str, server: &Server, on_busy: &str) -> AgentTh
         max_steps: 10,
         tools: vec![shell_tool("sh", false)],
         approval: None,
+        container: None,
     };
     let spec: AgentThreadSpec = serde_json::from_value(serde_json::json!({
         "agent": agent,

@@ -39,6 +39,68 @@ pub struct AgentSpec {
     /// (`tools[].approval`). `askUser` never waits: it is a human gate already.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<ApprovalPolicy>,
+    /// Bring your own agent: the run's agent is this container, not baton's built-in loop.
+    /// Its model calls go through the worker's gateway on the pod's loopback
+    /// (docs/byo-agent.md), which journals them; a later attempt runs it again from the top
+    /// and answers its recorded calls from the ledger.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<AgentContainer>,
+}
+
+/// The user's agent, as a container of the run's pod beside the worker. It holds no model key
+/// and no API token: the worker hands it a key for its gateway, good for this attempt only.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentContainer {
+    /// The agent's image.
+    #[schemars(length(min = 1, max = 1024))]
+    pub image: String,
+    /// What to run, as an argv (no shell). Required: baton starts it itself, through its
+    /// executor, and never reads the image's own entrypoint.
+    #[schemars(length(min = 1, max = 64))]
+    pub command: Vec<String>,
+    /// Arguments after `command`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 256))]
+    pub args: Vec<String>,
+    /// Plain environment variables. Names baton sets (`OPENAI_*`, `ANTHROPIC_*`, `BATON_*`)
+    /// are refused; a key belongs in `agent.model.apiKeySecretRef`, where the agent never sees
+    /// it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 128))]
+    pub env: Vec<PlainEnvVar>,
+    /// The container's resources (unset: none requested, no limit but the node's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<k8s_openapi::api::core::v1::ResourceRequirements>,
+    /// What a later attempt does when the agent's model call differs from the one recorded
+    /// at its place: `Fail` (the default) ends the run `ResumeDiverged`, naming the call and
+    /// the first field that differs; `Continue` records the divergence and goes live from
+    /// there.
+    #[serde(default)]
+    pub on_divergence: OnDivergence,
+}
+
+/// A plain environment variable.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct PlainEnvVar {
+    #[schemars(
+        length(min = 1, max = 256),
+        regex(pattern = r"^[A-Za-z_][A-Za-z0-9_]*$")
+    )]
+    pub name: String,
+    /// Its value (`""` for an empty one).
+    #[schemars(length(max = 32768))]
+    pub value: String,
+}
+
+/// What a resumed agent's model call that differs from the recorded one does.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum OnDivergence {
+    /// The run fails `ResumeDiverged`.
+    #[default]
+    Fail,
+    /// The divergence is recorded and the call, and every one after it, goes to the model.
+    Continue,
 }
 
 fn default_max_steps() -> i32 {

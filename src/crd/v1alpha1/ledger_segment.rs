@@ -234,6 +234,22 @@ pub enum LedgerEvent {
     HistoryDropped { turns: Vec<String>, tokens: i64 },
     /// Seal: the controller ended the run; nothing may be appended after it.
     Closed { fence: Fence, reason: CloseReason },
+    /// A model call of an agent container, through the worker's gateway, complete: recorded
+    /// before its last byte reaches the agent. A later attempt answers the call at place
+    /// `call` (from 1) with `response`, while the agent's request equals `request` (its
+    /// canonical form, `journal::canonical`). A later record of the same place (after a
+    /// divergence the run continued past) replaces the earlier.
+    GatewayCall {
+        call: i64,
+        /// Which API: `chat.completions`.
+        api: String,
+        request: serde_json::Value,
+        /// The response body; for a streamed call, the stream's events' data in order.
+        response: serde_json::Value,
+    },
+    /// A resumed agent's call at place `call` differed from the record at `field` (a JSON
+    /// pointer into the canonical request); `onDivergence: Continue` went live from there.
+    GatewayDiverged { call: i64, field: String },
     /// A piece of an event too large for one segment; `total` pieces rebuild its JSON.
     Chunk {
         index: i64,

@@ -8,10 +8,18 @@ use crate::crd::v1alpha1::{LedgerSegmentSpec, UnrecognizedEvent};
 use crate::fence::test_segment;
 
 /// Every format a release wrote, oldest first.
-const FORMATS: &[(i32, &str)] = &[(
-    1,
-    include_str!("../../../tests/fixtures/ledger/format-1.json"),
-)];
+/// Every format a release wrote, oldest first; within a format, the kinds each release added
+/// (0.2.0: an agent container's model calls).
+const FORMATS: &[(i32, &str)] = &[
+    (
+        1,
+        include_str!("../../../tests/fixtures/ledger/format-1.json"),
+    ),
+    (
+        1,
+        include_str!("../../../tests/fixtures/ledger/format-1-since-0.2.json"),
+    ),
+];
 
 fn ledgers(text: &str) -> serde_json::Map<String, serde_json::Value> {
     let doc: serde_json::Value = serde_json::from_str(text).unwrap();
@@ -57,6 +65,8 @@ fn kind(event: &LedgerEvent) -> &str {
         E::HistoryDropped { .. } => "historyDropped",
         E::Closed { .. } => "closed",
         E::Chunk { .. } => "chunk",
+        E::GatewayCall { .. } => "gatewayCall",
+        E::GatewayDiverged { .. } => "gatewayDiverged",
         E::Unrecognized(event) => event.kind(),
     }
 }
@@ -84,6 +94,8 @@ const EVERY_KIND: &[&str] = &[
     "historyDropped",
     "closed",
     "chunk",
+    "gatewayCall",
+    "gatewayDiverged",
 ];
 
 #[test]
@@ -188,12 +200,12 @@ fn ledgers_of_the_first_format_that_ended_read_their_end() {
 #[test]
 fn an_event_of_a_newer_kind_is_kept_whole_and_reported() {
     let newer =
-        serde_json::json!({"type": "gatewayCall", "callId": "g1", "request": {"model": "m"}});
+        serde_json::json!({"type": "responsesCall", "callId": "g1", "request": {"model": "m"}});
     let event: LedgerEvent = serde_json::from_value(newer.clone()).unwrap();
     let LedgerEvent::Unrecognized(kept) = &event else {
         panic!("{event:?}");
     };
-    assert_eq!(kept.kind(), "gatewayCall");
+    assert_eq!(kept.kind(), "responsesCall");
     assert_eq!(serde_json::to_value(&event).unwrap(), newer);
     assert_eq!(
         event,
@@ -206,7 +218,7 @@ fn an_event_of_a_newer_kind_is_kept_whole_and_reported() {
     };
     let replay = Replay::from_segments(&[test_segment(1, 1, vec![user, event])]).unwrap();
     assert_eq!(replay.messages, vec![ReplayedMessage::User("hi".into())]);
-    assert_eq!(replay.unrecognized, vec!["gatewayCall".to_string()]);
+    assert_eq!(replay.unrecognized, vec!["responsesCall".to_string()]);
 }
 
 /// A kind this version knows, with fields it cannot read, is an error, as is an event with no
@@ -222,4 +234,30 @@ fn a_known_kind_with_bad_fields_and_an_event_without_a_kind_are_errors() {
         let read = serde_json::from_value::<LedgerEvent>(bad.clone());
         assert!(read.is_err(), "{bad}: {read:?}");
     }
+}
+
+#[test]
+fn an_agent_containers_journal_replays_by_place_past_its_divergence() {
+    use crate::ledger::journal::answer_text;
+    let ledger = &ledgers(FORMATS[1].1)["agent-container"];
+    let replay = Replay::from_segments(&segments(ledger)).unwrap();
+    let journal = &replay.journal;
+    assert_eq!(journal.calls.keys().copied().collect::<Vec<_>>(), [1, 2]);
+    assert_eq!(journal.diverged, [(2, "/messages/1/content".to_string())]);
+    let text = |place: i64| {
+        answer_text(
+            &journal.calls[&place].request,
+            &journal.calls[&place].response,
+        )
+    };
+    assert_eq!((text(1).as_str(), text(2).as_str()), ("one", "two"));
+    assert_eq!(journal.next_place(), 3);
+    assert_eq!(
+        (replay.usage.model_calls, replay.usage.total_tokens),
+        (2, 12)
+    );
+    assert_eq!(
+        replay.final_output.as_deref(),
+        Some("answer after 2 calls: two")
+    );
 }

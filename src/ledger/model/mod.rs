@@ -7,4 +7,5 @@
 pub(crate) mod chunk;
 pub(crate) mod contiguous;
 pub(crate) mod history;
+pub mod journal;
 pub(crate) mod replay;

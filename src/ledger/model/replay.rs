@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::chunk::Unchunker;
+use super::journal::{Journal, RecordedCall};
 use crate::crd::v1alpha1::{
     ApprovalOutcome, LedgerEvent, LedgerSegment, McpToolRecord, ProbeOutcome, Role, RunUsage,
 };
@@ -121,6 +122,8 @@ pub struct Replay {
     pub history_dropped: bool,
     /// The tools each MCP server (by the spec's tool name) offered when first listed.
     pub mcp_tools: BTreeMap<String, Vec<McpToolRecord>>,
+    /// An agent container's model calls, as recorded.
+    pub journal: Journal,
     /// The kinds of the events this version does not know (a newer one wrote them), in
     /// order: passed over by the fold, reported by its reader.
     pub unrecognized: Vec<String>,
@@ -229,6 +232,15 @@ impl Replay {
             LedgerEvent::HistoryDropped { .. } => self.history_dropped = true,
             LedgerEvent::Closed { .. } => self.count_cut_call(),
             LedgerEvent::Chunk { .. } => {}
+            LedgerEvent::GatewayCall {
+                call,
+                api,
+                request,
+                response,
+            } => self
+                .journal
+                .record(*call, RecordedCall::new(api, request, response)),
+            LedgerEvent::GatewayDiverged { call, field } => self.journal.diverge(*call, field),
             LedgerEvent::Unrecognized(event) => self.unrecognized.push(event.kind().to_string()),
         }
     }

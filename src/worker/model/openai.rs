@@ -49,6 +49,12 @@ impl OpenAiModel {
         })
     }
 
+    /// Its HTTP client and where its calls go (the agent container's gateway forwards through
+    /// them: one place builds a provider's endpoint).
+    pub fn endpoint(&self) -> (&reqwest::Client, &Target) {
+        (&self.client, &self.target)
+    }
+
     /// Asks for the next turn, streaming its text to `deltas`.
     pub async fn complete(
         &self,

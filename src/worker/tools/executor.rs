@@ -31,9 +31,10 @@ const CONNECT_RETRY: Duration = Duration::from_millis(100);
 #[derive(Debug, thiserror::Error)]
 pub enum ExecutorError {
     #[error(
-        "the tools container's executor did not listen on {path} within {waited:?} (is the tools container running? see its logs): {last}"
+        "the {container} container's executor did not listen on {path} within {waited:?} (is the {container} container running? see its logs): {last}"
     )]
     Unreachable {
+        container: &'static str,
         path: PathBuf,
         waited: Duration,
         last: std::io::Error,
@@ -68,7 +69,17 @@ pub struct Executor {
 impl Executor {
     /// Connects to `path`, retrying for `wait` while the tools container starts.
     pub async fn connect(path: &Path, wait: Duration) -> Result<Self, ExecutorError> {
-        let stream = connect_with_retry(path, wait).await?;
+        Self::connect_to("tools", path, wait).await
+    }
+
+    /// Connects to the executor of the container named `container` (for messages) at `path`,
+    /// retrying for `wait` while it starts.
+    pub async fn connect_to(
+        container: &'static str,
+        path: &Path,
+        wait: Duration,
+    ) -> Result<Self, ExecutorError> {
+        let stream = connect_with_retry(container, path, wait).await?;
         let (read, writer) = stream.into_split();
         let mut lines = BufReader::new(read).lines();
         let greeting = lines.next_line().await;
@@ -91,7 +102,7 @@ impl Executor {
             Ok(None) => return Err(no_greeting("the connection closed".into())),
             Err(e) => return Err(no_greeting(e.to_string())),
         };
-        info!(socket = %path.display(), %workspace, "connected to the tools container's executor");
+        info!(socket = %path.display(), %workspace, container, "connected to an executor");
         let waiting: Waiting = Arc::default();
         let closed = CancellationToken::new();
         tokio::spawn(dispatch(lines, waiting.clone(), closed.clone()));
@@ -113,17 +124,29 @@ impl Executor {
         cap_bytes: usize,
         cancel: &CancellationToken,
     ) -> Result<Outcome, ExecutorLost> {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed).to_string();
-        let (tx, mut rx) = oneshot::channel();
-        lock(&self.waiting).insert(id.clone(), tx);
-        let request = FromWorker::Run(RunRequest {
-            id: id.clone(),
+        let request = RunRequest {
+            id: String::new(),
             command: command.into(),
+            argv: Vec::new(),
+            stderr_tail: false,
             env: env.to_vec(),
             timeout_ms: timeout.as_millis() as u64,
             cap_bytes,
-        });
-        self.send(&request).await?;
+        };
+        self.submit(request, cancel).await
+    }
+
+    /// Runs `request` (its `id` is given here); cancelling `cancel` kills it.
+    pub async fn submit(
+        &self,
+        mut request: RunRequest,
+        cancel: &CancellationToken,
+    ) -> Result<Outcome, ExecutorLost> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed).to_string();
+        request.id = id.clone();
+        let (tx, mut rx) = oneshot::channel();
+        lock(&self.waiting).insert(id.clone(), tx);
+        self.send(&FromWorker::Run(request)).await?;
         tokio::select! {
             done = &mut rx => return done.map_err(|_| ExecutorLost),
             _ = self.closed.cancelled() => return Err(ExecutorLost),
@@ -148,13 +171,18 @@ impl Executor {
     }
 }
 
-async fn connect_with_retry(path: &Path, wait: Duration) -> Result<UnixStream, ExecutorError> {
+async fn connect_with_retry(
+    container: &'static str,
+    path: &Path,
+    wait: Duration,
+) -> Result<UnixStream, ExecutorError> {
     let deadline = tokio::time::Instant::now() + wait;
     loop {
         match UnixStream::connect(path).await {
             Ok(stream) => return Ok(stream),
             Err(e) if tokio::time::Instant::now() >= deadline => {
                 return Err(ExecutorError::Unreachable {
+                    container,
                     path: path.into(),
                     waited: wait,
                     last: e,

@@ -33,14 +33,27 @@ pub struct LiteLlm {
 
 impl LiteLlm {
     pub async fn start() -> Self {
+        Self::start_with("tests/litellm/config.yaml", &[]).await
+    }
+
+    /// The proxy with tests/litellm/counted.yaml: every model call that completed is a line of
+    /// `calls` (counted at the server, outside baton).
+    pub async fn counted(calls: &std::path::Path) -> Self {
+        let calls = calls.display().to_string();
+        Self::start_with(
+            "tests/litellm/counted.yaml",
+            &[("BATON_MODEL_CALLS_FILE", &calls)],
+        )
+        .await
+    }
+
+    /// The proxy with `config` (relative to the repository), `env` added to its environment.
+    pub async fn start_with(config: &str, env: &[(&str, &str)]) -> Self {
         baton::kube_util::ensure_crypto_provider();
-        let venv = std::env::var("BATON_LITELLM_VENV").unwrap_or_else(|_| {
-            let home = std::env::var("HOME").unwrap_or_default();
-            format!("{home}/.cache/baton/litellm-venv")
-        });
+        let venv = venv();
         let port = free_port();
         let log = std::env::temp_dir().join(format!("baton-litellm-{port}.log"));
-        let config = crate::repo_root().join("tests/litellm/config.yaml");
+        let config = crate::repo_root().join(config);
         let child = Command::new(format!("{venv}/bin/litellm"))
             .arg("--config")
             .arg(&config)
@@ -50,6 +63,7 @@ impl LiteLlm {
             // templates, router presets) from the package instead: it reaches nothing but
             // loopback.
             .envs(LOCAL_ONLY.iter().map(|name| (*name, "True")))
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&log).unwrap())
             .stderr(std::fs::File::create(log.with_extension("err")).unwrap())
@@ -74,6 +88,12 @@ impl LiteLlm {
         };
         proxy.wait_live().await;
         proxy
+    }
+
+    /// The Python of the proxy's venv (it has the stock `openai` SDK): what runs the example
+    /// agents of tests/agents/ on this host.
+    pub fn python() -> String {
+        format!("{}/bin/python", venv())
     }
 
     /// `model` of the proxy through `provider`'s API (its Chat Completions under `/v1`, its
@@ -107,6 +127,14 @@ impl LiteLlm {
         let err = std::fs::read_to_string(self.log.with_extension("err")).unwrap_or_default();
         panic!("the LiteLLM proxy never answered {live}:\n{err}");
     }
+}
+
+/// The venv hack/setup.sh installs the proxy in.
+fn venv() -> String {
+    std::env::var("BATON_LITELLM_VENV").unwrap_or_else(|_| {
+        let home = std::env::var("HOME").unwrap_or_default();
+        format!("{home}/.cache/baton/litellm-venv")
+    })
 }
 
 fn free_port() -> u16 {

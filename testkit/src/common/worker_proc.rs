@@ -15,6 +15,8 @@ pub struct WorkerProc {
     pub log: PathBuf,
     /// The executor beside it: it exits when the worker's connection ends.
     pub executor: Child,
+    /// The agent container's executor, for a run that brings its own agent.
+    pub agent: Option<Child>,
 }
 
 /// The executor binary: built beside `baton` (`cargo build -p baton-exec`, as hack/test.sh
@@ -32,7 +34,19 @@ pub fn executor_bin() -> PathBuf {
 
 /// Starts an executor serving on a fresh socket, with its own workspace directory.
 fn spawn_executor(namespace: &str, pod: &str) -> (Child, PathBuf) {
-    let dir = std::env::temp_dir().join(format!("baton-exec-{namespace}-{pod}"));
+    spawn_executor_in(&format!("baton-exec-{namespace}-{pod}"))
+}
+
+/// An executor on `<tmp>/<name>/exec.sock` (what the pod's agent container runs, its
+/// directory the one the worker shares with it).
+fn spawn_executor_in(name: &str) -> (Child, PathBuf) {
+    spawn_executor_with(name, &[])
+}
+
+/// [`spawn_executor_in`] with `env` in the executor's environment (a container's own, which
+/// what it runs inherits).
+fn spawn_executor_with(name: &str, env: &[(&str, &str)]) -> (Child, PathBuf) {
+    let dir = std::env::temp_dir().join(name);
     let workspace = dir.join("workspace");
     std::fs::create_dir_all(&workspace).expect("creating the executor's workspace");
     let socket = dir.join("exec.sock");
@@ -43,6 +57,7 @@ fn spawn_executor(namespace: &str, pod: &str) -> (Child, PathBuf) {
         .arg(&socket)
         .arg("--workspace")
         .arg(&workspace)
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::from(log))
@@ -100,7 +115,31 @@ pub fn spawn_worker_env(
         pod: pod.to_string(),
         log,
         executor,
+        agent: None,
     }
+}
+
+/// `baton worker` for a run that brings its own agent: besides the tools' executor, the agent
+/// container's (its directory given as `BATON_AGENT_DIR`) with `agent_env` (the container's
+/// `env`, as the pod gives it), and `env` added to the worker's.
+pub fn spawn_agent_worker(
+    (namespace, run, fence, pod): (&str, &str, i64, &str),
+    agent_env: &[(&str, &str)],
+    env: &[(&str, &str)],
+) -> WorkerProc {
+    let name = format!("baton-agent-{namespace}-{pod}");
+    let (agent, socket) = spawn_executor_with(&name, agent_env);
+    let dir = socket
+        .parent()
+        .expect("the socket's directory")
+        .display()
+        .to_string();
+    let mut env = env.to_vec();
+    env.push(("BATON_AGENT_DIR", &dir));
+    let args = ["--log-format=json", "--admin-addr=none"];
+    let mut worker = spawn_worker_env(namespace, run, fence, pod, &args, &env);
+    worker.agent = Some(agent);
+    worker
 }
 
 impl WorkerProc {

@@ -19,16 +19,27 @@ pub struct OnPreviousRelease {
 }
 
 impl OnPreviousRelease {
-    pub async fn install(client: &Client, previous: &PreviousRelease) -> Self {
+    /// `values`: besides the previous image, what the release is installed with (the same
+    /// values go to [`Self::upgrade`], as a user passes the file they installed with).
+    pub async fn install(
+        client: &Client,
+        previous: &PreviousRelease,
+        values: &serde_json::Value,
+    ) -> Self {
         helm("uninstall", THIS_CHART, &[], &serde_json::json!({}));
         let switched = Self { upgraded: false };
         wait_no_controller_pods(client, Duration::from_secs(120)).await;
         apply_crds(&previous.crds()).expect("applying the previous release's CRDs");
+        let mut values = values.clone();
+        merge(
+            &mut values,
+            &serde_json::json!({"image": {"tag": PREVIOUS_TAG}}),
+        );
         helm(
             "install",
             &previous.chart(),
             &["--create-namespace"],
-            &serde_json::json!({"image": {"tag": PREVIOUS_TAG}}),
+            &values,
         );
         wait_controllers_ready(client, Duration::from_secs(180)).await;
         wait_webhook_answers(client, Duration::from_secs(60)).await;

@@ -1,0 +1,375 @@
+//! The model gateway: the OpenAI Chat Completions API on the pod's loopback, for the run's
+//! agent container (docs/byo-agent.md). It answers only the key this attempt handed the agent,
+//! checked before any body is read: the tools container shares the loopback and must neither
+//! spend the run's budget nor write its journal. A call the journal holds is answered from it
+//! (`journal::Cursor`); any other goes to the provider with the run's key, streamed through as
+//! it comes, and is recorded (one awaited append) before its last byte reaches the agent.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::StatusCode;
+use axum::http::header::AUTHORIZATION;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use tokio::sync::mpsc;
+
+use super::answers::{self, DONE, error, provider_error, sse_event};
+use super::upstream::Upstream;
+use crate::crd::v1alpha1::{BudgetSpec, LedgerEvent, OnDivergence, RunUsage};
+use crate::fence::EndReason;
+use crate::ledger::journal::{self, Answer, Cursor, Journal};
+use crate::serving::{Stop, Tls, serve};
+use crate::worker::appender::Appender;
+use crate::worker::budget::{self, Next as Upcoming};
+use crate::worker::finish::Ending;
+use crate::worker::model::answer::Answer as Sorted;
+use crate::worker::model::sse::{SseReader, json_data};
+
+/// The API this gateway serves, as the journal names it.
+pub const CHAT: &str = "chat.completions";
+/// The largest request an agent may send: a long conversation, not a file upload.
+const MAX_REQUEST_BYTES: usize = 16 * 1024 * 1024;
+
+/// What the gateway tells the attempt that runs the agent.
+#[derive(Debug)]
+pub enum Report {
+    /// Events it appended, to fold into the attempt's replay, and the API round trips the
+    /// append took.
+    Appended {
+        events: Vec<LedgerEvent>,
+        requests: u64,
+    },
+    /// The run must end so (a divergence, a budget, a ledger that refuses).
+    End(Ending),
+}
+
+/// What the gateway is started with.
+pub struct Setup {
+    /// The key this attempt hands its agent.
+    pub key: String,
+    pub upstream: Upstream,
+    pub appender: Appender,
+    pub journal: Journal,
+    pub usage: RunUsage,
+    pub budget: Option<BudgetSpec>,
+    /// How long the run has run before this attempt's start (for a deadline).
+    pub elapsed_before: Option<std::time::Duration>,
+    pub on_divergence: OnDivergence,
+    pub reports: mpsc::UnboundedSender<Report>,
+}
+
+struct Shared {
+    key_digest: [u8; 32],
+    upstream: Upstream,
+    appender: Appender,
+    journal: Journal,
+    budget: Option<BudgetSpec>,
+    elapsed_before: Option<std::time::Duration>,
+    started: std::time::Instant,
+    on_divergence: OnDivergence,
+    reports: mpsc::UnboundedSender<Report>,
+    book: Mutex<Book>,
+}
+
+/// What the calls of this attempt have taken so far.
+struct Book {
+    cursor: Cursor,
+    usage: RunUsage,
+}
+
+/// Binds a port of the loopback and serves on it until the attempt ends; its address.
+pub async fn start(setup: Setup) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let address = listener.local_addr()?;
+    let router = router(Arc::new(Shared::new(setup)));
+    let task = tokio::spawn(async move {
+        if let Err(err) = serve(
+            "gateway",
+            listener,
+            router,
+            Tls::Plain,
+            Stop::WithTheProcess,
+        )
+        .await
+        {
+            tracing::warn!(error = %err, "the model gateway stopped");
+        }
+    });
+    Ok((address, task))
+}
+
+impl Shared {
+    fn new(setup: Setup) -> Self {
+        Self {
+            key_digest: Sha256::digest(setup.key.as_bytes()).into(),
+            upstream: setup.upstream,
+            appender: setup.appender,
+            journal: setup.journal,
+            budget: setup.budget,
+            elapsed_before: setup.elapsed_before,
+            started: std::time::Instant::now(),
+            on_divergence: setup.on_divergence,
+            reports: setup.reports,
+            book: Mutex::new(Book {
+                cursor: Cursor::default(),
+                usage: setup.usage,
+            }),
+        }
+    }
+
+    fn book(&self) -> std::sync::MutexGuard<'_, Book> {
+        self.book.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn end(&self, ending: Ending) {
+        let _ = self.reports.send(Report::End(ending));
+    }
+}
+
+fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route_layer(middleware::from_fn_with_state(shared.clone(), authenticate))
+        .layer(DefaultBodyLimit::max(MAX_REQUEST_BYTES))
+        .with_state(shared)
+}
+
+/// Lets through only a request that carries this attempt's key, before its body is read.
+/// The digests are compared, so the time taken says nothing of the key.
+async fn authenticate(State(shared): State<Arc<Shared>>, request: Request, next: Next) -> Response {
+    let presented = request
+        .headers()
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(|key| <[u8; 32]>::from(Sha256::digest(key.trim().as_bytes())));
+    if presented != Some(shared.key_digest) {
+        return error(
+            StatusCode::UNAUTHORIZED,
+            "invalid_api_key",
+            "the gateway answers only the agent container of this attempt, with the key it \
+             was handed in OPENAI_API_KEY",
+        );
+    }
+    next.run(request).await
+}
+
+async fn chat(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+    let request: Value = match serde_json::from_slice(&body) {
+        Ok(request @ Value::Object(_)) => request,
+        Ok(_) => return bad_request("the request body is not a JSON object"),
+        Err(e) => return bad_request(&format!("the request body is not JSON: {e}")),
+    };
+    let canonical = journal::canonical(request.clone());
+    let stream = journal::streamed(&canonical);
+    let answer = shared
+        .book()
+        .cursor
+        .answer(&shared.journal, CHAT, &canonical);
+    match answer {
+        Answer::Replay(place) => answers::recorded(stream, &shared.journal.calls[&place].response),
+        Answer::Live(place) => live(&shared, place, &request, canonical).await,
+        Answer::Diverged { call, field } => {
+            diverged(&shared, call, field, &request, canonical).await
+        }
+    }
+}
+
+fn bad_request(message: &str) -> Response {
+    error(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+}
+
+/// A request unlike the record at its place: the run fails, or (`Continue`) the divergence is
+/// recorded and the call and all after it go live.
+async fn diverged(
+    shared: &Arc<Shared>,
+    call: i64,
+    field: String,
+    request: &Value,
+    canonical: Value,
+) -> Response {
+    if shared.on_divergence == OnDivergence::Fail {
+        let message = format!(
+            "the agent's model call {call} differs from the call recorded at its place, at \
+             {field}: a resumed agent must ask what it asked before \
+             (spec.agent.container.onDivergence: Fail)"
+        );
+        shared.end(Ending::Failed {
+            reason: EndReason::ResumeDiverged,
+            message: message.clone(),
+        });
+        return error(StatusCode::CONFLICT, "baton_resume_diverged", &message);
+    }
+    let event = LedgerEvent::GatewayDiverged { call, field };
+    if let Err(response) = append(shared, vec![event]).await {
+        return response;
+    }
+    let place = {
+        let mut book = shared.book();
+        book.cursor.go_live_at(call);
+        book.cursor.answer(&shared.journal, CHAT, &canonical)
+    };
+    match place {
+        Answer::Live(place) => live(shared, place, request, canonical).await,
+        other => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "baton_journal",
+            &format!("after a divergence the call was to go live, not {other:?}"),
+        ),
+    }
+}
+
+/// A call the journal does not hold: to the provider, recorded before its end is sent.
+async fn live(shared: &Arc<Shared>, place: i64, request: &Value, canonical: Value) -> Response {
+    let stream = journal::streamed(&canonical);
+    if let Some(reached) = over_budget(shared) {
+        let response = error(StatusCode::TOO_MANY_REQUESTS, "baton_budget", &reached);
+        return response;
+    }
+    match shared.upstream.send(request, stream).await {
+        Err(err) => provider_error(&err),
+        Ok(Sorted::Whole(answer)) if !stream && answers::is_completion(&answer) => {
+            match record(shared, place, canonical, answer.clone()).await {
+                Ok(()) => axum::Json(answer).into_response(),
+                Err(response) => response,
+            }
+        }
+        Ok(Sorted::Stream(reader)) if stream => {
+            stream_through(shared.clone(), place, canonical, reader)
+        }
+        Ok(Sorted::Whole(answer)) if !stream => {
+            let shown: String = answer.to_string().chars().take(300).collect();
+            bad_gateway(shared, &format!("a JSON answer without choices: {shown}"))
+        }
+        Ok(Sorted::Whole(_)) => bad_gateway(
+            shared,
+            "asked for a stream, the server answered one JSON document",
+        ),
+        Ok(Sorted::Stream(_)) => bad_gateway(
+            shared,
+            "asked for one JSON document, the server answered a stream",
+        ),
+    }
+}
+
+fn bad_gateway(shared: &Shared, message: &str) -> Response {
+    let message = shared.upstream.error_text(message);
+    error(StatusCode::BAD_GATEWAY, "provider_error", &message)
+}
+
+/// The budget's limit the next model call would pass, failing the run; None when within.
+fn over_budget(shared: &Shared) -> Option<String> {
+    let elapsed = shared
+        .elapsed_before
+        .map(|before| before + shared.started.elapsed());
+    let usage = shared.book().usage.clone();
+    let reached = budget::check(shared.budget.as_ref(), &usage, elapsed, Upcoming::ModelCall)?;
+    let message = reached.message.clone();
+    shared.end(Ending::Failed {
+        reason: reached.reason,
+        message: reached.message,
+    });
+    Some(message)
+}
+
+/// Streams the provider's events to the agent as they come; at the stream's end the call is
+/// recorded, and only then is [`DONE`] sent. A stream that breaks off is an error event, and
+/// nothing is recorded: the call was not complete.
+fn stream_through(
+    shared: Arc<Shared>,
+    place: i64,
+    canonical: Value,
+    mut reader: Box<SseReader>,
+) -> Response {
+    let (tx, mut rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(32);
+    tokio::spawn(async move {
+        let mut events = Vec::new();
+        let failure = loop {
+            match reader.next().await {
+                Ok(Some(event)) if event.data.trim() == DONE => break None,
+                Ok(Some(event)) if event.data.trim().is_empty() => {}
+                Ok(Some(event)) => match json_data(&event.data) {
+                    Ok(value) => {
+                        // A gone agent does not stop the call: it completes and is recorded.
+                        let _ = tx.send(Ok(sse_event(&value.to_string()))).await;
+                        events.push(value);
+                    }
+                    Err(err) => break Some(err.to_string()),
+                },
+                Ok(None) => break Some(reader.ended_early("[DONE]").to_string()),
+                Err(err) => break Some(err.to_string()),
+            }
+        };
+        let last = match failure {
+            Some(message) => stream_error(&message),
+            None => match record(&shared, place, canonical, Value::Array(events)).await {
+                Ok(()) => sse_event(DONE),
+                Err(_) => stream_error("the call's record could not be written; the attempt ends"),
+            },
+        };
+        let _ = tx.send(Ok(last)).await;
+    });
+    let body = Body::from_stream(futures::stream::poll_fn(move |cx| rx.poll_recv(cx)));
+    answers::event_stream(body)
+}
+
+/// An error inside a stream, as the OpenAI API sends one (the SDKs raise it).
+fn stream_error(message: &str) -> Bytes {
+    let body = serde_json::json!({"error": {"message": message, "type": "provider_error"}});
+    sse_event(&body.to_string())
+}
+
+/// Records a complete call (its usage with it): the one awaited append of the call.
+async fn record(
+    shared: &Shared,
+    place: i64,
+    request: Value,
+    response: Value,
+) -> Result<(), Response> {
+    let (input_tokens, output_tokens) = answers::usage(&response).unzip();
+    let events = vec![
+        LedgerEvent::GatewayCall {
+            call: place,
+            api: CHAT.into(),
+            request,
+            response,
+        },
+        LedgerEvent::ModelCall {
+            input_tokens,
+            output_tokens,
+        },
+    ];
+    append(shared, events).await?;
+    shared
+        .book()
+        .usage
+        .add_model_call(input_tokens, output_tokens);
+    Ok(())
+}
+
+/// One awaited append; a refusal ends the run as the appender says, and the agent is told.
+async fn append(shared: &Shared, events: Vec<LedgerEvent>) -> Result<(), Response> {
+    match shared.appender.append(events.clone(), false).await {
+        Ok(acked) => {
+            let requests = acked.requests;
+            let _ = shared.reports.send(Report::Appended { events, requests });
+            Ok(())
+        }
+        Err(err) => {
+            let message = format!("the call's record could not be written: {err}");
+            shared.end(Ending::refused(err));
+            Err(error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "baton_ledger",
+                &message,
+            ))
+        }
+    }
+}

@@ -1,0 +1,49 @@
+//! The run's model provider, as the gateway reaches it: the agent's request forwarded as it
+//! was sent, with the run's key (which the agent never holds), within the call's bounds. The
+//! provider's answer is sorted as the built-in loop's is (`model::answer`), so a server that
+//! misbehaves ends the call with a clear error, never a silent wait.
+
+use reqwest::header::{ACCEPT, AUTHORIZATION};
+use serde_json::Value;
+
+use crate::crd::v1alpha1::ModelSpec;
+use crate::worker::model::ModelError;
+use crate::worker::model::answer::{self, Answer};
+use crate::worker::model::openai::OpenAiModel;
+
+/// The Chat Completions endpoint of the run's provider: the built-in loop's own, its client
+/// and bounds included.
+#[derive(Debug, Clone)]
+pub struct Upstream {
+    provider: OpenAiModel,
+}
+
+impl Upstream {
+    /// From the run's model spec and key; a bad endpoint or key is the spec's error.
+    pub fn chat_completions(spec: &ModelSpec, api_key: Option<String>) -> Result<Self, ModelError> {
+        Ok(Self {
+            provider: OpenAiModel::new(spec, api_key)?,
+        })
+    }
+
+    /// Sends `body` as the agent sent it; the answer, sorted (a stream, or a whole document).
+    pub async fn send(&self, body: &Value, stream: bool) -> Result<Answer, ModelError> {
+        let (client, target) = self.provider.endpoint();
+        let accept = if stream {
+            "text/event-stream"
+        } else {
+            "application/json"
+        };
+        let mut http = client.post(&target.url).header(ACCEPT, accept).json(body);
+        if let Some(auth) = target.key.header("Bearer ")? {
+            http = http.header(AUTHORIZATION, auth);
+        }
+        let response = answer::send(http, target).await?;
+        answer::receive(response, target).await
+    }
+
+    /// `message` about this provider's call, the key redacted.
+    pub fn error_text(&self, message: &str) -> String {
+        self.provider.endpoint().1.error_text(message)
+    }
+}
