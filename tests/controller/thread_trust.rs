@@ -93,8 +93,17 @@ async fn a_thread_lends_only_what_its_writer_may_take_themselves() {
     shaped.spec.agent.model.api_key_secret_ref = None;
     shaped.spec.worker.image = Some("trudy/miner:1".into());
     shaped.spec.worker.node_selector = [("pool".to_string(), "gpu".to_string())].into();
+    shaped.spec.agent.container = Some(baton::crd::v1alpha1::AgentContainer {
+        image: "trudy/agent:1".into(),
+        command: vec!["/bin/agent".into()],
+        ..Default::default()
+    });
     let text = refusal(trudys.create(&params, &shaped).await);
-    for field in ["spec.worker.image", "spec.worker.nodeSelector"] {
+    for field in [
+        "spec.worker.image",
+        "spec.worker.nodeSelector",
+        "spec.agent.container",
+    ] {
         assert!(
             text.contains(&format!("{field}: trudy may not create pods")),
             "{text}"

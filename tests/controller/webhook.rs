@@ -192,6 +192,21 @@ async fn a_user_without_pod_rights_cannot_choose_the_workers_identity_or_image()
             .await
             .expect("alice may create pods");
     }
+    // A run's own agent is what its pod runs: the same right as its image.
+    let mut own = AgentRun::builder("own-agent").input("hi").build();
+    own.spec.agent_mut().container = Some(baton::crd::v1alpha1::AgentContainer {
+        image: "attacker/agent:1".into(),
+        command: vec!["/bin/agent".into()],
+        ..Default::default()
+    });
+    let text = refusal(create_as(MALLORY, &w.ns.name, &own).await);
+    assert!(
+        text.contains("spec.agent.container: mallory may not create pods"),
+        "{text}"
+    );
+    create_as(ALICE, &w.ns.name, &own)
+        .await
+        .expect("alice may create pods");
     // Each input within the schema's own bound, the whole spec over the webhook's.
     let mut big = AgentRun::builder("big").input("hi").build();
     big.spec.inputs = vec!["x".repeat(60 * 1024); 5];
