@@ -205,7 +205,8 @@ async fn diverged(
             reason: EndReason::ResumeDiverged,
             message: message.clone(),
         });
-        return error(StatusCode::CONFLICT, "baton_resume_diverged", &message);
+        // 400, not 409: the SDKs retry a 409, and asking again cannot help.
+        return error(StatusCode::BAD_REQUEST, "baton_resume_diverged", &message);
     }
     let event = LedgerEvent::GatewayDiverged { call, field };
     if let Err(response) = append(shared, vec![event]).await {

@@ -129,6 +129,64 @@ impl LiteLlm {
     }
 }
 
+/// The proxy with tests/litellm/counted.yaml inside the real node's network namespace, on the
+/// node's address (where pods reach it and nothing outside the namespace can), counting the
+/// model calls that complete into `calls`. Stopped (by its PID) when dropped.
+pub struct LiteLlmInNode {
+    child: std::process::Child,
+    /// `http://<node ip>:<port>`, as pods reach it.
+    pub url: String,
+}
+
+impl LiteLlmInNode {
+    pub fn start(node_ip: &str, netns: &str, calls: &std::path::Path) -> Self {
+        let port = 20_000 + rand::random::<u16>() % 20_000;
+        let log = std::env::temp_dir().join(format!("baton-litellm-node-{port}.log"));
+        let config = crate::repo_root().join("tests/litellm/counted.yaml");
+        let child = std::process::Command::new("nsenter")
+            .arg(format!("--net={netns}"))
+            .arg(format!("{}/bin/litellm", venv()))
+            .arg("--config")
+            .arg(&config)
+            .args(["--host", node_ip, "--port", &port.to_string()])
+            .envs(LOCAL_ONLY.iter().map(|name| (*name, "True")))
+            .env("BATON_MODEL_CALLS_FILE", calls)
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&log).unwrap())
+            .stderr(std::fs::File::create(log.with_extension("err")).unwrap())
+            .spawn()
+            .expect("starting the LiteLLM proxy in the node's network namespace");
+        // uvicorn binds once the app has started: an accepted connection means it answers.
+        let deadline = Instant::now() + Duration::from_secs(180);
+        let probe = format!("exec 3<>/dev/tcp/{node_ip}/{port}");
+        while !std::process::Command::new("nsenter")
+            .arg(format!("--net={netns}"))
+            .args(["bash", "-c", &probe])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the LiteLLM proxy did not listen on {node_ip}:{port}: {}",
+                std::fs::read_to_string(log.with_extension("err")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        Self {
+            child,
+            url: format!("http://{node_ip}:{port}"),
+        }
+    }
+}
+
+impl Drop for LiteLlmInNode {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// The venv hack/setup.sh installs the proxy in.
 fn venv() -> String {
     std::env::var("BATON_LITELLM_VENV").unwrap_or_else(|_| {
