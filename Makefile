@@ -62,6 +62,12 @@ test: ## All tests: unit, then integration against a local kube-apiserver + etcd
 bench-worker: ## Figures: a 1,000-step run's API round trips per step, ledger bytes, worker memory
 	bash hack/with-control-plane.sh $(CARGO) run --release --example worker_bench
 
+.PHONY: bench-byo
+bench-byo: ## Figures: an own agent's model calls through the worker's gateway: added latency p50/p99 live and replayed, replay speed, kill to the first live call, awaited round trips per call
+	$(CARGO) build --release --bin baton
+	$(CARGO) build --release -p baton-exec
+	bash hack/with-control-plane.sh $(CARGO) run --release --example byo_bench
+
 .PHONY: bench-webhook
 bench-webhook: ## Figures: latency the admission webhook adds to a segment append and an AgentRun create (p50/p99)
 	bash hack/with-control-plane.sh $(CARGO) run --release --example webhook_bench

@@ -123,9 +123,20 @@ pub fn spawn_worker_env(
 /// container's (its directory given as `BATON_AGENT_DIR`) with `agent_env` (the container's
 /// `env`, as the pod gives it), and `env` added to the worker's.
 pub fn spawn_agent_worker(
+    ids: (&str, &str, i64, &str),
+    agent_env: &[(&str, &str)],
+    env: &[(&str, &str)],
+) -> WorkerProc {
+    let args = ["--log-format=json", "--admin-addr=none"];
+    spawn_agent_worker_with(ids, agent_env, env, &args)
+}
+
+/// [`spawn_agent_worker`] with the worker's flags given.
+pub fn spawn_agent_worker_with(
     (namespace, run, fence, pod): (&str, &str, i64, &str),
     agent_env: &[(&str, &str)],
     env: &[(&str, &str)],
+    args: &[&str],
 ) -> WorkerProc {
     let name = format!("baton-agent-{namespace}-{pod}");
     let (agent, socket) = spawn_executor_with(&name, agent_env);
@@ -136,8 +147,7 @@ pub fn spawn_agent_worker(
         .to_string();
     let mut env = env.to_vec();
     env.push(("BATON_AGENT_DIR", &dir));
-    let args = ["--log-format=json", "--admin-addr=none"];
-    let mut worker = spawn_worker_env(namespace, run, fence, pod, &args, &env);
+    let mut worker = spawn_worker_env(namespace, run, fence, pod, args, &env);
     worker.agent = Some(agent);
     worker
 }
