@@ -173,7 +173,7 @@ async fn supervise(
     );
     let decided = loop {
         tokio::select! {
-            outcome = &mut running => return ended(outcome),
+            outcome = &mut running => return gateway_ending(s, reported).unwrap_or_else(|| ended(outcome)),
             Some(report) = reported.recv() => match report {
                 Report::End(ending) => break ending,
                 appended => fold(s, appended),
@@ -186,6 +186,23 @@ async fn supervise(
     cancel.cancel();
     let _ = tokio::time::timeout(CANCEL_WAIT, running).await;
     interrupted(s).unwrap_or(decided)
+}
+
+/// An ending the gateway asked for that the agent's exit overtook (the agent exits on the
+/// answer that told it why: a divergence, a budget), folding what else it reported; it wins
+/// over the exit it caused.
+fn gateway_ending(
+    s: &mut Session,
+    reported: &mut mpsc::UnboundedReceiver<Report>,
+) -> Option<Ending> {
+    let mut ending = None;
+    while let Ok(report) = reported.try_recv() {
+        match report {
+            Report::End(asked) => ending = ending.or(Some(asked)),
+            appended => fold(s, appended),
+        }
+    }
+    ending
 }
 
 /// Folds what the gateway appended into the attempt's replay (the run's usage with it).
