@@ -111,24 +111,11 @@ impl Bed {
         pod: &str,
         stats: Option<&std::path::Path>,
     ) -> baton_testkit::common::worker_proc::WorkerProc {
-        let container = run
-            .spec
-            .agent()
-            .and_then(|a| a.container.clone())
-            .unwrap_or_default();
-        let vars: Vec<(String, String)> = container
-            .env
-            .iter()
-            .map(|v| (v.name.clone(), v.value.clone()))
-            .collect();
-        let agent_env: Vec<(&str, &str)> =
-            vars.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         let key = [("BATON_MODEL_API_KEY", litellm::KEY)];
         let stats_flag = stats.map(|p| format!("--stats-file={}", p.display()));
         let mut args = vec!["--log-format=json", "--admin-addr=none"];
         args.extend(stats_flag.as_deref());
-        let name = run.metadata.name.clone().unwrap_or_default();
-        spawn_agent_worker_with((&self.ns, &name, fence, pod), &agent_env, &key, &args)
+        spawn_agent_worker_with(run, fence, pod, &key, &args)
     }
 
     /// Attempt `fence` of `run` to its end: its worker's exit code and how long it took.

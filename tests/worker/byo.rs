@@ -83,14 +83,8 @@ async fn start(ns: &TestNamespace, name: &str, fence: i64) -> WorkerProc {
     let pod = claim(&ns.client, &ns.name, name, fence).await;
     let runs: Api<AgentRun> = ns.api();
     let run = runs.get(name).await.unwrap();
-    let container = run.spec.agent().and_then(|a| a.container.clone());
-    let vars: Vec<(String, String)> = container
-        .iter()
-        .flat_map(|c| c.env.iter().map(|v| (v.name.clone(), v.value.clone())))
-        .collect();
-    let agent_env: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let key = [("BATON_MODEL_API_KEY", litellm::KEY)];
-    spawn_agent_worker((&ns.name, name, fence, &pod), &agent_env, &key)
+    spawn_agent_worker(&run, fence, &pod, &key)
 }
 
 /// Runs attempt `fence` of `name` until `calls` model calls are recorded, then kills its

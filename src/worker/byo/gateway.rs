@@ -246,8 +246,8 @@ async fn live(shared: &Arc<Shared>, place: i64, request: &Value, canonical: Valu
             stream_through(shared.clone(), place, canonical, reader)
         }
         Ok(Sorted::Whole(answer)) if !stream => {
-            let shown: String = answer.to_string().chars().take(300).collect();
-            bad_gateway(shared, &format!("a JSON answer without choices: {shown}"))
+            let message = shared.upstream.not_a_completion(&answer);
+            error(StatusCode::BAD_GATEWAY, "provider_error", &message)
         }
         Ok(Sorted::Whole(_)) => bad_gateway(
             shared,

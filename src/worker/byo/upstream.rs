@@ -42,6 +42,16 @@ impl Upstream {
         answer::receive(response, target).await
     }
 
+    /// What a 2xx JSON answer that is no completion (no `choices`) says, as the built-in
+    /// loop's provider words it, the key redacted.
+    pub fn not_a_completion(&self, answer: &Value) -> String {
+        match self.provider.endpoint().1.not_an_answer(answer, "choices") {
+            ModelError::Permanent { message, .. } | ModelError::Retryable { message, .. } => {
+                message
+            }
+        }
+    }
+
     /// `message` about this provider's call, the key redacted.
     pub fn error_text(&self, message: &str) -> String {
         self.provider.endpoint().1.error_text(message)

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
+use kube::ResourceExt;
 use tokio::process::{Child, Command};
 
 /// A running worker process.
@@ -119,27 +120,35 @@ pub fn spawn_worker_env(
     }
 }
 
-/// `baton worker` for a run that brings its own agent: besides the tools' executor, the agent
-/// container's (its directory given as `BATON_AGENT_DIR`) with `agent_env` (the container's
-/// `env`, as the pod gives it), and `env` added to the worker's.
+/// `baton worker` for attempt `fence` of `run`, which brings its own agent: besides the tools'
+/// executor, the agent container's (its directory given as `BATON_AGENT_DIR`) with the
+/// container's `env` as the pod gives it, and `env` added to the worker's.
 pub fn spawn_agent_worker(
-    ids: (&str, &str, i64, &str),
-    agent_env: &[(&str, &str)],
+    run: &AgentRun,
+    fence: i64,
+    pod: &str,
     env: &[(&str, &str)],
 ) -> WorkerProc {
     let args = ["--log-format=json", "--admin-addr=none"];
-    spawn_agent_worker_with(ids, agent_env, env, &args)
+    spawn_agent_worker_with(run, fence, pod, env, &args)
 }
 
 /// [`spawn_agent_worker`] with the worker's flags given.
 pub fn spawn_agent_worker_with(
-    (namespace, run, fence, pod): (&str, &str, i64, &str),
-    agent_env: &[(&str, &str)],
+    run: &AgentRun,
+    fence: i64,
+    pod: &str,
     env: &[(&str, &str)],
     args: &[&str],
 ) -> WorkerProc {
-    let name = format!("baton-agent-{namespace}-{pod}");
-    let (agent, socket) = spawn_executor_with(&name, agent_env);
+    let (namespace, name) = (run.namespace().unwrap_or_default(), run.name_any());
+    let container = run.spec.agent().and_then(|a| a.container.as_ref());
+    let agent_env: Vec<(&str, &str)> = container
+        .iter()
+        .flat_map(|c| c.env.iter().map(|v| (v.name.as_str(), v.value.as_str())))
+        .collect();
+    let executor = format!("baton-agent-{namespace}-{pod}");
+    let (agent, socket) = spawn_executor_with(&executor, &agent_env);
     let dir = socket
         .parent()
         .expect("the socket's directory")
@@ -147,7 +156,7 @@ pub fn spawn_agent_worker_with(
         .to_string();
     let mut env = env.to_vec();
     env.push(("BATON_AGENT_DIR", &dir));
-    let mut worker = spawn_worker_env(namespace, run, fence, pod, args, &env);
+    let mut worker = spawn_worker_env(&namespace, &name, fence, pod, args, &env);
     worker.agent = Some(agent);
     worker
 }
