@@ -220,11 +220,11 @@ fn event_lines(
         E::GatewayCall {
             call,
             api,
-            request,
             response,
+            ..
         } => block(
             &format!("[assistant, the agent's model call {call} ({api})]"),
-            &crate::ledger::journal::answer_text(request, response),
+            &crate::ledger::journal::answer_text(api, response),
         ),
         E::GatewayDiverged { call, field } => format!(
             "!! the agent's model call {call} differed from its record at {field}: it and every later call went to the model"

@@ -22,7 +22,7 @@ pub fn validate(spec: &AgentRunSpec) -> Result<(), String> {
                  run of its own"
             ));
         }
-        return check_container(agent, container);
+        check_container(agent, container)?;
     }
     check_mcp_tools(agent)?;
     check_script_tools(spec, agent)
@@ -123,17 +123,14 @@ fn check_container(agent: &AgentSpec, container: &AgentContainer) -> Result<(), 
             provider_name(agent.model.provider)
         ));
     }
-    let unused = [
-        ("spec.agent.tools", !agent.tools.is_empty()),
-        ("spec.agent.systemPrompt", agent.system_prompt.is_some()),
-        ("spec.agent.approval", agent.approval.is_some()),
-    ];
-    if let Some((field, _)) = unused.into_iter().find(|(_, set)| *set) {
-        return Err(format!(
-            "{field} must not be set with spec.agent.container: it is for baton's own agent \
-             loop, and an agent container brings its own (its tools through baton are not \
-             served yet)"
-        ));
+    // The agent container calls spec.agent.tools (and approval gates them) through the tool
+    // gateway; a system prompt is its own to give.
+    if agent.system_prompt.is_some() {
+        return Err(
+            "spec.agent.systemPrompt must not be set with spec.agent.container: it is \
+             for baton's own agent loop, and an agent container brings its own prompt"
+                .into(),
+        );
     }
     for (i, var) in container.env.iter().enumerate() {
         if let Some(prefix) = RESERVED_ENV_PREFIXES
@@ -183,6 +180,19 @@ mod tests {
 
     fn spec() -> AgentRunSpec {
         AgentRun::builder("r").spec()
+    }
+
+    fn shell(name: &str) -> ToolSpec {
+        ToolSpec {
+            name: name.into(),
+            kind: ToolKind::Shell,
+            description: None,
+            idempotent: false,
+            timeout_seconds: 5,
+            probe: None,
+            approval: None,
+            mcp: None,
+        }
     }
 
     #[test]
@@ -244,6 +254,14 @@ mod tests {
             "{err}"
         );
         s.agent_mut().system_prompt = None;
+        // Its tools are served to it through the tool gateway, and checked as any run's.
+        s.agent_mut().tools.push(shell("mcp-without-server"));
+        s.agent_mut().tools[0].kind = ToolKind::Mcp;
+        let err = validate(&s).unwrap_err();
+        assert!(err.contains("spec.agent.tools[0]"), "{err}");
+        s.agent_mut().tools[0].kind = ToolKind::Shell;
+        s.agent_mut().tools[0].name = "sh".into();
+        assert_eq!(validate(&s), Ok(()));
         let container = s.agent_mut().container.as_mut().unwrap();
         container.env.push(PlainEnvVar {
             name: "OPENAI_API_KEY".into(),
@@ -274,16 +292,7 @@ mod tests {
             err.contains("spec.agent.model.script[0].toolCalls[0].tool (sh)"),
             "{err}"
         );
-        s.agent_mut().tools.push(ToolSpec {
-            name: "sh".into(),
-            kind: ToolKind::Shell,
-            description: None,
-            idempotent: false,
-            timeout_seconds: 5,
-            probe: None,
-            approval: None,
-            mcp: None,
-        });
+        s.agent_mut().tools.push(shell("sh"));
         assert_eq!(validate(&s), Ok(()));
     }
 }

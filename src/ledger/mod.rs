@@ -29,6 +29,7 @@ pub use model::history::{
     recorded_history, turn_conversation,
 };
 pub use model::journal;
+pub use model::model_api;
 pub use model::replay::{
     Replay, ReplayedMessage, ReplayedStep, StepState, ToolCallRecord, UNKNOWN_EFFECT_NOTICE,
 };

@@ -134,7 +134,7 @@ async fn call_model(s: &mut Session) -> Result<ModelTurn, Ending> {
 }
 
 /// One tool call: the write-ahead intent (awaited), then the tool, then its buffered result.
-async fn run_call(s: &mut Session, call: ModelToolCall) -> Option<Ending> {
+pub async fn run_call(s: &mut Session, call: ModelToolCall) -> Option<Ending> {
     if let Some(ending) = over_budget(s, Next::ToolStep) {
         return Some(ending);
     }

@@ -10,6 +10,7 @@ pub mod in_process;
 pub mod large_ledger;
 pub mod litellm;
 pub mod namespace;
+pub mod own_agent;
 pub mod previous_release;
 pub mod proc;
 pub mod webhook;

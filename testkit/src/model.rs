@@ -136,6 +136,16 @@ impl Server {
         Server { url, received }
     }
 
+    /// The run's model spec for this server, as an OpenAI-compatible endpoint (`/v1`).
+    pub fn openai_model(&self) -> baton::crd::v1alpha1::ModelSpec {
+        baton::crd::v1alpha1::ModelSpec {
+            provider: baton::crd::v1alpha1::Provider::Openai,
+            name: Some("local-model".into()),
+            endpoint: Some(format!("{}/v1", self.url)),
+            ..Default::default()
+        }
+    }
+
     pub fn received(&self) -> Vec<Received> {
         self.received.lock().unwrap().clone()
     }

@@ -5,11 +5,13 @@ the pod's loopback) and OPENAI_API_KEY (a token for this attempt alone), so ever
 goes through baton, which records it.
 
 It keeps one conversation going for AGENT_CALLS model calls. Odd calls stream and even ones do
-not, so one run drives both forms of the Chat Completions API through the gateway.
+not, so one run drives both forms of the API through the gateway: Chat Completions, or the
+Responses API with AGENT_API=responses.
 
 Environment:
   BATON_INPUT_FILE  the file holding the run's input text (required; read whole)
   AGENT_MODEL       the model to ask (default mock-gpt, a mock of tests/litellm/config.yaml)
+  AGENT_API         chat (the default: client.chat.completions) or responses (client.responses)
   AGENT_CALLS       how many model calls to make (default 6)
   AGENT_PAUSE_MS    a pause before every call after the first (default 0), so that a test can
                     kill the pod while the run is between calls
@@ -49,6 +51,17 @@ def ask(client, model, messages, stream):
     return "".join(parts)
 
 
+def ask_responses(client, model, messages, stream):
+    """One call of the Responses API, the conversation sent whole; the answer's text."""
+    if not stream:
+        return client.responses.create(model=model, input=messages).output_text
+    parts = []
+    for event in client.responses.create(model=model, input=messages, stream=True):
+        if event.type == "response.output_text.delta":
+            parts.append(event.delta)
+    return "".join(parts)
+
+
 def main():
     with open(os.environ["BATON_INPUT_FILE"], encoding="utf-8") as f:
         task = f.read()
@@ -68,7 +81,8 @@ def main():
         if i > 1 and pause:
             time.sleep(pause)
         messages.append({"role": "user", "content": f"step {i} of {calls}: {task}"})
-        answer = ask(client, model, messages, stream=i % 2 == 1)
+        asking = ask_responses if os.environ.get("AGENT_API") == "responses" else ask
+        answer = asking(client, model, messages, stream=i % 2 == 1)
         messages.append({"role": "assistant", "content": answer})
         print(f"call {i}: {answer[:40]}", file=sys.stderr, flush=True)
 

@@ -9,36 +9,22 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::EXIT_TIMEOUT;
-use baton::crd::v1alpha1::{
-    AgentContainer, AgentRun, LeaseSpec, LedgerEvent, OnDivergence, Phase, PlainEnvVar, Provider,
-};
+use baton::crd::v1alpha1::{AgentRun, LeaseSpec, LedgerEvent, OnDivergence, Phase, Provider};
 use baton_testkit::common::TestNamespace;
-use baton_testkit::common::claim::{claim, events, segments};
+use baton_testkit::common::claim::{events, segments};
 use baton_testkit::common::litellm::{self, LiteLlm};
+use baton_testkit::common::own_agent::{agent_container, finish_attempt, start_attempt};
 use baton_testkit::common::worker_proc::*;
 use kube::Api;
 use kube::api::PostParams;
 
 /// A run of `tests/agents/chat_agent.py` against the proxy, with `env` for the agent.
 fn agent_run(name: &str, proxy: &LiteLlm, env: &[(&str, &str)]) -> AgentRun {
-    let script = baton_testkit::repo_root().join("tests/agents/chat_agent.py");
     let mut run = scripted_run(name, vec![], vec![], LeaseSpec::default());
     run.spec.input = "count the steps".into();
     let agent = run.spec.agent_mut();
     agent.model = proxy.model(Provider::Openai, "mock-gpt");
-    agent.container = Some(AgentContainer {
-        image: "baton-agents:py".into(),
-        command: vec![LiteLlm::python(), script.display().to_string()],
-        env: env
-            .iter()
-            .map(|(name, value)| PlainEnvVar {
-                name: name.to_string(),
-                value: value.to_string(),
-            })
-            .collect(),
-        ..AgentContainer::default()
-    });
+    agent.container = Some(agent_container("chat_agent.py", env));
     run
 }
 
@@ -77,14 +63,13 @@ fn calls_file(ns: &TestNamespace) -> PathBuf {
     std::env::temp_dir().join(format!("baton-{}-model-calls.jsonl", ns.name))
 }
 
+/// The worker's own key for the proxy (the agent never holds it).
+const KEY: [(&str, &str); 1] = [("BATON_MODEL_API_KEY", litellm::KEY)];
+
 /// Starts attempt `fence` of `name`: its worker, with the agent container's executor given the
 /// container's `env` as the pod would.
 async fn start(ns: &TestNamespace, name: &str, fence: i64) -> WorkerProc {
-    let pod = claim(&ns.client, &ns.name, name, fence).await;
-    let runs: Api<AgentRun> = ns.api();
-    let run = runs.get(name).await.unwrap();
-    let key = [("BATON_MODEL_API_KEY", litellm::KEY)];
-    spawn_agent_worker(&run, fence, &pod, &key)
+    start_attempt(ns, name, fence, &KEY).await
 }
 
 /// Runs attempt `fence` of `name` until `calls` model calls are recorded, then kills its
@@ -102,11 +87,7 @@ async fn kill_after_calls(ns: &TestNamespace, name: &str, fence: i64, calls: usi
 
 /// Attempt `fence` of `name` to its end; the run as it ended.
 async fn finish(ns: &TestNamespace, name: &str, fence: i64) -> AgentRun {
-    let mut worker = start(ns, name, fence).await;
-    let code = worker.wait(EXIT_TIMEOUT).await;
-    assert_eq!(code, 0, "{name}: {}", worker.log_text());
-    let runs: Api<AgentRun> = ns.api();
-    runs.get(name).await.unwrap()
+    finish_attempt(ns, name, fence, &KEY).await
 }
 
 #[tokio::test]
@@ -232,7 +213,7 @@ async fn answer_to_head(addr: &str, head: &str, within: Duration) -> String {
 
 /// The tools container shares the pod's loopback: whatever runs there (a model-chosen
 /// command) finds the gateway's port, but without the attempt's key it is refused before a
-/// byte of its body is read, and spends nothing.
+/// byte of its body is read, spends nothing and calls no tool.
 #[tokio::test]
 async fn the_gateway_answers_no_one_but_the_agent_of_its_attempt() {
     let ns = TestNamespace::new("worker-byo-key").await;
@@ -254,18 +235,21 @@ async fn the_gateway_answers_no_one_but_the_agent_of_its_attempt() {
     .await;
     let addr = gateway_addr(&worker.log_text()).expect("the gateway's address in the log");
     let body = r#"{"model":"mock-gpt","messages":[{"role":"user","content":"spend"}]}"#;
-    for auth in [
-        "",
-        "Authorization: Bearer \r\n",
-        "Authorization: Bearer sk-guess\r\n",
-    ] {
-        // The whole body is announced and never sent: only a refusal before reading answers.
-        let head = format!(
-            "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-            body.len() + 1_000_000
-        );
-        let status = answer_to_head(&addr, &head, Duration::from_secs(5)).await;
-        assert!(status.contains(" 401 "), "{auth:?}: {status}");
+    // The model gateway and the tool gateway (the run's tools, as an MCP server) alike.
+    for path in ["/v1/chat/completions", "/mcp"] {
+        for auth in [
+            "",
+            "Authorization: Bearer \r\n",
+            "Authorization: Bearer sk-guess\r\n",
+        ] {
+            // The whole body is announced and never sent: only a refusal before reading answers.
+            let head = format!(
+                "POST {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+                body.len() + 1_000_000
+            );
+            let status = answer_to_head(&addr, &head, Duration::from_secs(5)).await;
+            assert!(status.contains(" 401 "), "{path} {auth:?}: {status}");
+        }
     }
     // The proxy's own key is not the gateway's either.
     let refused = reqwest::Client::new()

@@ -4,6 +4,9 @@
 //! - `budget`: a run killed again and again near its limit stops at it;
 //! - `byo`: a run that brings its own agent (the stock `openai` SDK): replayed after a kill,
 //!   diverging, exiting non-zero, its gateway closed to all but its agent;
+//! - `byo_responses`: an own agent on the Responses API, streamed and not, replayed after a kill;
+//! - `byo_tools`: its tools through the tool gateway (the stock `mcp` client): a kill while a
+//!   tool runs never runs an effect twice, a gated call waits and runs once when approved;
 //! - `crash`: kill -9 at each write-ahead boundary, then the next worker resumes;
 //! - `format`: a ledger holding an event of a newer kind is resumed past, and said so;
 //! - `limits`: the ledger's size cap and events split across segments;
@@ -44,6 +47,8 @@ async fn status(ns: &baton_testkit::common::TestNamespace, name: &str) -> AgentR
 mod approval;
 mod budget;
 mod byo;
+mod byo_responses;
+mod byo_tools;
 mod crash;
 mod format;
 mod limits;

@@ -41,8 +41,9 @@ pub struct AgentSpec {
     pub approval: Option<ApprovalPolicy>,
     /// Bring your own agent: the run's agent is this container, not baton's built-in loop.
     /// Its model calls go through the worker's gateway on the pod's loopback
-    /// (docs/byo-agent.md), which journals them; a later attempt runs it again from the top
-    /// and answers its recorded calls from the ledger.
+    /// (docs/byo-agent.md), which journals them, and `tools` are served to it as one MCP
+    /// server, each call a write-ahead step; a later attempt runs it again from the top and
+    /// answers its recorded calls from the ledger.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container: Option<AgentContainer>,
 }

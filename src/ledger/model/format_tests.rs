@@ -244,12 +244,8 @@ fn an_agent_containers_journal_replays_by_place_past_its_divergence() {
     let journal = &replay.journal;
     assert_eq!(journal.calls.keys().copied().collect::<Vec<_>>(), [1, 2]);
     assert_eq!(journal.diverged, [(2, "/messages/1/content".to_string())]);
-    let text = |place: i64| {
-        answer_text(
-            &journal.calls[&place].request,
-            &journal.calls[&place].response,
-        )
-    };
+    let text =
+        |place: i64| answer_text(&journal.calls[&place].api, &journal.calls[&place].response);
     assert_eq!((text(1).as_str(), text(2).as_str()), ("one", "two"));
     assert_eq!(journal.next_place(), 3);
     assert_eq!(

@@ -12,7 +12,9 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-/// The fields of a Chat Completions request left out of its canonical form: they say who
+use super::model_api::ModelApi;
+
+/// The fields of a request (Chat Completions or Responses) left out of its canonical form: they say who
 /// asks or where to keep it, not what is asked, and SDKs fill some per process.
 pub const VOLATILE_FIELDS: [&str; 5] = [
     "metadata",
@@ -39,20 +41,10 @@ pub fn streamed(request: &Value) -> bool {
     request.get("stream").and_then(Value::as_bool) == Some(true)
 }
 
-/// The model's text in a recorded Chat Completions response (streamed or not): what a
-/// transcript shows of the call.
-pub fn answer_text(request: &Value, response: &Value) -> String {
-    let content = |choice: &Value, part: &str| {
-        choice
-            .pointer(&format!("/choices/0/{part}/content"))
-            .and_then(Value::as_str)
-            .map(str::to_string)
-    };
-    if streamed(request) {
-        let events = response.as_array().map(Vec::as_slice).unwrap_or_default();
-        return events.iter().filter_map(|e| content(e, "delta")).collect();
-    }
-    content(response, "message").unwrap_or_default()
+/// The model's text in a recorded answer of API `api` (a journal's name; streamed or not):
+/// what a transcript shows of the call.
+pub fn answer_text(api: &str, response: &Value) -> String {
+    ModelApi::named(api).map_or_else(String::new, |api| api.answer_text(response))
 }
 
 /// One recorded call.

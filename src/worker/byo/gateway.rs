@@ -1,7 +1,8 @@
-//! The model gateway: the OpenAI Chat Completions API on the pod's loopback, for the run's
-//! agent container (docs/byo-agent.md). It answers only the key this attempt handed the agent,
-//! checked before any body is read: the tools container shares the loopback and must neither
-//! spend the run's budget nor write its journal. A call the journal holds is answered from it
+//! The model gateway: the OpenAI Chat Completions and Responses APIs on the pod's loopback,
+//! for the run's agent container (docs/byo-agent.md), with the tool gateway beside it. It answers only the
+//! key this attempt handed the agent, checked before any body is read: the tools container
+//! shares the loopback and must neither spend the run's budget, write its journal nor call its
+//! tools. A call the journal holds is answered from it
 //! (`journal::Cursor`); any other goes to the provider with the run's key, streamed through as
 //! it comes, and is recorded (one awaited append) before its last byte reaches the agent.
 
@@ -20,11 +21,13 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
-use super::answers::{self, DONE, error, provider_error, sse_event};
+use super::answers::{self, error, provider_error, stream_error};
+use super::tool_gateway;
 use super::upstream::Upstream;
 use crate::crd::v1alpha1::{BudgetSpec, LedgerEvent, OnDivergence, RunUsage};
 use crate::fence::EndReason;
 use crate::ledger::journal::{self, Answer, Cursor, Journal};
+use crate::ledger::model_api::{DONE, ModelApi};
 use crate::serving::{Stop, Tls, serve};
 use crate::worker::appender::Appender;
 use crate::worker::budget::{self, Next as Upcoming};
@@ -32,8 +35,6 @@ use crate::worker::finish::Ending;
 use crate::worker::model::answer::Answer as Sorted;
 use crate::worker::model::sse::{SseReader, json_data};
 
-/// The API this gateway serves, as the journal names it.
-pub const CHAT: &str = "chat.completions";
 /// The largest request an agent may send: a long conversation, not a file upload.
 const MAX_REQUEST_BYTES: usize = 16 * 1024 * 1024;
 
@@ -84,11 +85,15 @@ struct Book {
     usage: RunUsage,
 }
 
-/// Binds a port of the loopback and serves on it until the attempt ends; its address.
-pub async fn start(setup: Setup) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+/// Binds a port of the loopback and serves on it until the attempt ends, the tool gateway
+/// (`tools`) beside the model's; its address.
+pub async fn start(
+    setup: Setup,
+    tools: tool_gateway::Service,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let address = listener.local_addr()?;
-    let router = router(Arc::new(Shared::new(setup)));
+    let router = router(Arc::new(Shared::new(setup)), tools);
     let task = tokio::spawn(async move {
         if let Err(err) = serve(
             "gateway",
@@ -133,9 +138,17 @@ impl Shared {
     }
 }
 
-fn router(shared: Arc<Shared>) -> Router {
+fn router(shared: Arc<Shared>, tools: tool_gateway::Service) -> Router {
     Router::new()
-        .route("/v1/chat/completions", post(chat))
+        .route(
+            "/v1/chat/completions",
+            post(|state, body| call(ModelApi::Chat, state, body)),
+        )
+        .route(
+            "/v1/responses",
+            post(|state, body| call(ModelApi::Responses, state, body)),
+        )
+        .nest_service(tool_gateway::PATH, tools)
         .route_layer(middleware::from_fn_with_state(shared.clone(), authenticate))
         .layer(DefaultBodyLimit::max(MAX_REQUEST_BYTES))
         .with_state(shared)
@@ -161,7 +174,7 @@ async fn authenticate(State(shared): State<Arc<Shared>>, request: Request, next:
     next.run(request).await
 }
 
-async fn chat(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+async fn call(api: ModelApi, State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
     let request: Value = match serde_json::from_slice(&body) {
         Ok(request @ Value::Object(_)) => request,
         Ok(_) => return bad_request("the request body is not a JSON object"),
@@ -172,14 +185,26 @@ async fn chat(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
     let answer = shared
         .book()
         .cursor
-        .answer(&shared.journal, CHAT, &canonical);
+        .answer(&shared.journal, api.name(), &canonical);
+    let call = Call {
+        api,
+        request: &request,
+        canonical,
+    };
     match answer {
-        Answer::Replay(place) => answers::recorded(stream, &shared.journal.calls[&place].response),
-        Answer::Live(place) => live(&shared, place, &request, canonical).await,
-        Answer::Diverged { call, field } => {
-            diverged(&shared, call, field, &request, canonical).await
+        Answer::Replay(place) => {
+            answers::recorded(api, stream, &shared.journal.calls[&place].response)
         }
+        Answer::Live(place) => live(&shared, place, call).await,
+        Answer::Diverged { call: at, field } => diverged(&shared, at, field, call).await,
     }
+}
+
+/// An agent's model call: its API, its request as sent and in canonical form.
+struct Call<'a> {
+    api: ModelApi,
+    request: &'a Value,
+    canonical: Value,
 }
 
 fn bad_request(message: &str) -> Response {
@@ -188,16 +213,10 @@ fn bad_request(message: &str) -> Response {
 
 /// A request unlike the record at its place: the run fails, or (`Continue`) the divergence is
 /// recorded and the call and all after it go live.
-async fn diverged(
-    shared: &Arc<Shared>,
-    call: i64,
-    field: String,
-    request: &Value,
-    canonical: Value,
-) -> Response {
+async fn diverged(shared: &Arc<Shared>, at: i64, field: String, call: Call<'_>) -> Response {
     if shared.on_divergence == OnDivergence::Fail {
         let message = format!(
-            "the agent's model call {call} differs from the call recorded at its place, at \
+            "the agent's model call {at} differs from the call recorded at its place, at \
              {field}: a resumed agent must ask what it asked before \
              (spec.agent.container.onDivergence: Fail)"
         );
@@ -208,17 +227,18 @@ async fn diverged(
         // 400, not 409: the SDKs retry a 409, and asking again cannot help.
         return error(StatusCode::BAD_REQUEST, "baton_resume_diverged", &message);
     }
-    let event = LedgerEvent::GatewayDiverged { call, field };
+    let event = LedgerEvent::GatewayDiverged { call: at, field };
     if let Err(response) = append(shared, vec![event]).await {
         return response;
     }
     let place = {
         let mut book = shared.book();
-        book.cursor.go_live_at(call);
-        book.cursor.answer(&shared.journal, CHAT, &canonical)
+        book.cursor.go_live_at(at);
+        book.cursor
+            .answer(&shared.journal, call.api.name(), &call.canonical)
     };
     match place {
-        Answer::Live(place) => live(shared, place, request, canonical).await,
+        Answer::Live(place) => live(shared, place, call).await,
         other => error(
             StatusCode::INTERNAL_SERVER_ERROR,
             "baton_journal",
@@ -228,25 +248,35 @@ async fn diverged(
 }
 
 /// A call the journal does not hold: to the provider, recorded before its end is sent.
-async fn live(shared: &Arc<Shared>, place: i64, request: &Value, canonical: Value) -> Response {
-    let stream = journal::streamed(&canonical);
+async fn live(shared: &Arc<Shared>, place: i64, call: Call<'_>) -> Response {
+    let (api, stream) = (call.api, journal::streamed(&call.canonical));
     if let Some(reached) = over_budget(shared) {
         let response = error(StatusCode::TOO_MANY_REQUESTS, "baton_budget", &reached);
         return response;
     }
-    match shared.upstream.send(request, stream).await {
+    match shared.upstream.send(api, call.request, stream).await {
         Err(err) => provider_error(&err),
-        Ok(Sorted::Whole(answer)) if !stream && answers::is_completion(&answer) => {
-            match record(shared, place, canonical, answer.clone()).await {
+        Ok(Sorted::Whole(answer)) if !stream && api.is_answer(&answer) => {
+            let recorded = Recorded {
+                api,
+                place,
+                request: call.canonical,
+            };
+            match record(shared, recorded, answer.clone()).await {
                 Ok(()) => axum::Json(answer).into_response(),
                 Err(response) => response,
             }
         }
         Ok(Sorted::Stream(reader)) if stream => {
-            stream_through(shared.clone(), place, canonical, reader)
+            let recorded = Recorded {
+                api,
+                place,
+                request: call.canonical,
+            };
+            stream_through(shared.clone(), recorded, reader)
         }
         Ok(Sorted::Whole(answer)) if !stream => {
-            let message = shared.upstream.not_a_completion(&answer);
+            let message = shared.upstream.not_an_answer(&answer, api.output_field());
             error(StatusCode::BAD_GATEWAY, "provider_error", &message)
         }
         Ok(Sorted::Whole(_)) => bad_gateway(
@@ -280,39 +310,53 @@ fn over_budget(shared: &Shared) -> Option<String> {
     Some(message)
 }
 
-/// Streams the provider's events to the agent as they come; at the stream's end the call is
-/// recorded, and only then is [`DONE`] sent. A stream that breaks off is an error event, and
-/// nothing is recorded: the call was not complete.
-fn stream_through(
-    shared: Arc<Shared>,
+/// A live call's place and request, to record once it completes.
+struct Recorded {
+    api: ModelApi,
     place: i64,
-    canonical: Value,
-    mut reader: Box<SseReader>,
-) -> Response {
+    request: Value,
+}
+
+/// Streams the provider's events to the agent as they come. The stream's end (Chat
+/// Completions' [`DONE`], the Responses stream's last event) is held back until the call is
+/// recorded, and only then sent. A stream that breaks off is an error event, and nothing is
+/// recorded: the call was not complete.
+fn stream_through(shared: Arc<Shared>, recorded: Recorded, mut reader: Box<SseReader>) -> Response {
+    let api = recorded.api;
     let (tx, mut rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(32);
     tokio::spawn(async move {
         let mut events = Vec::new();
-        let failure = loop {
+        let ending = loop {
             match reader.next().await {
-                Ok(Some(event)) if event.data.trim() == DONE => break None,
+                Ok(Some(event)) if event.data.trim() == DONE => {
+                    break Ok(format!("data: {DONE}\n\n"));
+                }
                 Ok(Some(event)) if event.data.trim().is_empty() => {}
                 Ok(Some(event)) => match json_data(&event.data) {
+                    Ok(value) if api.ends_stream(&value) => {
+                        let last = api.frame(&value);
+                        events.push(value);
+                        break Ok(last);
+                    }
                     Ok(value) => {
                         // A gone agent does not stop the call: it completes and is recorded.
-                        let _ = tx.send(Ok(sse_event(&value.to_string()))).await;
+                        let _ = tx.send(Ok(Bytes::from(api.frame(&value)))).await;
                         events.push(value);
                     }
-                    Err(err) => break Some(err.to_string()),
+                    Err(err) => break Err(err.to_string()),
                 },
-                Ok(None) => break Some(reader.ended_early("[DONE]").to_string()),
-                Err(err) => break Some(err.to_string()),
+                Ok(None) => break Err(reader.ended_early(end_named(api)).to_string()),
+                Err(err) => break Err(err.to_string()),
             }
         };
-        let last = match failure {
-            Some(message) => stream_error(&message),
-            None => match record(&shared, place, canonical, Value::Array(events)).await {
-                Ok(()) => sse_event(DONE),
-                Err(_) => stream_error("the call's record could not be written; the attempt ends"),
+        let last = match ending {
+            Err(message) => stream_error(api, &message),
+            Ok(last) => match record(&shared, recorded, Value::Array(events)).await {
+                Ok(()) => Bytes::from(last),
+                Err(_) => stream_error(
+                    api,
+                    "the call's record could not be written; the attempt ends",
+                ),
             },
         };
         let _ = tx.send(Ok(last)).await;
@@ -321,25 +365,22 @@ fn stream_through(
     answers::event_stream(body)
 }
 
-/// An error inside a stream, as the OpenAI API sends one (the SDKs raise it).
-fn stream_error(message: &str) -> Bytes {
-    let body = serde_json::json!({"error": {"message": message, "type": "provider_error"}});
-    sse_event(&body.to_string())
+/// What a stream of `api` ends with, as an error names it.
+fn end_named(api: ModelApi) -> &'static str {
+    match api {
+        ModelApi::Chat => "[DONE]",
+        ModelApi::Responses => "response.completed",
+    }
 }
 
 /// Records a complete call (its usage with it): the one awaited append of the call.
-async fn record(
-    shared: &Shared,
-    place: i64,
-    request: Value,
-    response: Value,
-) -> Result<(), Response> {
-    let (input_tokens, output_tokens) = answers::usage(&response).unzip();
+async fn record(shared: &Shared, recorded: Recorded, response: Value) -> Result<(), Response> {
+    let (input_tokens, output_tokens) = recorded.api.usage(&response).unzip();
     let events = vec![
         LedgerEvent::GatewayCall {
-            call: place,
-            api: CHAT.into(),
-            request,
+            call: recorded.place,
+            api: recorded.api.name().into(),
+            request: recorded.request,
             response,
         },
         LedgerEvent::ModelCall {

@@ -8,6 +8,9 @@
 
 mod answers;
 pub mod gateway;
+mod tool_calls;
+mod tool_gateway;
+mod tool_replay;
 mod upstream;
 
 use std::path::PathBuf;
@@ -25,6 +28,8 @@ use super::tools::executor::{Executor, ExecutorLost};
 use crate::crd::v1alpha1::AgentContainer;
 use crate::fence::EndReason;
 use gateway::{Report, Setup};
+use tool_gateway::ToolAsk;
+use tool_replay::ToolReplay;
 use upstream::Upstream;
 
 /// The agent's output (stdout) and the end of its stderr, kept at most.
@@ -43,7 +48,8 @@ pub async fn run_agent(s: &mut Session, container: &AgentContainer) -> Ending {
         Ok(reached) => reached,
         Err(ending) => return ending,
     };
-    let (gateway, mut reported) = match open_gateway(s, container).await {
+    let (tools, asked) = tool_gateway::service(s.io.toolbox.offered());
+    let (gateway, mut reported) = match open_gateway(s, container, tools).await {
         Ok(opened) => opened,
         Err(ending) => return ending,
     };
@@ -52,12 +58,20 @@ pub async fn run_agent(s: &mut Session, container: &AgentContainer) -> Ending {
         &[
             ("OPENAI_BASE_URL", format!("http://{}/v1", gateway.address)),
             ("OPENAI_API_KEY", gateway.key.clone()),
+            (
+                "BATON_MCP_URL",
+                format!("http://{}{}", gateway.address, tool_gateway::PATH),
+            ),
             ("BATON_INPUT_FILE", input.display().to_string()),
             ("BATON_RUN", s.me.cfg.run.clone()),
             ("BATON_ATTEMPT", s.fence().to_string()),
         ],
     );
-    let ending = supervise(s, &executor, request, &mut reported).await;
+    let asks = Asks {
+        asked,
+        recorded: ToolReplay::new(&s.turn.replay),
+    };
+    let ending = supervise(s, &executor, request, &mut reported, asks).await;
     gateway.server.abort();
     while let Ok(report) = reported.try_recv() {
         fold(s, report);
@@ -99,14 +113,14 @@ struct Opened {
 async fn open_gateway(
     s: &Session,
     container: &AgentContainer,
+    tools: tool_gateway::Service,
 ) -> Result<(Opened, mpsc::UnboundedReceiver<Report>), Ending> {
-    let upstream =
-        Upstream::chat_completions(&s.agent().model, s.me.cfg.api_key.clone()).map_err(|err| {
-            Ending::Failed {
-                reason: EndReason::ProviderError,
-                message: err.to_string(),
-            }
-        })?;
+    let upstream = Upstream::openai(&s.agent().model, s.me.cfg.api_key.clone()).map_err(|err| {
+        Ending::Failed {
+            reason: EndReason::ProviderError,
+            message: err.to_string(),
+        }
+    })?;
     let key = format!("baton-attempt-{:032x}", rand::random::<u128>());
     let (reports, reported) = mpsc::unbounded_channel();
     let setup = Setup {
@@ -120,9 +134,11 @@ async fn open_gateway(
         on_divergence: container.on_divergence,
         reports,
     };
-    let (address, server) = gateway::start(setup).await.map_err(|err| Ending::GaveUp {
-        message: format!("starting the model gateway: {err}"),
-    })?;
+    let (address, server) = gateway::start(setup, tools)
+        .await
+        .map_err(|err| Ending::GaveUp {
+            message: format!("starting the model gateway: {err}"),
+        })?;
     Ok((
         Opened {
             address,
@@ -155,13 +171,21 @@ fn command(container: &AgentContainer, env: &[(&str, String)]) -> RunRequest {
     }
 }
 
-/// Waits for the agent's end while folding what the gateway records; an interruption or a
-/// gateway's ending (a divergence, a budget) stops the agent first.
+/// The agent's tool calls as they arrive, and the recorded ones that answer them.
+struct Asks {
+    asked: mpsc::Receiver<ToolAsk>,
+    recorded: ToolReplay,
+}
+
+/// Waits for the agent's end while folding what the model gateway records and answering its
+/// tool calls, one at a time; an interruption or an ending asked for (a divergence, a budget,
+/// a call that waits for a person) stops the agent first.
 async fn supervise(
     s: &mut Session,
     executor: &Executor,
     request: RunRequest,
     reported: &mut mpsc::UnboundedReceiver<Report>,
+    mut asks: Asks,
 ) -> Ending {
     let cancel = CancellationToken::new();
     let running = executor.submit(request, &cancel);
@@ -178,6 +202,11 @@ async fn supervise(
                 Report::End(ending) => break ending,
                 appended => fold(s, appended),
             },
+            Some(ask) = asks.asked.recv() => {
+                if let Some(ending) = tool_calls::answer(s, &mut asks.recorded, ask).await {
+                    break ending;
+                }
+            }
             _ = guard.cancelled() => break Ending::Lost,
             _ = stop.cancelled() => break Ending::Stopped,
             _ = handoff.cancelled() => break Ending::Handoff,

@@ -1,0 +1,58 @@
+//! Runs that bring their own agent, for the worker tests: the agent is a script of
+//! `tests/agents/` run by the test venv's python (on the bed there is no image to run), and an
+//! attempt is a real worker with the agent container's executor beside it.
+
+use baton::crd::v1alpha1::{AgentContainer, AgentRun, PlainEnvVar};
+use kube::Api;
+
+use super::TestNamespace;
+use super::claim::claim;
+use super::litellm::LiteLlm;
+use super::worker_proc::{WorkerProc, spawn_agent_worker};
+
+/// How long an attempt of an own agent may take to end.
+const EXIT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The agent container running `tests/agents/<script>` with `env`.
+pub fn agent_container(script: &str, env: &[(&str, &str)]) -> AgentContainer {
+    let script = crate::repo_root().join("tests/agents").join(script);
+    AgentContainer {
+        image: "baton-agents:py".into(),
+        command: vec![LiteLlm::python(), script.display().to_string()],
+        env: env
+            .iter()
+            .map(|(name, value)| PlainEnvVar {
+                name: name.to_string(),
+                value: value.to_string(),
+            })
+            .collect(),
+        ..AgentContainer::default()
+    }
+}
+
+/// Claims `name` for attempt `fence` and starts its worker, `env` added to the worker's.
+pub async fn start_attempt(
+    ns: &TestNamespace,
+    name: &str,
+    fence: i64,
+    env: &[(&str, &str)],
+) -> WorkerProc {
+    let pod = claim(&ns.client, &ns.name, name, fence).await;
+    let runs: Api<AgentRun> = ns.api();
+    let run = runs.get(name).await.unwrap();
+    spawn_agent_worker(&run, fence, &pod, env)
+}
+
+/// Runs attempt `fence` of `name` to its end (exit 0); the run as it ended.
+pub async fn finish_attempt(
+    ns: &TestNamespace,
+    name: &str,
+    fence: i64,
+    env: &[(&str, &str)],
+) -> AgentRun {
+    let mut worker = start_attempt(ns, name, fence, env).await;
+    let code = worker.wait(EXIT_TIMEOUT).await;
+    assert_eq!(code, 0, "{name}: {}", worker.log_text());
+    let runs: Api<AgentRun> = ns.api();
+    runs.get(name).await.unwrap()
+}

@@ -1,0 +1,178 @@
+//! An own agent's tools through the worker's tool gateway: `tests/agents/tool_agent.py`, the
+//! stock `openai` SDK and the stock `mcp` client, calling the run's shell tools on the MCP
+//! server baton serves it, against a Chat Completions server that answers in a set order. A
+//! worker killed (kill -9) while a tool runs: the next attempt answers the finished calls from
+//! the ledger, tells the agent the open one's effect is unknown, and no effect runs twice. A
+//! gated call makes the run wait for approval; once approved, the next attempt runs it once
+//! and the replayed agent gets its result.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use baton::cli::{ApproveArgs, RunArgs, Session, Verb};
+use baton::crd::v1alpha1::{AgentRun, ApprovalPolicy, LeaseSpec, Phase};
+use baton::ledger::UNKNOWN_EFFECT_NOTICE;
+use baton_testkit::common::TestNamespace;
+use baton_testkit::common::own_agent::{agent_container, finish_attempt, start_attempt};
+use baton_testkit::common::worker_proc::*;
+use baton_testkit::model::{Reply, Server};
+use baton_testkit::worker::tool_messages;
+use kube::Api;
+use kube::api::PostParams;
+use serde_json::json;
+
+/// A Chat Completions answer (not streamed) that calls `tool` with `{"command": command}`.
+fn calls(id: &str, tool: &str, command: &str) -> Reply {
+    let arguments = json!({ "command": command }).to_string();
+    let call =
+        json!({"id": id, "type": "function", "function": {"name": tool, "arguments": arguments}});
+    completion(
+        json!({"role": "assistant", "content": null, "tool_calls": [call]}),
+        "tool_calls",
+    )
+}
+
+/// A Chat Completions answer (not streamed) with the final text.
+fn answers(text: &str) -> Reply {
+    completion(json!({"role": "assistant", "content": text}), "stop")
+}
+
+fn completion(message: serde_json::Value, finish: &str) -> Reply {
+    let body = json!({
+        "id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "local-model",
+        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+    });
+    Reply::json(200, &body.to_string())
+}
+
+/// A run of `tests/agents/tool_agent.py` against `server`, offered `tools`.
+fn agent_run(name: &str, server: &Server, tools: Vec<baton::crd::v1alpha1::ToolSpec>) -> AgentRun {
+    let mut run = scripted_run(name, vec![], tools, LeaseSpec::default());
+    run.spec.input = "record three steps".into();
+    let agent = run.spec.agent_mut();
+    agent.model = server.openai_model();
+    agent.container = Some(agent_container("tool_agent.py", &[]));
+    run
+}
+
+/// The worker's own key for the model server (the agent never holds it).
+const KEY: [(&str, &str); 1] = [("BATON_MODEL_API_KEY", "sk-local")];
+
+async fn start(ns: &TestNamespace, name: &str, fence: i64) -> WorkerProc {
+    start_attempt(ns, name, fence, &KEY).await
+}
+
+async fn finish(ns: &TestNamespace, name: &str, fence: i64) -> AgentRun {
+    finish_attempt(ns, name, fence, &KEY).await
+}
+
+fn effects(file: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(file).unwrap_or_default();
+    text.lines().map(str::to_string).collect()
+}
+
+fn effects_file(ns: &TestNamespace) -> PathBuf {
+    std::env::temp_dir().join(format!("baton-{}-effects", ns.name))
+}
+
+#[tokio::test]
+async fn a_worker_killed_while_a_tool_runs_never_runs_an_effect_twice() {
+    let ns = TestNamespace::new("worker-byo-tools").await;
+    let file = effects_file(&ns);
+    let step = |n: u32, then: &str| format!("echo {n} >> {}{then}", file.display());
+    let server = Server::start(vec![
+        calls("c1", "sh", &step(1, "")),
+        calls("c2", "sh", &step(2, "; sleep 60")),
+        calls("c3", "sh", &step(3, "")),
+        answers("three steps recorded"),
+    ])
+    .await;
+    let run = agent_run("tools", &server, vec![shell_tool("sh", false)]);
+    let runs: Api<AgentRun> = ns.api();
+    runs.create(&PostParams::default(), &run).await.unwrap();
+
+    // Step 2 has run its effect and sleeps: its result is not recorded when the worker dies.
+    let mut worker = start(&ns, "tools", 1).await;
+    wait_until(Duration::from_secs(120), "step 2's effect", || async {
+        effects(&file).len() == 2
+    })
+    .await;
+    worker.kill9().await;
+    assert_eq!(
+        server.received().len(),
+        2,
+        "the first attempt's model calls"
+    );
+
+    let ended = finish(&ns, "tools", 2).await;
+    let st = ended.status.unwrap_or_default();
+    assert_eq!(st.outcome, Some(Phase::Succeeded), "{st:?}");
+    assert_eq!(st.output.as_deref(), Some("three steps recorded"));
+    assert_eq!(st.steps, 3, "{st:?}");
+    assert_eq!(effects(&file), ["1", "2", "3"], "each effect once");
+    let requests = server.received();
+    assert_eq!(
+        requests.len(),
+        4,
+        "the replayed calls never reached the model: {requests:?}"
+    );
+    // The agent was told step 2's effect is unknown, as the built-in loop tells its model.
+    let told = tool_messages(&requests[2].body);
+    assert_eq!(told.len(), 2, "{told:?}");
+    assert_eq!(told[0].0, "c1");
+    assert!(told[1].1.contains(UNKNOWN_EFFECT_NOTICE), "{told:?}");
+    let unknown = st.unknown_effects;
+    assert_eq!(unknown.len(), 1, "{unknown:?}");
+    assert_eq!((unknown[0].step, unknown[0].tool.as_str()), (2, "sh"));
+}
+
+#[tokio::test]
+async fn a_gated_call_waits_for_approval_then_runs_once_and_the_agent_gets_its_result() {
+    let ns = TestNamespace::new("worker-byo-approval").await;
+    let file = effects_file(&ns);
+    let server = Server::start(vec![
+        calls(
+            "c1",
+            "deploy",
+            &format!("echo deployed >> {}", file.display()),
+        ),
+        answers("deployed once"),
+    ])
+    .await;
+    let mut deploy = shell_tool("deploy", false);
+    deploy.approval = Some(ApprovalPolicy::Required);
+    let run = agent_run("gated", &server, vec![deploy]);
+    let runs: Api<AgentRun> = ns.api();
+    runs.create(&PostParams::default(), &run).await.unwrap();
+
+    let st = finish(&ns, "gated", 1).await.status.unwrap_or_default();
+    assert_eq!(st.phase, Phase::WaitingApproval, "{st:?}");
+    let pending = st.pending_approval.expect("status.pendingApproval");
+    assert_eq!((pending.step, pending.tool.as_str()), (1, "deploy"));
+    assert!(
+        effects(&file).is_empty(),
+        "nothing runs before the decision"
+    );
+
+    let session = Session::new(ns.client.clone(), "test".into(), ns.name.clone());
+    let approve = Verb::Approve(ApproveArgs {
+        target: RunArgs {
+            run: "gated".into(),
+            namespace: Some(ns.name.clone()),
+        },
+        step: None,
+        reason: Some("looks right".into()),
+    });
+    session.run(approve, &mut Vec::new()).await.unwrap();
+
+    let st = finish(&ns, "gated", 2).await.status.unwrap_or_default();
+    assert_eq!(st.outcome, Some(Phase::Succeeded), "{st:?}");
+    assert_eq!(st.output.as_deref(), Some("deployed once"));
+    assert_eq!(effects(&file), ["deployed"], "run once, after the decision");
+    let requests = server.received();
+    assert_eq!(requests.len(), 2, "{requests:?}");
+    let told = tool_messages(&requests[1].body);
+    let result = ("c1".to_string(), "[exit code: 0]".to_string());
+    assert_eq!(told, [result], "the recorded result of the run it approved");
+}
