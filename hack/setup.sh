@@ -68,6 +68,19 @@ if ! "$litellm_venv/bin/python" -c "import importlib.metadata as m, sys; sys.exi
 fi
 "$litellm_venv/bin/python" -c 'import importlib.metadata as m; print("litellm", m.version("litellm"))'
 
+step "the agent frameworks of tests/agents/requirements.txt (PyPI), in a venv of their own"
+# The worker tests run the example agents of tests/agents/ with it, the same pins as the agent
+# image (hack/images.sh agents); rebuilt when the pins change (a hash of the file beside it).
+agents_venv=${BATON_CACHE_DIR:-$HOME/.cache/baton}/agents-venv
+agents_sum=$(sha256sum tests/agents/requirements.txt | cut -d' ' -f1)
+if [[ $(cat "$agents_venv/requirements.sha256" 2>/dev/null) != "$agents_sum" ]]; then
+  rm -rf "$agents_venv"
+  python3 -m venv "$agents_venv"
+  "$agents_venv/bin/python" -m pip install --quiet --disable-pip-version-check -r tests/agents/requirements.txt
+  echo "$agents_sum" >"$agents_venv/requirements.sha256"
+fi
+"$agents_venv/bin/python" -c 'import importlib.metadata as m; print("openai-agents", m.version("openai-agents"))'
+
 step "a real browser for the console's tests: Debian's chromium, driven by npm's playwright-core"
 # Playwright's own browser download cannot work here: its npm package is installed without
 # one, and the tests launch /usr/bin/chromium (tests/browser/console.mjs).

@@ -146,6 +146,17 @@ impl Server {
         }
     }
 
+    /// Asserts it received `count` requests, all on `path`: an agent's each call once.
+    pub fn assert_received(&self, count: usize, path: &str) {
+        let requests = self.received();
+        assert_eq!(
+            requests.len(),
+            count,
+            "each call reached the server once: {requests:?}"
+        );
+        assert!(requests.iter().all(|r| r.path == path), "{requests:?}");
+    }
+
     pub fn received(&self) -> Vec<Received> {
         self.received.lock().unwrap().clone()
     }

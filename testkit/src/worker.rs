@@ -66,6 +66,62 @@ pub fn tool_messages(body: &Value) -> Vec<(String, String)> {
         .collect()
 }
 
+// === Responses answers ===
+
+/// A whole Responses answer whose output is `items`.
+pub fn responses_answer_of(items: Vec<Value>) -> Value {
+    json!({
+        "id": "resp_1", "object": "response", "created_at": 1, "status": "completed",
+        "model": "local-model", "output": items,
+        "usage": {"input_tokens": 10, "output_tokens": 5, "total_tokens": 15},
+    })
+}
+
+/// A whole Responses answer with the message `text`.
+pub fn responses_answer(text: &str) -> Value {
+    responses_answer_of(vec![json!({
+        "type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
+        "content": [{"type": "output_text", "text": text, "annotations": []}],
+    })])
+}
+
+/// A whole Responses answer that calls `tool` once with `{"command": command}`.
+pub fn responses_call(call_id: &str, tool: &str, command: &str) -> Value {
+    let arguments = json!({ "command": command }).to_string();
+    responses_answer_of(vec![json!({
+        "type": "function_call", "id": format!("fc_{call_id}"), "call_id": call_id,
+        "name": tool, "arguments": arguments, "status": "completed",
+    })])
+}
+
+/// `answer` as a Responses stream: created, a text delta per word of its message, completed.
+pub fn responses_stream(answer: &Value) -> Vec<String> {
+    let frame = |event: Value| {
+        let kind = event["type"].as_str().unwrap_or_default().to_string();
+        format!("event: {kind}\ndata: {event}\n\n")
+    };
+    let mut created = answer.clone();
+    created["status"] = json!("in_progress");
+    created["output"] = json!([]);
+    let mut pieces = vec![frame(
+        json!({"type": "response.created", "sequence_number": 0, "response": created}),
+    )];
+    let text = answer
+        .pointer("/output/0/content/0/text")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    for (i, word) in text.split_inclusive(' ').enumerate() {
+        pieces.push(frame(json!({
+            "type": "response.output_text.delta", "sequence_number": i + 1, "item_id": "msg_1",
+            "output_index": 0, "content_index": 0, "delta": word, "logprobs": [],
+        })));
+    }
+    pieces.push(frame(
+        json!({"type": "response.completed", "sequence_number": 99, "response": answer}),
+    ));
+    pieces
+}
+
 // === worker processes ===
 
 /// The address a worker's admin server listens on, from its log.

@@ -13,48 +13,9 @@ use baton_testkit::common::claim::{events, segments};
 use baton_testkit::common::own_agent::{agent_container, start_attempt};
 use baton_testkit::common::worker_proc::*;
 use baton_testkit::model::{Reply, Server};
+use baton_testkit::worker::{responses_answer, responses_stream};
 use kube::Api;
 use kube::api::PostParams;
-use serde_json::{Value, json};
-
-/// A whole Responses answer with `text`.
-fn response(text: &str) -> Value {
-    let message = json!({
-        "type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
-        "content": [{"type": "output_text", "text": text, "annotations": []}],
-    });
-    json!({
-        "id": "resp_1", "object": "response", "created_at": 1, "status": "completed",
-        "model": "local-model", "output": [message],
-        "usage": {"input_tokens": 10, "output_tokens": 5, "total_tokens": 15},
-    })
-}
-
-/// The same answer as a Responses stream: created, a delta per word, completed.
-fn response_stream(text: &str) -> Reply {
-    let frame = |event: Value| {
-        format!(
-            "event: {}\ndata: {event}\n\n",
-            event["type"].as_str().unwrap()
-        )
-    };
-    let mut created = response(text);
-    created["status"] = json!("in_progress");
-    created["output"] = json!([]);
-    let mut pieces = vec![frame(
-        json!({"type": "response.created", "sequence_number": 0, "response": created}),
-    )];
-    for (i, word) in text.split_inclusive(' ').enumerate() {
-        pieces.push(frame(json!({
-            "type": "response.output_text.delta", "sequence_number": i + 1, "item_id": "msg_1",
-            "output_index": 0, "content_index": 0, "delta": word, "logprobs": [],
-        })));
-    }
-    pieces.push(frame(
-        json!({"type": "response.completed", "sequence_number": 99, "response": response(text)}),
-    ));
-    Reply::sse(pieces)
-}
 
 fn agent_run(server: &Server) -> AgentRun {
     let mut run = scripted_run("responses", vec![], vec![], LeaseSpec::default());
@@ -94,10 +55,10 @@ async fn start(ns: &TestNamespace, fence: i64) -> WorkerProc {
 async fn an_agent_on_the_responses_api_is_replayed_streamed_or_not() {
     let ns = TestNamespace::new("worker-byo-responses").await;
     let server = Server::start(vec![
-        response_stream("one is streamed"),
-        Reply::json(200, &response("two is whole").to_string()),
-        response_stream("three is streamed"),
-        Reply::json(200, &response("four is whole").to_string()),
+        Reply::sse(responses_stream(&responses_answer("one is streamed"))),
+        Reply::json(200, &responses_answer("two is whole").to_string()),
+        Reply::sse(responses_stream(&responses_answer("three is streamed"))),
+        Reply::json(200, &responses_answer("four is whole").to_string()),
     ])
     .await;
     let runs: Api<AgentRun> = ns.api();
@@ -126,16 +87,7 @@ async fn an_agent_on_the_responses_api_is_replayed_streamed_or_not() {
         st.output.as_deref(),
         Some("answer after 4 calls: four is whole")
     );
-    let requests = server.received();
-    assert_eq!(
-        requests.len(),
-        4,
-        "each call reached the server once: {requests:?}"
-    );
-    assert!(
-        requests.iter().all(|r| r.path == "/v1/responses"),
-        "{requests:?}"
-    );
+    server.assert_received(4, "/v1/responses");
     let apis: Vec<_> = recorded(&ns).await;
     let expected: Vec<_> = (1..=4)
         .map(|call| (call, "responses".to_string()))

@@ -1,13 +1,13 @@
 //! Runs that bring their own agent, for the worker tests: the agent is a script of
-//! `tests/agents/` run by the test venv's python (on the bed there is no image to run), and an
-//! attempt is a real worker with the agent container's executor beside it.
+//! `tests/agents/` run by the agents venv's python (hack/setup.sh installs it from the agent
+//! image's own pins; on the bed there is no image to run), and an attempt is a real worker
+//! with the agent container's executor beside it.
 
 use baton::crd::v1alpha1::{AgentContainer, AgentRun, PlainEnvVar};
 use kube::Api;
 
 use super::TestNamespace;
 use super::claim::claim;
-use super::litellm::LiteLlm;
 use super::worker_proc::{WorkerProc, spawn_agent_worker};
 
 /// How long an attempt of an own agent may take to end.
@@ -18,7 +18,7 @@ pub fn agent_container(script: &str, env: &[(&str, &str)]) -> AgentContainer {
     let script = crate::repo_root().join("tests/agents").join(script);
     AgentContainer {
         image: "baton-agents:py".into(),
-        command: vec![LiteLlm::python(), script.display().to_string()],
+        command: vec![python(), script.display().to_string()],
         env: env
             .iter()
             .map(|(name, value)| PlainEnvVar {
@@ -28,6 +28,16 @@ pub fn agent_container(script: &str, env: &[(&str, &str)]) -> AgentContainer {
             .collect(),
         ..AgentContainer::default()
     }
+}
+
+/// The Python of the agents venv (tests/agents/requirements.txt: the stock `openai` SDK, the
+/// Agents SDK, the `mcp` client).
+pub fn python() -> String {
+    let cache = std::env::var("BATON_CACHE_DIR").unwrap_or_else(|_| {
+        let home = std::env::var("HOME").unwrap_or_default();
+        format!("{home}/.cache/baton")
+    });
+    format!("{cache}/agents-venv/bin/python")
 }
 
 /// Claims `name` for attempt `fence` and starts its worker, `env` added to the worker's.
