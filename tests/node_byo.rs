@@ -5,6 +5,10 @@
 //! proxy inside the node's network namespace, which counts the calls that reach the model.
 //! The worker killed (kill -9) between two calls: the next pod runs the agent again, answers
 //! its recorded calls from the ledger, and the model answers each of the run's calls once.
+//! And the OpenAI Agents SDK from the same image, unmodified, a 10-step agent whose tool
+//! (the run's shell tool, through baton's MCP server) records each step with the effects
+//! server outside baton: its worker killed twice while a tool runs, it ends with the answer of
+//! an uninterrupted run, no effect twice and no model call twice.
 
 use std::time::Duration;
 
@@ -12,7 +16,7 @@ use baton::crd::v1alpha1::{
     AgentContainer, LedgerEvent, ModelSpec, PlainEnvVar, Provider, SecretKeyRef,
 };
 use baton_testkit::common::litellm::{KEY, LiteLlmInNode};
-use baton_testkit::e2e::Script;
+use baton_testkit::e2e::{Effects, Script};
 use baton_testkit::node::*;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
@@ -33,6 +37,35 @@ async fn recorded_calls(env: &NodeEnv, name: &str) -> Vec<i64> {
     calls.collect()
 }
 
+/// The proxy's key, as the run's model key Secret (`model-key`).
+async fn model_key(env: &NodeEnv) {
+    let secrets: Api<Secret> = env.api();
+    let secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "model-key"},
+        "stringData": {"key": KEY},
+    }))
+    .unwrap();
+    secrets
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+}
+
+/// `model` of the proxy in the node, its key from the `model-key` Secret.
+fn proxy_model(proxy: &LiteLlmInNode, model: &str) -> ModelSpec {
+    ModelSpec {
+        provider: Provider::Openai,
+        name: Some(model.into()),
+        endpoint: Some(format!("{}/v1", proxy.url)),
+        api_key_secret_ref: Some(SecretKeyRef {
+            name: "model-key".into(),
+            key: "key".into(),
+        }),
+        idle_timeout_seconds: Some(60),
+        ..ModelSpec::default()
+    }
+}
+
 fn counted(file: &std::path::Path) -> usize {
     std::fs::read_to_string(file)
         .unwrap_or_default()
@@ -45,32 +78,13 @@ async fn node_an_own_agent_killed_between_calls_is_replayed_and_each_call_reache
     let env = NodeEnv::start("byo").await;
     let calls = env.dir.join("model-calls.jsonl");
     let proxy = LiteLlmInNode::start(NODE_IP, NETNS, &calls);
-    let secrets: Api<Secret> = env.api();
-    let secret = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "model-key"},
-        "stringData": {"key": KEY},
-    }))
-    .unwrap();
-    secrets
-        .create(&PostParams::default(), &secret)
-        .await
-        .unwrap();
+    model_key(&env).await;
     let name = "own";
     let mut run = env.scripted(name, &Script::new(1, 100));
     run.spec.input = "count the steps".into();
     let agent = run.spec.agent_mut();
     agent.tools.clear();
-    agent.model = ModelSpec {
-        provider: Provider::Openai,
-        name: Some("mock-gpt".into()),
-        endpoint: Some(format!("{}/v1", proxy.url)),
-        api_key_secret_ref: Some(SecretKeyRef {
-            name: "model-key".into(),
-            key: "key".into(),
-        }),
-        idle_timeout_seconds: Some(60),
-        ..ModelSpec::default()
-    };
+    agent.model = proxy_model(&proxy, "mock-gpt");
     let var = |name: &str, value: &str| PlainEnvVar {
         name: name.into(),
         value: value.into(),
@@ -108,5 +122,74 @@ async fn node_an_own_agent_killed_between_calls_is_replayed_and_each_call_reache
         "each call reached the model once; the resumed agent's first 3 came from the ledger"
     );
     assert_eq!(recorded_calls(&env, name).await, [1, 2, 3, 4, 5, 6]);
+    env.finish().await;
+}
+
+/// The steps the Agents SDK's model asks for; the steps its worker is killed in (their tool
+/// sleeps after its effect landed).
+const SDK_STEPS: usize = 10;
+const SDK_KILLED_IN: [usize; 2] = [3, 7];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_the_agents_sdk_killed_twice_while_a_tool_runs_ends_as_if_never_killed() {
+    let env = NodeEnv::start("byo-sdk").await;
+    let calls = env.dir.join("model-calls.jsonl");
+    let (host, port) = env.effects.addr.rsplit_once(':').unwrap();
+    let name = "sdk";
+    // The model's command for step {n}: its effect recorded outside baton, then a pause in the
+    // steps the worker is killed in.
+    let command = format!(
+        "bash -c 'echo \"{name} {{n}} $BATON_STEP $BATON_FENCE\" > /dev/tcp/{host}/{port}'; \
+         case {{n}} in {}|{}) sleep 30;; esac; echo ok {{n}}",
+        SDK_KILLED_IN[0], SDK_KILLED_IN[1]
+    );
+    let steps = SDK_STEPS.to_string();
+    let proxy = LiteLlmInNode::start_with(
+        NODE_IP,
+        NETNS,
+        "tests/litellm/steps.yaml",
+        &calls,
+        &[("BATON_STEPS", &steps), ("BATON_STEP_COMMAND", &command)],
+    );
+    model_key(&env).await;
+    let mut run = env.scripted(name, &Script::new(1, 100));
+    run.spec.input = format!("run the {SDK_STEPS} steps");
+    let agent = run.spec.agent_mut();
+    agent.tools.retain(|t| t.name == "sh");
+    agent.model = proxy_model(&proxy, "mock-steps");
+    agent.container = Some(AgentContainer {
+        image: AGENTS.into(),
+        command: vec![
+            "python".into(),
+            "/opt/agents/app/agents_sdk_agent.py".into(),
+        ],
+        ..AgentContainer::default()
+    });
+    env.create(&run).await;
+
+    for (attempt, step) in SDK_KILLED_IN.into_iter().enumerate() {
+        let (pod, _) = env.wait_worker(name, attempt as i64 + 1).await;
+        env.wait_effect(name, step).await;
+        env.signal_worker(&pod, libc::SIGKILL).await;
+    }
+    let st = env.wait_succeeded(name).await;
+    assert_eq!(
+        st.output.as_deref(),
+        Some(format!("done after {SDK_STEPS} steps").as_str()),
+        "the answer of an uninterrupted run"
+    );
+    let effects = Effects::read(&env.effects.file);
+    for step in 1..=SDK_STEPS {
+        assert_eq!(effects.count(name, step), 1, "step {step}'s effect once");
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        counted(&calls),
+        SDK_STEPS + 1,
+        "each model call reached the model once; the resumed agents' earlier calls came from the ledger"
+    );
+    let unknown: Vec<i64> = st.unknown_effects.iter().map(|u| u.step).collect();
+    assert_eq!(unknown, SDK_KILLED_IN.map(|s| s as i64), "{st:?}");
+    assert!(st.attempt >= 3, "two resumes: {st:?}");
     env.finish().await;
 }

@@ -24,10 +24,9 @@ import json
 import os
 import sys
 
-import httpx2
 import openai
 from mcp import ClientSession
-from mcp.client.streamable_http import streamable_http_client
+from mcp.client.streamable_http import streamablehttp_client
 
 
 def offered(listed):
@@ -38,7 +37,7 @@ def offered(listed):
             "function": {
                 "name": tool.name,
                 "description": tool.description or "",
-                "parameters": tool.input_schema,
+                "parameters": tool.inputSchema,
             },
         }
         for tool in listed.tools
@@ -48,7 +47,7 @@ def offered(listed):
 def text_of(result):
     """A tool result's text, marked when the server says the call failed."""
     text = "".join(block.text for block in result.content if block.type == "text")
-    return f"ERROR: {text}" if result.is_error else text
+    return f"ERROR: {text}" if result.isError else text
 
 
 async def converse(session, client, model, task, max_turns):
@@ -92,8 +91,8 @@ async def main():
     max_turns = int(os.environ.get("AGENT_MAX_TURNS", "30"))
     headers = {"Authorization": f"Bearer {os.environ['OPENAI_API_KEY']}"}
     # A tool may run for minutes: the read timeout is the MCP SDK's own default.
-    http = httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=300))
-    async with http, streamable_http_client(os.environ["BATON_MCP_URL"], http_client=http) as streams:
+    url = os.environ["BATON_MCP_URL"]
+    async with streamablehttp_client(url, headers=headers, timeout=30, sse_read_timeout=300) as streams:
         read, write = streams[0], streams[1]
         async with ClientSession(read, write) as session:
             await session.initialize()

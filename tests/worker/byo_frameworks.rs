@@ -1,6 +1,8 @@
 //! Agent frameworks from PyPI, unmodified, through the worker's gateways
 //! (tests/agents/requirements.txt, the agent image's pins, in the agents venv): the OpenAI
-//! Agents SDK (`tests/agents/agents_sdk_agent.py`: an Agent, its MCP server, the Runner),
+//! Agents SDK (`tests/agents/agents_sdk_agent.py`: an Agent, its MCP server, the Runner) and
+//! LangGraph (`tests/agents/langgraph_agent.py`: the prebuilt ReAct agent, `langchain-openai`,
+//! `langchain-mcp-adapters`),
 //! against the LiteLLM proxy with a model that calls the run's tool once per step
 //! (tests/litellm/steps.yaml), counted at the server. Its worker killed (kill -9) while a tool
 //! runs: the next attempt replays the recorded model and tool calls, the open step is told
@@ -73,7 +75,18 @@ fn files(ns: &TestNamespace) -> (PathBuf, PathBuf) {
 
 #[tokio::test]
 async fn the_agents_sdk_killed_while_a_tool_runs_resumes_and_nothing_runs_twice() {
-    let ns = TestNamespace::new("worker-byo-agents-sdk").await;
+    killed_while_a_tool_runs("worker-byo-agents-sdk", "agents_sdk_agent.py").await;
+}
+
+#[tokio::test]
+async fn langgraph_killed_while_a_tool_runs_resumes_and_nothing_runs_twice() {
+    killed_while_a_tool_runs("worker-byo-langgraph", "langgraph_agent.py").await;
+}
+
+/// The agent `script` of tests/agents/ against the steps model, killed during step
+/// [`KILLED_IN`]'s tool, then resumed to its end.
+async fn killed_while_a_tool_runs(namespace: &str, script: &str) {
+    let ns = TestNamespace::new(namespace).await;
     let (effects, calls) = files(&ns);
     let proxy = steps_model(&effects, &calls).await;
     let mut run = scripted_run(
@@ -85,7 +98,7 @@ async fn the_agents_sdk_killed_while_a_tool_runs_resumes_and_nothing_runs_twice(
     run.spec.input = format!("run the {STEPS} steps");
     let agent = run.spec.agent_mut();
     agent.model = proxy.model(Provider::Openai, "mock-steps");
-    agent.container = Some(agent_container("agents_sdk_agent.py", &[]));
+    agent.container = Some(agent_container(script, &[]));
     let runs: Api<AgentRun> = ns.api();
     runs.create(&PostParams::default(), &run).await.unwrap();
 

@@ -4,7 +4,7 @@
 //! - `budget`: a run killed again and again near its limit stops at it;
 //! - `byo`: a run that brings its own agent (the stock `openai` SDK): replayed after a kill,
 //!   diverging, exiting non-zero, its gateway closed to all but its agent;
-//! - `byo_frameworks`: agent frameworks from PyPI, unmodified (the OpenAI Agents SDK), killed
+//! - `byo_frameworks`: agent frameworks from PyPI, unmodified (the Agents SDK, LangGraph), killed
 //!   while a tool runs: no effect and no model call twice, the same answer;
 //! - `byo_responses`: an own agent on the Responses API, streamed and not, replayed after a kill;
 //! - `byo_tools`: its tools through the tool gateway (the stock `mcp` client): a kill while a
