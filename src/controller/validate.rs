@@ -116,10 +116,10 @@ pub const RESERVED_ENV_PREFIXES: [&str; 3] = ["OPENAI_", "ANTHROPIC_", "BATON_"]
 /// An agent container's run: its model is reached through the gateway, which speaks the
 /// OpenAI API to an OpenAI-compatible provider; the built-in loop's settings have no use.
 fn check_container(agent: &AgentSpec, container: &AgentContainer) -> Result<(), String> {
-    if agent.model.provider != Provider::Openai {
+    if agent.model.provider == Provider::Scripted {
         return Err(format!(
-            "spec.agent.model.provider must be openai with spec.agent.container (the gateway \
-             forwards the OpenAI API; {} is not served to an agent container yet)",
+            "spec.agent.model.provider must be openai or anthropic with \
+             spec.agent.container (the gateway forwards their APIs; {} has none)",
             provider_name(agent.model.provider)
         ));
     }
@@ -241,7 +241,7 @@ mod tests {
         });
         let err = validate(&s).unwrap_err();
         assert!(
-            err.starts_with("spec.agent.model.provider must be openai"),
+            err.starts_with("spec.agent.model.provider must be openai or anthropic"),
             "{err}"
         );
         s.agent_mut().model.provider = Provider::Openai;

@@ -122,6 +122,68 @@ pub fn responses_stream(answer: &Value) -> Vec<String> {
     pieces
 }
 
+// === Anthropic Messages answers ===
+
+/// A whole Messages answer whose content is `blocks`.
+pub fn messages_answer_of(blocks: Vec<Value>, stop_reason: &str) -> Value {
+    json!({
+        "id": "msg_1", "type": "message", "role": "assistant", "model": "local-model",
+        "content": blocks, "stop_reason": stop_reason, "stop_sequence": null,
+        "usage": {"input_tokens": 10, "output_tokens": 5},
+    })
+}
+
+/// A whole Messages answer with the text `text`.
+pub fn messages_text(text: &str) -> Value {
+    messages_answer_of(vec![json!({"type": "text", "text": text})], "end_turn")
+}
+
+/// A whole Messages answer that uses `tool` once with `{"command": command}`.
+pub fn messages_tool_use(id: &str, tool: &str, command: &str) -> Value {
+    let block = json!({"type": "tool_use", "id": id, "name": tool, "input": {"command": command}});
+    messages_answer_of(vec![block], "tool_use")
+}
+
+/// `message` as a Messages stream: its start, each block whole in one delta, its end.
+pub fn messages_stream(message: &Value) -> Vec<String> {
+    let frame = |event: Value| {
+        let kind = event["type"].as_str().unwrap_or_default().to_string();
+        format!("event: {kind}\ndata: {event}\n\n")
+    };
+    let mut start = message.clone();
+    start["content"] = json!([]);
+    start["stop_reason"] = Value::Null;
+    start["usage"] = json!({"input_tokens": 10, "output_tokens": 1});
+    let mut pieces = vec![frame(json!({"type": "message_start", "message": start}))];
+    let blocks = message["content"].as_array().cloned().unwrap_or_default();
+    for (index, block) in blocks.iter().enumerate() {
+        let (empty, delta) = match block["type"].as_str() {
+            Some("tool_use") => (
+                json!({"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}),
+                json!({"type": "input_json_delta", "partial_json": block["input"].to_string()}),
+            ),
+            _ => (
+                json!({"type": "text", "text": ""}),
+                json!({"type": "text_delta", "text": block["text"]}),
+            ),
+        };
+        pieces.push(frame(
+            json!({"type": "content_block_start", "index": index, "content_block": empty}),
+        ));
+        pieces.push(frame(
+            json!({"type": "content_block_delta", "index": index, "delta": delta}),
+        ));
+        pieces.push(frame(json!({"type": "content_block_stop", "index": index})));
+    }
+    pieces.push(frame(json!({
+        "type": "message_delta",
+        "delta": {"stop_reason": message["stop_reason"], "stop_sequence": null},
+        "usage": {"output_tokens": 5},
+    })));
+    pieces.push(frame(json!({"type": "message_stop"})));
+    pieces
+}
+
 // === worker processes ===
 
 /// The address a worker's admin server listens on, from its log.

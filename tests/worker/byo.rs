@@ -235,12 +235,19 @@ async fn the_gateway_answers_no_one_but_the_agent_of_its_attempt() {
     .await;
     let addr = gateway_addr(&worker.log_text()).expect("the gateway's address in the log");
     let body = r#"{"model":"mock-gpt","messages":[{"role":"user","content":"spend"}]}"#;
-    // The model gateway and the tool gateway (the run's tools, as an MCP server) alike.
-    for path in ["/v1/chat/completions", "/mcp"] {
+    // The model gateway's three APIs and the tool gateway (the run's tools, as an MCP server)
+    // alike, whichever header carries the guess.
+    for path in [
+        "/v1/chat/completions",
+        "/v1/responses",
+        "/v1/messages",
+        "/mcp",
+    ] {
         for auth in [
             "",
             "Authorization: Bearer \r\n",
             "Authorization: Bearer sk-guess\r\n",
+            "x-api-key: sk-guess\r\n",
         ] {
             // The whole body is announced and never sent: only a refusal before reading answers.
             let head = format!(

@@ -12,13 +12,15 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use baton::crd::v1alpha1::{AgentRun, LeaseSpec, Phase, Provider};
+use baton::crd::v1alpha1::{AgentRun, AgentRunStatus, LeaseSpec, Phase, Provider};
 use baton_testkit::common::TestNamespace;
 use baton_testkit::common::litellm::{self, LiteLlm};
 use baton_testkit::common::own_agent::{agent_container, finish_attempt, start_attempt};
 use baton_testkit::common::worker_proc::*;
 use baton_testkit::model::{Reply, Server};
-use baton_testkit::worker::{responses_answer, responses_call};
+use baton_testkit::worker::{
+    messages_stream, messages_text, messages_tool_use, responses_answer, responses_call,
+};
 use kube::Api;
 use kube::api::PostParams;
 
@@ -152,8 +154,50 @@ async fn the_agents_sdk_on_the_responses_api_resumes_and_nothing_runs_twice() {
         answer(responses_answer("done after 2 steps")),
     ])
     .await;
+    let env = [("AGENT_API", "responses"), ("AGENT_MODEL", "local-model")];
+    let run = two_step_run(&server, Provider::Openai, "agents_sdk_agent.py", &env);
+    killed_in_step_two(&ns, &run, &effects).await;
+    server.assert_received(3, "/v1/responses");
+}
+
+/// The `anthropic` SDK's tool loop over the Messages API (streamed and not), its tools through
+/// baton's MCP server, against a server that answers in a set order (the proxy's mock model
+/// calls no tool over the Messages API).
+#[tokio::test]
+async fn the_anthropic_sdk_killed_while_a_tool_runs_resumes_and_nothing_runs_twice() {
+    let ns = TestNamespace::new("worker-byo-anthropic").await;
+    let (effects, _) = files(&ns);
+    let step = |n: u32, then: &str| format!("echo {n} >> {}{then}", effects.display());
+    let first = messages_tool_use("toolu_1", "sh", &step(1, ""));
+    let second = messages_tool_use("toolu_2", "sh", &step(2, "; sleep 60"));
+    let server = Server::start(vec![
+        Reply::sse(messages_stream(&first)),
+        Reply::json(200, &second.to_string()),
+        Reply::sse(messages_stream(&messages_text("done after 2 steps"))),
+    ])
+    .await;
+    let env = [("AGENT_MODEL", "local-model")];
+    let run = two_step_run(&server, Provider::Anthropic, "anthropic_agent.py", &env);
+    let st = killed_in_step_two(&ns, &run, &effects).await;
+    server.assert_received(3, "/v1/messages");
+    let usage = st.usage.unwrap_or_default();
+    assert_eq!(
+        (usage.model_calls, usage.total_tokens),
+        (3, 45),
+        "{usage:?}"
+    );
+}
+
+/// A run of the agent `script` with the shell tool `sh`, its model `server` through
+/// `provider`'s API.
+fn two_step_run(
+    server: &Server,
+    provider: Provider,
+    script: &str,
+    env: &[(&str, &str)],
+) -> AgentRun {
     let mut run = scripted_run(
-        "sdk",
+        "two",
         vec![],
         vec![shell_tool("sh", false)],
         LeaseSpec::default(),
@@ -161,27 +205,35 @@ async fn the_agents_sdk_on_the_responses_api_resumes_and_nothing_runs_twice() {
     run.spec.input = "run the 2 steps".into();
     let agent = run.spec.agent_mut();
     agent.model = server.openai_model();
-    let env = [("AGENT_API", "responses"), ("AGENT_MODEL", "local-model")];
-    agent.container = Some(agent_container("agents_sdk_agent.py", &env));
-    let runs: Api<AgentRun> = ns.api();
-    runs.create(&PostParams::default(), &run).await.unwrap();
+    if provider == Provider::Anthropic {
+        agent.model.provider = provider;
+        agent.model.endpoint = Some(server.url.clone());
+    }
+    agent.container = Some(agent_container(script, env));
+    run
+}
 
+/// Creates `run`, kills its first worker while step 2's tool runs (its effect in `effects`),
+/// runs the next attempt to its end and checks what any framework must give: the answer of an
+/// uninterrupted run, each effect once, step 2 reported unknown. The status.
+async fn killed_in_step_two(ns: &TestNamespace, run: &AgentRun, effects: &Path) -> AgentRunStatus {
+    let runs: Api<AgentRun> = ns.api();
+    runs.create(&PostParams::default(), run).await.unwrap();
     let local = [("BATON_MODEL_API_KEY", "sk-local")];
-    let mut worker = start_attempt(&ns, "sdk", 1, &local).await;
+    let mut worker = start_attempt(ns, "two", 1, &local).await;
     wait_until(Duration::from_secs(120), "step 2's effect", || async {
-        lines(&effects).len() == 2
+        lines(effects).len() == 2
     })
     .await;
     worker.kill9().await;
-
-    let st = finish_attempt(&ns, "sdk", 2, &local)
+    let st = finish_attempt(ns, "two", 2, &local)
         .await
         .status
         .unwrap_or_default();
     assert_eq!(st.outcome, Some(Phase::Succeeded), "{st:?}");
     assert_eq!(st.output.as_deref(), Some("done after 2 steps"));
-    assert_eq!(lines(&effects), ["1", "2"], "each step's effect once");
-    server.assert_received(3, "/v1/responses");
+    assert_eq!(lines(effects), ["1", "2"], "each step's effect once");
     let unknown: Vec<_> = st.unknown_effects.iter().map(|u| u.step).collect();
     assert_eq!(unknown, [2], "the step the worker died in");
+    st
 }

@@ -1,4 +1,5 @@
-//! The model APIs an agent container's gateway serves, and what differs between them (pure):
+//! The model APIs an agent container's gateway serves (OpenAI Chat Completions and Responses,
+//! Anthropic Messages), and what differs between them (pure):
 //! where a call goes, what a whole answer and a stream look like, where the usage is, and the
 //! model's text in a recorded answer (docs/byo-agent.md, The gateway). The journal and the
 //! gateway are the same for all; only these facts change.
@@ -12,19 +13,22 @@ pub enum ModelApi {
     Chat,
     /// OpenAI Responses (`POST /v1/responses`).
     Responses,
+    /// Anthropic Messages (`POST /v1/messages`).
+    Messages,
 }
 
 /// The last event of a Chat Completions stream.
 pub const DONE: &str = "[DONE]";
 
 impl ModelApi {
-    pub const ALL: [ModelApi; 2] = [ModelApi::Chat, ModelApi::Responses];
+    pub const ALL: [ModelApi; 3] = [ModelApi::Chat, ModelApi::Responses, ModelApi::Messages];
 
     /// Its name in the journal.
     pub fn name(self) -> &'static str {
         match self {
             ModelApi::Chat => "chat.completions",
             ModelApi::Responses => "responses",
+            ModelApi::Messages => "messages",
         }
     }
 
@@ -33,11 +37,12 @@ impl ModelApi {
         Self::ALL.into_iter().find(|api| api.name() == name)
     }
 
-    /// Its path after an OpenAI base URL (`…/v1`).
+    /// Its path after the provider's `…/v1` base URL.
     pub fn path(self) -> &'static str {
         match self {
             ModelApi::Chat => "/chat/completions",
             ModelApi::Responses => "/responses",
+            ModelApi::Messages => "/messages",
         }
     }
 
@@ -47,6 +52,7 @@ impl ModelApi {
         match self {
             ModelApi::Chat => "choices",
             ModelApi::Responses => "output",
+            ModelApi::Messages => "content",
         }
     }
 
@@ -56,22 +62,25 @@ impl ModelApi {
     }
 
     /// Whether a stream's event is its last: Chat Completions ends with [`DONE`] (not an
-    /// event of JSON); a Responses stream with the response completed, failed or incomplete.
+    /// event of JSON); a Responses stream with the response completed, failed or incomplete;
+    /// a Messages stream with `message_stop`.
     pub fn ends_stream(self, event: &Value) -> bool {
+        let kind = event.get("type").and_then(Value::as_str);
         match self {
             ModelApi::Chat => false,
             ModelApi::Responses => matches!(
-                event.get("type").and_then(Value::as_str),
+                kind,
                 Some("response.completed" | "response.failed" | "response.incomplete")
             ),
+            ModelApi::Messages => kind == Some("message_stop"),
         }
     }
 
-    /// A stream's event as sent (`event:` named as its `type` for Responses).
+    /// A stream's event as sent (`event:` named as its `type`, but for Chat Completions).
     pub fn frame(self, event: &Value) -> String {
         match (self, event.get("type").and_then(Value::as_str)) {
-            (ModelApi::Responses, Some(kind)) => format!("event: {kind}\ndata: {event}\n\n"),
-            _ => format!("data: {event}\n\n"),
+            (ModelApi::Chat, _) | (_, None) => format!("data: {event}\n\n"),
+            (_, Some(kind)) => format!("event: {kind}\ndata: {event}\n\n"),
         }
     }
 
@@ -79,19 +88,22 @@ impl ModelApi {
     pub fn stream_end(self) -> Option<String> {
         match self {
             ModelApi::Chat => Some(format!("data: {DONE}\n\n")),
-            ModelApi::Responses => None,
+            ModelApi::Responses | ModelApi::Messages => None,
         }
     }
 
     /// The tokens an answer reports (whole, or the stream's event that carries them).
     pub fn usage(self, response: &Value) -> Option<(i64, i64)> {
+        if let (ModelApi::Messages, Value::Array(events)) = (self, response) {
+            return messages_stream_usage(events);
+        }
         let (input, output) = match self {
             ModelApi::Chat => ("prompt_tokens", "completion_tokens"),
-            ModelApi::Responses => ("input_tokens", "output_tokens"),
+            ModelApi::Responses | ModelApi::Messages => ("input_tokens", "output_tokens"),
         };
         let of = |v: &Value| {
             let usage = match self {
-                ModelApi::Chat => v.get("usage"),
+                ModelApi::Chat | ModelApi::Messages => v.get("usage"),
                 ModelApi::Responses => v
                     .get("usage")
                     .or_else(|| v.pointer("/response/usage"))
@@ -124,8 +136,44 @@ impl ModelApi {
                 .map(output_text)
                 .unwrap_or_default(),
             (ModelApi::Responses, whole) => output_text(whole),
+            (ModelApi::Messages, Value::Array(events)) => events
+                .iter()
+                .filter_map(|e| e.pointer("/delta/text")?.as_str())
+                .collect(),
+            (ModelApi::Messages, whole) => content_text(whole),
         }
     }
+}
+
+/// A Messages stream's usage: the input on `message_start`, the output on the last
+/// `message_delta` (each a running total).
+fn messages_stream_usage(events: &[Value]) -> Option<(i64, i64)> {
+    let input = events
+        .iter()
+        .find_map(|e| e.pointer("/message/usage/input_tokens")?.as_i64())?;
+    let output = events
+        .iter()
+        .rev()
+        .find_map(|e| e.pointer("/usage/output_tokens")?.as_i64())?;
+    Some((input, output))
+}
+
+/// The text of a Messages answer's blocks, and the tools it asks for.
+fn content_text(message: &Value) -> String {
+    let blocks = message.get("content").and_then(Value::as_array);
+    let mut text = String::new();
+    for block in blocks.into_iter().flatten() {
+        match block.get("type").and_then(Value::as_str) {
+            Some("text") => text.push_str(block.get("text").and_then(Value::as_str).unwrap_or("")),
+            Some("tool_use") => {
+                let name = block.get("name").and_then(Value::as_str).unwrap_or("?");
+                let input = block.get("input").map(Value::to_string).unwrap_or_default();
+                text.push_str(&format!("\n→ {name}({input})"));
+            }
+            _ => {}
+        }
+    }
+    text
 }
 
 /// The text of a Responses answer's messages, and the calls it asks for.
@@ -172,7 +220,8 @@ mod tests {
         ]);
         assert_eq!(ModelApi::Responses.usage(&streamed), Some((9, 1)));
         assert_eq!(ModelApi::named("responses"), Some(ModelApi::Responses));
-        assert_eq!(ModelApi::named("messages"), None);
+        assert_eq!(ModelApi::named("messages"), Some(ModelApi::Messages));
+        assert_eq!(ModelApi::named("completions"), None);
     }
 
     #[test]
@@ -190,6 +239,29 @@ mod tests {
         assert_eq!(
             ModelApi::Chat.stream_end().as_deref(),
             Some("data: [DONE]\n\n")
+        );
+    }
+
+    #[test]
+    fn a_messages_answer_has_its_usage_split_over_its_stream() {
+        let whole = json!({"type": "message", "content": [{"type": "text", "text": "hi"}, {"type": "tool_use", "name": "sh", "input": {}}], "usage": {"input_tokens": 4, "output_tokens": 2}});
+        assert!(ModelApi::Messages.is_answer(&whole));
+        assert_eq!(ModelApi::Messages.usage(&whole), Some((4, 2)));
+        assert_eq!(ModelApi::Messages.answer_text(&whole), "hi\n→ sh({})");
+        let streamed = json!([
+            {"type": "message_start", "message": {"usage": {"input_tokens": 6, "output_tokens": 1}}},
+            {"type": "content_block_delta", "delta": {"type": "text_delta", "text": "h"}},
+            {"type": "content_block_delta", "delta": {"type": "text_delta", "text": "i"}},
+            {"type": "message_delta", "usage": {"output_tokens": 3}},
+            {"type": "message_stop"},
+        ]);
+        assert_eq!(ModelApi::Messages.usage(&streamed), Some((6, 3)));
+        assert_eq!(ModelApi::Messages.answer_text(&streamed), "hi");
+        assert!(ModelApi::Messages.ends_stream(&streamed[4]));
+        assert!(
+            ModelApi::Messages
+                .frame(&streamed[4])
+                .starts_with("event: message_stop\n")
         );
     }
 

@@ -39,6 +39,9 @@ pub fn stream_error(api: ModelApi, message: &str) -> Bytes {
         ModelApi::Responses => {
             json!({"type": "error", "code": "provider_error", "message": message})
         }
+        ModelApi::Messages => {
+            json!({"type": "error", "error": {"type": "api_error", "message": message}})
+        }
     };
     Bytes::from(api.frame(&body))
 }

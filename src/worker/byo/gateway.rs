@@ -148,20 +148,28 @@ fn router(shared: Arc<Shared>, tools: tool_gateway::Service) -> Router {
             "/v1/responses",
             post(|state, body| call(ModelApi::Responses, state, body)),
         )
+        .route(
+            "/v1/messages",
+            post(|state, body| call(ModelApi::Messages, state, body)),
+        )
         .nest_service(tool_gateway::PATH, tools)
         .route_layer(middleware::from_fn_with_state(shared.clone(), authenticate))
         .layer(DefaultBodyLimit::max(MAX_REQUEST_BYTES))
         .with_state(shared)
 }
 
-/// Lets through only a request that carries this attempt's key, before its body is read.
-/// The digests are compared, so the time taken says nothing of the key.
+/// Lets through only a request that carries this attempt's key (as a bearer token, or as the
+/// Anthropic SDKs send it, `x-api-key`), before its body is read. The digests are compared,
+/// so the time taken says nothing of the key.
 async fn authenticate(State(shared): State<Arc<Shared>>, request: Request, next: Next) -> Response {
-    let presented = request
-        .headers()
+    let headers = request.headers();
+    let bearer = headers
         .get(AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let api_key = headers.get("x-api-key").and_then(|v| v.to_str().ok());
+    let presented = bearer
+        .or(api_key)
         .map(|key| <[u8; 32]>::from(Sha256::digest(key.trim().as_bytes())));
     if presented != Some(shared.key_digest) {
         return error(
@@ -370,6 +378,7 @@ fn end_named(api: ModelApi) -> &'static str {
     match api {
         ModelApi::Chat => "[DONE]",
         ModelApi::Responses => "response.completed",
+        ModelApi::Messages => "message_stop",
     }
 }
 

@@ -58,6 +58,8 @@ pub async fn run_agent(s: &mut Session, container: &AgentContainer) -> Ending {
         &[
             ("OPENAI_BASE_URL", format!("http://{}/v1", gateway.address)),
             ("OPENAI_API_KEY", gateway.key.clone()),
+            ("ANTHROPIC_BASE_URL", format!("http://{}", gateway.address)),
+            ("ANTHROPIC_API_KEY", gateway.key.clone()),
             (
                 "BATON_MCP_URL",
                 format!("http://{}{}", gateway.address, tool_gateway::PATH),
@@ -115,12 +117,13 @@ async fn open_gateway(
     container: &AgentContainer,
     tools: tool_gateway::Service,
 ) -> Result<(Opened, mpsc::UnboundedReceiver<Report>), Ending> {
-    let upstream = Upstream::openai(&s.agent().model, s.me.cfg.api_key.clone()).map_err(|err| {
-        Ending::Failed {
-            reason: EndReason::ProviderError,
-            message: err.to_string(),
-        }
-    })?;
+    let upstream =
+        Upstream::for_model(&s.agent().model, s.me.cfg.api_key.clone()).map_err(|err| {
+            Ending::Failed {
+                reason: EndReason::ProviderError,
+                message: err.to_string(),
+            }
+        })?;
     let key = format!("baton-attempt-{:032x}", rand::random::<u128>());
     let (reports, reported) = mpsc::unbounded_channel();
     let setup = Setup {

@@ -55,6 +55,11 @@ impl AnthropicModel {
         })
     }
 
+    /// Its client and target: the gateway of an agent container forwards through them.
+    pub fn endpoint(&self) -> (&reqwest::Client, &Target) {
+        (&self.client, &self.target)
+    }
+
     /// The same model with another output bound.
     pub fn with_max_tokens(mut self, max_tokens: u32) -> Self {
         self.max_tokens = max_tokens.max(1);
