@@ -175,9 +175,10 @@ start_proc() {
   log "started $name (pid $pid, log $logf)"
 }
 
-# stop_proc NAME — TERM, then KILL after a grace period; only if the PID is still our binary.
+# stop_proc NAME [GRACE] — TERM, then KILL after GRACE tenths of a second (default 150: 15 s);
+# only if the PID is still our binary.
 stop_proc() {
-  local name=$1 pid i
+  local name=$1 grace=${2:-150} pid i
   [[ -f $STATE_DIR/$name.pid ]] || return 0
   pid=$(<"$STATE_DIR/$name.pid")
   if ! proc_is_ours "$name"; then
@@ -186,12 +187,12 @@ stop_proc() {
     return 0
   fi
   kill -TERM "$pid" 2>/dev/null || true
-  for ((i = 0; i < 150; i++)); do
+  for ((i = 0; i < grace; i++)); do
     proc_is_ours "$name" || break
     sleep 0.1
   done
   if proc_is_ours "$name"; then
-    log "$name (pid $pid) ignored SIGTERM for 15s; sending SIGKILL"
+    log "$name (pid $pid) ignored SIGTERM for $((grace / 10))s; sending SIGKILL"
     kill -KILL "$pid" 2>/dev/null || true
     for ((i = 0; i < 50; i++)); do
       proc_is_ours "$name" || break

@@ -221,7 +221,12 @@ leftovers() {
 
 teardown() {
   local d
-  for d in "${DAEMONS[@]}"; do stop_proc "$d"; done
+  # The API server's graceful stop waits on requests no client will finish (every client is
+  # stopped before it) for longer than the default grace; its state is etcd's, which stops
+  # cleanly after it, so 2 s are enough before SIGKILL.
+  for d in "${DAEMONS[@]}"; do
+    if [[ $d == kube-apiserver ]]; then stop_proc "$d" 20; else stop_proc "$d"; fi
+  done
   # containerd-shim processes outlive containerd: they are in the node's cgroups.
   kill_leftovers
   restore_sysctls
