@@ -5,7 +5,8 @@
 //! proxy inside the node's network namespace, which counts the calls that reach the model.
 //! The worker killed (kill -9) between two calls: the next pod runs the agent again, answers
 //! its recorded calls from the ledger, and the model answers each of the run's calls once.
-//! And the OpenAI Agents SDK from the same image, unmodified, a 10-step agent whose tool
+//! And the OpenAI Agents SDK and LangGraph from the same image, unmodified, each a 10-step
+//! agent whose tool
 //! (the run's shell tool, through baton's MCP server) records each step with the effects
 //! server outside baton: its worker killed twice while a tool runs, it ends with the answer of
 //! an uninterrupted run, no effect twice and no model call twice.
@@ -125,14 +126,25 @@ async fn node_an_own_agent_killed_between_calls_is_replayed_and_each_call_reache
     env.finish().await;
 }
 
-/// The steps the Agents SDK's model asks for; the steps its worker is killed in (their tool
+/// The steps the model asks for; the steps the worker is killed in (their tool
 /// sleeps after its effect landed).
-const SDK_STEPS: usize = 10;
-const SDK_KILLED_IN: [usize; 2] = [3, 7];
+const STEPS: usize = 10;
+const KILLED_IN: [usize; 2] = [3, 7];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_the_agents_sdk_killed_twice_while_a_tool_runs_ends_as_if_never_killed() {
-    let env = NodeEnv::start("byo-sdk").await;
+    killed_twice_while_a_tool_runs("byo-sdk", "agents_sdk_agent.py").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_langgraph_killed_twice_while_a_tool_runs_ends_as_if_never_killed() {
+    killed_twice_while_a_tool_runs("byo-langgraph", "langgraph_agent.py").await;
+}
+
+/// The agent `script` of the image (/opt/agents/app/) against the steps model in the node,
+/// its worker killed in each of [`KILLED_IN`] while the step's tool runs.
+async fn killed_twice_while_a_tool_runs(test: &str, script: &str) {
+    let env = NodeEnv::start(test).await;
     let calls = env.dir.join("model-calls.jsonl");
     let (host, port) = env.effects.addr.rsplit_once(':').unwrap();
     let name = "sdk";
@@ -141,9 +153,9 @@ async fn node_the_agents_sdk_killed_twice_while_a_tool_runs_ends_as_if_never_kil
     let command = format!(
         "bash -c 'echo \"{name} {{n}} $BATON_STEP $BATON_FENCE\" > /dev/tcp/{host}/{port}'; \
          case {{n}} in {}|{}) sleep 30;; esac; echo ok {{n}}",
-        SDK_KILLED_IN[0], SDK_KILLED_IN[1]
+        KILLED_IN[0], KILLED_IN[1]
     );
-    let steps = SDK_STEPS.to_string();
+    let steps = STEPS.to_string();
     let proxy = LiteLlmInNode::start_with(
         NODE_IP,
         NETNS,
@@ -153,21 +165,18 @@ async fn node_the_agents_sdk_killed_twice_while_a_tool_runs_ends_as_if_never_kil
     );
     model_key(&env).await;
     let mut run = env.scripted(name, &Script::new(1, 100));
-    run.spec.input = format!("run the {SDK_STEPS} steps");
+    run.spec.input = format!("run the {STEPS} steps");
     let agent = run.spec.agent_mut();
     agent.tools.retain(|t| t.name == "sh");
     agent.model = proxy_model(&proxy, "mock-steps");
     agent.container = Some(AgentContainer {
         image: AGENTS.into(),
-        command: vec![
-            "python".into(),
-            "/opt/agents/app/agents_sdk_agent.py".into(),
-        ],
+        command: vec!["python".into(), format!("/opt/agents/app/{script}")],
         ..AgentContainer::default()
     });
     env.create(&run).await;
 
-    for (attempt, step) in SDK_KILLED_IN.into_iter().enumerate() {
+    for (attempt, step) in KILLED_IN.into_iter().enumerate() {
         let (pod, _) = env.wait_worker(name, attempt as i64 + 1).await;
         env.wait_effect(name, step).await;
         env.signal_worker(&pod, libc::SIGKILL).await;
@@ -175,21 +184,21 @@ async fn node_the_agents_sdk_killed_twice_while_a_tool_runs_ends_as_if_never_kil
     let st = env.wait_succeeded(name).await;
     assert_eq!(
         st.output.as_deref(),
-        Some(format!("done after {SDK_STEPS} steps").as_str()),
+        Some(format!("done after {STEPS} steps").as_str()),
         "the answer of an uninterrupted run"
     );
     let effects = Effects::read(&env.effects.file);
-    for step in 1..=SDK_STEPS {
+    for step in 1..=STEPS {
         assert_eq!(effects.count(name, step), 1, "step {step}'s effect once");
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(
         counted(&calls),
-        SDK_STEPS + 1,
+        STEPS + 1,
         "each model call reached the model once; the resumed agents' earlier calls came from the ledger"
     );
     let unknown: Vec<i64> = st.unknown_effects.iter().map(|u| u.step).collect();
-    assert_eq!(unknown, SDK_KILLED_IN.map(|s| s as i64), "{st:?}");
+    assert_eq!(unknown, KILLED_IN.map(|s| s as i64), "{st:?}");
     assert!(st.attempt >= 3, "two resumes: {st:?}");
     env.finish().await;
 }

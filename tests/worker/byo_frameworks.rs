@@ -15,7 +15,7 @@ use std::time::Duration;
 use baton::crd::v1alpha1::{AgentRun, AgentRunStatus, LeaseSpec, Phase, Provider};
 use baton_testkit::common::TestNamespace;
 use baton_testkit::common::litellm::{self, LiteLlm};
-use baton_testkit::common::own_agent::{agent_container, finish_attempt, start_attempt};
+use baton_testkit::common::own_agent::{agent_container, finish_attempt, start_attempt, steps_run};
 use baton_testkit::common::worker_proc::*;
 use baton_testkit::model::{Reply, Server};
 use baton_testkit::worker::{
@@ -91,16 +91,7 @@ async fn killed_while_a_tool_runs(namespace: &str, script: &str) {
     let ns = TestNamespace::new(namespace).await;
     let (effects, calls) = files(&ns);
     let proxy = steps_model(&effects, &calls).await;
-    let mut run = scripted_run(
-        "sdk",
-        vec![],
-        vec![shell_tool("sh", false)],
-        LeaseSpec::default(),
-    );
-    run.spec.input = format!("run the {STEPS} steps");
-    let agent = run.spec.agent_mut();
-    agent.model = proxy.model(Provider::Openai, "mock-steps");
-    agent.container = Some(agent_container(script, &[]));
+    let run = steps_run("sdk", &proxy, script, STEPS);
     let runs: Api<AgentRun> = ns.api();
     runs.create(&PostParams::default(), &run).await.unwrap();
 

@@ -4,13 +4,14 @@
 //! worker killed (kill -9) while a tool runs: the next attempt answers the finished calls from
 //! the ledger, tells the agent the open one's effect is unknown, and no effect runs twice. A
 //! gated call makes the run wait for approval; once approved, the next attempt runs it once
-//! and the replayed agent gets its result.
+//! and the replayed agent gets its result. An `askUser` call waits for the user, and the replayed
+//! agent gets the answer.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use baton::cli::{ApproveArgs, RunArgs, Session, Verb};
-use baton::crd::v1alpha1::{AgentRun, ApprovalPolicy, LeaseSpec, Phase};
+use baton::crd::v1alpha1::{AgentRun, ApprovalPolicy, LeaseSpec, Phase, ToolKind, ToolSpec};
 use baton::ledger::UNKNOWN_EFFECT_NOTICE;
 use baton_testkit::common::TestNamespace;
 use baton_testkit::common::own_agent::{agent_container, finish_attempt, start_attempt};
@@ -18,7 +19,7 @@ use baton_testkit::common::worker_proc::*;
 use baton_testkit::model::{Reply, Server};
 use baton_testkit::worker::tool_messages;
 use kube::Api;
-use kube::api::PostParams;
+use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::json;
 
 /// A Chat Completions answer (not streamed) that calls `tool` with `{"command": command}`.
@@ -175,4 +176,46 @@ async fn a_gated_call_waits_for_approval_then_runs_once_and_the_agent_gets_its_r
     let told = tool_messages(&requests[1].body);
     let result = ("c1".to_string(), "[exit code: 0]".to_string());
     assert_eq!(told, [result], "the recorded result of the run it approved");
+}
+
+/// An `askUser` call makes the run wait for input; once `spec.inputs` answers it, the next
+/// attempt replays the agent, whose call is answered with the user's words.
+#[tokio::test]
+async fn an_ask_waits_for_the_users_answer_and_the_replayed_agent_gets_it() {
+    let ns = TestNamespace::new("worker-byo-ask").await;
+    let question = json!({"question": "which environment?"}).to_string();
+    let call =
+        json!({"id": "c1", "type": "function", "function": {"name": "ask", "arguments": question}});
+    let server = Server::start(vec![
+        completion(
+            json!({"role": "assistant", "content": null, "tool_calls": [call]}),
+            "tool_calls",
+        ),
+        answers("deploying to staging"),
+    ])
+    .await;
+    let ask = ToolSpec {
+        kind: ToolKind::AskUser,
+        ..shell_tool("ask", false)
+    };
+    let run = agent_run("ask", &server, vec![ask]);
+    let runs: Api<AgentRun> = ns.api();
+    runs.create(&PostParams::default(), &run).await.unwrap();
+
+    let st = finish(&ns, "ask", 1).await.status.unwrap_or_default();
+    assert_eq!(st.phase, Phase::WaitingInput, "{st:?}");
+    assert_eq!(st.message.as_deref(), Some("which environment?"));
+
+    let patch = json!({"spec": {"inputs": ["staging"]}});
+    runs.patch("ask", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let st = finish(&ns, "ask", 2).await.status.unwrap_or_default();
+    assert_eq!(st.outcome, Some(Phase::Succeeded), "{st:?}");
+    assert_eq!(st.output.as_deref(), Some("deploying to staging"));
+    assert_eq!(st.inputs_consumed, 1);
+    let requests = server.received();
+    assert_eq!(requests.len(), 2, "{requests:?}");
+    let told = tool_messages(&requests[1].body);
+    assert_eq!(told, [("c1".to_string(), "staging".to_string())]);
 }

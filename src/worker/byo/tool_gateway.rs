@@ -24,6 +24,8 @@ use crate::worker::toolbox::ModelTool;
 pub const PATH: &str = "/mcp";
 /// Calls waiting for the attempt at once: an agent's parallel calls, taken one at a time.
 const WAITING_CALLS: usize = 16;
+/// The largest MCP message an agent may send: a tool call's arguments, not a file upload.
+const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
 
 /// A call of the agent's, for the attempt to answer.
 #[derive(Debug)]
@@ -67,7 +69,7 @@ pub fn service(offered: &[ModelTool]) -> (Service, mpsc::Receiver<ToolAsk>) {
     let service = StreamableHttpService::new(
         move || Ok(gateway.clone()),
         Arc::new(LocalSessionManager::default()),
-        StreamableHttpServerConfig::default(),
+        StreamableHttpServerConfig::default().with_max_request_body_bytes(MAX_MESSAGE_BYTES),
     );
     (service, asked)
 }

@@ -3,12 +3,13 @@
 //! image's own pins; on the bed there is no image to run), and an attempt is a real worker
 //! with the agent container's executor beside it.
 
-use baton::crd::v1alpha1::{AgentContainer, AgentRun, PlainEnvVar};
+use baton::crd::v1alpha1::{AgentContainer, AgentRun, LeaseSpec, PlainEnvVar, Provider};
 use kube::Api;
 
 use super::TestNamespace;
 use super::claim::claim;
-use super::worker_proc::{WorkerProc, spawn_agent_worker};
+use super::litellm::LiteLlm;
+use super::worker_proc::{WorkerProc, scripted_run, shell_tool, spawn_agent_worker};
 
 /// How long an attempt of an own agent may take to end.
 const EXIT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
@@ -28,6 +29,18 @@ pub fn agent_container(script: &str, env: &[(&str, &str)]) -> AgentContainer {
             .collect(),
         ..AgentContainer::default()
     }
+}
+
+/// A run `name` of the agent `tests/agents/<script>` with the shell tool `sh`, asked to run
+/// `steps` steps of the LiteLLM proxy's steps model (tests/litellm/steps.yaml).
+pub fn steps_run(name: &str, proxy: &LiteLlm, script: &str, steps: usize) -> AgentRun {
+    let tools = vec![shell_tool("sh", false)];
+    let mut run = scripted_run(name, vec![], tools, LeaseSpec::default());
+    run.spec.input = format!("run the {steps} steps");
+    let agent = run.spec.agent_mut();
+    agent.model = proxy.model(Provider::Openai, "mock-steps");
+    agent.container = Some(agent_container(script, &[]));
+    run
 }
 
 /// The Python of the agents venv (tests/agents/requirements.txt: the stock `openai` SDK, the

@@ -1,0 +1,138 @@
+//! `make bench-byo`, its second part: for each agent style of tests/agents/ (the `openai` SDK's
+//! own loop, the OpenAI Agents SDK, LangGraph), unmodified, the fraction of its recorded model
+//! calls a resumed agent asked again exactly (target 100 %: these agents are deterministic), and
+//! how many calls reached the model twice. Each run is a 10-step agent against the LiteLLM
+//! proxy's steps model (tests/litellm/steps.yaml), its worker killed (kill -9) once 5 calls are
+//! recorded, then resumed with `onDivergence: Continue`, so a call that does not match is
+//! counted, not fatal.
+//!
+//!     cargo run --release --example byo_match_bench
+//!
+//! Against the real API server in KUBECONFIG; the worker is the release `baton worker`, the
+//! agents run with the agents venv's Python (hack/setup.sh).
+
+use std::time::Duration;
+
+use baton::crd::v1alpha1::{AgentRun, LedgerEvent, OnDivergence, Phase};
+use baton_testkit::common::claim::{claim, events, segments};
+use baton_testkit::common::litellm::{self, LiteLlm};
+use baton_testkit::common::namespace;
+use baton_testkit::common::own_agent::steps_run;
+use baton_testkit::common::worker_proc::spawn_agent_worker;
+use kube::api::{DeleteParams, PostParams};
+use kube::{Api, Client};
+
+const STEPS: usize = 10;
+const KILL_AFTER_CALLS: usize = 5;
+const AGENTS: [(&str, &str); 3] = [
+    ("the openai SDK's own loop", "tool_agent.py"),
+    ("the OpenAI Agents SDK", "agents_sdk_agent.py"),
+    ("LangGraph", "langgraph_agent.py"),
+];
+
+/// What one framework's resumed run showed.
+struct Matched {
+    recorded: usize,
+    asked_again_exactly: usize,
+    sent_twice: usize,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let client = Client::try_default().await?;
+    baton::crd::install(client.clone(), Duration::from_secs(60)).await?;
+    let ns = format!("bench-byo-match-{}", rand::random::<u32>() % 1_000_000);
+    namespace::create_namespace(&client, &ns).await?;
+    let counted = std::env::temp_dir().join(format!("baton-{ns}-calls.jsonl"));
+    let calls = counted.display().to_string();
+    let steps = STEPS.to_string();
+    let env = [
+        ("BATON_MODEL_CALLS_FILE", calls.as_str()),
+        ("BATON_STEPS", steps.as_str()),
+        ("BATON_STEP_COMMAND", "echo step {n}"),
+    ];
+    let proxy = LiteLlm::start_with("tests/litellm/steps.yaml", &env).await;
+    println!(
+        "bring your own agent, resumed: {STEPS} steps, killed after {KILL_AFTER_CALLS} recorded calls, release build"
+    );
+    for (i, (label, script)) in AGENTS.into_iter().enumerate() {
+        let before = lines(&counted);
+        let name = format!("match-{i}");
+        let m = measure(&client, &ns, &proxy, &name, script).await?;
+        let reached = lines(&counted) - before;
+        println!(
+            "  {label:<28} recorded calls asked again exactly: {}/{} ({:.0} %); re-sent after a divergence: {}; calls the model answered: {reached} for the {} the run needed",
+            m.asked_again_exactly,
+            m.recorded,
+            100.0 * m.asked_again_exactly as f64 / m.recorded.max(1) as f64,
+            m.sent_twice,
+            STEPS + 1,
+        );
+    }
+    let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(client)
+        .delete(&ns, &DeleteParams::default())
+        .await;
+    Ok(())
+}
+
+/// Runs `script`'s run: killed after [`KILL_AFTER_CALLS`] recorded calls, then to its end.
+async fn measure(
+    client: &Client,
+    ns: &str,
+    proxy: &LiteLlm,
+    name: &str,
+    script: &str,
+) -> anyhow::Result<Matched> {
+    let mut run = steps_run(name, proxy, script, STEPS);
+    if let Some(container) = run.spec.agent_mut().container.as_mut() {
+        container.on_divergence = OnDivergence::Continue;
+    }
+    let runs: Api<AgentRun> = Api::namespaced(client.clone(), ns);
+    let run = runs.create(&PostParams::default(), &run).await?;
+    let key = [("BATON_MODEL_API_KEY", litellm::KEY)];
+
+    let pod = claim(client, ns, name, 1).await;
+    let mut worker = spawn_agent_worker(&run, 1, &pod, &key);
+    while recorded(client, ns, name, 1).await < KILL_AFTER_CALLS {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    worker.kill9().await;
+    let recorded_first = recorded(client, ns, name, 1).await;
+
+    let pod = claim(client, ns, name, 2).await;
+    let mut worker = spawn_agent_worker(&run, 2, &pod, &key);
+    let code = worker.wait(Duration::from_secs(600)).await;
+    anyhow::ensure!(code == 0, "{name}: the resumed worker exited {code}");
+    let st = runs.get(name).await?.status.unwrap_or_default();
+    anyhow::ensure!(st.outcome == Some(Phase::Succeeded), "{name} ended {st:?}");
+    let listed = segments(client, ns, name).await;
+    // A divergence at place p re-sends the recorded places from p on.
+    let diverged_at = events(&listed)
+        .into_iter()
+        .filter_map(|(_, e)| match e {
+            LedgerEvent::GatewayDiverged { call, .. } => Some(call as usize),
+            _ => None,
+        })
+        .min();
+    let asked_again_exactly = diverged_at.map_or(recorded_first, |p| p - 1);
+    Ok(Matched {
+        recorded: recorded_first,
+        asked_again_exactly,
+        sent_twice: recorded_first - asked_again_exactly,
+    })
+}
+
+/// The model calls attempt `fence` of `name` recorded.
+async fn recorded(client: &Client, ns: &str, name: &str, fence: i64) -> usize {
+    let listed = segments(client, ns, name).await;
+    events(&listed)
+        .iter()
+        .filter(|(f, e)| *f == fence && matches!(e, LedgerEvent::GatewayCall { .. }))
+        .count()
+}
+
+fn lines(file: &std::path::Path) -> usize {
+    std::fs::read_to_string(file)
+        .map(|t| t.lines().count())
+        .unwrap_or(0)
+}
