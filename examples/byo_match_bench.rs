@@ -94,6 +94,10 @@ async fn measure(
     let pod = claim(client, ns, name, 1).await;
     let mut worker = spawn_agent_worker(&run, 1, &pod, &key);
     while recorded(client, ns, name, 1).await < KILL_AFTER_CALLS {
+        if let Ok(Some(status)) = worker.child.try_wait() {
+            let st = runs.get(name).await?.status.unwrap_or_default();
+            anyhow::bail!("{name}: the first worker ended ({status}) early: {st:?}");
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     worker.kill9().await;

@@ -39,7 +39,7 @@ pub fn steps_run(name: &str, proxy: &LiteLlm, script: &str, steps: usize) -> Age
     run.spec.input = format!("run the {steps} steps");
     let agent = run.spec.agent_mut();
     agent.model = proxy.model(Provider::Openai, "mock-steps");
-    agent.container = Some(agent_container(script, &[]));
+    agent.container = Some(agent_container(script, &[("AGENT_MODEL", "mock-steps")]));
     run
 }
 
