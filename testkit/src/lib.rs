@@ -35,6 +35,16 @@ pub fn repo_root() -> &'static Path {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
 }
 
+/// Where hack/setup.sh and hack/images.sh keep what they build (`$BATON_CACHE_DIR`, by default
+/// `~/.cache/baton`): venvs, images, the previous release.
+pub fn cache_dir() -> PathBuf {
+    std::env::var_os("BATON_CACHE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/baton")
+        })
+}
+
 /// The `baton` binary of the build the running test belongs to: `target/<profile>/baton`, beside
 /// the `deps/` folder the test binary runs from. Cargo names it to a package's own tests only
 /// (`CARGO_BIN_EXE_baton`), so the kit finds it from where the test runs.

@@ -76,6 +76,15 @@ impl ModelApi {
         }
     }
 
+    /// The last event of a complete stream, as an error about one cut short names it.
+    pub fn last_event(self) -> &'static str {
+        match self {
+            ModelApi::Chat => DONE,
+            ModelApi::Responses => "response.completed",
+            ModelApi::Messages => "message_stop",
+        }
+    }
+
     /// A stream's event as sent (`event:` named as its `type`, but for Chat Completions).
     pub fn frame(self, event: &Value) -> String {
         match (self, event.get("type").and_then(Value::as_str)) {

@@ -1,10 +1,11 @@
-//! The model gateway: the OpenAI Chat Completions and Responses APIs on the pod's loopback,
-//! for the run's agent container (docs/byo-agent.md), with the tool gateway beside it. It answers only the
-//! key this attempt handed the agent, checked before any body is read: the tools container
-//! shares the loopback and must neither spend the run's budget, write its journal nor call its
-//! tools. A call the journal holds is answered from it
-//! (`journal::Cursor`); any other goes to the provider with the run's key, streamed through as
-//! it comes, and is recorded (one awaited append) before its last byte reaches the agent.
+//! The model gateway: the OpenAI Chat Completions and Responses APIs and the Anthropic
+//! Messages API on the pod's loopback, for the run's agent container (docs/byo-agent.md), with
+//! the tool gateway beside it. It answers only the key this attempt handed the agent, checked
+//! before any body is read: the tools container shares the loopback and must neither spend the
+//! run's budget, write its journal nor call its tools. A call the journal holds is answered
+//! from it (`journal::Cursor`); any other goes to the provider with the run's key, streamed
+//! through as it comes, and is recorded (one awaited append) before its last byte reaches the
+//! agent.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -262,27 +263,21 @@ async fn live(shared: &Arc<Shared>, place: i64, call: Call<'_>) -> Response {
         let response = error(StatusCode::TOO_MANY_REQUESTS, "baton_budget", &reached);
         return response;
     }
-    match shared.upstream.send(api, call.request, stream).await {
+    let sent = shared.upstream.send(api, call.request, stream).await;
+    let recorded = Recorded {
+        api,
+        place,
+        request: call.canonical,
+    };
+    match sent {
         Err(err) => provider_error(&err),
         Ok(Sorted::Whole(answer)) if !stream && api.is_answer(&answer) => {
-            let recorded = Recorded {
-                api,
-                place,
-                request: call.canonical,
-            };
             match record(shared, recorded, answer.clone()).await {
                 Ok(()) => axum::Json(answer).into_response(),
                 Err(response) => response,
             }
         }
-        Ok(Sorted::Stream(reader)) if stream => {
-            let recorded = Recorded {
-                api,
-                place,
-                request: call.canonical,
-            };
-            stream_through(shared.clone(), recorded, reader)
-        }
+        Ok(Sorted::Stream(reader)) if stream => stream_through(shared.clone(), recorded, reader),
         Ok(Sorted::Whole(answer)) if !stream => {
             let message = shared.upstream.not_an_answer(&answer, api.output_field());
             error(StatusCode::BAD_GATEWAY, "provider_error", &message)
@@ -326,7 +321,7 @@ struct Recorded {
 }
 
 /// Streams the provider's events to the agent as they come. The stream's end (Chat
-/// Completions' [`DONE`], the Responses stream's last event) is held back until the call is
+/// Completions' [`DONE`], a Responses or Messages stream's last event) is held back until the call is
 /// recorded, and only then sent. A stream that breaks off is an error event, and nothing is
 /// recorded: the call was not complete.
 fn stream_through(shared: Arc<Shared>, recorded: Recorded, mut reader: Box<SseReader>) -> Response {
@@ -337,7 +332,7 @@ fn stream_through(shared: Arc<Shared>, recorded: Recorded, mut reader: Box<SseRe
         let ending = loop {
             match reader.next().await {
                 Ok(Some(event)) if event.data.trim() == DONE => {
-                    break Ok(format!("data: {DONE}\n\n"));
+                    break Ok(api.stream_end().unwrap_or_default());
                 }
                 Ok(Some(event)) if event.data.trim().is_empty() => {}
                 Ok(Some(event)) => match json_data(&event.data) {
@@ -353,7 +348,7 @@ fn stream_through(shared: Arc<Shared>, recorded: Recorded, mut reader: Box<SseRe
                     }
                     Err(err) => break Err(err.to_string()),
                 },
-                Ok(None) => break Err(reader.ended_early(end_named(api)).to_string()),
+                Ok(None) => break Err(reader.ended_early(api.last_event()).to_string()),
                 Err(err) => break Err(err.to_string()),
             }
         };
@@ -371,15 +366,6 @@ fn stream_through(shared: Arc<Shared>, recorded: Recorded, mut reader: Box<SseRe
     });
     let body = Body::from_stream(futures::stream::poll_fn(move |cx| rx.poll_recv(cx)));
     answers::event_stream(body)
-}
-
-/// What a stream of `api` ends with, as an error names it.
-fn end_named(api: ModelApi) -> &'static str {
-    match api {
-        ModelApi::Chat => "[DONE]",
-        ModelApi::Responses => "response.completed",
-        ModelApi::Messages => "message_stop",
-    }
 }
 
 /// Records a complete call (its usage with it): the one awaited append of the call.

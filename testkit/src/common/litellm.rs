@@ -203,8 +203,10 @@ impl Drop for LiteLlmInNode {
 /// The venv hack/setup.sh installs the proxy in.
 fn venv() -> String {
     std::env::var("BATON_LITELLM_VENV").unwrap_or_else(|_| {
-        let home = std::env::var("HOME").unwrap_or_default();
-        format!("{home}/.cache/baton/litellm-venv")
+        crate::cache_dir()
+            .join("litellm-venv")
+            .display()
+            .to_string()
     })
 }
 

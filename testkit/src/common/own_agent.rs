@@ -46,11 +46,8 @@ pub fn steps_run(name: &str, proxy: &LiteLlm, script: &str, steps: usize) -> Age
 /// The Python of the agents venv (tests/agents/requirements.txt: the stock `openai` SDK, the
 /// Agents SDK, the `mcp` client).
 pub fn python() -> String {
-    let cache = std::env::var("BATON_CACHE_DIR").unwrap_or_else(|_| {
-        let home = std::env::var("HOME").unwrap_or_default();
-        format!("{home}/.cache/baton")
-    });
-    format!("{cache}/agents-venv/bin/python")
+    let python = crate::cache_dir().join("agents-venv/bin/python");
+    python.display().to_string()
 }
 
 /// Claims `name` for attempt `fence` and starts its worker, `env` added to the worker's.

@@ -43,12 +43,7 @@ impl PreviousRelease {
                 .to_string()
         };
         let (version, commit) = (field("version"), field("commit"));
-        let cache = std::env::var_os("BATON_CACHE_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| {
-                PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/baton")
-            });
-        let dir = cache.join("previous").join(&commit);
+        let dir = crate::cache_dir().join("previous").join(&commit);
         Self {
             version,
             commit,
