@@ -8,8 +8,9 @@
 //! And the OpenAI Agents SDK and LangGraph from the same image, unmodified, each a 10-step
 //! agent whose tool
 //! (the run's shell tool, through baton's MCP server) records each step with the effects
-//! server outside baton: its worker killed twice while a tool runs, it ends with the answer of
-//! an uninterrupted run, no effect twice and no model call twice.
+//! server outside baton: its worker killed twice, once while a tool runs and once while a model
+//! call is in flight at the model, it ends with the answer of an uninterrupted run, no effect
+//! twice and no completed model call twice.
 
 use std::time::Duration;
 
@@ -18,6 +19,8 @@ use baton::crd::v1alpha1::{
 };
 use baton_testkit::common::litellm::{KEY, LiteLlmInNode};
 use baton_testkit::e2e::{Effects, Script};
+use baton_testkit::model::{Reply, Server};
+use baton_testkit::worker::{messages_stream, messages_text, messages_tool_use};
 use baton_testkit::node::*;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
@@ -58,12 +61,7 @@ fn proxy_model(proxy: &LiteLlmInNode, model: &str) -> ModelSpec {
         provider: Provider::Openai,
         name: Some(model.into()),
         endpoint: Some(format!("{}/v1", proxy.url)),
-        api_key_secret_ref: Some(SecretKeyRef {
-            name: "model-key".into(),
-            key: "key".into(),
-        }),
-        idle_timeout_seconds: Some(60),
-        ..ModelSpec::default()
+        ..proxy_model_key()
     }
 }
 
@@ -126,42 +124,53 @@ async fn node_an_own_agent_killed_between_calls_is_replayed_and_each_call_reache
     env.finish().await;
 }
 
-/// The steps the model asks for; the steps the worker is killed in (their tool
-/// sleeps after its effect landed).
+/// The steps the model asks for; the kinds of place the worker is killed in: while the tool of
+/// step [`TOOL_KILL`] runs (its intent recorded, no result; the tool sleeps after its effect
+/// landed), and after step [`MODEL_KILL`]'s result, while the next model call is in flight at
+/// the model (the proxy holds it, tests/litellm/steps_policy.py's BATON_HOLD_CALL).
 const STEPS: usize = 10;
-const KILLED_IN: [usize; 2] = [3, 7];
+const TOOL_KILL: usize = 3;
+const MODEL_KILL: usize = 7;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn node_the_agents_sdk_killed_twice_while_a_tool_runs_ends_as_if_never_killed() {
-    killed_twice_while_a_tool_runs("byo-sdk", "agents_sdk_agent.py").await;
+async fn node_the_agents_sdk_killed_in_a_tool_and_in_a_model_call_ends_as_if_never_killed() {
+    killed_in_a_tool_and_in_a_model_call("byo-sdk", "agents_sdk_agent.py").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn node_langgraph_killed_twice_while_a_tool_runs_ends_as_if_never_killed() {
-    killed_twice_while_a_tool_runs("byo-langgraph", "langgraph_agent.py").await;
+async fn node_langgraph_killed_in_a_tool_and_in_a_model_call_ends_as_if_never_killed() {
+    killed_in_a_tool_and_in_a_model_call("byo-langgraph", "langgraph_agent.py").await;
 }
 
 /// The agent `script` of the image (/opt/agents/app/) against the steps model in the node,
-/// its worker killed in each of [`KILLED_IN`] while the step's tool runs.
-async fn killed_twice_while_a_tool_runs(test: &str, script: &str) {
+/// its worker killed while step [`TOOL_KILL`]'s tool runs, then during the model call after
+/// step [`MODEL_KILL`]'s result.
+async fn killed_in_a_tool_and_in_a_model_call(test: &str, script: &str) {
     let env = NodeEnv::start(test).await;
     let calls = env.dir.join("model-calls.jsonl");
+    let arrivals = env.dir.join("model-held.txt");
     let (host, port) = env.effects.addr.rsplit_once(':').unwrap();
     let name = "sdk";
     // The model's command for step {n}: its effect recorded outside baton, then a pause in the
-    // steps the worker is killed in.
+    // step the worker is killed in.
     let command = format!(
         "bash -c 'echo \"{name} {{n}} $BATON_STEP $BATON_FENCE\" > /dev/tcp/{host}/{port}'; \
-         case {{n}} in {}|{}) sleep 30;; esac; echo ok {{n}}",
-        KILLED_IN[0], KILLED_IN[1]
+         case {{n}} in {TOOL_KILL}) sleep 30;; esac; echo ok {{n}}"
     );
     let steps = STEPS.to_string();
+    let held = MODEL_KILL.to_string();
+    let arrivals_file = arrivals.display().to_string();
     let proxy = LiteLlmInNode::start_with(
         NODE_IP,
         NETNS,
         "tests/litellm/steps.yaml",
         &calls,
-        &[("BATON_STEPS", &steps), ("BATON_STEP_COMMAND", &command)],
+        &[
+            ("BATON_STEPS", &steps),
+            ("BATON_STEP_COMMAND", &command),
+            ("BATON_HOLD_CALL", &held),
+            ("BATON_MODEL_ARRIVALS", &arrivals_file),
+        ],
     );
     model_key(&env).await;
     let mut run = env.scripted(name, &Script::new(1, 100));
@@ -176,11 +185,21 @@ async fn killed_twice_while_a_tool_runs(test: &str, script: &str) {
     });
     env.create(&run).await;
 
-    for (attempt, step) in KILLED_IN.into_iter().enumerate() {
-        let (pod, _) = env.wait_worker(name, attempt as i64 + 1).await;
-        env.wait_effect(name, step).await;
-        env.signal_worker(&pod, libc::SIGKILL).await;
+    let (pod, _) = env.wait_worker(name, 1).await;
+    env.wait_effect(name, TOOL_KILL).await;
+    env.signal_worker(&pod, libc::SIGKILL).await;
+    let (pod, _) = env.wait_worker(name, 2).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(300);
+    while counted(&arrivals) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the model call after step {MODEL_KILL} held: {}",
+            env.pod_logs(name).await
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    env.signal_worker(&pod, libc::SIGKILL).await;
+
     let st = env.wait_succeeded(name).await;
     assert_eq!(
         st.output.as_deref(),
@@ -195,10 +214,131 @@ async fn killed_twice_while_a_tool_runs(test: &str, script: &str) {
     assert_eq!(
         counted(&calls),
         STEPS + 1,
-        "each model call reached the model once; the resumed agents' earlier calls came from the ledger"
+        "each model call completed at the model once: the resumed agents' earlier calls came \
+         from the ledger, and the call cut by the kill was never answered"
     );
+    let held = std::fs::read_to_string(&arrivals).unwrap_or_default();
+    assert_eq!(held, format!("held {MODEL_KILL}\n"), "one call held, once");
     let unknown: Vec<i64> = st.unknown_effects.iter().map(|u| u.step).collect();
-    assert_eq!(unknown, KILLED_IN.map(|s| s as i64), "{st:?}");
+    assert_eq!(unknown, [TOOL_KILL as i64], "{st:?}");
     assert!(st.attempt >= 3, "two resumes: {st:?}");
     env.finish().await;
+}
+
+/// The place of the anthropic agent's model calls its worker is killed in: call 3 (streamed:
+/// its stream cut after its first events), while step 6's tool runs, and call 10 (not
+/// streamed: no answer yet).
+const STREAM_CUT: usize = 3;
+const ANTHROPIC_TOOL_KILL: usize = 6;
+const CALL_HELD: usize = 10;
+
+/// The `anthropic` SDK's tool loop from the image (odd calls streamed), a 10-step agent against
+/// a scripted Messages server inside the node's namespace (LiteLLM's mock calls no tool over
+/// the Messages API), killed during a model stream, while a tool runs and while a call waits
+/// for its answer: it ends as if never killed, the server asked each completed call once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_the_anthropic_sdk_killed_in_a_stream_a_tool_and_a_call_ends_as_if_never_killed() {
+    let env = NodeEnv::start("byo-anthropic").await;
+    let (host, port) = env.effects.addr.rsplit_once(':').unwrap();
+    let name = "claude";
+    let step = |n: usize| {
+        let pause = if n == ANTHROPIC_TOOL_KILL { "sleep 30; " } else { "" };
+        let effect = format!("echo \"{name} {n} $BATON_STEP $BATON_FENCE\" > /dev/tcp/{host}/{port}");
+        format!("bash -c '{effect}'; {pause}echo ok {n}")
+    };
+    let answer = |call: usize| match call {
+        n if n <= STEPS => messages_tool_use(&format!("toolu_{n}"), "sh", &step(n)),
+        _ => messages_text(&format!("done after {STEPS} steps")),
+    };
+    let reply = |call: usize| match call % 2 {
+        1 => Reply::sse(messages_stream(&answer(call))),
+        _ => Reply::json(200, &answer(call).to_string()),
+    };
+    let mut replies = Vec::new();
+    for call in 1..=STEPS + 1 {
+        if call == STREAM_CUT {
+            replies.push(Reply::stall(messages_stream(&answer(call))[..2].to_vec()));
+        }
+        if call == CALL_HELD {
+            replies.push(Reply::silent());
+        }
+        replies.push(reply(call));
+    }
+    let server = Server::start_in_netns(NETNS, NODE_IP, replies).await;
+    model_key(&env).await;
+    let mut run = env.scripted(name, &Script::new(1, 100));
+    run.spec.input = format!("run the {STEPS} steps");
+    let agent = run.spec.agent_mut();
+    agent.tools.retain(|t| t.name == "sh");
+    agent.model = ModelSpec {
+        provider: Provider::Anthropic,
+        name: Some("local-model".into()),
+        endpoint: Some(server.url.clone()),
+        ..proxy_model_key()
+    };
+    agent.container = Some(AgentContainer {
+        image: AGENTS.into(),
+        command: vec!["python".into(), "/opt/agents/app/anthropic_agent.py".into()],
+        env: vec![PlainEnvVar {
+            name: "AGENT_MODEL".into(),
+            value: "local-model".into(),
+        }],
+        ..AgentContainer::default()
+    });
+    env.create(&run).await;
+
+    // Killed once the server has the call it cuts or holds, and in the tool's pause.
+    let (pod, _) = env.wait_worker(name, 1).await;
+    wait_received(&env, &server, STREAM_CUT).await;
+    env.signal_worker(&pod, libc::SIGKILL).await;
+    let (pod, _) = env.wait_worker(name, 2).await;
+    env.wait_effect(name, ANTHROPIC_TOOL_KILL).await;
+    env.signal_worker(&pod, libc::SIGKILL).await;
+    let (pod, _) = env.wait_worker(name, 3).await;
+    wait_received(&env, &server, CALL_HELD + 1).await;
+    env.signal_worker(&pod, libc::SIGKILL).await;
+
+    let st = env.wait_succeeded(name).await;
+    assert_eq!(
+        st.output.as_deref(),
+        Some(format!("done after {STEPS} steps").as_str()),
+        "the answer of an uninterrupted run"
+    );
+    let effects = Effects::read(&env.effects.file);
+    for step in 1..=STEPS {
+        assert_eq!(effects.count(name, step), 1, "step {step}'s effect once");
+    }
+    // Each of the 11 calls answered once, and the two the kills cut asked again.
+    server.assert_received(STEPS + 1 + 2, "/v1/messages");
+    let unknown: Vec<i64> = st.unknown_effects.iter().map(|u| u.step).collect();
+    assert_eq!(unknown, [ANTHROPIC_TOOL_KILL as i64], "{st:?}");
+    assert!(st.attempt >= 4, "three resumes: {st:?}");
+    env.finish().await;
+}
+
+/// The model spec's key: the `model-key` Secret.
+fn proxy_model_key() -> ModelSpec {
+    ModelSpec {
+        api_key_secret_ref: Some(SecretKeyRef {
+            name: "model-key".into(),
+            key: "key".into(),
+        }),
+        idle_timeout_seconds: Some(60),
+        ..ModelSpec::default()
+    }
+}
+
+/// Waits until `server` has received `count` requests (the last one's answer then cut or held
+/// by its reply), and a moment for what it sends to reach the agent.
+async fn wait_received(env: &NodeEnv, server: &Server, count: usize) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(300);
+    while server.received().len() < count {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{count} model calls received: {}",
+            env.pod_logs("claude").await
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
 }

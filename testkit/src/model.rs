@@ -123,7 +123,30 @@ impl Server {
 
     /// [`Server::start`] on another loopback address (another host, as a client sees it).
     pub async fn start_on(ip: &str, replies: Vec<Reply>) -> Server {
-        let listener = TcpListener::bind((ip, 0)).await.unwrap();
+        Self::serve(TcpListener::bind((ip, 0)).await.unwrap(), replies)
+    }
+
+    /// [`Server::start`] on `ip` inside the network namespace `netns` (a path such as
+    /// /run/netns/baton-node), where the node's pods reach it. A socket keeps the namespace it
+    /// was made in, so it is bound on a thread that joined the namespace and served from here.
+    pub async fn start_in_netns(netns: &str, ip: &str, replies: Vec<Reply>) -> Server {
+        let (netns, ip) = (netns.to_string(), ip.to_string());
+        let listener = std::thread::spawn(move || {
+            use std::os::fd::AsRawFd;
+            let file = std::fs::File::open(&netns).unwrap_or_else(|e| panic!("{netns}: {e}"));
+            // SAFETY: setns takes a valid descriptor and changes this short-lived thread only.
+            let joined = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+            let err = std::io::Error::last_os_error();
+            assert_eq!(joined, 0, "joining the network namespace {netns}: {err}");
+            let listener = std::net::TcpListener::bind((ip.as_str(), 0)).unwrap();
+            listener.set_nonblocking(true).unwrap();
+            listener
+        });
+        let listener = listener.join().expect("binding in the namespace");
+        Self::serve(TcpListener::from_std(listener).unwrap(), replies)
+    }
+
+    fn serve(listener: TcpListener, replies: Vec<Reply>) -> Server {
         let url = format!("http://{}", listener.local_addr().unwrap());
         let received = Arc::new(Mutex::new(Vec::new()));
         let replies = Arc::new(Mutex::new(VecDeque::from(replies)));

@@ -15,6 +15,8 @@ Environment:
   AGENT_MODEL       the model to ask (default mock-steps, tests/litellm/steps.yaml)
   AGENT_API         chat (default) or responses: the SDK's model class
   AGENT_MAX_TURNS   the Runner's max_turns (default 30)
+  AGENT_PROMPT_TIME 1: the instructions end with the time now, as an agent that tells its
+                    model the time does (resumed, it asks otherwise: a divergent agent)
 
 stdout gets one line only, the final output. Any error leaves through Python's default
 handler: a traceback and exit status 1.
@@ -22,6 +24,7 @@ handler: a traceback and exit status 1.
 
 import asyncio
 import os
+import time
 
 from agents import Agent, OpenAIChatCompletionsModel, OpenAIResponsesModel, Runner, set_tracing_disabled
 from agents.mcp import MCPServerStreamableHttp
@@ -47,9 +50,12 @@ async def main():
         client_session_timeout_seconds=600,
     )
     async with tools:
+        instructions = "You are a careful operator. Use the tools, one step at a time."
+        if os.environ.get("AGENT_PROMPT_TIME") == "1":
+            instructions += f" The time is {time.time_ns()} ns since the epoch."
         agent = Agent(
             name="steps",
-            instructions="You are a careful operator. Use the tools, one step at a time.",
+            instructions=instructions,
             model=model,
             mcp_servers=[tools],
         )

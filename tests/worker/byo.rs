@@ -6,14 +6,14 @@
 //! or goes on under `Continue`; a non-zero exit fails the run with its stderr; the gateway
 //! answers nobody but the agent of its attempt.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use baton::crd::v1alpha1::{AgentRun, LeaseSpec, LedgerEvent, OnDivergence, Phase, Provider};
 use baton_testkit::common::TestNamespace;
 use baton_testkit::common::claim::{events, segments};
 use baton_testkit::common::litellm::{self, LiteLlm};
-use baton_testkit::common::own_agent::{agent_container, finish_attempt, start_attempt};
+use baton_testkit::common::own_agent::{agent_container, counted, finish_attempt, start_attempt};
 use baton_testkit::common::worker_proc::*;
 use kube::Api;
 use kube::api::PostParams;
@@ -36,27 +36,6 @@ async fn recorded_calls(ns: &TestNamespace, name: &str) -> Vec<i64> {
         _ => None,
     });
     calls.collect()
-}
-
-/// Lines of the proxy's count of completed model calls, once it stops growing (LiteLLM
-/// writes its success log a moment after the answer).
-async fn counted(file: &Path) -> usize {
-    let lines = || {
-        std::fs::read_to_string(file)
-            .unwrap_or_default()
-            .lines()
-            .count()
-    };
-    let mut last = lines();
-    for _ in 0..10 {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let now = lines();
-        if now == last {
-            return now;
-        }
-        last = now;
-    }
-    last
 }
 
 fn calls_file(ns: &TestNamespace) -> PathBuf {

@@ -15,7 +15,9 @@ use std::time::Duration;
 use baton::crd::v1alpha1::{AgentRun, AgentRunStatus, LeaseSpec, Phase, Provider};
 use baton_testkit::common::TestNamespace;
 use baton_testkit::common::litellm::{self, LiteLlm};
-use baton_testkit::common::own_agent::{agent_container, finish_attempt, start_attempt, steps_run};
+use baton_testkit::common::own_agent::{
+    agent_container, counted, finish_attempt, lines, start_attempt, steps_run,
+};
 use baton_testkit::common::worker_proc::*;
 use baton_testkit::model::{Reply, Server};
 use baton_testkit::worker::{
@@ -30,25 +32,6 @@ const KEY: [(&str, &str); 1] = [("BATON_MODEL_API_KEY", litellm::KEY)];
 const STEPS: usize = 5;
 /// The step during which the worker is killed (its tool sleeps).
 const KILLED_IN: usize = 3;
-
-fn lines(file: &Path) -> Vec<String> {
-    let text = std::fs::read_to_string(file).unwrap_or_default();
-    text.lines().map(str::to_string).collect()
-}
-
-/// Lines of the proxy's count once it stops growing (LiteLLM writes it just after the answer).
-async fn counted(file: &Path) -> usize {
-    let mut last = lines(file).len();
-    for _ in 0..10 {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let now = lines(file).len();
-        if now == last {
-            return now;
-        }
-        last = now;
-    }
-    last
-}
 
 /// The proxy whose model asks for [`STEPS`] calls of the run's shell tool, each appending its
 /// step to `effects` (outside baton), step [`KILLED_IN`] then sleeping.

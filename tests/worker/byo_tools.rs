@@ -7,14 +7,15 @@
 //! and the replayed agent gets its result. An `askUser` call waits for the user, and the replayed
 //! agent gets the answer.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
-use baton::cli::{ApproveArgs, RunArgs, Session, Verb};
 use baton::crd::v1alpha1::{AgentRun, ApprovalPolicy, LeaseSpec, Phase, ToolKind, ToolSpec};
 use baton::ledger::UNKNOWN_EFFECT_NOTICE;
 use baton_testkit::common::TestNamespace;
-use baton_testkit::common::own_agent::{agent_container, finish_attempt, start_attempt};
+use baton_testkit::common::own_agent::{
+    agent_container, approve, finish_attempt, lines, start_attempt,
+};
 use baton_testkit::common::worker_proc::*;
 use baton_testkit::model::{Reply, Server};
 use baton_testkit::worker::tool_messages;
@@ -68,11 +69,6 @@ async fn finish(ns: &TestNamespace, name: &str, fence: i64) -> AgentRun {
     finish_attempt(ns, name, fence, &KEY).await
 }
 
-fn effects(file: &Path) -> Vec<String> {
-    let text = std::fs::read_to_string(file).unwrap_or_default();
-    text.lines().map(str::to_string).collect()
-}
-
 fn effects_file(ns: &TestNamespace) -> PathBuf {
     std::env::temp_dir().join(format!("baton-{}-effects", ns.name))
 }
@@ -96,7 +92,7 @@ async fn a_worker_killed_while_a_tool_runs_never_runs_an_effect_twice() {
     // Step 2 has run its effect and sleeps: its result is not recorded when the worker dies.
     let mut worker = start(&ns, "tools", 1).await;
     wait_until(Duration::from_secs(120), "step 2's effect", || async {
-        effects(&file).len() == 2
+        lines(&file).len() == 2
     })
     .await;
     worker.kill9().await;
@@ -111,7 +107,7 @@ async fn a_worker_killed_while_a_tool_runs_never_runs_an_effect_twice() {
     assert_eq!(st.outcome, Some(Phase::Succeeded), "{st:?}");
     assert_eq!(st.output.as_deref(), Some("three steps recorded"));
     assert_eq!(st.steps, 3, "{st:?}");
-    assert_eq!(effects(&file), ["1", "2", "3"], "each effect once");
+    assert_eq!(lines(&file), ["1", "2", "3"], "each effect once");
     let requests = server.received();
     assert_eq!(
         requests.len(),
@@ -151,26 +147,14 @@ async fn a_gated_call_waits_for_approval_then_runs_once_and_the_agent_gets_its_r
     assert_eq!(st.phase, Phase::WaitingApproval, "{st:?}");
     let pending = st.pending_approval.expect("status.pendingApproval");
     assert_eq!((pending.step, pending.tool.as_str()), (1, "deploy"));
-    assert!(
-        effects(&file).is_empty(),
-        "nothing runs before the decision"
-    );
+    assert!(lines(&file).is_empty(), "nothing runs before the decision");
 
-    let session = Session::new(ns.client.clone(), "test".into(), ns.name.clone());
-    let approve = Verb::Approve(ApproveArgs {
-        target: RunArgs {
-            run: "gated".into(),
-            namespace: Some(ns.name.clone()),
-        },
-        step: None,
-        reason: Some("looks right".into()),
-    });
-    session.run(approve, &mut Vec::new()).await.unwrap();
+    approve(&ns, "gated", "looks right").await;
 
     let st = finish(&ns, "gated", 2).await.status.unwrap_or_default();
     assert_eq!(st.outcome, Some(Phase::Succeeded), "{st:?}");
     assert_eq!(st.output.as_deref(), Some("deployed once"));
-    assert_eq!(effects(&file), ["deployed"], "run once, after the decision");
+    assert_eq!(lines(&file), ["deployed"], "run once, after the decision");
     let requests = server.received();
     assert_eq!(requests.len(), 2, "{requests:?}");
     let told = tool_messages(&requests[1].body);

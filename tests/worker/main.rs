@@ -6,6 +6,8 @@
 //!   diverging, exiting non-zero, its gateway closed to all but its agent;
 //! - `byo_frameworks`: agent frameworks from PyPI, unmodified (the Agents SDK, LangGraph), killed
 //!   while a tool runs: no effect and no model call twice, the same answer;
+//! - `byo_gates`: the frameworks where a run stops: LangGraph's tool gated by approvals, the
+//!   Agents SDK asking the user, the Agents SDK telling its model the time (divergent);
 //! - `byo_responses`: an own agent on the Responses API, streamed and not, replayed after a kill;
 //! - `byo_tools`: its tools through the tool gateway (the stock `mcp` client): a kill while a
 //!   tool runs never runs an effect twice, a gated call waits and runs once when approved, an
@@ -51,6 +53,7 @@ mod approval;
 mod budget;
 mod byo;
 mod byo_frameworks;
+mod byo_gates;
 mod byo_responses;
 mod byo_tools;
 mod crash;

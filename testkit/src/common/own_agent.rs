@@ -76,3 +76,40 @@ pub async fn finish_attempt(
     let runs: Api<AgentRun> = ns.api();
     runs.get(name).await.unwrap()
 }
+
+/// The lines of `file` (none when it does not exist yet): effects a tool appended, calls a
+/// model server counted.
+pub fn lines(file: &std::path::Path) -> Vec<String> {
+    let text = std::fs::read_to_string(file).unwrap_or_default();
+    text.lines().map(str::to_string).collect()
+}
+
+/// The lines of the proxy's count of completed model calls once it stops growing (LiteLLM
+/// writes its success log a moment after the answer).
+pub async fn counted(file: &std::path::Path) -> usize {
+    let mut last = lines(file).len();
+    for _ in 0..10 {
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        let now = lines(file).len();
+        if now == last {
+            return now;
+        }
+        last = now;
+    }
+    last
+}
+
+/// Approves the call `name` waits for, as `baton approve <name> --reason <reason>` does.
+pub async fn approve(ns: &TestNamespace, name: &str, reason: &str) {
+    use baton::cli::{ApproveArgs, RunArgs, Session, Verb};
+    let session = Session::new(ns.client.clone(), "test".into(), ns.name.clone());
+    let approve = Verb::Approve(ApproveArgs {
+        target: RunArgs {
+            run: name.into(),
+            namespace: Some(ns.name.clone()),
+        },
+        step: None,
+        reason: Some(reason.into()),
+    });
+    session.run(approve, &mut Vec::new()).await.unwrap();
+}
