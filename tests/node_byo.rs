@@ -20,8 +20,8 @@ use baton::crd::v1alpha1::{
 use baton_testkit::common::litellm::{KEY, LiteLlmInNode};
 use baton_testkit::e2e::{Effects, Script};
 use baton_testkit::model::{Reply, Server};
-use baton_testkit::worker::{messages_stream, messages_text, messages_tool_use};
 use baton_testkit::node::*;
+use baton_testkit::worker::{messages_stream, messages_text, messages_tool_use};
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use kube::api::PostParams;
@@ -242,8 +242,13 @@ async fn node_the_anthropic_sdk_killed_in_a_stream_a_tool_and_a_call_ends_as_if_
     let (host, port) = env.effects.addr.rsplit_once(':').unwrap();
     let name = "claude";
     let step = |n: usize| {
-        let pause = if n == ANTHROPIC_TOOL_KILL { "sleep 30; " } else { "" };
-        let effect = format!("echo \"{name} {n} $BATON_STEP $BATON_FENCE\" > /dev/tcp/{host}/{port}");
+        let pause = if n == ANTHROPIC_TOOL_KILL {
+            "sleep 30; "
+        } else {
+            ""
+        };
+        let effect =
+            format!("echo \"{name} {n} $BATON_STEP $BATON_FENCE\" > /dev/tcp/{host}/{port}");
         format!("bash -c '{effect}'; {pause}echo ok {n}")
     };
     let answer = |call: usize| match call {
