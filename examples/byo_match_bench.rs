@@ -1,10 +1,12 @@
 //! `make bench-byo`, its second part: for each agent style of tests/agents/ (the `openai` SDK's
-//! own loop, the OpenAI Agents SDK, LangGraph), unmodified, the fraction of its recorded model
+//! own loop, the OpenAI Agents SDK on Chat Completions and on Responses, LangGraph, the
+//! `anthropic` SDK's tool loop on Messages), unmodified, the fraction of its recorded model
 //! calls a resumed agent asked again exactly (target 100 %: these agents are deterministic), and
-//! how many calls reached the model twice. Each run is a 10-step agent against the LiteLLM
-//! proxy's steps model (tests/litellm/steps.yaml), its worker killed (kill -9) once 5 calls are
-//! recorded, then resumed with `onDivergence: Continue`, so a call that does not match is
-//! counted, not fatal.
+//! how many calls reached the model twice. Each run is a 10-step agent, its worker killed
+//! (kill -9) once 5 calls are recorded, then resumed with `onDivergence: Continue`, so a call
+//! that does not match is counted, not fatal. Its model is the LiteLLM proxy's steps model
+//! (tests/litellm/steps.yaml) on Chat Completions, and a server answering the 11 calls in order
+//! on Responses and Messages, which the proxy's mock model calls no tool over.
 //!
 //!     cargo run --release --example byo_match_bench
 //!
@@ -13,21 +15,49 @@
 
 use std::time::Duration;
 
-use baton::crd::v1alpha1::{AgentRun, LedgerEvent, OnDivergence, Phase};
+use baton::crd::v1alpha1::{AgentRun, LeaseSpec, LedgerEvent, OnDivergence, Phase, Provider};
 use baton_testkit::common::claim::{claim, events, segments};
 use baton_testkit::common::litellm::{self, LiteLlm};
 use baton_testkit::common::namespace;
-use baton_testkit::common::own_agent::steps_run;
-use baton_testkit::common::worker_proc::spawn_agent_worker;
+use baton_testkit::common::own_agent::{agent_container, steps_run};
+use baton_testkit::common::worker_proc::{scripted_run, shell_tool, spawn_agent_worker};
+use baton_testkit::model::{Reply, Server};
+use baton_testkit::worker::{
+    messages_stream, messages_text, messages_tool_use, responses_answer, responses_call,
+};
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Client};
 
 const STEPS: usize = 10;
 const KILL_AFTER_CALLS: usize = 5;
-const AGENTS: [(&str, &str); 3] = [
-    ("the openai SDK's own loop", "tool_agent.py"),
-    ("the OpenAI Agents SDK", "agents_sdk_agent.py"),
-    ("LangGraph", "langgraph_agent.py"),
+/// The model API an agent speaks, and so the model server that answers it.
+#[derive(Clone, Copy)]
+enum AgentApi {
+    /// Chat Completions: the LiteLLM proxy's steps model, its calls counted at the proxy.
+    Chat,
+    /// Responses or Messages: a server answering the run's calls in order, counting them.
+    Responses,
+    Messages,
+}
+
+const AGENTS: [(&str, &str, AgentApi); 5] = [
+    ("the openai SDK's own loop", "tool_agent.py", AgentApi::Chat),
+    (
+        "the OpenAI Agents SDK",
+        "agents_sdk_agent.py",
+        AgentApi::Chat,
+    ),
+    (
+        "the Agents SDK, Responses",
+        "agents_sdk_agent.py",
+        AgentApi::Responses,
+    ),
+    ("LangGraph", "langgraph_agent.py", AgentApi::Chat),
+    (
+        "the anthropic SDK, Messages",
+        "anthropic_agent.py",
+        AgentApi::Messages,
+    ),
 ];
 
 /// What one framework's resumed run showed.
@@ -55,11 +85,21 @@ async fn main() -> anyhow::Result<()> {
     println!(
         "bring your own agent, resumed: {STEPS} steps, killed after {KILL_AFTER_CALLS} recorded calls, release build"
     );
-    for (i, (label, script)) in AGENTS.into_iter().enumerate() {
+    for (i, (label, script, api)) in AGENTS.into_iter().enumerate() {
         let before = lines(&counted);
         let name = format!("match-{i}");
-        let m = measure(&client, &ns, &proxy, &name, script).await?;
-        let reached = lines(&counted) - before;
+        let (run, server) = match api {
+            AgentApi::Chat => (steps_run(&name, &proxy, script, STEPS), None),
+            _ => {
+                let server = Server::start(scripted_replies(api)).await;
+                (scripted_agent(&name, &server, api, script), Some(server))
+            }
+        };
+        let m = measure(&client, &ns, run).await?;
+        let reached = match &server {
+            None => lines(&counted) - before,
+            Some(server) => server.received().len(),
+        };
         println!(
             "  {label:<28} recorded calls asked again exactly: {}/{} ({:.0} %); re-sent after a divergence: {}; calls the model answered: {reached} for the {} the run needed",
             m.asked_again_exactly,
@@ -76,14 +116,8 @@ async fn main() -> anyhow::Result<()> {
 }
 
 /// Runs `script`'s run: killed after [`KILL_AFTER_CALLS`] recorded calls, then to its end.
-async fn measure(
-    client: &Client,
-    ns: &str,
-    proxy: &LiteLlm,
-    name: &str,
-    script: &str,
-) -> anyhow::Result<Matched> {
-    let mut run = steps_run(name, proxy, script, STEPS);
+async fn measure(client: &Client, ns: &str, mut run: AgentRun) -> anyhow::Result<Matched> {
+    let name = &run.metadata.name.clone().unwrap_or_default();
     if let Some(container) = run.spec.agent_mut().container.as_mut() {
         container.on_divergence = OnDivergence::Continue;
     }
@@ -133,6 +167,53 @@ async fn recorded(client: &Client, ns: &str, name: &str, fence: i64) -> usize {
         .iter()
         .filter(|(f, e)| *f == fence && matches!(e, LedgerEvent::GatewayCall { .. }))
         .count()
+}
+
+/// The answers of a [`STEPS`]-step agent on `api`, in order: a call of the shell tool `sh`
+/// per step, then the final text (on Messages, odd calls streamed, as the agent asks them).
+fn scripted_replies(api: AgentApi) -> Vec<Reply> {
+    let command = |n: usize| format!("echo step {n}");
+    let done = format!("done after {STEPS} steps");
+    let reply = |n: usize| match api {
+        AgentApi::Responses if n <= STEPS => {
+            json(responses_call(&format!("call_{n}"), "sh", &command(n)))
+        }
+        AgentApi::Responses => json(responses_answer(&done)),
+        _ => {
+            let message = match n <= STEPS {
+                true => messages_tool_use(&format!("toolu_{n}"), "sh", &command(n)),
+                false => messages_text(&done),
+            };
+            match n % 2 {
+                1 => Reply::sse(messages_stream(&message)),
+                _ => json(message),
+            }
+        }
+    };
+    (1..=STEPS + 1).map(reply).collect()
+}
+
+fn json(value: serde_json::Value) -> Reply {
+    Reply::json(200, &value.to_string())
+}
+
+/// A run `name` of the agent `script` with the shell tool `sh`, its model `server` over `api`.
+fn scripted_agent(name: &str, server: &Server, api: AgentApi, script: &str) -> AgentRun {
+    let tools = vec![shell_tool("sh", false)];
+    let mut run = scripted_run(name, vec![], tools, LeaseSpec::default());
+    run.spec.input = format!("run the {STEPS} steps");
+    let agent = run.spec.agent_mut();
+    agent.model = server.openai_model();
+    let mut env = vec![("AGENT_MODEL", "local-model")];
+    match api {
+        AgentApi::Messages => {
+            agent.model.provider = Provider::Anthropic;
+            agent.model.endpoint = Some(server.url.clone());
+        }
+        _ => env.push(("AGENT_API", "responses")),
+    }
+    agent.container = Some(agent_container(script, &env));
+    run
 }
 
 fn lines(file: &std::path::Path) -> usize {

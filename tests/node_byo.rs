@@ -198,6 +198,7 @@ async fn killed_in_a_tool_and_in_a_model_call(test: &str, script: &str) {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    wait_result(&env, name, MODEL_KILL).await;
     env.signal_worker(&pod, libc::SIGKILL).await;
 
     let st = env.wait_succeeded(name).await;
@@ -273,6 +274,7 @@ async fn node_the_anthropic_sdk_killed_in_a_stream_a_tool_and_a_call_ends_as_if_
     model_key(&env).await;
     let mut run = env.scripted(name, &Script::new(1, 100));
     run.spec.input = format!("run the {STEPS} steps");
+    run.spec.max_attempts = 4;
     let agent = run.spec.agent_mut();
     agent.tools.retain(|t| t.name == "sh");
     agent.model = ModelSpec {
@@ -295,12 +297,14 @@ async fn node_the_anthropic_sdk_killed_in_a_stream_a_tool_and_a_call_ends_as_if_
     // Killed once the server has the call it cuts or holds, and in the tool's pause.
     let (pod, _) = env.wait_worker(name, 1).await;
     wait_received(&env, &server, STREAM_CUT).await;
+    wait_result(&env, name, STREAM_CUT - 1).await;
     env.signal_worker(&pod, libc::SIGKILL).await;
     let (pod, _) = env.wait_worker(name, 2).await;
     env.wait_effect(name, ANTHROPIC_TOOL_KILL).await;
     env.signal_worker(&pod, libc::SIGKILL).await;
     let (pod, _) = env.wait_worker(name, 3).await;
     wait_received(&env, &server, CALL_HELD + 1).await;
+    wait_result(&env, name, CALL_HELD - 1).await;
     env.signal_worker(&pod, libc::SIGKILL).await;
 
     let st = env.wait_succeeded(name).await;
@@ -334,7 +338,7 @@ fn proxy_model_key() -> ModelSpec {
 }
 
 /// Waits until `server` has received `count` requests (the last one's answer then cut or held
-/// by its reply), and a moment for what it sends to reach the agent.
+/// by its reply).
 async fn wait_received(env: &NodeEnv, server: &Server, count: usize) {
     let deadline = std::time::Instant::now() + Duration::from_secs(300);
     while server.received().len() < count {
@@ -345,5 +349,24 @@ async fn wait_received(env: &NodeEnv, server: &Server, count: usize) {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
+}
+
+/// Waits until step `step`'s result is in `name`'s ledger. The agent has it at once; the worker
+/// makes it durable with its next append or within its flush interval, so a kill is "after a
+/// result" only once it is there (before, the step would be told unknown, never run again).
+async fn wait_result(env: &NodeEnv, name: &str, step: usize) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let has_result = |segments: &[baton::crd::v1alpha1::LedgerSegment]| {
+        let events = segments.iter().flat_map(|s| s.spec.events.iter());
+        events
+            .into_iter()
+            .any(|e| matches!(e, LedgerEvent::StepResult { step: s, .. } if *s == step as i64))
+    };
+    while !has_result(&env.ledger(name).await) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "step {step}'s result recorded"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
