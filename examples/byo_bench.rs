@@ -6,22 +6,29 @@
 //! - replay speed (recorded calls answered per second) and the time from a worker's kill to
 //!   the resumed agent's first live call (claim, worker start, the agent started again, every
 //!   recorded call replayed);
-//! - the awaited API round trips per model call (target 1.0) and the ledger's share of each.
+//! - the awaited API round trips per model call (target 1.0) and the ledger's share of each;
+//! - streamed calls: the time to the first content chunk and to the stream's end, through the
+//!   gateway and straight to the proxy;
+//! - a tool call through the tool gateway (the run's shell tool `sh`, `echo <n>` in the tools
+//!   executor, its write-ahead intent awaited), live and replayed, and from a kill to the
+//!   resumed agent's first live tool call.
 //!
 //!     cargo run --release --example byo_bench [-- CALLS]
 //!
 //! The worker is the release `baton worker` process, the agent container's executor a
 //! `baton-exec serve` process beside it, the agent examples/byo_support/timed_agent.py (the
-//! stock `openai` SDK) with the proxy venv's Python.
+//! stock `openai` SDK) with the proxy venv's Python, or examples/byo_support/timed_tools.py
+//! (the stock `mcp` client) with the agents venv's.
 
 use std::time::{Duration, Instant, SystemTime};
 
-use baton::crd::v1alpha1::{AgentContainer, AgentRun, LeaseSpec, LedgerEvent, Provider};
+use baton::crd::v1alpha1::{AgentContainer, AgentRun, LeaseSpec, LedgerEvent, Provider, ToolSpec};
 use baton::worker::api_count::ApiCounts;
 use baton_testkit::common::claim::{claim, events, segments};
 use baton_testkit::common::litellm::{self, LiteLlm};
 use baton_testkit::common::namespace;
-use baton_testkit::common::worker_proc::{scripted_run, spawn_agent_worker_with};
+use baton_testkit::common::own_agent;
+use baton_testkit::common::worker_proc::{scripted_run, shell_tool, spawn_agent_worker_with};
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Client};
 use serde_json::Value;
@@ -68,6 +75,29 @@ async fn main() -> anyhow::Result<()> {
     let replay_report = bed.output(&replayed).await?;
 
     report(calls, &live_report, &replay_report, killed_at, &counts);
+
+    let mut streamed_env = live_env.to_vec();
+    streamed_env.push(("AGENT_STREAM", "1".to_string()));
+    let streamed = bed.create("streamed", &proxy, &streamed_env).await;
+    let (code, _) = bed.attempt(&streamed, 1, None).await;
+    anyhow::ensure!(code == 0, "the streamed run's worker exited {code}");
+    report_streamed(calls, &bed.output(&streamed).await?);
+
+    let tools_env = [("AGENT_TOOL_CALLS", calls.to_string())];
+    let tools = bed.create_tools("tools", &proxy, &tools_env).await;
+    let (code, _) = bed.attempt(&tools, 1, None).await;
+    anyhow::ensure!(code == 0, "the tool run's worker exited {code}");
+    let tools_report = bed.output(&tools).await?;
+    let held_env = [
+        ("AGENT_TOOL_CALLS", (calls + 1).to_string()),
+        ("AGENT_HOLD_AFTER", calls.to_string()),
+    ];
+    let replayed_tools = bed.create_tools("tools-replayed", &proxy, &held_env).await;
+    let killed_at = bed.kill_after(&replayed_tools, calls).await;
+    let (code, _) = bed.attempt(&replayed_tools, 2, None).await;
+    anyhow::ensure!(code == 0, "the resumed tool run's worker exited {code}");
+    let replayed_tools = bed.output(&replayed_tools).await?;
+    report_tools(calls, &tools_report, &replayed_tools, killed_at);
     let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(client)
         .delete(&ns, &DeleteParams::default())
         .await;
@@ -82,13 +112,35 @@ struct Bed {
 impl Bed {
     /// A run of the timed agent, `env` its container's.
     async fn create(&self, name: &str, proxy: &LiteLlm, env: &[(&str, String)]) -> AgentRun {
-        let agent = baton_testkit::repo_root().join("examples/byo_support/timed_agent.py");
-        let mut run = scripted_run(name, vec![], vec![], LeaseSpec::default());
+        let agent = ("timed_agent.py", LiteLlm::python());
+        self.create_with(name, proxy, agent, vec![], env).await
+    }
+
+    /// A run of the timed tool caller with the shell tool `sh`, `env` its container's.
+    async fn create_tools(&self, name: &str, proxy: &LiteLlm, env: &[(&str, String)]) -> AgentRun {
+        let agent = ("timed_tools.py", own_agent::python());
+        let tools = vec![shell_tool("sh", false)];
+        self.create_with(name, proxy, agent, tools, env).await
+    }
+
+    /// A run of examples/byo_support/`script` run by `python`, offered `tools`.
+    async fn create_with(
+        &self,
+        name: &str,
+        proxy: &LiteLlm,
+        (script, python): (&str, String),
+        tools: Vec<ToolSpec>,
+        env: &[(&str, String)],
+    ) -> AgentRun {
+        let agent = baton_testkit::repo_root()
+            .join("examples/byo_support")
+            .join(script);
+        let mut run = scripted_run(name, vec![], tools, LeaseSpec::default());
         let spec = run.spec.agent_mut();
         spec.model = proxy.model(Provider::Openai, "mock-gpt");
         spec.container = Some(AgentContainer {
             image: "unused:bench".into(),
-            command: vec![LiteLlm::python(), agent.display().to_string()],
+            command: vec![python, agent.display().to_string()],
             env: env
                 .iter()
                 .map(|(k, v)| baton::crd::v1alpha1::PlainEnvVar {
@@ -133,7 +185,8 @@ impl Bed {
         (code, started.elapsed())
     }
 
-    /// Runs attempt 1 until `calls` calls are recorded, then kills its worker (kill -9); when.
+    /// Runs attempt 1 until `calls` model calls or tool results are recorded, then kills its
+    /// worker (kill -9); when.
     async fn kill_after(&self, run: &AgentRun, calls: usize) -> SystemTime {
         let name = run.metadata.name.clone().unwrap_or_default();
         let pod = claim(&self.client, &self.ns, &name, 1).await;
@@ -142,7 +195,12 @@ impl Bed {
             let listed = segments(&self.client, &self.ns, &name).await;
             let recorded = events(&listed)
                 .iter()
-                .filter(|(_, e)| matches!(e, LedgerEvent::GatewayCall { .. }))
+                .filter(|(_, e)| {
+                    matches!(
+                        e,
+                        LedgerEvent::GatewayCall { .. } | LedgerEvent::StepResult { .. }
+                    )
+                })
                 .count();
             if recorded >= calls {
                 break;
@@ -215,4 +273,53 @@ fn report(calls: usize, live: &Value, replayed: &Value, killed_at: SystemTime, c
         counts.awaited as f64 / calls as f64,
         counts.awaited
     );
+}
+
+fn report_streamed(calls: usize, streamed: &Value) {
+    let (through, direct) = (
+        millis(streamed, "gateway_ms"),
+        millis(streamed, "direct_ms"),
+    );
+    let first = millis(streamed, "gateway_first_ms");
+    let direct_first = millis(streamed, "direct_first_ms");
+    let p = |v: &[f64], q| quantile(v, q);
+    println!(
+        "  a streamed call ({calls}), to its first content chunk: through the gateway p50 {:.2} ms, p99 {:.2} ms; straight p50 {:.2} ms, p99 {:.2} ms; added p50 {:+.2} ms",
+        p(&first, 0.5),
+        p(&first, 0.99),
+        p(&direct_first, 0.5),
+        p(&direct_first, 0.99),
+        p(&first, 0.5) - p(&direct_first, 0.5),
+    );
+    println!(
+        "  a streamed call, to its end: through the gateway p50 {:.2} ms, p99 {:.2} ms; straight p50 {:.2} ms; added p50 {:+.2} ms",
+        p(&through, 0.5),
+        p(&through, 0.99),
+        p(&direct, 0.5),
+        p(&through, 0.5) - p(&direct, 0.5),
+    );
+}
+
+fn report_tools(calls: usize, live: &Value, replayed: &Value, killed_at: SystemTime) {
+    let live_ms = millis(live, "tool_ms");
+    let replay = millis(replayed, "tool_ms");
+    let replay = &replay[..calls.min(replay.len())];
+    let p = |v: &[f64], q| quantile(v, q);
+    println!(
+        "  a tool call through the tool gateway ({calls} calls of `echo <n>`): live p50 {:.2} ms, p99 {:.2} ms; replayed p50 {:.2} ms, p99 {:.2} ms",
+        p(&live_ms, 0.5),
+        p(&live_ms, 0.99),
+        p(replay, 0.5),
+        p(replay, 0.99),
+    );
+    if let Some(live_at) = replayed["past_hold_at"].as_f64() {
+        let killed = killed_at
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or_default();
+        println!(
+            "  from the kill to the resumed agent's first live tool call ({calls} replayed first): {:.2} s",
+            live_at - killed
+        );
+    }
 }

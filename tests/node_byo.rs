@@ -5,12 +5,13 @@
 //! proxy inside the node's network namespace, which counts the calls that reach the model.
 //! The worker killed (kill -9) between two calls: the next pod runs the agent again, answers
 //! its recorded calls from the ledger, and the model answers each of the run's calls once.
-//! And the OpenAI Agents SDK and LangGraph from the same image, unmodified, each a 10-step
-//! agent whose tool
-//! (the run's shell tool, through baton's MCP server) records each step with the effects
-//! server outside baton: its worker killed twice, once while a tool runs and once while a model
-//! call is in flight at the model, it ends with the answer of an uninterrupted run, no effect
-//! twice and no completed model call twice.
+//! And the OpenAI Agents SDK, LangGraph and the `anthropic` SDK's tool loop from the same image,
+//! unmodified, each a 10-step agent whose tool (the run's shell tool, through baton's MCP
+//! server) records each step with the effects server outside baton, against a model server
+//! inside the node's namespace that answers the calls in order and counts them: its worker
+//! killed at each kind of boundary (during a model stream, while a tool runs, after a result
+//! while the next call waits), it ends with the answer of an uninterrupted run, no effect twice
+//! and no completed model call twice.
 
 use std::time::Duration;
 
@@ -21,7 +22,9 @@ use baton_testkit::common::litellm::{KEY, LiteLlmInNode};
 use baton_testkit::e2e::{Effects, Script};
 use baton_testkit::model::{Reply, Server};
 use baton_testkit::node::*;
-use baton_testkit::worker::{messages_stream, messages_text, messages_tool_use};
+use baton_testkit::worker::{
+    answer_stream, messages_stream, messages_text, messages_tool_use, tool_call_stream,
+};
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use kube::api::PostParams;
@@ -124,186 +127,89 @@ async fn node_an_own_agent_killed_between_calls_is_replayed_and_each_call_reache
     env.finish().await;
 }
 
-/// The steps the model asks for; the kinds of place the worker is killed in: while the tool of
-/// step [`TOOL_KILL`] runs (its intent recorded, no result; the tool sleeps after its effect
-/// landed), and after step [`MODEL_KILL`]'s result, while the next model call is in flight at
-/// the model (the proxy holds it, tests/litellm/steps_policy.py's BATON_HOLD_CALL).
+/// The steps the model asks for, and where the worker is killed: during call
+/// [`STREAM_CUT`] (streamed: its stream cut after its first events), while step
+/// [`TOOL_KILL`]'s tool runs (its intent recorded, no result; the tool sleeps after its effect
+/// landed), and during call [`CALL_HELD`] (no answer yet), once step `CALL_HELD - 1`'s result
+/// is durable.
 const STEPS: usize = 10;
-const TOOL_KILL: usize = 3;
-const MODEL_KILL: usize = 7;
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn node_the_agents_sdk_killed_in_a_tool_and_in_a_model_call_ends_as_if_never_killed() {
-    killed_in_a_tool_and_in_a_model_call("byo-sdk", "agents_sdk_agent.py").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn node_langgraph_killed_in_a_tool_and_in_a_model_call_ends_as_if_never_killed() {
-    killed_in_a_tool_and_in_a_model_call("byo-langgraph", "langgraph_agent.py").await;
-}
-
-/// The agent `script` of the image (/opt/agents/app/) against the steps model in the node,
-/// its worker killed while step [`TOOL_KILL`]'s tool runs, then during the model call after
-/// step [`MODEL_KILL`]'s result.
-async fn killed_in_a_tool_and_in_a_model_call(test: &str, script: &str) {
-    let env = NodeEnv::start(test).await;
-    let calls = env.dir.join("model-calls.jsonl");
-    let arrivals = env.dir.join("model-held.txt");
-    let (host, port) = env.effects.addr.rsplit_once(':').unwrap();
-    let name = "sdk";
-    // The model's command for step {n}: its effect recorded outside baton, then a pause in the
-    // step the worker is killed in.
-    let command = format!(
-        "bash -c 'echo \"{name} {{n}} $BATON_STEP $BATON_FENCE\" > /dev/tcp/{host}/{port}'; \
-         case {{n}} in {TOOL_KILL}) sleep 30;; esac; echo ok {{n}}"
-    );
-    let steps = STEPS.to_string();
-    let held = MODEL_KILL.to_string();
-    let arrivals_file = arrivals.display().to_string();
-    let proxy = LiteLlmInNode::start_with(
-        NODE_IP,
-        NETNS,
-        "tests/litellm/steps.yaml",
-        &calls,
-        &[
-            ("BATON_STEPS", &steps),
-            ("BATON_STEP_COMMAND", &command),
-            ("BATON_HOLD_CALL", &held),
-            ("BATON_MODEL_ARRIVALS", &arrivals_file),
-        ],
-    );
-    model_key(&env).await;
-    let mut run = env.scripted(name, &Script::new(1, 100));
-    run.spec.input = format!("run the {STEPS} steps");
-    let agent = run.spec.agent_mut();
-    agent.tools.retain(|t| t.name == "sh");
-    agent.model = proxy_model(&proxy, "mock-steps");
-    agent.container = Some(AgentContainer {
-        image: AGENTS.into(),
-        command: vec!["python".into(), format!("/opt/agents/app/{script}")],
-        ..AgentContainer::default()
-    });
-    env.create(&run).await;
-
-    let (pod, _) = env.wait_worker(name, 1).await;
-    env.wait_effect(name, TOOL_KILL).await;
-    env.signal_worker(&pod, libc::SIGKILL).await;
-    let (pod, _) = env.wait_worker(name, 2).await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(300);
-    while counted(&arrivals) == 0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the model call after step {MODEL_KILL} held: {}",
-            env.pod_logs(name).await
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    wait_result(&env, name, MODEL_KILL).await;
-    env.signal_worker(&pod, libc::SIGKILL).await;
-
-    let st = env.wait_succeeded(name).await;
-    assert_eq!(
-        st.output.as_deref(),
-        Some(format!("done after {STEPS} steps").as_str()),
-        "the answer of an uninterrupted run"
-    );
-    let effects = Effects::read(&env.effects.file);
-    for step in 1..=STEPS {
-        assert_eq!(effects.count(name, step), 1, "step {step}'s effect once");
-    }
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(
-        counted(&calls),
-        STEPS + 1,
-        "each model call completed at the model once: the resumed agents' earlier calls came \
-         from the ledger, and the call cut by the kill was never answered"
-    );
-    let held = std::fs::read_to_string(&arrivals).unwrap_or_default();
-    assert_eq!(held, format!("held {MODEL_KILL}\n"), "one call held, once");
-    let unknown: Vec<i64> = st.unknown_effects.iter().map(|u| u.step).collect();
-    assert_eq!(unknown, [TOOL_KILL as i64], "{st:?}");
-    assert!(st.attempt >= 3, "two resumes: {st:?}");
-    env.finish().await;
-}
-
-/// The place of the anthropic agent's model calls its worker is killed in: call 3 (streamed:
-/// its stream cut after its first events), while step 6's tool runs, and call 10 (not
-/// streamed: no answer yet).
 const STREAM_CUT: usize = 3;
-const ANTHROPIC_TOOL_KILL: usize = 6;
+const TOOL_KILL: usize = 6;
 const CALL_HELD: usize = 10;
 
-/// The `anthropic` SDK's tool loop from the image (odd calls streamed), a 10-step agent against
-/// a scripted Messages server inside the node's namespace (LiteLLM's mock calls no tool over
-/// the Messages API), killed during a model stream, while a tool runs and while a call waits
-/// for its answer: it ends as if never killed, the server asked each completed call once.
+/// The model API an agent speaks, and so the answers the model server gives.
+#[derive(Clone, Copy)]
+enum Speaks {
+    /// Chat Completions, every call streamed (the agent runs with AGENT_STREAM=1).
+    ChatStreamed,
+    /// Messages, odd calls streamed (the `anthropic` agent's own choice).
+    Messages,
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn node_the_anthropic_sdk_killed_in_a_stream_a_tool_and_a_call_ends_as_if_never_killed() {
-    let env = NodeEnv::start("byo-anthropic").await;
-    let (host, port) = env.effects.addr.rsplit_once(':').unwrap();
-    let name = "claude";
-    let step = |n: usize| {
-        let pause = if n == ANTHROPIC_TOOL_KILL {
-            "sleep 30; "
-        } else {
-            ""
-        };
-        let effect =
-            format!("echo \"{name} {n} $BATON_STEP $BATON_FENCE\" > /dev/tcp/{host}/{port}");
-        format!("bash -c '{effect}'; {pause}echo ok {n}")
-    };
-    let answer = |call: usize| match call {
-        n if n <= STEPS => messages_tool_use(&format!("toolu_{n}"), "sh", &step(n)),
-        _ => messages_text(&format!("done after {STEPS} steps")),
-    };
-    let reply = |call: usize| match call % 2 {
-        1 => Reply::sse(messages_stream(&answer(call))),
-        _ => Reply::json(200, &answer(call).to_string()),
-    };
-    let mut replies = Vec::new();
-    for call in 1..=STEPS + 1 {
-        if call == STREAM_CUT {
-            replies.push(Reply::stall(messages_stream(&answer(call))[..2].to_vec()));
-        }
-        if call == CALL_HELD {
-            replies.push(Reply::silent());
-        }
-        replies.push(reply(call));
-    }
-    let server = Server::start_in_netns(NETNS, NODE_IP, replies).await;
+async fn node_the_agents_sdk_killed_at_each_boundary_ends_as_if_never_killed() {
+    killed_at_each_boundary("byo-sdk", "agents_sdk_agent.py", Speaks::ChatStreamed).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_langgraph_killed_at_each_boundary_ends_as_if_never_killed() {
+    killed_at_each_boundary("byo-langgraph", "langgraph_agent.py", Speaks::ChatStreamed).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_the_anthropic_sdk_killed_at_each_boundary_ends_as_if_never_killed() {
+    killed_at_each_boundary("byo-anthropic", "anthropic_agent.py", Speaks::Messages).await;
+}
+
+/// The agent `script` of the image (/opt/agents/app/), a [`STEPS`]-step agent against a model
+/// server inside the node's namespace (LiteLLM's mock model calls no tool in a stream nor over
+/// the Messages API), its worker killed three times: it ends as if never killed, the server
+/// asked each completed call once.
+async fn killed_at_each_boundary(test: &str, script: &str, speaks: Speaks) {
+    let env = NodeEnv::start(test).await;
+    let name = "byo";
+    let server = Server::start_in_netns(NETNS, NODE_IP, replies(&env, name, speaks)).await;
     model_key(&env).await;
     let mut run = env.scripted(name, &Script::new(1, 100));
     run.spec.input = format!("run the {STEPS} steps");
     run.spec.max_attempts = 4;
     let agent = run.spec.agent_mut();
     agent.tools.retain(|t| t.name == "sh");
+    let (provider, endpoint, stream) = match speaks {
+        Speaks::ChatStreamed => (Provider::Openai, format!("{}/v1", server.url), "1"),
+        Speaks::Messages => (Provider::Anthropic, server.url.clone(), "0"),
+    };
     agent.model = ModelSpec {
-        provider: Provider::Anthropic,
+        provider,
         name: Some("local-model".into()),
-        endpoint: Some(server.url.clone()),
+        endpoint: Some(endpoint),
         ..proxy_model_key()
+    };
+    let var = |name: &str, value: &str| PlainEnvVar {
+        name: name.into(),
+        value: value.into(),
     };
     agent.container = Some(AgentContainer {
         image: AGENTS.into(),
-        command: vec!["python".into(), "/opt/agents/app/anthropic_agent.py".into()],
-        env: vec![PlainEnvVar {
-            name: "AGENT_MODEL".into(),
-            value: "local-model".into(),
-        }],
+        command: vec!["python".into(), format!("/opt/agents/app/{script}")],
+        env: vec![
+            var("AGENT_MODEL", "local-model"),
+            var("AGENT_STREAM", stream),
+        ],
         ..AgentContainer::default()
     });
     env.create(&run).await;
 
-    // Killed once the server has the call it cuts or holds, and in the tool's pause.
     let (pod, _) = env.wait_worker(name, 1).await;
-    wait_received(&env, &server, STREAM_CUT).await;
+    wait_received(&env, name, &server, STREAM_CUT).await;
     wait_result(&env, name, STREAM_CUT - 1).await;
     env.signal_worker(&pod, libc::SIGKILL).await;
     let (pod, _) = env.wait_worker(name, 2).await;
-    env.wait_effect(name, ANTHROPIC_TOOL_KILL).await;
+    env.wait_effect(name, TOOL_KILL).await;
     env.signal_worker(&pod, libc::SIGKILL).await;
     let (pod, _) = env.wait_worker(name, 3).await;
-    wait_received(&env, &server, CALL_HELD + 1).await;
+    // The stream cut at call 3 was asked again: the held call is the server's request 11.
+    wait_received(&env, name, &server, CALL_HELD + 1).await;
     wait_result(&env, name, CALL_HELD - 1).await;
     env.signal_worker(&pod, libc::SIGKILL).await;
 
@@ -318,11 +224,72 @@ async fn node_the_anthropic_sdk_killed_in_a_stream_a_tool_and_a_call_ends_as_if_
         assert_eq!(effects.count(name, step), 1, "step {step}'s effect once");
     }
     // Each of the 11 calls answered once, and the two the kills cut asked again.
-    server.assert_received(STEPS + 1 + 2, "/v1/messages");
+    let path = match speaks {
+        Speaks::ChatStreamed => "/v1/chat/completions",
+        Speaks::Messages => "/v1/messages",
+    };
+    server.assert_received(STEPS + 1 + 2, path);
+    let streamed = server
+        .received()
+        .iter()
+        .filter(|r| r.body["stream"] == true)
+        .count();
+    let want = match speaks {
+        Speaks::ChatStreamed => STEPS + 1 + 2,
+        // Odd calls: 1, 3 (twice), 5, 7, 9, 11.
+        Speaks::Messages => 7,
+    };
+    assert_eq!(streamed, want, "the calls made as streams");
     let unknown: Vec<i64> = st.unknown_effects.iter().map(|u| u.step).collect();
-    assert_eq!(unknown, [ANTHROPIC_TOOL_KILL as i64], "{st:?}");
+    assert_eq!(unknown, [TOOL_KILL as i64], "{st:?}");
     assert!(st.attempt >= 4, "three resumes: {st:?}");
     env.finish().await;
+}
+
+/// The server's answers, in order: a call of the shell tool `sh` for each step (its effect
+/// sent to the effects server; step [`TOOL_KILL`] then sleeps), then the final text; before
+/// call [`STREAM_CUT`]'s answer, the same stream cut after two events; before call
+/// [`CALL_HELD`]'s, no answer at all.
+fn replies(env: &NodeEnv, name: &str, speaks: Speaks) -> Vec<Reply> {
+    let (host, port) = env.effects.addr.rsplit_once(':').unwrap();
+    let step = |n: usize| {
+        let pause = if n == TOOL_KILL { "sleep 30; " } else { "" };
+        let effect =
+            format!("echo \"{name} {n} $BATON_STEP $BATON_FENCE\" > /dev/tcp/{host}/{port}");
+        format!("bash -c '{effect}'; {pause}echo ok {n}")
+    };
+    let done = format!("done after {STEPS} steps");
+    let pieces = |call: usize| match speaks {
+        Speaks::ChatStreamed if call <= STEPS => {
+            tool_call_stream(&format!("call_{call}"), "sh", &step(call))
+        }
+        Speaks::ChatStreamed => answer_stream(&done),
+        Speaks::Messages if call <= STEPS => messages_stream(&messages_tool_use(
+            &format!("toolu_{call}"),
+            "sh",
+            &step(call),
+        )),
+        Speaks::Messages => messages_stream(&messages_text(&done)),
+    };
+    let whole = |call: usize| match (speaks, call % 2) {
+        (Speaks::Messages, 0) if call <= STEPS => {
+            let message = messages_tool_use(&format!("toolu_{call}"), "sh", &step(call));
+            Reply::json(200, &message.to_string())
+        }
+        (Speaks::Messages, 0) => Reply::json(200, &messages_text(&done).to_string()),
+        _ => Reply::sse(pieces(call)),
+    };
+    let mut replies = Vec::new();
+    for call in 1..=STEPS + 1 {
+        if call == STREAM_CUT {
+            replies.push(Reply::stall(pieces(call)[..2].to_vec()));
+        }
+        if call == CALL_HELD {
+            replies.push(Reply::silent());
+        }
+        replies.push(whole(call));
+    }
+    replies
 }
 
 /// The model spec's key: the `model-key` Secret.
@@ -339,13 +306,13 @@ fn proxy_model_key() -> ModelSpec {
 
 /// Waits until `server` has received `count` requests (the last one's answer then cut or held
 /// by its reply).
-async fn wait_received(env: &NodeEnv, server: &Server, count: usize) {
+async fn wait_received(env: &NodeEnv, name: &str, server: &Server, count: usize) {
     let deadline = std::time::Instant::now() + Duration::from_secs(300);
     while server.received().len() < count {
         assert!(
             std::time::Instant::now() < deadline,
             "{count} model calls received: {}",
-            env.pod_logs("claude").await
+            env.pod_logs(name).await
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

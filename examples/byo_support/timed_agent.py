@@ -9,10 +9,11 @@ Environment:
   AGENT_HOLD_AFTER  on the first attempt only (BATON_ATTEMPT 1): after this many calls, wait
                     to be killed (the bench resumes the run and times the replay)
   DIRECT_BASE_URL, DIRECT_API_KEY  the model server itself, for the direct calls
+  AGENT_STREAM      1: every call streamed, and the time to its first content chunk kept too
 
 Prints one JSON line to stdout (the run's output): each call's milliseconds through the
-gateway and direct, and the wall-clock time (epoch seconds) when the first call past
-AGENT_HOLD_AFTER began.
+gateway and direct (for a stream, to its end and to its first content chunk), and the
+wall-clock time (epoch seconds) when the first call past AGENT_HOLD_AFTER began.
 """
 
 import json
@@ -23,9 +24,19 @@ import openai
 
 
 def timed(client, model, messages):
+    """The call's milliseconds, to its first content (None unless streamed), and its answer."""
     started = time.perf_counter()
-    answer = client.chat.completions.create(model=model, messages=messages)
-    return (time.perf_counter() - started) * 1000, answer.choices[0].message.content or ""
+    if os.environ.get("AGENT_STREAM") != "1":
+        answer = client.chat.completions.create(model=model, messages=messages)
+        return (time.perf_counter() - started) * 1000, None, answer.choices[0].message.content or ""
+    first, text = None, ""
+    for chunk in client.chat.completions.create(model=model, messages=messages, stream=True):
+        delta = chunk.choices[0].delta.content if chunk.choices else None
+        if delta:
+            if first is None:
+                first = (time.perf_counter() - started) * 1000
+            text += delta
+    return (time.perf_counter() - started) * 1000, first, text
 
 
 def main():
@@ -44,7 +55,7 @@ def main():
             api_key=os.environ["DIRECT_API_KEY"],
             max_retries=0,
         )
-    report = {"gateway_ms": [], "direct_ms": [], "past_hold_at": None}
+    report = {"gateway_ms": [], "direct_ms": [], "gateway_first_ms": [], "direct_first_ms": [], "past_hold_at": None}
     messages = [{"role": "system", "content": "Answer briefly."}]
     for i in range(1, calls + 1):
         if hold_after and i == hold_after + 1:
@@ -53,9 +64,12 @@ def main():
             report["past_hold_at"] = time.time()
         messages.append({"role": "user", "content": f"step {i}"})
         if direct:
-            report["direct_ms"].append(timed(direct, model, messages)[0])
-        ms, answer = timed(through, model, messages)
+            ms, first, _ = timed(direct, model, messages)
+            report["direct_ms"].append(ms)
+            report["direct_first_ms"].append(first)
+        ms, first, answer = timed(through, model, messages)
         report["gateway_ms"].append(ms)
+        report["gateway_first_ms"].append(first)
         messages.append({"role": "assistant", "content": answer})
     print(json.dumps(report))
 

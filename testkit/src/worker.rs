@@ -14,7 +14,12 @@ use baton::crd::v1alpha1::LedgerSegment;
 
 // === Chat Completions streams ===
 
-fn data(chunk: Value) -> String {
+/// A chunk as a server sends it: `fields` with the chunk's id, object, time and model.
+fn data(mut chunk: Value) -> String {
+    chunk["id"] = json!("chatcmpl-1");
+    chunk["object"] = json!("chat.completion.chunk");
+    chunk["created"] = json!(1);
+    chunk["model"] = json!("local-model");
     format!("data: {chunk}\n\n")
 }
 

@@ -15,6 +15,7 @@ Environment:
   AGENT_MODEL       the model to ask (default mock-steps, tests/litellm/steps.yaml)
   AGENT_API         chat (default) or responses: the SDK's model class
   AGENT_MAX_TURNS   the Runner's max_turns (default 30)
+  AGENT_STREAM      1: the Runner streams (Runner.run_streamed), so every model call does
   AGENT_PROMPT_TIME 1: the instructions end with the time now, as an agent that tells its
                     model the time does (resumed, it asks otherwise: a divergent agent)
 
@@ -59,7 +60,13 @@ async def main():
             model=model,
             mcp_servers=[tools],
         )
-        result = await Runner.run(agent, task, max_turns=int(os.environ.get("AGENT_MAX_TURNS", "30")))
+        max_turns = int(os.environ.get("AGENT_MAX_TURNS", "30"))
+        if os.environ.get("AGENT_STREAM") == "1":
+            result = Runner.run_streamed(agent, task, max_turns=max_turns)
+            async for _ in result.stream_events():
+                pass
+        else:
+            result = await Runner.run(agent, task, max_turns=max_turns)
     print(result.final_output)
 
 

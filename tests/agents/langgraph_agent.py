@@ -11,6 +11,7 @@ Environment:
   BATON_MCP_URL     the MCP server with the run's tools (required)
   AGENT_MODEL       the model to ask (default mock-steps, tests/litellm/steps.yaml)
   AGENT_MAX_TURNS   the graph's recursion limit (default 60)
+  AGENT_STREAM      1: the chat model streams (ChatOpenAI's streaming), so every call does
 
 stdout gets one line only, the final answer. Any error leaves through Python's default
 handler: a traceback and exit status 1.
@@ -35,7 +36,8 @@ async def main():
         }
     }
     tools = await MultiServerMCPClient(servers).get_tools()
-    model = ChatOpenAI(model=os.environ.get("AGENT_MODEL", "mock-steps"))
+    streaming = os.environ.get("AGENT_STREAM") == "1"
+    model = ChatOpenAI(model=os.environ.get("AGENT_MODEL", "mock-steps"), streaming=streaming)
     agent = create_react_agent(model, tools)
     limit = int(os.environ.get("AGENT_MAX_TURNS", "60"))
     result = await agent.ainvoke({"messages": [("user", task)]}, {"recursion_limit": limit})

@@ -10,21 +10,13 @@ tests/litellm/steps.yaml loads it beside count_calls.py: LiteLLM's proxy resolve
 CustomLogger there. The mock answers are set in the pre-call hook, which runs after the proxy
 has dropped any mock field a client sent.
 
-Two more settings, for tests that stop an agent at a chosen place:
-  BATON_STEP_ARGUMENT  the name of the tool call's one argument (default "command"; "question"
-                       for an askUser tool)
-  BATON_HOLD_CALL      n: the first call whose conversation holds n tool results is held: its
-                       arrival is appended to BATON_MODEL_ARRIVALS (a line "held <n>"), it
-                       waits BATON_HOLD_SECONDS (default 300) and then fails, never answered, as
-                       a model server that died mid-call. The same call made again is answered
-                       at once. So a test can kill the agent's worker while a model call is in
-                       flight and count, at the server, that the call completed once.
+One more setting: BATON_STEP_ARGUMENT, the name of the tool call's one argument (default
+"command"; "question" for an askUser tool).
 
 Chat Completions requests carry their tool results as messages of role `tool`; Responses
 requests as input items of type `function_call_output`. Both are counted.
 """
 
-import asyncio
 import json
 import os
 
@@ -52,27 +44,11 @@ def first_tool(data):
     return None
 
 
-async def hold(done):
-    """Holds the first call at `done` results when BATON_HOLD_CALL says so; see the docstring."""
-    held = os.environ.get("BATON_HOLD_CALL")
-    if held is None or int(held) != done or StepsPolicy.held:
-        return
-    StepsPolicy.held = True
-    with open(os.environ["BATON_MODEL_ARRIVALS"], "a", encoding="utf-8") as f:
-        f.write(f"held {done}\n")
-    await asyncio.sleep(float(os.environ.get("BATON_HOLD_SECONDS", "300")))
-    raise RuntimeError(f"the call at {done} tool results was held and never answered")
-
-
 class StepsPolicy(CustomLogger):
-    # Whether the call of BATON_HOLD_CALL was held already (one proxy serves one test).
-    held = False
-
     async def async_pre_call_hook(self, user_api_key_dict, cache, data, call_type):
         steps = int(os.environ.get("BATON_STEPS", "10"))
         done = tool_results(data)
         tool = first_tool(data)
-        await hold(done)
         if done < steps and tool:
             command = os.environ.get("BATON_STEP_COMMAND", "echo step {n}").replace("{n}", str(done + 1))
             argument = os.environ.get("BATON_STEP_ARGUMENT", "command")

@@ -140,21 +140,9 @@ pub struct LiteLlmInNode {
 
 impl LiteLlmInNode {
     pub fn start(node_ip: &str, netns: &str, calls: &std::path::Path) -> Self {
-        Self::start_with(node_ip, netns, "tests/litellm/counted.yaml", calls, &[])
-    }
-
-    /// The proxy with `config` (relative to the repository), counting its calls in `calls`,
-    /// `env` added to its environment.
-    pub fn start_with(
-        node_ip: &str,
-        netns: &str,
-        config: &str,
-        calls: &std::path::Path,
-        env: &[(&str, &str)],
-    ) -> Self {
         let port = 20_000 + rand::random::<u16>() % 20_000;
         let log = std::env::temp_dir().join(format!("baton-litellm-node-{port}.log"));
-        let config = crate::repo_root().join(config);
+        let config = crate::repo_root().join("tests/litellm/counted.yaml");
         let child = std::process::Command::new("nsenter")
             .arg(format!("--net={netns}"))
             .arg(format!("{}/bin/litellm", venv()))
@@ -163,7 +151,6 @@ impl LiteLlmInNode {
             .args(["--host", node_ip, "--port", &port.to_string()])
             .envs(LOCAL_ONLY.iter().map(|name| (*name, "True")))
             .env("BATON_MODEL_CALLS_FILE", calls)
-            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&log).unwrap())
             .stderr(std::fs::File::create(log.with_extension("err")).unwrap())
