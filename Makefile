@@ -63,7 +63,7 @@ bench-worker: ## Figures: a 1,000-step run's API round trips per step, ledger by
 	bash hack/with-control-plane.sh $(CARGO) run --release --example worker_bench
 
 .PHONY: bench-byo
-bench-byo: ## Figures: an own agent's model calls through the worker's gateway: added latency p50/p99 live and replayed, replay speed, kill to the first live call, awaited round trips per call; per framework, the recorded calls a resumed agent asked again exactly
+bench-byo: ## Figures: an own agent's model calls through the worker's gateway: added latency p50/p99 live and replayed, replay speed, kill to the first live call, awaited round trips per call, streamed calls, tool calls through the tool gateway; per framework and model API, the recorded calls a resumed agent asked again exactly
 	$(CARGO) build --release --bin baton
 	$(CARGO) build --release -p baton-exec
 	bash hack/with-control-plane.sh $(CARGO) run --release --example byo_bench

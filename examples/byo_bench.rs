@@ -59,44 +59,30 @@ async fn main() -> anyhow::Result<()> {
     ];
     let live = bed.create("live", &proxy, &live_env).await;
     let stats = std::env::temp_dir().join(format!("baton-{ns}-live-stats.json"));
-    let (code, _) = bed.attempt(&live, 1, Some(&stats)).await;
-    anyhow::ensure!(code == 0, "the live run's worker exited {code}");
-    let live_report = bed.output(&live).await?;
+    let live_report = bed.to_its_end(&live, Some(&stats)).await?;
     let counts: ApiCounts = serde_json::from_str(&std::fs::read_to_string(&stats)?)?;
-
     let held_env = [
         ("AGENT_CALLS", (calls + 1).to_string()),
         ("AGENT_HOLD_AFTER", calls.to_string()),
     ];
     let replayed = bed.create("replayed", &proxy, &held_env).await;
-    let killed_at = bed.kill_after(&replayed, calls).await;
-    let (code, _) = bed.attempt(&replayed, 2, None).await;
-    anyhow::ensure!(code == 0, "the resumed run's worker exited {code}");
-    let replay_report = bed.output(&replayed).await?;
-
+    let (replay_report, killed_at) = bed.killed_and_resumed(&replayed, calls).await?;
     report(calls, &live_report, &replay_report, killed_at, &counts);
 
     let mut streamed_env = live_env.to_vec();
     streamed_env.push(("AGENT_STREAM", "1".to_string()));
     let streamed = bed.create("streamed", &proxy, &streamed_env).await;
-    let (code, _) = bed.attempt(&streamed, 1, None).await;
-    anyhow::ensure!(code == 0, "the streamed run's worker exited {code}");
-    report_streamed(calls, &bed.output(&streamed).await?);
+    report_streamed(calls, &bed.to_its_end(&streamed, None).await?);
 
     let tools_env = [("AGENT_TOOL_CALLS", calls.to_string())];
     let tools = bed.create_tools("tools", &proxy, &tools_env).await;
-    let (code, _) = bed.attempt(&tools, 1, None).await;
-    anyhow::ensure!(code == 0, "the tool run's worker exited {code}");
-    let tools_report = bed.output(&tools).await?;
+    let tools_report = bed.to_its_end(&tools, None).await?;
     let held_env = [
         ("AGENT_TOOL_CALLS", (calls + 1).to_string()),
         ("AGENT_HOLD_AFTER", calls.to_string()),
     ];
     let replayed_tools = bed.create_tools("tools-replayed", &proxy, &held_env).await;
-    let killed_at = bed.kill_after(&replayed_tools, calls).await;
-    let (code, _) = bed.attempt(&replayed_tools, 2, None).await;
-    anyhow::ensure!(code == 0, "the resumed tool run's worker exited {code}");
-    let replayed_tools = bed.output(&replayed_tools).await?;
+    let (replayed_tools, killed_at) = bed.killed_and_resumed(&replayed_tools, calls).await?;
     report_tools(calls, &tools_report, &replayed_tools, killed_at);
     let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(client)
         .delete(&ns, &DeleteParams::default())
@@ -113,17 +99,19 @@ impl Bed {
     /// A run of the timed agent, `env` its container's.
     async fn create(&self, name: &str, proxy: &LiteLlm, env: &[(&str, String)]) -> AgentRun {
         let agent = ("timed_agent.py", LiteLlm::python());
-        self.create_with(name, proxy, agent, vec![], env).await
+        self.create_with(name, proxy, agent, vec![], env, 50).await
     }
 
     /// A run of the timed tool caller with the shell tool `sh`, `env` its container's.
     async fn create_tools(&self, name: &str, proxy: &LiteLlm, env: &[(&str, String)]) -> AgentRun {
         let agent = ("timed_tools.py", own_agent::python());
         let tools = vec![shell_tool("sh", false)];
-        self.create_with(name, proxy, agent, tools, env).await
+        self.create_with(name, proxy, agent, tools, env, 10_000)
+            .await
     }
 
-    /// A run of examples/byo_support/`script` run by `python`, offered `tools`.
+    /// A run of examples/byo_support/`script` run by `python`, offered `tools`, at most
+    /// `max_steps` tool calls.
     async fn create_with(
         &self,
         name: &str,
@@ -131,12 +119,14 @@ impl Bed {
         (script, python): (&str, String),
         tools: Vec<ToolSpec>,
         env: &[(&str, String)],
+        max_steps: i32,
     ) -> AgentRun {
         let agent = baton_testkit::repo_root()
             .join("examples/byo_support")
             .join(script);
         let mut run = scripted_run(name, vec![], tools, LeaseSpec::default());
         let spec = run.spec.agent_mut();
+        spec.max_steps = max_steps;
         spec.model = proxy.model(Provider::Openai, "mock-gpt");
         spec.container = Some(AgentContainer {
             image: "unused:bench".into(),
@@ -185,6 +175,32 @@ impl Bed {
         (code, started.elapsed())
     }
 
+    /// Runs `run`'s first attempt to its end (its worker's counts in `stats`); the agent's report.
+    async fn to_its_end(
+        &self,
+        run: &AgentRun,
+        stats: Option<&std::path::Path>,
+    ) -> anyhow::Result<Value> {
+        let (code, _) = self.attempt(run, 1, stats).await;
+        let name = run.metadata.name.as_deref().unwrap_or_default();
+        anyhow::ensure!(code == 0, "{name}'s worker exited {code}");
+        self.output(run).await
+    }
+
+    /// Kills `run`'s first attempt once `calls` calls are recorded and runs the second to its
+    /// end; the agent's report and when the kill came.
+    async fn killed_and_resumed(
+        &self,
+        run: &AgentRun,
+        calls: usize,
+    ) -> anyhow::Result<(Value, SystemTime)> {
+        let killed_at = self.kill_after(run, calls).await;
+        let (code, _) = self.attempt(run, 2, None).await;
+        let name = run.metadata.name.as_deref().unwrap_or_default();
+        anyhow::ensure!(code == 0, "{name}'s resumed worker exited {code}");
+        Ok((self.output(run).await?, killed_at))
+    }
+
     /// Runs attempt 1 until `calls` model calls or tool results are recorded, then kills its
     /// worker (kill -9); when.
     async fn kill_after(&self, run: &AgentRun, calls: usize) -> SystemTime {
@@ -217,8 +233,10 @@ impl Bed {
         let name = run.metadata.name.clone().unwrap_or_default();
         let st = runs.get(&name).await?.status.unwrap_or_default();
         let output = st.output.unwrap_or_default();
-        serde_json::from_str(&output)
-            .map_err(|e| anyhow::anyhow!("{name}'s output {output:?}: {e}"))
+        serde_json::from_str(&output).map_err(|e| {
+            let ended = (st.outcome, st.reason, st.message);
+            anyhow::anyhow!("{name}'s output {output:?}: {e}; it ended {ended:?}")
+        })
     }
 }
 
@@ -258,14 +276,9 @@ fn report(calls: usize, live: &Value, replayed: &Value, killed_at: SystemTime, c
         p(replay, 0.99),
         replay.len() as f64 / (total / 1000.0)
     );
-    if let Some(live_at) = replayed["past_hold_at"].as_f64() {
-        let killed = killed_at
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map(|d| d.as_secs_f64())
-            .unwrap_or_default();
+    if let Some(seconds) = kill_to_first_live(replayed, killed_at) {
         println!(
-            "  from the kill to the resumed agent's first live call ({calls} replayed first): {:.2} s",
-            live_at - killed
+            "  from the kill to the resumed agent's first live call ({calls} replayed first): {seconds:.2} s"
         );
     }
     println!(
@@ -312,14 +325,16 @@ fn report_tools(calls: usize, live: &Value, replayed: &Value, killed_at: SystemT
         p(replay, 0.5),
         p(replay, 0.99),
     );
-    if let Some(live_at) = replayed["past_hold_at"].as_f64() {
-        let killed = killed_at
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map(|d| d.as_secs_f64())
-            .unwrap_or_default();
+    if let Some(seconds) = kill_to_first_live(replayed, killed_at) {
         println!(
-            "  from the kill to the resumed agent's first live tool call ({calls} replayed first): {:.2} s",
-            live_at - killed
+            "  from the kill to the resumed agent's first live tool call ({calls} replayed first): {seconds:.2} s"
         );
     }
+}
+
+/// Seconds from the kill to the first call the resumed agent made past the replayed ones.
+fn kill_to_first_live(replayed: &Value, killed_at: SystemTime) -> Option<f64> {
+    let live_at = replayed["past_hold_at"].as_f64()?;
+    let killed = killed_at.duration_since(SystemTime::UNIX_EPOCH).ok()?;
+    Some(live_at - killed.as_secs_f64())
 }

@@ -9,6 +9,8 @@
 //!   namespace), the answers to stop, inputs and approvals (409s naming why), bad bodies;
 //! - `console`: signing in (a token, or `baton console`'s one-time address), what a signed-in
 //!   browser is shown and refused, the CSRF header a write by cookie needs;
+//! - `own_agent`: a run that brings its own agent on the console page: its model calls (each
+//!   API, whole and streamed), its step and its divergence shown;
 //! - `bounds`: a long ledger served and replayed a page at a time; a client that reads nothing
 //!   is dropped;
 //! - `hostile`: no credential, a body over its bound, a head or body withheld: answered or
@@ -36,6 +38,7 @@ mod hostile;
 mod ledger;
 mod ledger_outage;
 mod ledger_tls;
+mod own_agent;
 mod pg_runs;
 mod proxy;
 mod stream;

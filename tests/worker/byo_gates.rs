@@ -19,7 +19,8 @@ use baton_testkit::common::TestNamespace;
 use baton_testkit::common::claim::{events, segments};
 use baton_testkit::common::litellm::{self, LiteLlm};
 use baton_testkit::common::own_agent::{
-    agent_container, approve, counted, finish_attempt, lines, start_attempt, steps_run,
+    agent_container, approve, assert_diverged_at_the_prompt, counted, finish_attempt, lines,
+    start_attempt, steps_run,
 };
 use baton_testkit::common::worker_proc::*;
 use kube::Api;
@@ -160,14 +161,7 @@ async fn the_agents_sdk_telling_its_model_the_time_fails_when_resumed_or_goes_on
     assert_eq!(counted(&calls).await, 4, "two calls of each first attempt");
 
     let st = finish_attempt(&ns, "strict", 2, &KEY).await;
-    let st = st.status.unwrap_or_default();
-    assert_eq!(st.outcome, Some(Phase::Failed), "{st:?}");
-    assert_eq!(st.reason.as_deref(), Some("ResumeDiverged"), "{st:?}");
-    let message = st.message.unwrap_or_default();
-    assert!(
-        message.contains("call 1") && message.contains("/messages/0/content"),
-        "the call and the field named: {message}"
-    );
+    assert_diverged_at_the_prompt(&st.status.unwrap_or_default());
     assert_eq!(
         counted(&calls).await,
         4,

@@ -24,6 +24,31 @@ async function postJson(url, body) {
   return answer;
 }
 
+// The model's text in an agent container's recorded call (`gatewayCall`: a whole answer, or a
+// stream's events in order), for each API the gateway speaks. The page's twin of the
+// transcript's ModelApi::answer_text (src/ledger/model/model_api.rs), text only: the tool
+// calls an answer asks for are shown as the steps the tool gateway records.
+function gatewayAnswer(api, r) {
+  const events = Array.isArray(r) ? r : null;
+  const texts = (xs) => xs.filter((x) => typeof x === "string").join("");
+  const outputText = (resp) => texts((resp.output || []).flatMap((i) => (i.content || []).map((c) => c.text)));
+  if (!r) return "";
+  switch (api) {
+    case "chat.completions":
+      if (events) return texts(events.map((e) => e.choices && e.choices[0] && e.choices[0].delta && e.choices[0].delta.content));
+      return texts([r.choices && r.choices[0] && r.choices[0].message && r.choices[0].message.content]);
+    case "responses": {
+      if (!events) return outputText(r);
+      const last = events.slice().reverse().find((e) => e.response && e.response.output);
+      return last ? outputText(last.response) : "";
+    }
+    case "messages":
+      if (events) return texts(events.map((e) => e.delta && e.delta.text));
+      return texts((r.content || []).map((b) => b.text));
+    default: return "";
+  }
+}
+
 // One run's ledger drawn into a list, each segment once (by its id). The server sends
 // chunked events already rebuilt (src/server/whole.rs): nothing here decodes a chunk.
 class LedgerView {
@@ -66,6 +91,11 @@ class LedgerView {
         this.add("msg role-" + e.role, e.role, e.content, seq);
         if (e.role === "assistant") this.lastAssistant = e.content;
         break;
+      case "gatewayCall":
+        this.lastAssistant = gatewayAnswer(e.api, e.response);
+        this.add("msg role-assistant gateway", "model call " + e.call + " (" + e.api + ")", this.lastAssistant, seq);
+        break;
+      case "gatewayDiverged": this.add("note", "diverged", "model call " + e.call + " differed from its record at " + e.field + ": it and every later call went to the model", seq); break;
       case "input": this.add("msg role-user", "input", e.content, seq); break;
       case "waitingInput": this.add("note", "asks", e.question, seq); break;
       case "stepIntent": this.add("step", "step " + e.step + ": " + e.tool, e.input, seq); break;

@@ -113,3 +113,16 @@ pub async fn approve(ns: &TestNamespace, name: &str, reason: &str) {
     });
     session.run(approve, &mut Vec::new()).await.unwrap();
 }
+
+/// Asserts the run ended `Failed` with `ResumeDiverged`, its message naming call 1 and the
+/// first differing field, the system prompt (`/messages/0/content`).
+pub fn assert_diverged_at_the_prompt(st: &baton::crd::v1alpha1::AgentRunStatus) {
+    use baton::crd::v1alpha1::Phase;
+    assert_eq!(st.outcome, Some(Phase::Failed), "{st:?}");
+    assert_eq!(st.reason.as_deref(), Some("ResumeDiverged"), "{st:?}");
+    let message = st.message.clone().unwrap_or_default();
+    assert!(
+        message.contains("call 1") && message.contains("/messages/0/content"),
+        "the call and the field named: {message}"
+    );
+}
