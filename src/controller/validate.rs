@@ -15,13 +15,6 @@ pub fn validate(spec: &AgentRunSpec) -> Result<(), String> {
     };
     check_model(agent)?;
     if let Some(container) = &agent.container {
-        if let Some(thread) = &spec.thread {
-            return Err(format!(
-                "spec.agent.container: a turn of thread {thread} cannot bring its own agent \
-                 yet (its container would not be given the thread's history); run it as a \
-                 run of its own"
-            ));
-        }
         check_container(agent, container)?;
     }
     check_mcp_tools(agent)?;

@@ -10,6 +10,8 @@ Responses API with AGENT_API=responses.
 
 Environment:
   BATON_INPUT_FILE  the file holding the run's input text (required; read whole)
+  BATON_HISTORY_FILE  for a thread's turn: the earlier turns' conversation (Chat Completions
+                    messages, JSON), put after the system message, as a chat agent keeps one
   AGENT_MODEL       the model to ask (default mock-gpt, a mock of tests/litellm/config.yaml)
   AGENT_API         chat (the default: client.chat.completions) or responses (client.responses)
   AGENT_CALLS       how many model calls to make (default 6)
@@ -22,6 +24,7 @@ Progress goes to stderr; stdout gets one line only, the final answer, so a test 
 whole. Any error leaves through Python's default handler: a traceback and exit status 1.
 """
 
+import json
 import os
 import sys
 import time
@@ -76,6 +79,9 @@ def main():
     # The SDK reads OPENAI_BASE_URL and OPENAI_API_KEY itself, as in any user's code.
     client = openai.OpenAI()
     messages = [{"role": "system", "content": system}]
+    if os.environ.get("BATON_HISTORY_FILE"):
+        with open(os.environ["BATON_HISTORY_FILE"], encoding="utf-8") as f:
+            messages += json.load(f)
     answer = ""
     for i in range(1, calls + 1):
         if i > 1 and pause:

@@ -8,6 +8,8 @@
 //!   between a turn's admission and its join fails that turn, naming both generations.
 //! - A run that carries a thread's owner reference or a turn's place is refused: only the
 //!   controller joins a run to a thread.
+//! - A thread whose agent is a container runs its image in every turn's pod: a turn's creator
+//!   who may not create pods gets no turn of it.
 
 use crate::webhook::{
     ALICE, MALLORY, Watched, as_user, create_as, keyed_thread, refusal, turn_of, users,
@@ -235,5 +237,31 @@ async fn a_run_that_poses_as_a_turn_is_refused() {
             .await,
     );
     assert!(text.contains("may not place a run in a thread"), "{text}");
+    w.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_turn_of_a_thread_whose_agent_is_a_container_needs_the_right_to_create_pods() {
+    let w = Watched::new("thread-own-agent-borrow").await;
+    let mut own = keyed_thread("own");
+    own.spec.agent.model.api_key_secret_ref = None;
+    own.spec.agent.container = Some(baton::crd::v1alpha1::AgentContainer {
+        image: "team/agent:1".into(),
+        command: vec!["/bin/agent".into()],
+        ..Default::default()
+    });
+    w.ns.api::<AgentThread>()
+        .create(&PostParams::default(), &own)
+        .await
+        .unwrap();
+    // Mallory may write AgentRuns and nothing else: her turn would run the thread's image.
+    let text = refusal(create_as(MALLORY, &w.ns.name, &turn_of("t1", "own")).await);
+    assert!(
+        text.contains("spec.agent.container: mallory may not create pods"),
+        "{text}"
+    );
+    create_as(ALICE, &w.ns.name, &turn_of("t2", "own"))
+        .await
+        .expect("alice may create pods and read the ledgers: her turn is admitted");
     w.cleanup().await;
 }

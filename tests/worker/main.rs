@@ -23,6 +23,8 @@
 //! - `run`: a run from claim to Finishing, handoff on SIGTERM, stop;
 //! - `threads`: turns of a thread with the real controller: history carried, resumed the same,
 //!   a deleted earlier turn failing the turn, each busy policy;
+//! - `thread_own_agent`: a thread whose agent is a container: each turn given the earlier ones,
+//!   the same after a kill;
 //! - `thread_context`: each overflow policy of a thread's context;
 //! - `thread_cli`: `baton chat`, `baton thread` and `baton get` on a thread.
 
@@ -66,4 +68,5 @@ mod resume;
 mod run;
 mod thread_cli;
 mod thread_context;
+mod thread_own_agent;
 mod threads;

@@ -164,6 +164,30 @@ pub fn turn_conversation(
 }
 
 fn with_every_result(replay: Replay) -> Vec<ReplayedMessage> {
+    let final_output = replay.final_output.clone();
+    let mut messages = answered(replay);
+    with_its_answer(&mut messages, final_output);
+    messages
+}
+
+/// Closes a conversation with the turn's final answer when no assistant message says it: a
+/// turn whose agent is its own container records its model calls as `gatewayCall`s and its
+/// answer as `final` only, and a later turn's model must still see what it answered.
+fn with_its_answer(messages: &mut Vec<ReplayedMessage>, final_output: Option<String>) {
+    let Some(output) = final_output else {
+        return;
+    };
+    let said =
+        matches!(messages.last(), Some(ReplayedMessage::Assistant { text, .. }) if *text == output);
+    if !said {
+        messages.push(ReplayedMessage::Assistant {
+            text: output,
+            tool_calls: Vec::new(),
+        });
+    }
+}
+
+fn answered(replay: Replay) -> Vec<ReplayedMessage> {
     let mut messages = replay.messages;
     let unanswered = replay.steps.values().filter(|s| {
         matches!(

@@ -153,6 +153,53 @@ fn a_call_the_turn_ended_without_a_result_is_answered_as_unknown() {
 }
 
 #[test]
+fn a_turn_whose_answer_is_only_its_final_ends_with_that_answer() {
+    // An agent container's turn: its model calls are gatewayCalls, its answer the final.
+    let call = LedgerEvent::GatewayCall {
+        call: 1,
+        api: "chat.completions".into(),
+        request: serde_json::json!({}),
+        response: serde_json::json!({}),
+    };
+    let ledger = [
+        seg(1, 1, vec![claimed(1), message(Role::User, "go")]),
+        seg(2, 1, vec![call, intent(1)]),
+        seg(3, 1, vec![result(1, "3 files")]),
+        seg(
+            4,
+            1,
+            vec![LedgerEvent::Final {
+                output: "there are 3".into(),
+            }],
+        ),
+    ];
+    let messages = turn_conversation(&turn(4), &ledger).unwrap();
+    assert!(
+        matches!(messages.last(), Some(ReplayedMessage::Assistant { text, tool_calls })
+            if text == "there are 3" && tool_calls.is_empty()),
+        "{messages:?}"
+    );
+    // A built-in turn's answer is its last assistant message already: not said twice.
+    let ledger = [
+        seg(1, 1, vec![claimed(1), message(Role::User, "go")]),
+        seg(2, 1, vec![message(Role::Assistant, "there are 3")]),
+        seg(
+            3,
+            1,
+            vec![LedgerEvent::Final {
+                output: "there are 3".into(),
+            }],
+        ),
+    ];
+    let messages = turn_conversation(&turn(3), &ledger).unwrap();
+    let said = messages
+        .iter()
+        .filter(|m| matches!(m, ReplayedMessage::Assistant { .. }))
+        .count();
+    assert_eq!(said, 1, "{messages:?}");
+}
+
+#[test]
 fn a_turn_missing_any_segment_up_to_its_position_fails_naming_it() {
     let ledger = [
         seg(1, 1, vec![claimed(1), message(Role::User, "go")]),

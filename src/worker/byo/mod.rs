@@ -44,7 +44,7 @@ const CANCEL_WAIT: Duration = Duration::from_secs(15);
 
 /// Runs the agent container's command to its end (or the attempt's).
 pub async fn run_agent(s: &mut Session, container: &AgentContainer) -> Ending {
-    let (executor, input) = match reach_agent(s).await {
+    let (executor, input, history) = match reach_agent(s).await {
         Ok(reached) => reached,
         Err(ending) => return ending,
     };
@@ -53,22 +53,23 @@ pub async fn run_agent(s: &mut Session, container: &AgentContainer) -> Ending {
         Ok(opened) => opened,
         Err(ending) => return ending,
     };
-    let request = command(
-        container,
-        &[
-            ("OPENAI_BASE_URL", format!("http://{}/v1", gateway.address)),
-            ("OPENAI_API_KEY", gateway.key.clone()),
-            ("ANTHROPIC_BASE_URL", format!("http://{}", gateway.address)),
-            ("ANTHROPIC_API_KEY", gateway.key.clone()),
-            (
-                "BATON_MCP_URL",
-                format!("http://{}{}", gateway.address, tool_gateway::PATH),
-            ),
-            ("BATON_INPUT_FILE", input.display().to_string()),
-            ("BATON_RUN", s.me.cfg.run.clone()),
-            ("BATON_ATTEMPT", s.fence().to_string()),
-        ],
-    );
+    let mut env = vec![
+        ("OPENAI_BASE_URL", format!("http://{}/v1", gateway.address)),
+        ("OPENAI_API_KEY", gateway.key.clone()),
+        ("ANTHROPIC_BASE_URL", format!("http://{}", gateway.address)),
+        ("ANTHROPIC_API_KEY", gateway.key.clone()),
+        (
+            "BATON_MCP_URL",
+            format!("http://{}{}", gateway.address, tool_gateway::PATH),
+        ),
+        ("BATON_INPUT_FILE", input.display().to_string()),
+        ("BATON_RUN", s.me.cfg.run.clone()),
+        ("BATON_ATTEMPT", s.fence().to_string()),
+    ];
+    if let Some(history) = history {
+        env.push(("BATON_HISTORY_FILE", history.display().to_string()));
+    }
+    let request = command(container, &env);
     let asks = Asks {
         asked,
         recorded: ToolReplay::new(&s.turn.replay),
@@ -82,8 +83,8 @@ pub async fn run_agent(s: &mut Session, container: &AgentContainer) -> Ending {
 }
 
 /// The agent container's executor, connected, and the run's input written where the agent
-/// reads it.
-async fn reach_agent(s: &Session) -> Result<(Executor, PathBuf), Ending> {
+/// reads it; for a thread's turn, its history too.
+async fn reach_agent(s: &Session) -> Result<(Executor, PathBuf, Option<PathBuf>), Ending> {
     let Some(dir) = s.me.cfg.agent_dir.clone() else {
         return Err(failed(format!(
             "this worker has no agent container to run ({} is not set: the pod was not made \
@@ -98,10 +99,26 @@ async fn reach_agent(s: &Session) -> Result<(Executor, PathBuf), Ending> {
             message: err.to_string(),
         })?;
     let input = dir.join("input.txt");
-    std::fs::write(&input, &s.me.run.spec.input).map_err(|err| Ending::GaveUp {
-        message: format!("writing the run's input to {}: {err}", input.display()),
-    })?;
-    Ok((executor, input))
+    write(&input, s.me.run.spec.input.as_bytes(), "the run's input")?;
+    let history = match (&s.spec().thread, &s.me.history) {
+        (Some(_), Ok(fitted)) => {
+            let file = dir.join("history.json");
+            let messages = crate::worker::model::openai::chat_messages(&fitted.messages);
+            let json = serde_json::to_vec(&messages).unwrap_or_default();
+            write(&file, &json, "the thread's history")?;
+            Some(file)
+        }
+        // A history that cannot be had ends the turn before its agent starts (the resume plan).
+        _ => None,
+    };
+    Ok((executor, input, history))
+}
+
+/// Writes `what` to `file`, where the agent reads it.
+fn write(file: &std::path::Path, bytes: &[u8], what: &str) -> Result<(), Ending> {
+    std::fs::write(file, bytes).map_err(|err| Ending::GaveUp {
+        message: format!("writing {what} to {}: {err}", file.display()),
+    })
 }
 
 /// The gateway of this attempt, serving.

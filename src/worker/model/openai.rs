@@ -108,10 +108,18 @@ fn request_body(model: &str, request: &ModelRequest) -> Value {
 fn messages(request: &ModelRequest) -> Vec<Value> {
     let system = request.system_prompt.as_deref().filter(|p| !p.is_empty());
     let system = system.map(|p| json!({"role": "system", "content": p}));
-    let conversation = paired_tool_results(&request.messages);
     system
         .into_iter()
-        .chain(conversation.iter().map(message))
+        .chain(chat_messages(&request.messages))
+        .collect()
+}
+
+/// `conversation` as Chat Completions messages, each tool result after its call: what the
+/// model is sent, and what an agent container of a thread's turn is given as its history.
+pub fn chat_messages(conversation: &[ReplayedMessage]) -> Vec<Value> {
+    paired_tool_results(conversation)
+        .iter()
+        .map(message)
         .collect()
 }
 
