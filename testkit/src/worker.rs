@@ -57,6 +57,29 @@ pub fn answer_stream(text: &str) -> Vec<String> {
     pieces
 }
 
+// === Chat Completions answers, whole ===
+
+/// A whole Chat Completions answer that calls `tool` once with `arguments`.
+pub fn chat_call(id: &str, tool: &str, arguments: &Value) -> Value {
+    let call = json!({"id": id, "type": "function",
+        "function": {"name": tool, "arguments": arguments.to_string()}});
+    let message = json!({"role": "assistant", "content": null, "tool_calls": [call]});
+    chat_completion(message, "tool_calls")
+}
+
+/// A whole Chat Completions answer with the final text `text`.
+pub fn chat_answer(text: &str) -> Value {
+    chat_completion(json!({"role": "assistant", "content": text}), "stop")
+}
+
+fn chat_completion(message: Value, finish: &str) -> Value {
+    json!({
+        "id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "local-model",
+        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+    })
+}
+
 /// The `tool` messages of a Chat Completions request body, as (call id, content).
 pub fn tool_messages(body: &Value) -> Vec<(String, String)> {
     let messages = body["messages"].as_array().cloned().unwrap_or_default();

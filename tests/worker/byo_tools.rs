@@ -18,34 +18,20 @@ use baton_testkit::common::own_agent::{
 };
 use baton_testkit::common::worker_proc::*;
 use baton_testkit::model::{Reply, Server};
-use baton_testkit::worker::tool_messages;
+use baton_testkit::worker::{chat_answer, chat_call, tool_messages};
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::json;
 
 /// A Chat Completions answer (not streamed) that calls `tool` with `{"command": command}`.
 fn calls(id: &str, tool: &str, command: &str) -> Reply {
-    let arguments = json!({ "command": command }).to_string();
-    let call =
-        json!({"id": id, "type": "function", "function": {"name": tool, "arguments": arguments}});
-    completion(
-        json!({"role": "assistant", "content": null, "tool_calls": [call]}),
-        "tool_calls",
-    )
+    let answer = chat_call(id, tool, &json!({ "command": command }));
+    Reply::json(200, &answer.to_string())
 }
 
 /// A Chat Completions answer (not streamed) with the final text.
 fn answers(text: &str) -> Reply {
-    completion(json!({"role": "assistant", "content": text}), "stop")
-}
-
-fn completion(message: serde_json::Value, finish: &str) -> Reply {
-    let body = json!({
-        "id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "local-model",
-        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-        "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
-    });
-    Reply::json(200, &body.to_string())
+    Reply::json(200, &chat_answer(text).to_string())
 }
 
 /// A run of `tests/agents/tool_agent.py` against `server`, offered `tools`.
@@ -167,14 +153,9 @@ async fn a_gated_call_waits_for_approval_then_runs_once_and_the_agent_gets_its_r
 #[tokio::test]
 async fn an_ask_waits_for_the_users_answer_and_the_replayed_agent_gets_it() {
     let ns = TestNamespace::new("worker-byo-ask").await;
-    let question = json!({"question": "which environment?"}).to_string();
-    let call =
-        json!({"id": "c1", "type": "function", "function": {"name": "ask", "arguments": question}});
+    let question = chat_call("c1", "ask", &json!({"question": "which environment?"}));
     let server = Server::start(vec![
-        completion(
-            json!({"role": "assistant", "content": null, "tool_calls": [call]}),
-            "tool_calls",
-        ),
+        Reply::json(200, &question.to_string()),
         answers("deploying to staging"),
     ])
     .await;

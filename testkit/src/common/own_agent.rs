@@ -101,12 +101,17 @@ pub async fn counted(file: &std::path::Path) -> usize {
 
 /// Approves the call `name` waits for, as `baton approve <name> --reason <reason>` does.
 pub async fn approve(ns: &TestNamespace, name: &str, reason: &str) {
+    approve_in(&ns.client, &ns.name, name, reason).await;
+}
+
+/// [`approve`] in namespace `namespace` with `client`'s credentials.
+pub async fn approve_in(client: &kube::Client, namespace: &str, name: &str, reason: &str) {
     use baton::cli::{ApproveArgs, RunArgs, Session, Verb};
-    let session = Session::new(ns.client.clone(), "test".into(), ns.name.clone());
+    let session = Session::new(client.clone(), "test".into(), namespace.to_string());
     let approve = Verb::Approve(ApproveArgs {
         target: RunArgs {
             run: name.into(),
-            namespace: Some(ns.name.clone()),
+            namespace: Some(namespace.to_string()),
         },
         step: None,
         reason: Some(reason.into()),
