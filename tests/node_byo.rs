@@ -23,7 +23,8 @@ use baton_testkit::e2e::{Effects, Script};
 use baton_testkit::model::{Reply, Server};
 use baton_testkit::node::*;
 use baton_testkit::worker::{
-    answer_stream, messages_stream, messages_text, messages_tool_use, tool_call_stream,
+    answer_stream, messages_stream, messages_text, messages_tool_use, responses_answer,
+    responses_call, responses_stream, tool_call_stream,
 };
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
@@ -142,6 +143,8 @@ const CALL_HELD: usize = 10;
 enum Speaks {
     /// Chat Completions, every call streamed (the agent runs with AGENT_STREAM=1).
     ChatStreamed,
+    /// Responses, every call streamed (AGENT_API=responses, AGENT_STREAM=1).
+    ResponsesStreamed,
     /// Messages, odd calls streamed (the `anthropic` agent's own choice).
     Messages,
 }
@@ -149,6 +152,12 @@ enum Speaks {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_the_agents_sdk_killed_at_each_boundary_ends_as_if_never_killed() {
     killed_at_each_boundary("byo-sdk", "agents_sdk_agent.py", Speaks::ChatStreamed).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_the_agents_sdk_on_responses_killed_at_each_boundary_ends_as_if_never_killed() {
+    let speaks = Speaks::ResponsesStreamed;
+    killed_at_each_boundary("byo-sdk-responses", "agents_sdk_agent.py", speaks).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -175,9 +184,13 @@ async fn killed_at_each_boundary(test: &str, script: &str, speaks: Speaks) {
     run.spec.max_attempts = 4;
     let agent = run.spec.agent_mut();
     agent.tools.retain(|t| t.name == "sh");
-    let (provider, endpoint, stream) = match speaks {
-        Speaks::ChatStreamed => (Provider::Openai, format!("{}/v1", server.url), "1"),
-        Speaks::Messages => (Provider::Anthropic, server.url.clone(), "0"),
+    let (provider, endpoint, stream, api) = match speaks {
+        Speaks::ChatStreamed => (Provider::Openai, format!("{}/v1", server.url), "1", "chat"),
+        Speaks::ResponsesStreamed => {
+            let endpoint = format!("{}/v1", server.url);
+            (Provider::Openai, endpoint, "1", "responses")
+        }
+        Speaks::Messages => (Provider::Anthropic, server.url.clone(), "0", "messages"),
     };
     agent.model = ModelSpec {
         provider,
@@ -195,6 +208,7 @@ async fn killed_at_each_boundary(test: &str, script: &str, speaks: Speaks) {
         env: vec![
             var("AGENT_MODEL", "local-model"),
             var("AGENT_STREAM", stream),
+            var("AGENT_API", api),
         ],
         ..AgentContainer::default()
     });
@@ -226,6 +240,7 @@ async fn killed_at_each_boundary(test: &str, script: &str, speaks: Speaks) {
     // Each of the 11 calls answered once, and the two the kills cut asked again.
     let path = match speaks {
         Speaks::ChatStreamed => "/v1/chat/completions",
+        Speaks::ResponsesStreamed => "/v1/responses",
         Speaks::Messages => "/v1/messages",
     };
     server.assert_received(STEPS + 1 + 2, path);
@@ -235,7 +250,7 @@ async fn killed_at_each_boundary(test: &str, script: &str, speaks: Speaks) {
         .filter(|r| r.body["stream"] == true)
         .count();
     let want = match speaks {
-        Speaks::ChatStreamed => STEPS + 1 + 2,
+        Speaks::ChatStreamed | Speaks::ResponsesStreamed => STEPS + 1 + 2,
         // Odd calls: 1, 3 (twice), 5, 7, 9, 11.
         Speaks::Messages => 7,
     };
@@ -248,7 +263,8 @@ async fn killed_at_each_boundary(test: &str, script: &str, speaks: Speaks) {
 
 /// The server's answers, in order: a call of the shell tool `sh` for each step (its effect
 /// sent to the effects server; step [`TOOL_KILL`] then sleeps), then the final text; before
-/// call [`STREAM_CUT`]'s answer, the same stream cut after two events; before call
+/// call [`STREAM_CUT`]'s answer, the same stream cut before its last event (after two events,
+/// or a Responses stream's `response.created`: a call's has no text deltas); before call
 /// [`CALL_HELD`]'s, no answer at all.
 fn replies(env: &NodeEnv, name: &str, speaks: Speaks) -> Vec<Reply> {
     let (host, port) = env.effects.addr.rsplit_once(':').unwrap();
@@ -264,6 +280,10 @@ fn replies(env: &NodeEnv, name: &str, speaks: Speaks) -> Vec<Reply> {
             tool_call_stream(&format!("call_{call}"), "sh", &step(call))
         }
         Speaks::ChatStreamed => answer_stream(&done),
+        Speaks::ResponsesStreamed if call <= STEPS => {
+            responses_stream(&responses_call(&format!("call_{call}"), "sh", &step(call)))
+        }
+        Speaks::ResponsesStreamed => responses_stream(&responses_answer(&done)),
         Speaks::Messages if call <= STEPS => messages_stream(&messages_tool_use(
             &format!("toolu_{call}"),
             "sh",
@@ -282,7 +302,9 @@ fn replies(env: &NodeEnv, name: &str, speaks: Speaks) -> Vec<Reply> {
     let mut replies = Vec::new();
     for call in 1..=STEPS + 1 {
         if call == STREAM_CUT {
-            replies.push(Reply::stall(pieces(call)[..2].to_vec()));
+            let pieces = pieces(call);
+            let cut = 2.min(pieces.len() - 1);
+            replies.push(Reply::stall(pieces[..cut].to_vec()));
         }
         if call == CALL_HELD {
             replies.push(Reply::silent());
