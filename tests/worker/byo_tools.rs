@@ -148,6 +148,53 @@ async fn a_gated_call_waits_for_approval_then_runs_once_and_the_agent_gets_its_r
     assert_eq!(told, [result], "the recorded result of the run it approved");
 }
 
+/// A gated call the user denies never runs: the next attempt replays the agent up to it and
+/// answers its call with the denial and its reason, as baton's own loop tells its model.
+#[tokio::test]
+async fn a_denied_call_never_runs_and_the_agent_is_told_why() {
+    use baton::cli::{DenyArgs, RunArgs, Session, Verb};
+    let ns = TestNamespace::new("worker-byo-deny").await;
+    let file = effects_file(&ns);
+    let server = Server::start(vec![
+        calls(
+            "c1",
+            "deploy",
+            &format!("echo deployed >> {}", file.display()),
+        ),
+        answers("not deployed"),
+    ])
+    .await;
+    let mut deploy = shell_tool("deploy", false);
+    deploy.approval = Some(ApprovalPolicy::Required);
+    let run = agent_run("denied", &server, vec![deploy]);
+    let runs: Api<AgentRun> = ns.api();
+    runs.create(&PostParams::default(), &run).await.unwrap();
+    let st = finish(&ns, "denied", 1).await.status.unwrap_or_default();
+    assert_eq!(st.phase, Phase::WaitingApproval, "{st:?}");
+
+    let session = Session::new(ns.client.clone(), "test".into(), ns.name.clone());
+    let deny = Verb::Deny(DenyArgs {
+        target: RunArgs {
+            run: "denied".into(),
+            namespace: Some(ns.name.clone()),
+        },
+        step: None,
+        reason: "not on a Friday".into(),
+    });
+    session.run(deny, &mut Vec::new()).await.unwrap();
+    let st = finish(&ns, "denied", 2).await.status.unwrap_or_default();
+    assert_eq!(st.outcome, Some(Phase::Succeeded), "{st:?}");
+    assert!(lines(&file).is_empty(), "a denied call never runs");
+    let requests = server.received();
+    assert_eq!(requests.len(), 2, "{requests:?}");
+    let told = tool_messages(&requests[1].body);
+    assert_eq!(told.len(), 1, "{told:?}");
+    assert!(
+        told[0].1.contains("not on a Friday"),
+        "the reason reached the agent: {told:?}"
+    );
+}
+
 /// An `askUser` call makes the run wait for input; once `spec.inputs` answers it, the next
 /// attempt replays the agent, whose call is answered with the user's words.
 #[tokio::test]

@@ -10,8 +10,8 @@
 //!   Agents SDK asking the user, the Agents SDK telling its model the time (divergent);
 //! - `byo_responses`: an own agent on the Responses API, streamed and not, replayed after a kill;
 //! - `byo_tools`: its tools through the tool gateway (the stock `mcp` client): a kill while a
-//!   tool runs never runs an effect twice, a gated call waits and runs once when approved, an
-//!   `askUser` waits for its answer;
+//!   tool runs never runs an effect twice, a gated call waits and runs once when approved or
+//!   never when denied, an `askUser` waits for its answer;
 //! - `crash`: kill -9 at each write-ahead boundary, then the next worker resumes;
 //! - `format`: a ledger holding an event of a newer kind is resumed past, and said so;
 //! - `limits`: the ledger's size cap and events split across segments;
