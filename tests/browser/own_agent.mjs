@@ -20,7 +20,7 @@ await runChecks("own agent", "the agent's model calls, its step and its divergen
   const want = ["model call 1 (chat.completions)", "model call 2 (messages)", "model call 3 (responses)"];
   check(JSON.stringify(labels) === JSON.stringify(want), `the calls are labelled ${JSON.stringify(labels)}`);
   const texts = await calls.locator(".text").allTextContents();
-  const answers = ["Let me count the files.", "There are 3 files.", "Done: 3 files."];
+  const answers = ["Let me count the files.", "There are 3 files.", "Done: 3 files. rm \\u{202e}fdp.exe"];
   check(JSON.stringify(texts) === JSON.stringify(answers), `the calls say ${JSON.stringify(texts)}`);
   const steps = await page.locator("#transcript li.step .label").allTextContents();
   check(steps.length === 1 && steps[0] === "step 1: sh", `the steps shown: ${steps}`);
@@ -28,4 +28,6 @@ await runChecks("own agent", "the agent's model calls, its step and its divergen
   check(notes.some((n) => n.includes("model call 3") && n.includes("/messages/0/content")), `the divergence is not shown: ${notes}`);
   const finals = await page.locator("#transcript li.final").count();
   check(finals === 0, "the final answer is shown again after the call that gave it");
+  const shown = await page.locator("#transcript").textContent();
+  check(!shown.includes("\u202e"), "a right-to-left override is on the page as it came");
 });

@@ -2,7 +2,9 @@
 //! the gateway records them (`gatewayCall`: a whole Chat Completions answer, a Messages stream's
 //! events, a Responses answer), the steps its tool gateway ran, and a divergence. In a real
 //! browser the page shows each model call's text as an assistant entry naming the call and its
-//! API, the step between them, and the divergence as a note (it used to show none of the calls).
+//! API, the step between them, and the divergence as a note (it used to show none of the calls);
+//! a right-to-left override in an answer is shown as its `\u{202e}` escape, as every page shows
+//! one (the live transcript used to put it on the page as it came).
 
 use baton::crd::v1alpha1::{AgentRun, LeaseSpec, LedgerEvent};
 use baton::fence::Fence;
@@ -35,8 +37,9 @@ fn ledger() -> Vec<LedgerEvent> {
         .filter_map(|f| f.split("data: ").nth(1))
         .map(|data| serde_json::from_str(data.trim()).unwrap())
         .collect();
+    // A right-to-left override in the answer: shown as its escape, never obeyed.
     let responses = json!({"status": "completed", "output": [{"type": "message", "role": "assistant",
-        "content": [{"type": "output_text", "text": "Done: 3 files."}]}]});
+        "content": [{"type": "output_text", "text": "Done: 3 files. rm \u{202E}fdp.exe"}]}]});
     vec![
         LedgerEvent::AttemptStarted {
             fence: Fence::new(1),
@@ -62,7 +65,7 @@ fn ledger() -> Vec<LedgerEvent> {
         },
         call(3, "responses", responses),
         LedgerEvent::Final {
-            output: "Done: 3 files.".into(),
+            output: "Done: 3 files. rm \u{202E}fdp.exe".into(),
         },
     ]
 }

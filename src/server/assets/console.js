@@ -4,10 +4,19 @@
 
 const csrf = () => document.body.dataset.csrf;
 
+// Control and bidirectional formatting characters (an override reorders what a reader sees,
+// so a command reads other than it runs) are shown as visible \u{..} escapes, as the server's
+// pages and the CLI show them: the twin of src/display/neutral.rs `reorders_or_controls`.
+const HIDDEN = /[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]/g;
+
+function visible(text) {
+  return String(text).replace(HIDDEN, (c) => "\\u{" + c.codePointAt(0).toString(16) + "}");
+}
+
 function el(tag, cls, text) {
   const e = document.createElement(tag);
   if (cls) e.className = cls;
-  if (text !== undefined && text !== null) e.textContent = String(text);
+  if (text !== undefined && text !== null) e.textContent = visible(text);
   return e;
 }
 
@@ -78,7 +87,7 @@ class LedgerView {
   event(e, seq) {
     if (e.type === "modelDelta") {
       if (!this.streaming) this.streaming = this.add("msg role-assistant streaming", "assistant", "", seq);
-      this.streaming.querySelector(".text").textContent += e.text;
+      this.streaming.querySelector(".text").textContent += visible(e.text);
       return;
     }
     if (e.type === "message" && this.streaming) {
@@ -152,12 +161,12 @@ function runPage() {
   follow(list.dataset.events, {
     status: (s) => {
       phase.textContent = s.phase;
-      message.textContent = s.message || "";
+      message.textContent = visible(s.message || "");
       document.getElementById("pending").hidden = !s.pendingApproval;
     },
     segment: (id, data) => view.segment(id, data),
     end: (s) => { phase.textContent = s.deleted ? "Deleted" : s.phase; phase.dataset.ended = "true"; return "close"; },
-    failed: (f) => { message.textContent = f.message; },
+    failed: (f) => { message.textContent = visible(f.message); },
   });
 }
 
@@ -195,7 +204,7 @@ function threadPage() {
       await postJson(form.dataset.turns, { input: box.value });
       box.value = "";
     } catch (e) {
-      error.textContent = e.message;
+      error.textContent = visible(e.message);
       error.hidden = false;
     }
   });
@@ -213,7 +222,7 @@ function inbox() {
         await postJson(form.dataset.approvals, body);
         location.reload();
       } catch (e) {
-        problem.textContent = e.message;
+        problem.textContent = visible(e.message);
         problem.hidden = false;
       }
     });
