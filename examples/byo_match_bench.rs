@@ -19,7 +19,7 @@ use baton::crd::v1alpha1::{AgentRun, LeaseSpec, LedgerEvent, OnDivergence, Phase
 use baton_testkit::common::claim::{claim, events, segments};
 use baton_testkit::common::litellm::{self, LiteLlm};
 use baton_testkit::common::namespace;
-use baton_testkit::common::own_agent::{agent_container, steps_run};
+use baton_testkit::common::own_agent::{agent_container, lines, steps_run};
 use baton_testkit::common::worker_proc::{scripted_run, shell_tool, spawn_agent_worker};
 use baton_testkit::model::{Reply, Server};
 use baton_testkit::worker::{
@@ -74,19 +74,12 @@ async fn main() -> anyhow::Result<()> {
     let ns = format!("bench-byo-match-{}", rand::random::<u32>() % 1_000_000);
     namespace::create_namespace(&client, &ns).await?;
     let counted = std::env::temp_dir().join(format!("baton-{ns}-calls.jsonl"));
-    let calls = counted.display().to_string();
-    let steps = STEPS.to_string();
-    let env = [
-        ("BATON_MODEL_CALLS_FILE", calls.as_str()),
-        ("BATON_STEPS", steps.as_str()),
-        ("BATON_STEP_COMMAND", "echo step {n}"),
-    ];
-    let proxy = LiteLlm::start_with("tests/litellm/steps.yaml", &env).await;
+    let proxy = LiteLlm::steps(&counted, STEPS, "command", "echo step {n}").await;
     println!(
         "bring your own agent, resumed: {STEPS} steps, killed after {KILL_AFTER_CALLS} recorded calls, release build"
     );
     for (i, (label, script, api)) in AGENTS.into_iter().enumerate() {
-        let before = lines(&counted);
+        let before = lines(&counted).len();
         let name = format!("match-{i}");
         let (run, server) = match api {
             AgentApi::Chat => (steps_run(&name, &proxy, script, STEPS), None),
@@ -97,7 +90,7 @@ async fn main() -> anyhow::Result<()> {
         };
         let m = measure(&client, &ns, run).await?;
         let reached = match &server {
-            None => lines(&counted) - before,
+            None => lines(&counted).len() - before,
             Some(server) => server.received().len(),
         };
         println!(
@@ -214,10 +207,4 @@ fn scripted_agent(name: &str, server: &Server, api: AgentApi, script: &str) -> A
     }
     agent.container = Some(agent_container(script, &env));
     run
-}
-
-fn lines(file: &std::path::Path) -> usize {
-    std::fs::read_to_string(file)
-        .map(|t| t.lines().count())
-        .unwrap_or(0)
 }

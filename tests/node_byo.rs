@@ -15,10 +15,9 @@
 
 use std::time::Duration;
 
-use baton::crd::v1alpha1::{
-    AgentContainer, LedgerEvent, ModelSpec, PlainEnvVar, Provider, SecretKeyRef,
-};
+use baton::crd::v1alpha1::{LedgerEvent, ModelSpec, Provider, SecretKeyRef};
 use baton_testkit::common::litellm::{KEY, LiteLlmInNode};
+use baton_testkit::common::own_agent::{image_agent_container, lines};
 use baton_testkit::e2e::{Effects, Script};
 use baton_testkit::model::{Reply, Server};
 use baton_testkit::node::*;
@@ -29,10 +28,6 @@ use baton_testkit::worker::{
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use kube::api::PostParams;
-
-/// The agent image (hack/images.sh agents).
-const AGENTS: &str = "docker.io/library/baton-agents:py";
-const NETNS: &str = "/run/netns/baton-node";
 
 /// The places of the run's recorded model calls, in ledger order.
 async fn recorded_calls(env: &NodeEnv, name: &str) -> Vec<i64> {
@@ -69,13 +64,6 @@ fn proxy_model(proxy: &LiteLlmInNode, model: &str) -> ModelSpec {
     }
 }
 
-fn counted(file: &std::path::Path) -> usize {
-    std::fs::read_to_string(file)
-        .unwrap_or_default()
-        .lines()
-        .count()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_an_own_agent_killed_between_calls_is_replayed_and_each_call_reaches_the_model_once() {
     let env = NodeEnv::start("byo").await;
@@ -88,16 +76,8 @@ async fn node_an_own_agent_killed_between_calls_is_replayed_and_each_call_reache
     let agent = run.spec.agent_mut();
     agent.tools.clear();
     agent.model = proxy_model(&proxy, "mock-gpt");
-    let var = |name: &str, value: &str| PlainEnvVar {
-        name: name.into(),
-        value: value.into(),
-    };
-    agent.container = Some(AgentContainer {
-        image: AGENTS.into(),
-        command: vec!["python".into(), "/opt/agents/app/chat_agent.py".into()],
-        env: vec![var("AGENT_CALLS", "6"), var("AGENT_PAUSE_MS", "1200")],
-        ..AgentContainer::default()
-    });
+    let env_vars = [("AGENT_CALLS", "6"), ("AGENT_PAUSE_MS", "1200")];
+    agent.container = Some(image_agent_container("chat_agent.py", &env_vars));
     env.create(&run).await;
 
     let (pod, _) = env.wait_worker(name, 1).await;
@@ -120,7 +100,7 @@ async fn node_an_own_agent_killed_between_calls_is_replayed_and_each_call_reache
     // LiteLLM writes its count a moment after each answer.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(
-        counted(&calls),
+        lines(&calls).len(),
         6,
         "each call reached the model once; the resumed agent's first 3 came from the ledger"
     );
@@ -198,20 +178,12 @@ async fn killed_at_each_boundary(test: &str, script: &str, speaks: Speaks) {
         endpoint: Some(endpoint),
         ..proxy_model_key()
     };
-    let var = |name: &str, value: &str| PlainEnvVar {
-        name: name.into(),
-        value: value.into(),
-    };
-    agent.container = Some(AgentContainer {
-        image: AGENTS.into(),
-        command: vec!["python".into(), format!("/opt/agents/app/{script}")],
-        env: vec![
-            var("AGENT_MODEL", "local-model"),
-            var("AGENT_STREAM", stream),
-            var("AGENT_API", api),
-        ],
-        ..AgentContainer::default()
-    });
+    let env_vars = [
+        ("AGENT_MODEL", "local-model"),
+        ("AGENT_STREAM", stream),
+        ("AGENT_API", api),
+    ];
+    agent.container = Some(image_agent_container(script, &env_vars));
     env.create(&run).await;
 
     let (pod, _) = env.wait_worker(name, 1).await;

@@ -10,20 +10,17 @@
 //!   goes on live, its tool call answered from the record (unknown, never run again).
 
 use baton::crd::v1alpha1::{
-    AgentContainer, AgentRun, LedgerEvent, ModelSpec, OnDivergence, Phase, PlainEnvVar, ToolKind,
-    ToolSpec,
+    AgentRun, LedgerEvent, ModelSpec, OnDivergence, Phase, ToolKind, ToolSpec,
 };
-use baton_testkit::common::own_agent::{approve_in, assert_diverged_at_the_prompt};
+use baton_testkit::common::own_agent::{
+    approve_in, assert_diverged_at_the_prompt, image_agent_container,
+};
 use baton_testkit::common::worker_proc::shell_tool;
 use baton_testkit::e2e::{Effects, Script};
 use baton_testkit::model::{Reply, Server};
 use baton_testkit::node::*;
 use baton_testkit::worker::{chat_answer, chat_call};
 use serde_json::json;
-
-/// The agent image (hack/images.sh agents).
-const AGENTS: &str = "docker.io/library/baton-agents:py";
-const NETNS: &str = "/run/netns/baton-node";
 
 fn reply(answer: serde_json::Value) -> Reply {
     Reply::json(200, &answer.to_string())
@@ -57,18 +54,7 @@ fn own_agent_run(
     };
     let mut env_vars = vec![("AGENT_MODEL", "local-model")];
     env_vars.extend_from_slice(vars);
-    agent.container = Some(AgentContainer {
-        image: AGENTS.into(),
-        command: vec!["python".into(), format!("/opt/agents/app/{script}")],
-        env: env_vars
-            .into_iter()
-            .map(|(name, value)| PlainEnvVar {
-                name: name.into(),
-                value: value.into(),
-            })
-            .collect(),
-        ..AgentContainer::default()
-    });
+    agent.container = Some(image_agent_container(script, &env_vars));
     run
 }
 

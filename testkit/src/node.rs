@@ -61,6 +61,8 @@ pub const NEXT_IMAGE: &str = "baton:next";
 pub const NODE_NAME: &str = "baton-node";
 /// The node's own address inside its network namespace (hack/node.sh): pods reach it.
 pub const NODE_IP: &str = "10.77.0.1";
+/// The node's network namespace (hack/node.sh), as a path `nsenter` and `setns` take.
+pub const NETNS: &str = "/run/netns/baton-node";
 /// A run on a loaded 2-core node: pod starts and the kubelet's 10 s deletion resync add up.
 pub const RUN_TIMEOUT: Duration = Duration::from_secs(240);
 

@@ -127,3 +127,25 @@ pub use crate::sse::*;
 
 pub mod own_postgres;
 pub use own_postgres::OwnPostgres;
+
+/// Runs the browser check `tests/browser/<script>` (playwright-core driving Debian's Chromium;
+/// hack/setup.sh installs it) with `env`, and asserts it passed, its output in the failure.
+/// Awaited, not blocking: the server it visits is served from the test's own runtime.
+pub async fn browser_check(script: &str, env: &[(&str, &str)]) {
+    let dir = crate::repo_root().join("tests/browser");
+    let out = tokio::process::Command::new("node")
+        .arg(dir.join(script))
+        .current_dir(&dir)
+        .envs(env.iter().copied())
+        .output()
+        .await
+        .unwrap_or_else(|e| {
+            panic!("running node tests/browser/{script} (hack/setup.sh installs it): {e}")
+        });
+    let said =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "the browser test {script} failed:\n{said}"
+    );
+}

@@ -82,23 +82,16 @@ async fn a_chunked_event_is_streamed_whole_from_the_start_and_from_between_its_c
     assert_eq!(positions(&resumed), (3..=tail).collect::<Vec<_>>());
     assert_eq!(events_of(&resumed), want[2..].to_vec());
 
-    // The console's page in a real browser shows the answer once, whole (run without blocking:
-    // the server serves it from this test's runtime).
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let out = tokio::process::Command::new("node")
-        .arg(root.join("tests/browser/chunked.mjs"))
-        .current_dir(root.join("tests/browser"))
-        .env("CONSOLE_URL", &url)
-        .env("TOKEN", &alice)
-        .env("NS", &ns.name)
-        .env("RUN", RUN)
-        .env("LENGTH", ANSWER_LENGTH.to_string())
-        .output()
-        .await
-        .expect("running node tests/browser/chunked.mjs (hack/setup.sh installs it)");
-    let said =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "the browser test failed:\n{said}");
+    // The console's page in a real browser shows the answer once, whole.
+    let length = ANSWER_LENGTH.to_string();
+    let env = [
+        ("CONSOLE_URL", url.as_str()),
+        ("TOKEN", alice.as_str()),
+        ("NS", ns.name.as_str()),
+        ("RUN", RUN),
+        ("LENGTH", length.as_str()),
+    ];
+    browser_check("chunked.mjs", &env).await;
     ns.cleanup().await;
 }
 

@@ -89,19 +89,12 @@ async fn the_console_shows_an_own_agents_model_calls_steps_and_divergence() {
     }
     assert!(created.uid().is_some());
 
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let out = tokio::process::Command::new("node")
-        .arg(root.join("tests/browser/own_agent.mjs"))
-        .current_dir(root.join("tests/browser"))
-        .env("CONSOLE_URL", &url)
-        .env("TOKEN", &alice)
-        .env("NS", &ns.name)
-        .env("RUN", RUN)
-        .output()
-        .await
-        .expect("running node tests/browser/own_agent.mjs (hack/setup.sh installs it)");
-    let said =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "the browser test failed:\n{said}");
+    let env = [
+        ("CONSOLE_URL", url.as_str()),
+        ("TOKEN", alice.as_str()),
+        ("NS", ns.name.as_str()),
+        ("RUN", RUN),
+    ];
+    browser_check("own_agent.mjs", &env).await;
     ns.cleanup().await;
 }

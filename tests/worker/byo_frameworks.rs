@@ -40,14 +40,7 @@ async fn steps_model(effects: &Path, calls: &Path) -> LiteLlm {
         "echo {{n}} >> {}; if [ {{n}} = {KILLED_IN} ]; then sleep 60; fi",
         effects.display()
     );
-    let calls = calls.display().to_string();
-    let steps = STEPS.to_string();
-    let env = [
-        ("BATON_MODEL_CALLS_FILE", calls.as_str()),
-        ("BATON_STEPS", steps.as_str()),
-        ("BATON_STEP_COMMAND", command.as_str()),
-    ];
-    LiteLlm::start_with("tests/litellm/steps.yaml", &env).await
+    LiteLlm::steps(calls, STEPS, "command", &command).await
 }
 
 fn files(ns: &TestNamespace) -> (PathBuf, PathBuf) {

@@ -9,7 +9,7 @@
 //!   `ResumeDiverged` naming the call and the field, or under `onDivergence: Continue` records
 //!   the divergence and goes on live, no effect run twice.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use baton::crd::v1alpha1::{
@@ -29,20 +29,6 @@ use kube::api::{Patch, PatchParams, PostParams};
 /// The worker's own key for the proxy (the agent never holds it).
 const KEY: [(&str, &str); 1] = [("BATON_MODEL_API_KEY", litellm::KEY)];
 
-/// The proxy's steps model asking for `steps` calls of the run's first tool with `command`
-/// (`{n}`: the step) as its `argument`, counting its completed calls in `calls`.
-async fn steps_model(calls: &Path, steps: usize, argument: &str, command: &str) -> LiteLlm {
-    let calls = calls.display().to_string();
-    let steps = steps.to_string();
-    let env = [
-        ("BATON_MODEL_CALLS_FILE", calls.as_str()),
-        ("BATON_STEPS", steps.as_str()),
-        ("BATON_STEP_ARGUMENT", argument),
-        ("BATON_STEP_COMMAND", command),
-    ];
-    LiteLlm::start_with("tests/litellm/steps.yaml", &env).await
-}
-
 /// The test's file `what` (effects, the proxy's count).
 fn file(ns: &TestNamespace, what: &str) -> PathBuf {
     std::env::temp_dir().join(format!("baton-{}-{what}", ns.name))
@@ -53,7 +39,7 @@ async fn langgraph_whose_tool_needs_approval_runs_each_call_once_after_its_decis
     let ns = TestNamespace::new("worker-byo-langgraph-approval").await;
     let (effects, calls) = (file(&ns, "effects"), file(&ns, "model-calls"));
     let command = format!("echo {{n}} >> {}", effects.display());
-    let proxy = steps_model(&calls, 2, "command", &command).await;
+    let proxy = LiteLlm::steps(&calls, 2, "command", &command).await;
     let mut run = steps_run("gated", &proxy, "langgraph_agent.py", 2);
     run.spec.agent_mut().tools[0].approval = Some(ApprovalPolicy::Required);
     let runs: Api<AgentRun> = ns.api();
@@ -92,7 +78,7 @@ async fn langgraph_whose_tool_needs_approval_runs_each_call_once_after_its_decis
 async fn the_agents_sdk_asking_the_user_gets_the_answer_when_replayed() {
     let ns = TestNamespace::new("worker-byo-agents-sdk-ask").await;
     let calls = file(&ns, "model-calls");
-    let proxy = steps_model(&calls, 1, "question", "which environment for step {n}?").await;
+    let proxy = LiteLlm::steps(&calls, 1, "question", "which environment for step {n}?").await;
     let mut run = steps_run("ask", &proxy, "agents_sdk_agent.py", 1);
     run.spec.agent_mut().tools = vec![ToolSpec {
         kind: ToolKind::AskUser,
@@ -139,7 +125,7 @@ async fn the_agents_sdk_telling_its_model_the_time_fails_when_resumed_or_goes_on
         "echo {{n}} >> {}-$BATON_RUN; if [ {{n}} = 2 ]; then sleep 60; fi",
         file(&ns, "effects").display()
     );
-    let proxy = steps_model(&calls, 3, "command", &command).await;
+    let proxy = LiteLlm::steps(&calls, 3, "command", &command).await;
     let runs: Api<AgentRun> = ns.api();
     for (name, on_divergence) in [
         ("strict", OnDivergence::Fail),

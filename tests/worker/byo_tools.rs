@@ -14,7 +14,7 @@ use baton::crd::v1alpha1::{AgentRun, ApprovalPolicy, LeaseSpec, Phase, ToolKind,
 use baton::ledger::UNKNOWN_EFFECT_NOTICE;
 use baton_testkit::common::TestNamespace;
 use baton_testkit::common::own_agent::{
-    agent_container, approve, finish_attempt, lines, start_attempt,
+    agent_container, approve, deny, finish_attempt, lines, start_attempt,
 };
 use baton_testkit::common::worker_proc::*;
 use baton_testkit::model::{Reply, Server};
@@ -110,31 +110,37 @@ async fn a_worker_killed_while_a_tool_runs_never_runs_an_effect_twice() {
     assert_eq!((unknown[0].step, unknown[0].tool.as_str()), (2, "sh"));
 }
 
-#[tokio::test]
-async fn a_gated_call_waits_for_approval_then_runs_once_and_the_agent_gets_its_result() {
-    let ns = TestNamespace::new("worker-byo-approval").await;
-    let file = effects_file(&ns);
+/// A run `name` whose gated `deploy` call (its effect a line in the returned file) is waiting
+/// for a decision after its first attempt, nothing run; its model then answers `answer`.
+async fn waiting_deploy(ns: &TestNamespace, name: &str, answer: &str) -> (Server, PathBuf) {
+    let file = effects_file(ns);
     let server = Server::start(vec![
         calls(
             "c1",
             "deploy",
             &format!("echo deployed >> {}", file.display()),
         ),
-        answers("deployed once"),
+        answers(answer),
     ])
     .await;
     let mut deploy = shell_tool("deploy", false);
     deploy.approval = Some(ApprovalPolicy::Required);
-    let run = agent_run("gated", &server, vec![deploy]);
+    let run = agent_run(name, &server, vec![deploy]);
     let runs: Api<AgentRun> = ns.api();
     runs.create(&PostParams::default(), &run).await.unwrap();
 
-    let st = finish(&ns, "gated", 1).await.status.unwrap_or_default();
+    let st = finish(ns, name, 1).await.status.unwrap_or_default();
     assert_eq!(st.phase, Phase::WaitingApproval, "{st:?}");
     let pending = st.pending_approval.expect("status.pendingApproval");
     assert_eq!((pending.step, pending.tool.as_str()), (1, "deploy"));
     assert!(lines(&file).is_empty(), "nothing runs before the decision");
+    (server, file)
+}
 
+#[tokio::test]
+async fn a_gated_call_waits_for_approval_then_runs_once_and_the_agent_gets_its_result() {
+    let ns = TestNamespace::new("worker-byo-approval").await;
+    let (server, file) = waiting_deploy(&ns, "gated", "deployed once").await;
     approve(&ns, "gated", "looks right").await;
 
     let st = finish(&ns, "gated", 2).await.status.unwrap_or_default();
@@ -152,36 +158,10 @@ async fn a_gated_call_waits_for_approval_then_runs_once_and_the_agent_gets_its_r
 /// answers its call with the denial and its reason, as baton's own loop tells its model.
 #[tokio::test]
 async fn a_denied_call_never_runs_and_the_agent_is_told_why() {
-    use baton::cli::{DenyArgs, RunArgs, Session, Verb};
     let ns = TestNamespace::new("worker-byo-deny").await;
-    let file = effects_file(&ns);
-    let server = Server::start(vec![
-        calls(
-            "c1",
-            "deploy",
-            &format!("echo deployed >> {}", file.display()),
-        ),
-        answers("not deployed"),
-    ])
-    .await;
-    let mut deploy = shell_tool("deploy", false);
-    deploy.approval = Some(ApprovalPolicy::Required);
-    let run = agent_run("denied", &server, vec![deploy]);
-    let runs: Api<AgentRun> = ns.api();
-    runs.create(&PostParams::default(), &run).await.unwrap();
-    let st = finish(&ns, "denied", 1).await.status.unwrap_or_default();
-    assert_eq!(st.phase, Phase::WaitingApproval, "{st:?}");
+    let (server, file) = waiting_deploy(&ns, "denied", "not deployed").await;
+    deny(&ns, "denied", "not on a Friday").await;
 
-    let session = Session::new(ns.client.clone(), "test".into(), ns.name.clone());
-    let deny = Verb::Deny(DenyArgs {
-        target: RunArgs {
-            run: "denied".into(),
-            namespace: Some(ns.name.clone()),
-        },
-        step: None,
-        reason: "not on a Friday".into(),
-    });
-    session.run(deny, &mut Vec::new()).await.unwrap();
     let st = finish(&ns, "denied", 2).await.status.unwrap_or_default();
     assert_eq!(st.outcome, Some(Phase::Succeeded), "{st:?}");
     assert!(lines(&file).is_empty(), "a denied call never runs");

@@ -47,6 +47,27 @@ impl LiteLlm {
         .await
     }
 
+    /// The proxy with tests/litellm/steps.yaml: its model `mock-steps` asks for `steps` calls
+    /// of the first tool a request offers, each with the one argument `argument` set to
+    /// `command` (`{n}`: the step), then answers "done after <steps> steps"; every completed
+    /// call a line of `calls`.
+    pub async fn steps(
+        calls: &std::path::Path,
+        steps: usize,
+        argument: &str,
+        command: &str,
+    ) -> Self {
+        let calls = calls.display().to_string();
+        let steps = steps.to_string();
+        let env = [
+            ("BATON_MODEL_CALLS_FILE", calls.as_str()),
+            ("BATON_STEPS", steps.as_str()),
+            ("BATON_STEP_ARGUMENT", argument),
+            ("BATON_STEP_COMMAND", command),
+        ];
+        Self::start_with("tests/litellm/steps.yaml", &env).await
+    }
+
     /// The proxy with `config` (relative to the repository), `env` added to its environment.
     pub async fn start_with(config: &str, env: &[(&str, &str)]) -> Self {
         baton::kube_util::ensure_crypto_provider();

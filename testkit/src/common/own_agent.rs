@@ -3,6 +3,7 @@
 //! image's own pins; on the bed there is no image to run), and an attempt is a real worker
 //! with the agent container's executor beside it.
 
+use baton::cli::{ApproveArgs, DenyArgs, RunArgs, Session, Verb};
 use baton::crd::v1alpha1::{AgentContainer, AgentRun, LeaseSpec, PlainEnvVar, Provider};
 use kube::Api;
 
@@ -14,21 +15,40 @@ use super::worker_proc::{WorkerProc, scripted_run, shell_tool, spawn_agent_worke
 /// How long an attempt of an own agent may take to end.
 const EXIT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// The agent container running `tests/agents/<script>` with `env`.
+/// The image of the example agents on the real node (hack/images.sh agents: tests/agents/ in
+/// /opt/agents/app/, run by Debian's Python with the same pins as the agents venv).
+pub const AGENTS_IMAGE: &str = "docker.io/library/baton-agents:py";
+
+/// The agent container running `tests/agents/<script>` with `env`, on the bed: the agents
+/// venv's Python runs it from the repository (there is no image to run).
 pub fn agent_container(script: &str, env: &[(&str, &str)]) -> AgentContainer {
     let script = crate::repo_root().join("tests/agents").join(script);
     AgentContainer {
         image: "baton-agents:py".into(),
         command: vec![python(), script.display().to_string()],
-        env: env
-            .iter()
-            .map(|(name, value)| PlainEnvVar {
-                name: name.to_string(),
-                value: value.to_string(),
-            })
-            .collect(),
+        env: plain_env(env),
         ..AgentContainer::default()
     }
+}
+
+/// The agent container running `tests/agents/<script>` from [`AGENTS_IMAGE`] with `env`, as a
+/// run on the real node brings it.
+pub fn image_agent_container(script: &str, env: &[(&str, &str)]) -> AgentContainer {
+    AgentContainer {
+        image: AGENTS_IMAGE.into(),
+        command: vec!["python".into(), format!("/opt/agents/app/{script}")],
+        env: plain_env(env),
+        ..AgentContainer::default()
+    }
+}
+
+/// `env` as a container's plain variables.
+pub fn plain_env(env: &[(&str, &str)]) -> Vec<PlainEnvVar> {
+    let var = |(name, value): &(&str, &str)| PlainEnvVar {
+        name: name.to_string(),
+        value: value.to_string(),
+    };
+    env.iter().map(var).collect()
 }
 
 /// A run `name` of the agent `tests/agents/<script>` with the shell tool `sh`, asked to run
@@ -106,17 +126,36 @@ pub async fn approve(ns: &TestNamespace, name: &str, reason: &str) {
 
 /// [`approve`] in namespace `namespace` with `client`'s credentials.
 pub async fn approve_in(client: &kube::Client, namespace: &str, name: &str, reason: &str) {
-    use baton::cli::{ApproveArgs, RunArgs, Session, Verb};
-    let session = Session::new(client.clone(), "test".into(), namespace.to_string());
-    let approve = Verb::Approve(ApproveArgs {
-        target: RunArgs {
-            run: name.into(),
-            namespace: Some(namespace.to_string()),
-        },
+    let target = run_args(namespace, name);
+    let approve = ApproveArgs {
+        target,
         step: None,
         reason: Some(reason.into()),
-    });
-    session.run(approve, &mut Vec::new()).await.unwrap();
+    };
+    decide(client, namespace, Verb::Approve(approve)).await;
+}
+
+/// Denies the call `name` waits for, as `baton deny <name> --reason <reason>` does.
+pub async fn deny(ns: &TestNamespace, name: &str, reason: &str) {
+    let deny = DenyArgs {
+        target: run_args(&ns.name, name),
+        step: None,
+        reason: reason.into(),
+    };
+    decide(&ns.client, &ns.name, Verb::Deny(deny)).await;
+}
+
+fn run_args(namespace: &str, name: &str) -> RunArgs {
+    RunArgs {
+        run: name.into(),
+        namespace: Some(namespace.to_string()),
+    }
+}
+
+/// Runs the CLI's decision `verb` in `namespace` with `client`'s credentials.
+async fn decide(client: &kube::Client, namespace: &str, verb: Verb) {
+    let session = Session::new(client.clone(), "test".into(), namespace.to_string());
+    session.run(verb, &mut Vec::new()).await.unwrap();
 }
 
 /// Asserts the run ended `Failed` with `ResumeDiverged`, its message naming call 1 and the

@@ -16,7 +16,7 @@ impl EffectsServer {
         let file = dir.join("effects.log");
         std::fs::write(&file, "").unwrap();
         let child = Command::new("nsenter")
-            .arg("--net=/run/netns/baton-node")
+            .arg(format!("--net={NETNS}"))
             .arg("python3")
             .arg(root().join("hack/effects.py"))
             .arg(&addr)
@@ -27,7 +27,7 @@ impl EffectsServer {
         // Listening once it accepts a connection made from inside the namespace.
         let deadline = Instant::now() + Duration::from_secs(20);
         while !Command::new("nsenter")
-            .arg("--net=/run/netns/baton-node")
+            .arg(format!("--net={NETNS}"))
             .args(["bash", "-c", &format!("exec 3<>/dev/tcp/{NODE_IP}/{port}")])
             .stderr(Stdio::null())
             .status()

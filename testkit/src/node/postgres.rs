@@ -156,7 +156,7 @@ fn script(dir: &Path, command: &str) -> String {
 fn in_node() -> Command {
     let mut command = Command::new("nsenter");
     command
-        .arg("--net=/run/netns/baton-node")
+        .arg(format!("--net={NETNS}"))
         .current_dir(crate::repo_root());
     command
 }

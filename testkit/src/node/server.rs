@@ -29,7 +29,7 @@ impl Relay {
         let relay = crate::repo_root().join("hack/relay.py");
         let child = Command::new("python3")
             .arg(relay)
-            .args([&port.to_string(), "/run/netns/baton-node", target])
+            .args([&port.to_string(), NETNS, target])
             .spawn()
             .expect("starting hack/relay.py");
         let deadline = Instant::now() + Duration::from_secs(10);
