@@ -81,6 +81,19 @@ if [[ $(cat "$agents_venv/requirements.sha256" 2>/dev/null) != "$agents_sum" ]];
 fi
 "$agents_venv/bin/python" -c 'import importlib.metadata as m; print("openai-agents", m.version("openai-agents"))'
 
+step "the stock protocol clients of tests/clients/requirements.txt (PyPI), in a venv of their own"
+# The server's Responses and A2A tests drive baton with the official openai and a2a-sdk clients;
+# rebuilt when the pins change (a hash of the file beside it).
+clients_venv=${BATON_CACHE_DIR:-$HOME/.cache/baton}/clients-venv
+clients_sum=$(sha256sum tests/clients/requirements.txt | cut -d' ' -f1)
+if [[ $(cat "$clients_venv/requirements.sha256" 2>/dev/null) != "$clients_sum" ]]; then
+  rm -rf "$clients_venv"
+  python3 -m venv "$clients_venv"
+  "$clients_venv/bin/python" -m pip install --quiet --disable-pip-version-check -r tests/clients/requirements.txt
+  echo "$clients_sum" >"$clients_venv/requirements.sha256"
+fi
+"$clients_venv/bin/python" -c 'import importlib.metadata as m; print("a2a-sdk", m.version("a2a-sdk"), "openai", m.version("openai"))'
+
 step "a real browser for the console's tests: Debian's chromium, driven by npm's playwright-core"
 # Playwright's own browser download cannot work here: its npm package is installed without
 # one, and the tests launch /usr/bin/chromium (tests/browser/console.mjs).

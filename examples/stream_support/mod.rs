@@ -25,12 +25,15 @@ pub use proc::*;
 #[allow(unused_imports)]
 pub use sse::{gauge, reads_in_order};
 
+/// Waits until `count` streams are open and none reads its ledger any more: what follows is
+/// the live tail alone.
 pub async fn wait_followers(url: &str, count: usize) {
     let deadline = Instant::now() + Duration::from_secs(120);
     while Instant::now() < deadline {
         if let Ok(r) = reqwest::get(format!("{url}/metrics")).await
             && let Ok(text) = r.text().await
             && gauge(&text, "baton_server_followers") >= count as f64
+            && gauge(&text, "baton_server_streams_replaying") == 0.0
         {
             return;
         }
@@ -39,13 +42,15 @@ pub async fn wait_followers(url: &str, count: usize) {
     panic!("{count} followers never connected");
 }
 
-/// A run claimed at fence 1 (its `claimed` seal written), with its store for the appends.
+/// A run claimed at fence 1 (its `claimed` seal written), with its store for the appends; a
+/// turn of thread `bench` by its spec (what an A2A agent's task is), never joined.
 pub async fn started_run(
     client: &Client,
     ns: &str,
     name: &str,
 ) -> anyhow::Result<(AgentRun, SegmentStore)> {
-    let run = AgentRun::builder(name).input("bench").reply("ok").build();
+    let mut run = AgentRun::builder(name).input("bench").reply("ok").build();
+    run.spec.thread = Some(BENCH_THREAD.into());
     let runs: Api<AgentRun> = Api::namespaced(client.clone(), ns);
     runs.create(&PostParams::default(), &run).await?;
     claim::claim(client, ns, name, 1).await;
@@ -53,6 +58,9 @@ pub async fn started_run(
     let store = SegmentStore::for_run(client.clone(), &run);
     Ok((run, store))
 }
+
+/// The thread the bench's runs name (the A2A agent they are tasks of).
+pub const BENCH_THREAD: &str = "bench";
 
 pub fn start_server(flags: &[&str]) -> anyhow::Result<(Child, String)> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")?

@@ -167,6 +167,18 @@ impl Outgoing {
         event.closed()
     }
 
+    /// `events` written one after the other as one piece: what one ledger position makes in
+    /// a view that makes several events of it is handed to the connection at once (one
+    /// channel send and one write, not one per event); None for no events.
+    pub fn joined(events: Vec<Outgoing>) -> Option<Self> {
+        let mut events = events.into_iter();
+        let mut first = events.next()?;
+        for event in events {
+            first.0.extend_from_slice(&event.0);
+        }
+        Some(first)
+    }
+
     /// `event`, `id` and the start of the `data` line.
     fn opened(name: &str, id: Option<&str>, room: usize) -> Self {
         let mut bytes = Vec::with_capacity(room + name.len() + 32);

@@ -30,7 +30,7 @@ use tokio::task::JoinHandle;
 
 use super::caller::Caller;
 use super::error::ApiError;
-use super::metrics::ServerMetrics;
+use super::metrics::{Counted, ServerMetrics};
 use crate::crd::v1alpha1::{AgentRun, LedgerSegment};
 use crate::ledger::postgres::{Notice, PgLedger};
 
@@ -72,23 +72,6 @@ impl Drop for Hub {
     fn drop(&mut self) {
         self.task.abort();
         self.metrics.hubs.dec();
-    }
-}
-
-/// Counts one open watch in a gauge for as long as it lives: an aborted hub's watches are
-/// dropped mid-await, so the count must not depend on the code after the await running.
-struct Counted<'a>(&'a prometheus_client::metrics::gauge::Gauge);
-
-impl<'a> Counted<'a> {
-    fn new(gauge: &'a prometheus_client::metrics::gauge::Gauge) -> Self {
-        gauge.inc();
-        Self(gauge)
-    }
-}
-
-impl Drop for Counted<'_> {
-    fn drop(&mut self) {
-        self.0.dec();
     }
 }
 

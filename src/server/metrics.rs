@@ -18,6 +18,9 @@ pub struct ServerMetrics {
     pub api_watches: Gauge,
     /// Bytes of events the streams hold for their clients now (`held`'s budget in use).
     pub stream_bytes: Gauge,
+    /// Streams reading their ledger now: a replay, or a read again after a gap or a resync
+    /// (the rest wait on their hub's live tail).
+    pub replaying: Gauge,
     /// Requests answered, by HTTP status code.
     pub responses: Family<Vec<(&'static str, String)>, Counter>,
 }
@@ -30,6 +33,7 @@ impl Default for ServerMetrics {
             hubs: Gauge::default(),
             api_watches: Gauge::default(),
             stream_bytes: Gauge::default(),
+            replaying: Gauge::default(),
             responses: Family::default(),
         };
         m.registry
@@ -50,6 +54,11 @@ impl Default for ServerMetrics {
             m.stream_bytes.clone(),
         );
         m.registry.register(
+            "streams_replaying",
+            "Streams reading their ledger now (a replay, or again after a gap); the rest follow the live tail",
+            m.replaying.clone(),
+        );
+        m.registry.register(
             "responses",
             "HTTP responses by status code",
             m.responses.clone(),
@@ -62,5 +71,22 @@ impl ServerMetrics {
     /// The OpenMetrics text of every metric.
     pub fn render(&self) -> String {
         crate::serving::admin::openmetrics_text(&self.registry)
+    }
+}
+
+/// Counts one thing in a gauge for as long as it lives: a task aborted mid-await drops it, so
+/// the count never depends on code after the await running.
+pub struct Counted(Gauge);
+
+impl Counted {
+    pub fn new(gauge: &Gauge) -> Self {
+        gauge.inc();
+        Self(gauge.clone())
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }

@@ -2,6 +2,7 @@
 //! the ledger position (docs/architecture.md, "Server"). Stateless: every request acts
 //! with the caller's own Kubernetes credential, and any replica answers any request the same.
 
+mod a2a;
 mod args;
 mod body;
 mod caller;
@@ -14,6 +15,7 @@ mod identity;
 mod ledger_api;
 mod metrics;
 mod names;
+mod responses;
 mod runs;
 mod session;
 mod signin;
@@ -21,6 +23,7 @@ mod slots;
 mod stream;
 mod threads;
 mod token_cache;
+mod view;
 pub mod visible;
 mod watchdog;
 mod whole;
@@ -201,14 +204,15 @@ impl ServerState {
         &self,
         requests: crate::requests::RunRequests,
         hub: Arc<hub::Hub>,
-        connection: Option<axum::Extension<crate::serving::cut::ConnectionCut>>,
+        connection: Option<crate::serving::cut::ConnectionCut>,
     ) -> (stream::Follow, Response) {
         let (out, events) = mpsc::channel(stream::STREAM_BUFFER);
         let (cut, cut_seen) = tokio::sync::watch::channel(false);
         let follow = stream::Follow::new(requests, hub, out, self.stream_bytes.clone(), cut)
             .rechecking_every(self.access_recheck)
             .patience(self.slow_follower)
-            .on_connection(connection.map(|c| c.0));
+            .counting_replays(self.metrics.replaying.clone())
+            .on_connection(connection);
         (follow, held::sse_response(events, cut_seen, HEARTBEAT))
     }
 
@@ -216,6 +220,12 @@ impl ServerState {
     pub fn with_session_key(mut self, key: SessionKey) -> Self {
         self.sessions = key;
         self
+    }
+
+    /// True when clients reach this server over HTTPS (its own TLS, or a proxy's: the
+    /// console's cookies are `Secure` then): the scheme of the addresses it hands out.
+    fn serves_https(&self) -> bool {
+        self.console.secure_cookies
     }
 
     /// How the console's cookies are written.
@@ -276,6 +286,8 @@ pub fn router(state: Arc<ServerState>) -> Router {
             &format!("{ns}/threads/{{thread}}/turns"),
             post(threads::post_turn),
         )
+        .merge(responses::routes(ns))
+        .merge(a2a::routes(ns))
         .route("/console", get(console::index))
         .route("/console/threads", get(console::threads))
         .route("/console/approvals", get(console::approvals))

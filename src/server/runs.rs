@@ -17,6 +17,7 @@ use super::ServerState;
 use super::caller::Caller;
 use super::cursor::Resume;
 use super::error::ApiError;
+use super::view::{Native, View};
 use crate::crd::v1alpha1::{AgentRun, LedgerSegment, Phase, Verdict};
 use crate::requests::{Stopped, phase_of};
 use crate::serving::cut::ConnectionCut;
@@ -97,13 +98,31 @@ pub async fn events(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let resume = query.resume(&headers)?;
-    let slot = state.stream_slot(&caller)?;
-    let hub = state.hubs.join(&caller, &ns)?;
-    let (mut follow, response) = state.follow(state.requests(&caller, &ns), hub, connection);
-    // Read (and so authorized) before the stream opens: a refusal is a plain HTTP answer.
-    let run = follow.requests().read(&name).await?;
+    let view = |run: &AgentRun| {
+        let after = resume.position_in(&run.id().uid);
+        (Box::new(Native::default()) as Box<dyn View>, after)
+    };
+    follow_run(&state, &caller, &ns, &name, connection.map(|c| c.0), view).await
+}
+
+/// A stream of run `name`, shown to the client by the view `view` makes of the run (with the
+/// position its cursor names): the caller's slot and hub, the run read (and so authorized)
+/// before the stream opens, so that a refusal is a plain HTTP answer.
+pub(super) async fn follow_run(
+    state: &Arc<ServerState>,
+    caller: &Caller,
+    ns: &str,
+    name: &str,
+    connection: Option<ConnectionCut>,
+    view: impl FnOnce(&AgentRun) -> (Box<dyn View>, i64),
+) -> Result<Response, ApiError> {
+    let slot = state.stream_slot(caller)?;
+    let hub = state.hubs.join(caller, ns)?;
+    let (follow, response) = state.follow(state.requests(caller, ns), hub, connection);
+    let run = follow.requests().read(name).await?;
     follow.requests().probe_ledgers().await?;
-    let after = resume.position_in(&run.id().uid);
+    let (view, after) = view(&run);
+    let mut follow = follow.viewed_as(view);
     let metrics = state.metrics.clone();
     let watchdog = follow.watchdog();
     tokio::spawn(async move {

@@ -3,7 +3,8 @@
 //! or a repeat, and an `end` event once the run has ended. The client leaving ends only the
 //! stream: nothing here writes to the run.
 //!
-//! Events (Server-Sent Events):
+//! What the client is sent of all that is its view's ([`super::view`]): baton's own events,
+//! by default:
 //! - `status` (no id): the run's phase, reason, message and pending approval, when it changes;
 //! - `segment` (id `<run UID>:<position>`): one ledger segment, its chunked events rebuilt
 //!   whole ([`super::whole`]);
@@ -15,16 +16,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kube::ResourceExt;
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::{OwnedSemaphorePermit, broadcast, mpsc, watch};
 use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::held::{EventBudget, Held, Outgoing, Tally};
 use super::hub::{Change, Hub};
+use super::metrics::Counted;
+use super::view::{Native, View};
 use super::watchdog::Watchdog;
-use super::whole::{earlier_chunks, rebuild, segment_event};
+use super::whole::{earlier_chunks, rebuild};
 use crate::causes::with_causes;
-use crate::crd::v1alpha1::{AgentRun, LedgerSegment, Phase};
+use crate::crd::v1alpha1::{AgentRun, LedgerSegment};
 use crate::ledger::Contiguous;
 use crate::ledger::is_segment_of;
 use crate::requests::{RequestError, RunRequests, phase_of};
@@ -80,6 +84,10 @@ pub struct Follow {
     patience: Duration,
     /// The client's connection, cut with the stream ([`crate::connection`]).
     connection: Option<ConnectionCut>,
+    /// Counts this stream while it reads its ledger.
+    replaying: Gauge,
+    /// What the client's protocol makes of the run ([`super::view`]).
+    view: Box<dyn View>,
 }
 
 impl Follow {
@@ -104,7 +112,21 @@ impl Follow {
             recheck_every: ACCESS_RECHECK,
             patience: SLOW_FOLLOWER,
             connection: None,
+            replaying: Gauge::default(),
+            view: Box::new(Native::default()),
         }
+    }
+
+    /// Shows the run to the client as `view` does instead of in baton's own events.
+    pub fn viewed_as(mut self, view: Box<dyn View>) -> Self {
+        self.view = view;
+        self
+    }
+
+    /// Counts this stream in `gauge` while it reads its ledger.
+    pub fn counting_replays(mut self, gauge: Gauge) -> Self {
+        self.replaying = gauge;
+        self
     }
 
     /// Cuts `connection` too when the client is cut: what it holds in the connection's write
@@ -169,7 +191,7 @@ impl Follow {
     /// False once the API server refuses the caller (401 or 403) what a stream reads; an
     /// `error` event says so. Any other failure (the API server out of reach) is asked again
     /// at the next check.
-    async fn still_allowed(&self) -> bool {
+    async fn still_allowed(&mut self) -> bool {
         let refused = match self.requests.probe_ledgers().await {
             Err(RequestError::Kube(kube::Error::Api(status))) => {
                 matches!(status.code, 401 | 403).then_some(status.message)
@@ -179,8 +201,8 @@ impl Follow {
         let Some(message) = refused else {
             return true;
         };
-        let data = serde_json::json!({ "message": format!("access revoked: {message}") });
-        let _ = self.send(json_event("error", &data)).await;
+        let event = self.view.error(None, &format!("access revoked: {message}"));
+        let _ = self.send(event).await;
         false
     }
 
@@ -218,8 +240,7 @@ impl Follow {
         let mut state = RunState {
             name: run.name_any(),
             uid: run.id().uid,
-            sent: Contiguous::after(after),
-            phase: None,
+            sent: Contiguous::after(self.view.read_from(after)),
             run: run.clone(),
         };
         let mut current = run;
@@ -228,7 +249,8 @@ impl Follow {
         // run alone needs no read.
         let mut must_read = true;
         loop {
-            if !self.send_status(&current, &mut state).await {
+            let status = self.view.run(&current);
+            if !self.send_all(status).await {
                 return Ended::ClientGone;
             }
             let ended = phase_of(&current).is_terminal();
@@ -296,6 +318,7 @@ impl Follow {
     /// sends what follows the cursor, each page before the next is read; Some when the
     /// stream must end.
     async fn read_ledger(&mut self, run: &AgentRun, state: &mut RunState) -> Option<Ended> {
+        let _replaying = Counted::new(&self.replaying);
         loop {
             let after = state.sent.tail();
             let reading = tokio::select! {
@@ -354,7 +377,7 @@ impl Follow {
     /// the chunked events it ends, and only while it has a reading place (one is taken, before
     /// any room, when a segment from the hub ends a chunked event).
     async fn send_ready(
-        &self,
+        &mut self,
         state: &mut RunState,
         reading: Option<OwnedSemaphorePermit>,
     ) -> Result<(), Ended> {
@@ -379,7 +402,7 @@ impl Follow {
                 }
                 None => None,
             };
-            events.push(segment_event(segment, rebuilt));
+            events.extend(self.view.segment(segment, rebuilt));
         }
         let batches = self.budget.batches(events);
         let count = batches.len();
@@ -402,56 +425,35 @@ impl Follow {
     }
 
     /// Sends an `error` event: the ledger could not be read.
-    async fn failed(&self, run: &AgentRun, err: &RequestError) -> Ended {
-        let data = serde_json::json!({ "run": run.name_any(), "message": with_causes(err) });
-        let _ = self.send(json_event("error", &data)).await;
+    async fn failed(&mut self, run: &AgentRun, err: &RequestError) -> Ended {
+        let event = self.view.error(Some(&run.name_any()), &with_causes(err));
+        let _ = self.send(event).await;
         Ended::Failed
     }
 
-    /// A `status` event when the phase (or what the run waits on) changed since the last one.
-    async fn send_status(&self, run: &AgentRun, state: &mut RunState) -> bool {
-        let status = run.status.clone().unwrap_or_default();
-        let key = (
-            status.phase,
-            status.pending_approval.as_ref().map(|p| p.step),
-        );
-        if state.phase == Some(key) {
-            return true;
+    /// Sends `events` in order; false once the client is gone.
+    async fn send_all(&self, events: Vec<Outgoing>) -> bool {
+        for event in events {
+            if !self.send(event).await {
+                return false;
+            }
         }
-        state.phase = Some(key);
-        let data = serde_json::json!({
-            "run": run.name_any(),
-            "uid": run.uid(),
-            "phase": status.phase,
-            "reason": status.reason,
-            "message": status.message,
-            "pendingApproval": status.pending_approval,
-        });
-        self.send(json_event("status", &data)).await
+        true
     }
 
-    async fn end(&self, run: &AgentRun) -> Ended {
-        let status = run.status.clone().unwrap_or_default();
-        let data = serde_json::json!({
-            "run": run.name_any(),
-            "uid": run.uid(),
-            "phase": status.phase,
-            "reason": status.reason,
-            "message": status.message,
-        });
-        if self.send(json_event("end", &data)).await {
-            Ended::Run
-        } else {
-            Ended::ClientGone
+    async fn end(&mut self, run: &AgentRun) -> Ended {
+        let events = self.view.ended(run);
+        match self.send_all(events).await {
+            true => Ended::Run,
+            false => Ended::ClientGone,
         }
     }
 
-    async fn deleted(&self, run: &AgentRun) -> Ended {
-        let data = serde_json::json!({ "run": run.name_any(), "uid": run.uid(), "deleted": true });
-        if self.send(json_event("end", &data)).await {
-            Ended::Deleted
-        } else {
-            Ended::ClientGone
+    async fn deleted(&mut self, run: &AgentRun) -> Ended {
+        let events = self.view.deleted(run);
+        match self.send_all(events).await {
+            true => Ended::Deleted,
+            false => Ended::ClientGone,
         }
     }
 }
@@ -473,13 +475,6 @@ struct RunState {
     name: String,
     uid: String,
     sent: Contiguous,
-    phase: Option<(Phase, Option<i64>)>,
     /// The run as the stream began: where its ledger is read from.
     run: AgentRun,
-}
-
-/// An event named `name` with `data` as its JSON (one line: JSON escapes every newline, so
-/// nothing a model or a tool wrote can end an event early or forge one).
-pub fn json_event(name: &str, data: &serde_json::Value) -> Outgoing {
-    Outgoing::json(name, None, data)
 }

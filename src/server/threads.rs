@@ -20,7 +20,8 @@ use super::cursor::Resume;
 use super::error::ApiError;
 use super::hub::Change;
 use super::runs::{StreamQuery, bad_body};
-use super::stream::{Ended, Follow, json_event};
+use super::stream::{Ended, Follow};
+use super::view::json_event;
 use crate::crd::v1alpha1::{AgentRun, AgentThread, BusyPolicy};
 use crate::kube_util::is_not_found;
 use crate::requests::phase_of;
@@ -39,7 +40,11 @@ pub async fn get(
     Ok(Json(read_thread(caller.client(), &ns, &name).await?))
 }
 
-async fn read_thread(client: &kube::Client, ns: &str, name: &str) -> Result<AgentThread, ApiError> {
+pub(super) async fn read_thread(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+) -> Result<AgentThread, ApiError> {
     let api: Api<AgentThread> = Api::namespaced(client.clone(), ns);
     api.get(name).await.map_err(|e| {
         if is_not_found(&e) {
@@ -71,20 +76,29 @@ pub async fn post_turn(
     if body.input.trim().is_empty() {
         return Err(ApiError::BadRequest("input: must not be empty".into()));
     }
-    let thread = read_thread(caller.client(), &ns, &name).await?;
+    let created = create_turn(caller.client(), &ns, &name, |t| t.new_turn(&body.input)).await?;
+    Ok((StatusCode::CREATED, Json(created)))
+}
+
+/// Creates the turn `turn` makes of thread `name`, unless the thread is busy and its onBusy
+/// policy is Reject (409 `ThreadBusy`, nothing created).
+pub(super) async fn create_turn(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    turn: impl FnOnce(&AgentThread) -> AgentRun,
+) -> Result<AgentRun, ApiError> {
+    let thread = read_thread(client, ns, name).await?;
     if thread.spec.on_busy == BusyPolicy::Reject
         && let Some(live) = thread.busy()
     {
         return Err(ApiError::ThreadBusy {
-            thread: name,
+            thread: name.to_string(),
             live: live.to_string(),
         });
     }
-    let api: Api<AgentRun> = Api::namespaced(caller.client().clone(), &ns);
-    let created = api
-        .create(&PostParams::default(), &thread.new_turn(&body.input))
-        .await?;
-    Ok((StatusCode::CREATED, Json(created)))
+    let api: Api<AgentRun> = Api::namespaced(client.clone(), ns);
+    Ok(api.create(&PostParams::default(), &turn(&thread)).await?)
 }
 
 /// The thread's turns, in their places (those that have not joined yet last).
@@ -122,7 +136,7 @@ pub async fn events(
     let slot = state.stream_slot(&caller)?;
     let hub = state.hubs.join(&caller, &ns)?;
     let client = caller.client().clone();
-    let (follow, response) = state.follow(requests, hub, connection);
+    let (follow, response) = state.follow(requests, hub, connection.map(|c| c.0));
     let mut stream = ThreadStream {
         follow,
         client,

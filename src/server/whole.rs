@@ -38,7 +38,25 @@ pub fn segment_event(
         uid: uid.to_string(),
         seq: segment.spec.seq,
     };
-    let events: Vec<Cow<'_, LedgerEvent>> = match rebuilt {
+    let events = whole_events(segment, rebuilt);
+    let data = SegmentData {
+        run: &segment.spec.run,
+        uid,
+        seq: segment.spec.seq,
+        fence: segment.spec.fence,
+        events: &events,
+    };
+    Outgoing::json("segment", Some(&id.to_string()), &data)
+}
+
+/// The events `segment` shows a reader: its chunked event rebuilt whole (`rebuilt`, when it
+/// ends one), the chunks before an event's last left out (part of an event not complete
+/// there); a chunked event that could not be rebuilt is shown as stored, never hidden.
+pub fn whole_events(
+    segment: &LedgerSegment,
+    rebuilt: Option<Result<LedgerEvent, String>>,
+) -> Vec<Cow<'_, LedgerEvent>> {
+    match rebuilt {
         Some(Ok(whole)) => vec![Cow::Owned(whole)],
         Some(Err(detail)) => {
             tracing::warn!(run = %segment.spec.run, seq = segment.spec.seq, %detail, "a chunked event could not be rebuilt; its last chunk is sent as stored");
@@ -52,15 +70,7 @@ pub fn segment_event(
             .filter(|e| !matches!(e, LedgerEvent::Chunk { .. }))
             .map(Cow::Borrowed)
             .collect(),
-    };
-    let data = SegmentData {
-        run: &segment.spec.run,
-        uid,
-        seq: segment.spec.seq,
-        fence: segment.spec.fence,
-        events: &events,
-    };
-    Outgoing::json("segment", Some(&id.to_string()), &data)
+    }
 }
 
 /// When `segment` holds the last chunk of a chunked event: the `(after, count)` of the

@@ -16,6 +16,7 @@
 //! There is no mock of the API server here: a test that needs one fails and says how to start
 //! it (`hack/with-control-plane.sh`).
 
+pub mod clients;
 pub mod common;
 pub mod controller;
 pub mod e2e;

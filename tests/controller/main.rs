@@ -2,6 +2,8 @@
 //! the worker. One test binary for all of it (each file is a module):
 //! - `claims`: the claim protocol, takeovers and terminal claims;
 //! - `ops`: the admin endpoints, ttlSecondsAfterFinished, re-created runs, the controller's memory;
+//! - `protocol_trust`: a response (the Responses API) or a task (A2A) asks its caller for what
+//!   its thread lends, as a run or a turn does;
 //! - `race`: two controllers without an election still make one claim per expiry;
 //! - `rbac`: per-run least privilege before a run's first worker pod;
 //! - `restart`: a controller that dies between the steps of a claim completes it;
@@ -16,6 +18,7 @@
 
 mod claims;
 mod ops;
+mod protocol_trust;
 mod race;
 mod rbac;
 mod restart;

@@ -27,12 +27,20 @@
 //! - `proxy`: behind an authenticating proxy, the API server decides whom its header may name;
 //! - `transcript_cli`: `baton transcript -f --server` with the kubeconfig's own credential
 //!   follows a run kept in PostgreSQL across the real server's kill, each line once;
+//! - `a2a`: the official `a2a-sdk` client, unchanged, follows a thread's task across its
+//!   worker's kill -9 and its own resubscribe after the last event it had, each event once; a
+//!   conversation of three turns; a cancel;
+//! - `responses`: the stock `openai` SDK, unchanged, follows a background response across its
+//!   worker's kill -9 and its own reconnect (`starting_after`), each event once; a
+//!   conversation of three turns; a cancel;
 //! - `threads`: a turn posted over HTTP streams on the thread's stream, turn after turn, and
 //!   `onBusy: Reject` answers 409 `ThreadBusy`.
 
+mod a2a;
 mod api;
 mod bounds;
 mod chunked;
+mod clients;
 mod console;
 mod hostile;
 mod ledger;
@@ -41,6 +49,7 @@ mod ledger_tls;
 mod own_agent;
 mod pg_runs;
 mod proxy;
+mod responses;
 mod stream;
 mod threads;
 mod transcript_cli;

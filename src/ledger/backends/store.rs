@@ -88,7 +88,7 @@ impl SegmentStore {
         after: i64,
         limit: usize,
     ) -> Result<Vec<LedgerSegment>, LedgerError> {
-        use futures::{StreamExt, TryStreamExt};
+        use futures::StreamExt;
         let positions = (after + 1..).take(limit);
         let reads = futures::stream::iter(positions)
             .map(|seq| {
@@ -96,13 +96,18 @@ impl SegmentStore {
                 async move { self.api.get_opt(&name).await }
             })
             .buffered(PAGE_READS_AT_ONCE);
-        let found: Vec<Option<LedgerSegment>> = reads.try_collect().await?;
+        let mut reads = std::pin::pin!(reads);
         // The page ends at the first position not written, or written for another run (an
-        // earlier run of the same name, not yet collected): that is not this run's.
-        let page: Vec<LedgerSegment> = found
-            .into_iter()
-            .map_while(|s| s.filter(|s| is_segment_of(s, &self.run, &self.run_uid)))
-            .collect();
+        // earlier run of the same name, not yet collected): that is not this run's. No read
+        // is started past it but the few already in flight (a page of 100 at the ledger's end
+        // is a handful of reads, not 100).
+        let mut page = Vec::new();
+        while let Some(found) = reads.next().await {
+            match found? {
+                Some(s) if is_segment_of(&s, &self.run, &self.run_uid) => page.push(s),
+                _ => break,
+            }
+        }
         check_contiguous_after(after, &page)?;
         Ok(page)
     }
