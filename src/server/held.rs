@@ -167,16 +167,21 @@ impl Outgoing {
         event.closed()
     }
 
-    /// `events` written one after the other as one piece: what one ledger position makes in
-    /// a view that makes several events of it is handed to the connection at once (one
-    /// channel send and one write, not one per event); None for no events.
-    pub fn joined(events: Vec<Outgoing>) -> Option<Self> {
-        let mut events = events.into_iter();
-        let mut first = events.next()?;
-        for event in events {
-            first.0.extend_from_slice(&event.0);
+    /// The events `(name, data)` (each `data` one line of JSON, as [`Self::new`] needs) written
+    /// one after the other as one piece: what one ledger position makes in a view that makes
+    /// several events of it is handed to the connection at once (one channel send and one
+    /// write, not one per event); None for no events.
+    pub fn joined<N: AsRef<str>, D: AsRef<str>>(
+        events: impl IntoIterator<Item = (N, D)>,
+    ) -> Option<Self> {
+        let mut bytes = Vec::new();
+        for (name, data) in events {
+            let (name, data) = (name.as_ref().as_bytes(), data.as_ref().as_bytes());
+            for part in [&b"event: "[..], name, b"\ndata: ", data, b"\n\n"] {
+                bytes.extend_from_slice(part);
+            }
         }
-        Some(first)
+        (!bytes.is_empty()).then_some(Self(bytes))
     }
 
     /// `event`, `id` and the start of the `data` line.
@@ -367,6 +372,16 @@ mod tests {
         assert_eq!(e.as_bytes(), b"event: end\ndata: {}\n\n");
         let e = Outgoing::json("status", None, &serde_json::json!({"m": "a\nb"}));
         assert_eq!(e.as_bytes(), b"event: status\ndata: {\"m\":\"a\\nb\"}\n\n");
+    }
+
+    #[test]
+    fn events_joined_are_each_event_in_turn() {
+        let e = Outgoing::joined([("a", "{}"), ("b", "[1]")]).unwrap();
+        assert_eq!(
+            e.as_bytes(),
+            b"event: a\ndata: {}\n\nevent: b\ndata: [1]\n\n"
+        );
+        assert!(Outgoing::joined(Vec::<(&str, &str)>::new()).is_none());
     }
 
     #[tokio::test]

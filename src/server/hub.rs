@@ -31,6 +31,7 @@ use tokio::task::JoinHandle;
 use super::caller::Caller;
 use super::error::ApiError;
 use super::metrics::{Counted, ServerMetrics};
+use super::shared_fold::Folds;
 use crate::crd::v1alpha1::{AgentRun, LedgerSegment};
 use crate::ledger::postgres::{Notice, PgLedger};
 
@@ -64,6 +65,8 @@ pub enum Change {
 /// them.
 pub struct Hub {
     tx: broadcast::Sender<Change>,
+    /// The folds its followers share (`shared_fold`): a caller's own, never another's.
+    pub folds: Folds,
     task: JoinHandle<()>,
     metrics: Arc<ServerMetrics>,
 }
@@ -152,6 +155,7 @@ impl Hubs {
         self.metrics.hubs.inc();
         let hub = Arc::new(Hub {
             tx,
+            folds: Folds::default(),
             task,
             metrics: self.metrics.clone(),
         });

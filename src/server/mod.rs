@@ -18,6 +18,9 @@ mod names;
 mod responses;
 mod runs;
 mod session;
+mod shared_fold;
+#[cfg(test)]
+mod shared_views_tests;
 mod signin;
 mod slots;
 mod stream;

@@ -17,6 +17,7 @@ use super::ServerState;
 use super::caller::Caller;
 use super::cursor::Resume;
 use super::error::ApiError;
+use super::shared_fold::Folds;
 use super::view::{Native, View};
 use crate::crd::v1alpha1::{AgentRun, LedgerSegment, Phase, Verdict};
 use crate::requests::{Stopped, phase_of};
@@ -98,7 +99,7 @@ pub async fn events(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let resume = query.resume(&headers)?;
-    let view = |run: &AgentRun| {
+    let view = |run: &AgentRun, _: &Folds| {
         let after = resume.position_in(&run.id().uid);
         (Box::new(Native::default()) as Box<dyn View>, after)
     };
@@ -114,14 +115,14 @@ pub(super) async fn follow_run(
     ns: &str,
     name: &str,
     connection: Option<ConnectionCut>,
-    view: impl FnOnce(&AgentRun) -> (Box<dyn View>, i64),
+    view: impl FnOnce(&AgentRun, &Folds) -> (Box<dyn View>, i64),
 ) -> Result<Response, ApiError> {
     let slot = state.stream_slot(caller)?;
     let hub = state.hubs.join(caller, ns)?;
-    let (follow, response) = state.follow(state.requests(caller, ns), hub, connection);
+    let (follow, response) = state.follow(state.requests(caller, ns), hub.clone(), connection);
     let run = follow.requests().read(name).await?;
     follow.requests().probe_ledgers().await?;
-    let (view, after) = view(&run);
+    let (view, after) = view(&run, &hub.folds);
     let mut follow = follow.viewed_as(view);
     let metrics = state.metrics.clone();
     let watchdog = follow.watchdog();

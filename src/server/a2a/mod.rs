@@ -5,10 +5,10 @@
 //! one a client names with the ledger-cursor extension). A message that names a task waiting
 //! for input is its input. Every request is made with the caller's own credential.
 
-mod translate;
+pub(super) mod translate;
 #[cfg(test)]
 mod translate_tests;
-mod view;
+pub(super) mod view;
 
 use std::sync::Arc;
 
@@ -25,6 +25,7 @@ use super::ServerState;
 use super::caller::Caller;
 use super::error::ApiError;
 use super::runs::follow_run;
+use super::shared_fold::Folds;
 use super::threads::{create_turn, read_thread};
 use crate::crd::v1alpha1::{AgentRun, Phase};
 use crate::requests::phase_of;
@@ -326,8 +327,8 @@ impl Asked {
         connection: Option<ConnectionCut>,
     ) -> Result<Response, RpcError> {
         let request = self.id.clone();
-        let view = |run: &AgentRun| {
-            let view = A2aView::new(ids, request, run, first, after);
+        let view = |run: &AgentRun, folds: &Folds| {
+            let view = A2aView::new(ids, &request, run, first, after, folds);
             (Box::new(view) as Box<dyn super::view::View>, 0)
         };
         let (state, caller) = (&self.state, &self.caller);

@@ -30,7 +30,7 @@ pub fn cursor(number: i64) -> Value {
 }
 
 /// Turns the fold's Responses events into A2A events, remembering which artifacts it began.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Translator {
     begun: HashSet<String>,
 }

@@ -71,7 +71,8 @@ pub struct Meta {
 }
 
 /// The fold: the output items and usage so far, and the end once the ledger says it.
-#[derive(Debug, Default)]
+/// Cloned when followers share it (`server::shared_fold`): [`Fold::weight`] says the cost.
+#[derive(Clone, Debug, Default)]
 pub struct Fold {
     items: Vec<Value>,
     /// The message item being streamed (deltas, no closing message yet).
@@ -87,6 +88,8 @@ pub struct Fold {
     last_answer: Option<String>,
     started: bool,
     end: Option<End>,
+    /// About the bytes of text it holds.
+    weight: usize,
 }
 
 /// The events of one position, numbered as they are made.
@@ -107,6 +110,11 @@ impl Numbering {
 impl Fold {
     pub fn end(&self) -> Option<&End> {
         self.end.as_ref()
+    }
+
+    /// About the bytes a copy of the fold copies: the text it holds (it only grows).
+    pub fn weight(&self) -> usize {
+        self.weight
     }
 
     /// The events of `events`, the ledger's position `position`.
@@ -185,6 +193,7 @@ impl Fold {
             }
         };
         self.streamed.push_str(text);
+        self.weight += text.len();
         out.push(json!({
             "type": "response.output_text.delta",
             "item_id": self.items[index]["id"], "output_index": index, "content_index": 0,
@@ -214,6 +223,8 @@ impl Fold {
     /// A complete assistant message: the streamed item it ends, or a new one.
     fn message(&mut self, position: i64, content: &str, out: &mut Numbering) {
         self.last_answer = Some(content.to_string());
+        // Kept twice: the last answer and its item.
+        self.weight += 2 * content.len();
         let index = match self.take_streaming() {
             Some(index) => index,
             None if content.is_empty() => return,
@@ -261,6 +272,7 @@ impl Fold {
         });
         let index = self.add_item(item, out);
         self.steps.insert(step, index);
+        self.weight += tool.len() + arguments.len();
         out.push(json!({
             "type": "response.mcp_call_arguments.done",
             "item_id": id, "output_index": index, "arguments": arguments,
@@ -303,6 +315,7 @@ impl Fold {
         if is_error {
             item["error"] = json!(output);
         }
+        self.weight += output.len() * (1 + usize::from(is_error));
         let id = item["id"].clone();
         out.push(json!({"type": kind, "item_id": id, "output_index": index}));
         self.item_done(index, out);
@@ -328,41 +341,42 @@ impl Fold {
     /// The response ends: what is still open ends incomplete (shown so in the object the end
     /// carries), and the end takes the last place of the position.
     fn finish(&mut self, meta: &Meta, end: End, out: &mut Numbering) {
-        self.close_open();
         let position = out.base / PER_POSITION;
         out.out.push(self.end_event(meta, end, position));
     }
 
     /// The end at position `position` from the run's phase, when the ledger read to its end
-    /// says none (the `closed` seal not written yet: it will be at `position`).
+    /// says none (the `closed` seal not written yet: it will be at `position`): the fold ends.
     pub fn end_from_phase(&mut self, meta: &Meta, end: End, position: i64) -> Option<Value> {
         if self.end.is_some() {
             return None;
         }
-        self.close_open();
         Some(self.end_event(meta, end, position))
     }
 
+    /// The event [`Self::end_from_phase`] makes, the fold left as it is (followers may share
+    /// it, and their streams end with this event).
+    pub fn ending_from_phase(&self, meta: &Meta, end: End, position: i64) -> Option<Value> {
+        if self.end.is_some() {
+            return None;
+        }
+        let response = self.object_as(meta, Some(&end), true);
+        Some(end_event(&end, response, position))
+    }
+
     fn end_event(&mut self, meta: &Meta, end: End, position: i64) -> Value {
-        let kind = end.event_type();
+        self.close_open();
+        let response = self.object_as(meta, Some(&end), false);
+        let event = end_event(&end, response, position);
         self.end = Some(end);
-        let response = self.object(meta, self.end.as_ref().map_or("", End::status));
-        json!({
-            "type": kind, "response": response,
-            "sequence_number": position * PER_POSITION + END_SLOT,
-        })
+        event
     }
 
     fn close_open(&mut self) {
         if let Some(index) = self.take_streaming() {
-            let id = self.items[index]["id"].clone();
-            self.items[index] = message_item(id.as_str().unwrap_or(""), "incomplete", None);
+            close_streamed(&mut self.items[index]);
         }
-        for item in &mut self.items {
-            if item["status"] == "in_progress" {
-                item["status"] = json!("incomplete");
-            }
-        }
+        close_in_progress(&mut self.items);
     }
 
     fn add_item(&mut self, item: Value, out: &mut Numbering) -> usize {
@@ -381,10 +395,19 @@ impl Fold {
 
     /// The Response object as the fold stands, with `status`.
     pub fn object(&self, meta: &Meta, status: &str) -> Value {
-        let error = match &self.end {
+        let mut object = self.object_as(meta, self.end.as_ref(), false);
+        object["status"] = json!(status);
+        object
+    }
+
+    /// The Response object as the fold stands, ended by `end` (its status and error; None: not
+    /// ended), with what is still open closed when `close` says so.
+    fn object_as(&self, meta: &Meta, end: Option<&End>, close: bool) -> Value {
+        let error = match end {
             Some(End::Failed { code, message }) => json!({"code": code, "message": message}),
             _ => Value::Null,
         };
+        let status = end.map_or("", End::status);
         let usage = json!({
             "input_tokens": self.input_tokens,
             "input_tokens_details": {"cached_tokens": 0},
@@ -393,8 +416,13 @@ impl Fold {
             "total_tokens": self.input_tokens + self.output_tokens,
         });
         let mut items = self.items.clone();
-        if let Some(index) = self.streaming {
-            items[index]["content"] = json!([text_part(&self.streamed)]);
+        match self.streaming {
+            Some(index) if close => close_streamed(&mut items[index]),
+            Some(index) => items[index]["content"] = json!([text_part(&self.streamed)]),
+            None => {}
+        }
+        if close {
+            close_in_progress(&mut items);
         }
         json!({
             "id": meta.id, "object": "response", "created_at": meta.created_at,
@@ -405,6 +433,28 @@ impl Fold {
             "temperature": null, "top_p": null,
             "conversation": meta.conversation.as_ref().map(|c| json!({"id": c})),
         })
+    }
+}
+
+fn end_event(end: &End, response: Value, position: i64) -> Value {
+    json!({
+        "type": end.event_type(), "response": response,
+        "sequence_number": position * PER_POSITION + END_SLOT,
+    })
+}
+
+/// A streamed message item whose message never came: incomplete, with no content.
+fn close_streamed(item: &mut Value) {
+    let id = item["id"].as_str().unwrap_or("").to_string();
+    *item = message_item(&id, "incomplete", None);
+}
+
+/// Items still in progress end incomplete.
+fn close_in_progress(items: &mut [Value]) {
+    for item in items {
+        if item["status"] == "in_progress" {
+            item["status"] = json!("incomplete");
+        }
     }
 }
 

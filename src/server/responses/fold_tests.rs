@@ -183,7 +183,12 @@ fn an_end_the_status_shows_first_has_the_number_its_seal_gets_later() {
         code: "MaxAttemptsExceeded".into(),
         message: String::new(),
     };
+    // A stream's view of the end leaves the fold as it is; the one-shot fold ends.
+    let viewed = early.ending_from_phase(&meta(), end.clone(), 4).unwrap();
+    assert!(early.end().is_none());
     let from_phase = early.end_from_phase(&meta(), end, 4).unwrap();
+    assert_eq!(viewed, from_phase);
+    assert!(early.end().is_some());
     ledger.push(vec![
         LedgerEvent::StepUnknown {
             step: 1,

@@ -35,14 +35,15 @@ use super::ServerState;
 use super::caller::Caller;
 use super::error::ApiError;
 use super::runs::follow_run;
+use super::shared_fold::Folds;
 use super::threads::{create_turn, read_thread};
 use crate::crd::v1alpha1::{AgentRun, AgentRunSpec, AgentThread};
 use crate::ledger::Unchunker;
 use crate::requests::{RunRequests, phase_of};
 use crate::serving::cut::ConnectionCut;
 use fold::Fold;
-use view::{ResponsesView, live_status};
-pub(super) use view::{end_of_phase, meta_of};
+use view::live_status;
+pub(super) use view::{ResponsesView, end_of_phase, meta_of};
 
 /// The `model` the client named, kept on the run for the response object.
 pub const MODEL_ANNOTATION: &str = "baton.dev/responses-model";
@@ -205,8 +206,9 @@ async fn stream(
     after: Option<i64>,
     connection: Option<ConnectionCut>,
 ) -> Result<Response, ApiError> {
-    let view = |run: &AgentRun| {
-        let view = ResponsesView::new(meta_of(run), after);
+    let view = |run: &AgentRun, folds: &Folds| {
+        let uid = run.uid().unwrap_or_default();
+        let view = ResponsesView::new(meta_of(run), after, &uid, folds);
         (Box::new(view) as Box<dyn super::view::View>, 0)
     };
     follow_run(state, caller, ns, name, connection, view).await

@@ -1,6 +1,7 @@
 //! A run's stream as OpenAI Responses events ([`super::fold`] numbers them): the follower
-//! reads the ledger from its start, the fold makes every event again, and only those after
-//! the client's `starting_after` are sent.
+//! reads the ledger from its start, the fold makes every event again (once for all the run's
+//! followers: [`crate::server::shared_fold`]), and only those after the client's
+//! `starting_after` are sent.
 
 use serde_json::{Value, json};
 
@@ -8,12 +9,31 @@ use super::fold::{END_SLOT, End, Fold, Meta, PER_POSITION};
 use crate::crd::v1alpha1::{AgentRun, LedgerEvent, LedgerSegment, Phase};
 use crate::requests::phase_of;
 use crate::server::held::Outgoing;
+use crate::server::shared_fold::{FoldState, Folding, Folds, Rendered};
 use crate::server::view::View;
 use crate::server::whole::whole_events;
 
+impl FoldState for Fold {
+    fn weight(&self) -> usize {
+        Fold::weight(self)
+    }
+}
+
+/// The events of the fold, rendered: each its type, number and JSON.
+pub fn rendered(events: Vec<Value>) -> Vec<Rendered> {
+    events
+        .into_iter()
+        .map(|e| Rendered {
+            number: e["sequence_number"].as_i64().unwrap_or(-1),
+            name: e["type"].as_str().unwrap_or("message").to_string(),
+            json: e.to_string(),
+        })
+        .collect()
+}
+
 pub struct ResponsesView {
     meta: Meta,
-    fold: Fold,
+    fold: Folding<Fold>,
     /// The client's `starting_after`: events up to it are not sent (None: from the start).
     after: Option<i64>,
     /// The last position folded.
@@ -22,10 +42,11 @@ pub struct ResponsesView {
 }
 
 impl ResponsesView {
-    pub fn new(meta: Meta, after: Option<i64>) -> Self {
+    /// The view of run `uid`, its fold shared with the other followers of `folds`.
+    pub fn new(meta: Meta, after: Option<i64>, uid: &str, folds: &Folds) -> Self {
         Self {
+            fold: folds.join("responses", uid, format!("{meta:?}")),
             meta,
-            fold: Fold::default(),
             after,
             tail: 0,
             created: false,
@@ -33,14 +54,12 @@ impl ResponsesView {
     }
 
     /// The events after the client's cursor, as one piece (they are of one position).
-    fn outgoing(&self, events: Vec<Value>) -> Vec<Outgoing> {
+    fn outgoing(&self, events: &[Rendered]) -> Vec<Outgoing> {
         let after = self.after.unwrap_or(-1);
-        let events = events
+        let events = events.iter().filter(|e| e.number > after);
+        Outgoing::joined(events.map(|e| (&e.name, &e.json)))
             .into_iter()
-            .filter(|e| e["sequence_number"].as_i64().is_some_and(|n| n > after))
-            .map(|e| Outgoing::json(e["type"].as_str().unwrap_or("message"), None, &e))
-            .collect();
-        Outgoing::joined(events).into_iter().collect()
+            .collect()
     }
 }
 
@@ -56,9 +75,12 @@ impl View for ResponsesView {
     ) -> Vec<Outgoing> {
         let events = whole_events(segment, rebuilt);
         let events: Vec<&LedgerEvent> = events.iter().map(AsRef::as_ref).collect();
-        self.tail = segment.spec.seq;
-        let made = self.fold.position(&self.meta, segment.spec.seq, &events);
-        self.outgoing(made)
+        let (meta, position) = (&self.meta, segment.spec.seq);
+        self.tail = position;
+        let step = self.fold.advance(position, |fold| {
+            rendered(fold.position(meta, position, &events))
+        });
+        self.outgoing(&step.events)
     }
 
     /// `response.created` (number 0) first; the rest comes from the ledger.
@@ -67,18 +89,21 @@ impl View for ResponsesView {
             return Vec::new();
         }
         self.created = true;
-        let response = self.fold.object(&self.meta, live_status(run));
+        let response = self.fold.state().object(&self.meta, live_status(run));
         let created =
             json!({"type": "response.created", "response": response, "sequence_number": 0});
-        self.outgoing(vec![created])
+        self.outgoing(&rendered(vec![created]))
     }
 
     fn ended(&mut self, run: &AgentRun) -> Vec<Outgoing> {
         let Some(end) = end_of_phase(run) else {
             return Vec::new();
         };
-        let made = self.fold.end_from_phase(&self.meta, end, self.tail + 1);
-        self.outgoing(made.into_iter().collect())
+        let made = self
+            .fold
+            .state()
+            .ending_from_phase(&self.meta, end, self.tail + 1);
+        self.outgoing(&rendered(made.into_iter().collect()))
     }
 
     fn deleted(&mut self, run: &AgentRun) -> Vec<Outgoing> {
