@@ -102,7 +102,7 @@ pub(super) async fn create_turn(
 }
 
 /// The thread's turns, in their places (those that have not joined yet last).
-async fn turns(
+pub(super) async fn turns(
     client: &kube::Client,
     ns: &str,
     thread: &AgentThread,

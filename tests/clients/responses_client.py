@@ -9,7 +9,11 @@ line per thing seen, for the test to check.
         create(background, stream) through BASE_URL; whenever the stream is cut (its server
         gone), come back through OTHER_URL with retrieve(stream, starting_after) until the end.
     responses_client.py conversation BASE_URL TOKEN THREAD TURNS
-        TURNS blocking creates in the thread's conversation.
+        TURNS blocking creates in the thread's conversation; then the conversation retrieved
+        and its items listed, oldest first, two a page.
+    responses_client.py created BASE_URL TOKEN TEMPLATE
+        a conversation created with TEMPLATE's agent, one blocking turn in it, that turn's
+        input items, then the conversation deleted.
     responses_client.py cancel BASE_URL TOKEN MODEL
         create(background), cancel it, retrieve until it has ended.
 """
@@ -114,6 +118,34 @@ def conversation(client, thread, turns):
             conversation=response.conversation.id if response.conversation else None)
 
 
+def text_of(item):
+    content = getattr(item, "content", None) or []
+    return content[0].text if content else None
+
+
+def items_of(client, conversation_id):
+    """Every item, the SDK's pager asking for each page after the last id it got."""
+    pages = client.conversations.items.list(conversation_id, order="asc", limit=2)
+    return [[item.type, getattr(item, "role", None), text_of(item), item.id] for item in pages]
+
+
+def listed(client, thread):
+    got = client.conversations.retrieve(thread)
+    say(object=got.object, conversation_id=got.id, items=items_of(client, thread))
+
+
+def created(client, template):
+    conversation = client.conversations.create(metadata={"agent": f"thread/{template}", "topic": "bed"})
+    say(created=conversation.id, metadata=conversation.metadata)
+    response = client.responses.create(conversation=conversation.id, input="hello")
+    say(turn=response.id, status=response.status, text=response.output_text)
+    inputs = client.responses.input_items.list(response.id)
+    say(inputs=[text_of(item) for item in inputs])
+    listed(client, conversation.id)
+    deleted = client.conversations.delete(conversation.id)
+    say(deleted=deleted.deleted, id=deleted.id)
+
+
 def cancel(client, model):
     response = client.responses.create(model=model, input="never mind", background=True)
     say(created=response.id, status=response.status)
@@ -139,6 +171,9 @@ def main():
         stream(client, sys.argv[4], int(sys.argv[5]))
     elif mode == "conversation":
         conversation(client, sys.argv[4], int(sys.argv[5]))
+        listed(client, sys.argv[4])
+    elif mode == "created":
+        created(client, sys.argv[4])
     elif mode == "cancel":
         cancel(client, sys.argv[4])
     else:

@@ -5,7 +5,8 @@
 //! response of a thread whose agent sends the model key to an endpoint of the thread's choice:
 //! where the webhook does not watch, it is shown admitted (the run would carry the key); where it
 //! watches, the Responses API answers 403 and A2A a JSON-RPC error, each naming the field and the
-//! Secret, and nothing is created. A caller who may read the Secret is admitted.
+//! Secret, and nothing is created. A conversation made from that thread (an AgentThread copying
+//! its agent) is refused the same way. A caller who may read the Secret is admitted.
 
 use crate::webhook::{Watched, keyed_thread, users};
 use baton::crd::v1alpha1::{AgentRun, AgentThread};
@@ -40,6 +41,15 @@ async fn post(url: &str, token: &str, body: Value) -> (u16, Value) {
 
 fn a_response() -> Value {
     json!({"model": "thread/keyed", "input": "hi", "background": true})
+}
+
+fn a_conversation() -> Value {
+    json!({"metadata": {"agent": "thread/keyed"}})
+}
+
+async fn threads_in(ns: &TestNamespace) -> usize {
+    let threads = ns.api::<AgentThread>().list(&Default::default()).await;
+    threads.unwrap().items.len()
 }
 
 fn a_message() -> Value {
@@ -78,6 +88,9 @@ async fn a_response_or_a_task_borrows_only_what_its_caller_may_take_themselves()
     )
     .await;
     assert_eq!(code, 200, "unwatched, admitted: {body}");
+    let conversations = format!("{}/openai/v1/conversations", base(&open.name));
+    let (code, body) = post(&conversations, &writer, a_conversation()).await;
+    assert_eq!(code, 200, "unwatched, admitted: {body}");
     open.cleanup().await;
 
     let w = Watched::new("protocol-borrow").await;
@@ -104,7 +117,17 @@ async fn a_response_or_a_task_borrows_only_what_its_caller_may_take_themselves()
         message.contains("may not get secrets \"model-key\""),
         "{body}"
     );
+    let conversations = format!("{}/openai/v1/conversations", base(&w.ns.name));
+    let (code, body) = post(&conversations, &writer, a_conversation()).await;
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert_eq!(code, 403, "{body}");
+    assert!(
+        message.contains("spec.agent.model.apiKeySecretRef.name")
+            && message.contains("may not get secrets \"model-key\""),
+        "{body}"
+    );
     assert_eq!(runs_in(&w.ns).await, 0, "nothing was created");
+    assert_eq!(threads_in(&w.ns).await, 1, "no thread but the template");
 
     // A caller who may read the Secret gets both.
     let mut rules = writer_rules();
@@ -121,5 +144,8 @@ async fn a_response_or_a_task_borrows_only_what_its_caller_may_take_themselves()
     let (_, body) = post(&agent, &reader, a_message()).await;
     assert_eq!(body["result"]["kind"], "task", "{body}");
     assert_eq!(runs_in(&w.ns).await, 2);
+    let (code, body) = post(&conversations, &reader, a_conversation()).await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(threads_in(&w.ns).await, 2);
     w.cleanup().await;
 }

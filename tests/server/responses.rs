@@ -1,7 +1,8 @@
 //! The stock `openai` SDK (tests/clients/responses_client.py, the clients venv's) against the
 //! Responses API: a background response streamed across its worker's kill -9 and the
 //! client's own reconnect with `starting_after`, each event once; a conversation of three
-//! turns; a cancel.
+//! turns and its items; a conversation made from a thread, its turn and its deletion; a
+//! cancel.
 
 use super::clients::{
     SdkClient, next_run, stepping_answer, stepping_script, thread, work_if_claimed,
@@ -13,7 +14,7 @@ use baton_testkit::common::worker_proc::*;
 use baton_testkit::server::*;
 use kube::Api;
 use kube::api::PostParams;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 /// The `sequence_number` of every event a full stream of `id` from the start carries.
 async fn every_number(base: &str, token: &str, id: &str) -> Vec<i64> {
@@ -106,7 +107,9 @@ async fn a_conversation_of_three_turns_and_a_cancel_through_the_sdk() {
     let ns = TestNamespace::new("server-responses-conv").await;
     let _controller = start_controller(&ns);
     let (url, _server) = start_server().await;
-    let alice = person(&ns, "alice", run_user_rules()).await;
+    let mut rules = run_user_rules();
+    rules.push(rule(&["agentthreads"], &["delete"]));
+    let alice = person(&ns, "alice", rules).await;
     let script = (1..=3)
         .map(|i| final_turn(&format!("answer {i}"), 50))
         .collect();
@@ -131,12 +134,45 @@ async fn a_conversation_of_three_turns_and_a_cancel_through_the_sdk() {
         started.push(turn);
     }
     let lines = client.finish().await;
-    for (i, line) in lines.iter().enumerate() {
+    for (i, line) in lines[..3].iter().enumerate() {
         assert_eq!(line["status"], "completed", "{line}");
         assert_eq!(line["text"], format!("answer {}", i + 1), "{line}");
         assert_eq!(line["conversation"], "chat");
         assert_eq!(line["id"], started[i].as_str());
     }
+    // The conversation's items, two a page: each turn's input, then its answer.
+    let listed = &lines[3];
+    assert_eq!(
+        (&listed["object"], &listed["conversation_id"]),
+        (&json!("conversation"), &json!("chat"))
+    );
+    let items: Vec<(String, String)> = listed["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| {
+            (
+                i[1].as_str().unwrap().to_string(),
+                i[2].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let expected: Vec<(String, String)> = (1..=3)
+        .flat_map(|i| {
+            [
+                ("user".into(), format!("turn {i}")),
+                ("assistant".into(), format!("answer {i}")),
+            ]
+        })
+        .collect();
+    assert_eq!(items, expected, "{listed}");
+    assert_eq!(
+        listed["items"][1][3],
+        format!("{}:msg_3_0", started[0]),
+        "{listed}"
+    );
+
+    conversation_from_a_thread(&ns, &base, &alice, &mut started).await;
 
     let mut client = SdkClient::start(
         "responses_client.py",
@@ -149,4 +185,77 @@ async fn a_conversation_of_three_turns_and_a_cancel_through_the_sdk() {
     let lines = client.finish().await;
     assert_eq!(lines.last().unwrap()["final"], "cancelled", "{lines:?}");
     ns.cleanup().await;
+}
+
+/// A conversation created with thread `chat`'s agent: its turn, its input items, its items,
+/// and its deletion (refused to a caller who may not delete threads). A conversation named
+/// wrong, or made without an agent, is refused naming why.
+async fn conversation_from_a_thread(
+    ns: &TestNamespace,
+    base: &str,
+    alice: &str,
+    started: &mut Vec<String>,
+) {
+    let runs: Api<AgentRun> = ns.api();
+    let mut client = SdkClient::start("responses_client.py", &["created", base, alice, "chat"]);
+    let created = client.line_with("created").await;
+    let id = created["created"].as_str().unwrap().to_string();
+    assert!(id.starts_with("conv-"), "{created}");
+    assert_eq!(
+        created["metadata"],
+        json!({"agent": "thread/chat", "topic": "bed"})
+    );
+    let thread = ns.api::<AgentThread>().get(&id).await.unwrap();
+    let chat = ns.api::<AgentThread>().get("chat").await.unwrap();
+    assert_eq!(
+        serde_json::to_value(&thread.spec).unwrap(),
+        serde_json::to_value(&chat.spec).unwrap()
+    );
+    let turn = next_run(&runs, started).await;
+    let mut worker = run_pod(ns, &turn, 1).await;
+    assert_eq!(worker.wait(T).await, 0, "{}", worker.log_text());
+    started.push(turn.clone());
+    let lines = client.finish().await;
+    let said = |key: &str| lines.iter().find(|l| l.get(key).is_some()).unwrap().clone();
+    assert_eq!(
+        (&said("turn")["turn"], &said("turn")["text"]),
+        (&json!(turn), &json!("answer 1"))
+    );
+    assert_eq!(said("inputs")["inputs"], json!(["hello"]));
+    let items = said("items")["items"].clone();
+    assert_eq!(items.as_array().unwrap().len(), 2, "{items}");
+    assert_eq!(said("deleted")["deleted"], true);
+    let gone = || async {
+        ns.api::<AgentThread>()
+            .get_opt(&id)
+            .await
+            .unwrap()
+            .is_none()
+    };
+    wait_until(T, "the conversation's thread deleted", gone).await;
+
+    let bob = person(ns, "bob", run_user_rules()).await;
+    let conversations = format!("{base}/conversations");
+    let (code, body) = post(&conversations, &bob, json!({"metadata": {"topic": "x"}})).await;
+    assert_eq!(code, 400, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("metadata.agent: required"),
+        "{body}"
+    );
+    let answer = http()
+        .delete(format!("{conversations}/chat"))
+        .bearer_auth(&bob)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 403, "bob may not delete threads");
+    let (code, body) = get(&format!("{conversations}/nothing"), Some(&bob)).await;
+    assert_eq!(
+        (code, &body["error"]["type"]),
+        (404, &json!("not_found_error")),
+        "{body}"
+    );
 }

@@ -88,6 +88,9 @@ pub struct Fold {
     last_answer: Option<String>,
     started: bool,
     end: Option<End>,
+    /// The user's answers to the run's questions: each the number of output items before it,
+    /// and its text (a conversation's items put it in its place).
+    answers: Vec<(usize, String)>,
     /// About the bytes of text it holds.
     weight: usize,
 }
@@ -110,6 +113,10 @@ impl Numbering {
 impl Fold {
     pub fn end(&self) -> Option<&End> {
         self.end.as_ref()
+    }
+
+    pub fn answers(&self) -> &[(usize, String)] {
+        &self.answers
     }
 
     /// About the bytes a copy of the fold copies: the text it holds (it only grows).
@@ -166,6 +173,10 @@ impl Fold {
             } => self.tool_result(*step, output, *is_error, out),
             LedgerEvent::StepUnknown { step, .. } => self.tool_unknown(*step, out),
             LedgerEvent::WaitingInput { question, .. } => self.message(position, question, out),
+            LedgerEvent::Input { content, .. } => {
+                self.answers.push((self.items.len(), content.clone()));
+                self.weight += content.len();
+            }
             LedgerEvent::Final { output } => {
                 if self.last_answer.as_deref() != Some(output.as_str()) {
                     self.message(position, output, out);

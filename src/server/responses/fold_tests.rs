@@ -253,3 +253,26 @@ fn usage_adds_every_model_call() {
     assert_eq!(usage["output_tokens"], 3);
     assert_eq!(usage["total_tokens"], 18);
 }
+
+#[test]
+fn an_answer_to_a_question_is_kept_in_its_place_among_the_items() {
+    let ask = LedgerEvent::WaitingInput {
+        step: 2,
+        question: "Which order?".into(),
+    };
+    let given = LedgerEvent::Input {
+        index: 0,
+        content: "1234".into(),
+    };
+    let (fold, _) = fold_all(&[
+        vec![claimed(1)],
+        vec![intent(1), result(1)],
+        vec![ask],
+        vec![given],
+    ]);
+    assert_eq!(
+        fold.answers(),
+        [(2, "1234".to_string())],
+        "after the call and the question"
+    );
+}

@@ -10,9 +10,11 @@
 //! `GET …/responses/{id}?stream=true&starting_after=N` resumes after event N for as long as
 //! the run exists, across worker deaths and server restarts.
 
+mod conversations;
 pub(super) mod fold;
 #[cfg(test)]
 mod fold_tests;
+mod items;
 mod request;
 #[cfg(test)]
 mod request_tests;
@@ -41,7 +43,7 @@ use crate::crd::v1alpha1::{AgentRun, AgentRunSpec, AgentThread};
 use crate::ledger::Unchunker;
 use crate::requests::{RunRequests, phase_of};
 use crate::serving::cut::ConnectionCut;
-use fold::Fold;
+use fold::{End, Fold};
 use view::live_status;
 pub(super) use view::{ResponsesView, end_of_phase, meta_of};
 
@@ -57,6 +59,7 @@ pub fn routes(ns: &str) -> Router<Arc<ServerState>> {
         .route(&base, post(create))
         .route(&format!("{base}/{{id}}"), get(retrieve))
         .route(&format!("{base}/{{id}}/cancel"), post(cancel))
+        .merge(conversations::routes(ns))
 }
 
 /// An error as OpenAI's clients read one: `{"error": {"message", "type", "code"}}`, with the
@@ -218,8 +221,12 @@ async fn stream(
 async fn response_object(requests: &RunRequests, name: &str) -> Result<Value, ApiError> {
     let run = requests.read(name).await?;
     let (fold, _) = folded(requests, &run).await?;
-    let status = fold.end().map_or_else(|| live_status(&run), |e| e.status());
-    Ok(fold.object(&meta_of(&run), status))
+    Ok(fold.object(&meta_of(&run), response_status(&fold, &run)))
+}
+
+/// The response's `status`: the end its ledger folds to, else what its run's phase says.
+fn response_status(fold: &Fold, run: &AgentRun) -> &'static str {
+    fold.end().map_or_else(|| live_status(run), End::status)
 }
 
 /// `run`'s whole ledger folded (read a page at a time with the caller's rights, chunked events

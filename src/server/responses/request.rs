@@ -91,7 +91,7 @@ fn refuse_unsupported(fields: &Map<String, Value>) -> Result<(), String> {
     Ok(())
 }
 
-fn thread_of_model(model: &str) -> Result<String, String> {
+pub(super) fn thread_of_model(model: &str) -> Result<String, String> {
     match model.strip_prefix("thread/") {
         Some(name) if !name.is_empty() && !name.contains('/') => Ok(name.to_string()),
         _ => Err(format!("{MODEL_FORM}; {model:?} is not of that form")),
