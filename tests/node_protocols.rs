@@ -10,16 +10,15 @@
 use std::time::Duration;
 
 use baton::crd::v1alpha1::{AgentThread, AgentThreadSpec, ScriptTurn};
-use baton_testkit::clients::SdkClient;
+use baton_testkit::clients::{SdkClient, numbers_in, response_number, task_event_number};
 use baton_testkit::e2e::{Script, lease, run_with};
 use baton_testkit::node::*;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
-use serde_json::{Value, json};
+use serde_json::json;
 
 const TURNS: usize = 8;
-const CURSOR: &str = "https://baton.dev/a2a/ledger-cursor/v1";
 
 /// A thread whose scripted agent runs `TURNS` tool turns recording their effects as `name`'s.
 async fn thread(env: &NodeEnv, name: &str, script: &Script) {
@@ -58,14 +57,6 @@ fn final_turn(text: &str) -> ScriptTurn {
 fn answer(name: &str) -> String {
     let turns: String = (1..=TURNS).map(|t| format!("turn {t}: working")).collect();
     format!("{turns}{name}: all {TURNS} turns done")
-}
-
-/// The numbers of a full replay: `body`'s `data:` lines, each number as `number` finds it.
-fn numbers_in(body: &str, number: impl Fn(&Value) -> Option<i64>) -> Vec<i64> {
-    body.lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .filter_map(|d| number(&serde_json::from_str(d).unwrap()))
-        .collect()
 }
 
 /// Kills the run's first worker from the host once its second effect is in, and deletes
@@ -150,11 +141,7 @@ async fn node_stock_clients_follow_across_a_worker_kill_and_a_server_pod_deletio
         .await
         .unwrap();
     let got: Vec<i64> = lines.iter().filter_map(|l| l["seq"].as_i64()).collect();
-    assert_eq!(
-        got,
-        numbers_in(&full, |d| d["sequence_number"].as_i64()),
-        "each event once"
-    );
+    assert_eq!(got, numbers_in(&full, response_number), "each event once");
     let last = lines.last().unwrap();
     assert_eq!(last["final"], "completed", "{last}");
     assert_eq!(last["text"], answer("via-responses").as_str(), "{last}");
@@ -195,14 +182,8 @@ async fn node_stock_clients_follow_across_a_worker_kill_and_a_server_pod_deletio
         .text()
         .await
         .unwrap();
-    let number = |d: &Value| {
-        let result = &d["result"];
-        (result["kind"] != "task")
-            .then(|| result["metadata"][CURSOR]["sequenceNumber"].as_i64())
-            .flatten()
-    };
     let got: Vec<i64> = lines.iter().filter_map(|l| l["seq"].as_i64()).collect();
-    assert_eq!(got, numbers_in(&full, number), "each event once");
+    assert_eq!(got, numbers_in(&full, task_event_number), "each event once");
     let last = lines.last().unwrap();
     assert_eq!(last["final"], "TASK_STATE_COMPLETED", "{last}");
     assert_eq!(last["text"], answer("via-a2a").as_str(), "{last}");

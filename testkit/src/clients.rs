@@ -9,6 +9,30 @@ use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};
 
+/// The A2A extension whose metadata carries an event's ledger number (docs/reference/a2a.md).
+pub const CURSOR: &str = "https://baton.dev/a2a/ledger-cursor/v1";
+
+/// The numbers of a full replay: `body`'s `data:` lines, each number as `number` finds it.
+pub fn numbers_in(body: &str, number: impl Fn(&Value) -> Option<i64>) -> Vec<i64> {
+    body.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| number(&serde_json::from_str(d).unwrap()))
+        .collect()
+}
+
+/// A Responses event's number.
+pub fn response_number(data: &Value) -> Option<i64> {
+    data["sequence_number"].as_i64()
+}
+
+/// An A2A event's number; None for the Task a resubscribe opens with.
+pub fn task_event_number(data: &Value) -> Option<i64> {
+    let result = &data["result"];
+    (result["kind"] != "task")
+        .then(|| result["metadata"][CURSOR]["sequenceNumber"].as_i64())
+        .flatten()
+}
+
 /// The longest a client may be silent, or take to exit, on a loaded node.
 const T: Duration = Duration::from_secs(180);
 

@@ -11,7 +11,7 @@
 use crate::webhook::{Watched, keyed_thread, users};
 use baton::crd::v1alpha1::{AgentRun, AgentThread};
 use baton_testkit::controller::*;
-use baton_testkit::server::{person, rule, start_server};
+use baton_testkit::server::{person, post, rule, start_server};
 use k8s_openapi::api::rbac::v1::PolicyRule;
 use kube::Api;
 use kube::api::PostParams;
@@ -28,15 +28,15 @@ fn writer_rules() -> Vec<PolicyRule> {
     ]
 }
 
-async fn post(url: &str, token: &str, body: Value) -> (u16, Value) {
-    let response = reqwest::Client::new()
-        .post(url)
-        .bearer_auth(token)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    (response.status().as_u16(), response.json().await.unwrap())
+/// The answer refuses the thread's key: a 403 naming the field that borrows it and the Secret.
+fn assert_refused_the_key(code: u16, body: &Value) {
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert_eq!(code, 403, "{body}");
+    assert!(
+        message.contains("spec.agent.model.apiKeySecretRef.name")
+            && message.contains("may not get secrets \"model-key\""),
+        "{body}"
+    );
 }
 
 fn a_response() -> Value {
@@ -102,13 +102,7 @@ async fn a_response_or_a_task_borrows_only_what_its_caller_may_take_themselves()
     let writer = person(&w.ns, "writer", writer_rules()).await;
     let responses = format!("{}/openai/v1/responses", base(&w.ns.name));
     let (code, body) = post(&responses, &writer, a_response()).await;
-    let message = body["error"]["message"].as_str().unwrap_or_default();
-    assert_eq!(code, 403, "{body}");
-    assert!(
-        message.contains("spec.agent.model.apiKeySecretRef.name")
-            && message.contains("may not get secrets \"model-key\""),
-        "{body}"
-    );
+    assert_refused_the_key(code, &body);
     let agent = format!("{}/a2a/threads/keyed", base(&w.ns.name));
     let (code, body) = post(&agent, &writer, a_message()).await;
     assert_eq!((code, &body["id"]), (200, &json!(7)), "{body}");
@@ -119,13 +113,7 @@ async fn a_response_or_a_task_borrows_only_what_its_caller_may_take_themselves()
     );
     let conversations = format!("{}/openai/v1/conversations", base(&w.ns.name));
     let (code, body) = post(&conversations, &writer, a_conversation()).await;
-    let message = body["error"]["message"].as_str().unwrap_or_default();
-    assert_eq!(code, 403, "{body}");
-    assert!(
-        message.contains("spec.agent.model.apiKeySecretRef.name")
-            && message.contains("may not get secrets \"model-key\""),
-        "{body}"
-    );
+    assert_refused_the_key(code, &body);
     assert_eq!(runs_in(&w.ns).await, 0, "nothing was created");
     assert_eq!(threads_in(&w.ns).await, 1, "no thread but the template");
 

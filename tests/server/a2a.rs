@@ -4,19 +4,18 @@
 //! conversation of three turns; a cancel; a resubscribe's first event, the task as it stands.
 
 use baton::crd::v1alpha1::{AgentRun, AgentThread};
+use baton_testkit::clients::{numbers_in, task_event_number};
 use baton_testkit::common::TestNamespace;
 use baton_testkit::common::claim::segments as ledger;
 use baton_testkit::common::worker_proc::*;
 use baton_testkit::server::*;
 use kube::Api;
 use kube::api::PostParams;
-use serde_json::{Value, json};
+use serde_json::json;
 
 use super::clients::{
     SdkClient, next_run, stepping_answer, stepping_script, thread, work_if_claimed,
 };
-
-const CURSOR: &str = "https://baton.dev/a2a/ledger-cursor/v1";
 
 /// The number of every event a `tasks/resubscribe` from before the first event carries.
 async fn every_number(agent: &str, token: &str, task: &str) -> Vec<i64> {
@@ -33,16 +32,7 @@ async fn every_number(agent: &str, token: &str, task: &str) -> Vec<i64> {
         .text()
         .await
         .unwrap();
-    body.lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .map(|d| serde_json::from_str::<Value>(d).unwrap())
-        .filter(|d| d["result"]["kind"] != "task")
-        .map(|d| {
-            d["result"]["metadata"][CURSOR]["sequenceNumber"]
-                .as_i64()
-                .unwrap()
-        })
-        .collect()
+    numbers_in(&body, task_event_number)
 }
 
 #[tokio::test]

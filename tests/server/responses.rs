@@ -8,13 +8,14 @@ use super::clients::{
     SdkClient, next_run, stepping_answer, stepping_script, thread, work_if_claimed,
 };
 use baton::crd::v1alpha1::{AgentRun, AgentThread};
+use baton_testkit::clients::{numbers_in, response_number};
 use baton_testkit::common::TestNamespace;
 use baton_testkit::common::claim::segments as ledger;
 use baton_testkit::common::worker_proc::*;
 use baton_testkit::server::*;
 use kube::Api;
 use kube::api::PostParams;
-use serde_json::{Value, json};
+use serde_json::json;
 
 /// The `sequence_number` of every event a full stream of `id` from the start carries.
 async fn every_number(base: &str, token: &str, id: &str) -> Vec<i64> {
@@ -27,14 +28,7 @@ async fn every_number(base: &str, token: &str, id: &str) -> Vec<i64> {
         .text()
         .await
         .unwrap();
-    body.lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .map(|d| {
-            serde_json::from_str::<Value>(d).unwrap()["sequence_number"]
-                .as_i64()
-                .unwrap()
-        })
-        .collect()
+    numbers_in(&body, response_number)
 }
 
 #[tokio::test]
