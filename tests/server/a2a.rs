@@ -14,7 +14,7 @@ use kube::api::PostParams;
 use serde_json::json;
 
 use super::clients::{
-    SdkClient, next_run, stepping_answer, stepping_script, thread, work_if_claimed,
+    SdkClient, next_run, slow_thread, stepping_answer, stepping_script, thread, work_if_claimed,
 };
 
 /// The number of every event a `tasks/resubscribe` from before the first event carries.
@@ -124,7 +124,14 @@ async fn a_conversation_of_three_turns_and_a_cancel_through_the_a2a_sdk() {
         assert_eq!(line["task"], started[i].as_str());
     }
 
-    let mut client = SdkClient::start("a2a_client.py", &["cancel", &agent, &alice]);
+    // The cancel's agent answers slowly: a worker that starts before the stop is stopped
+    // mid-answer, so the task ends canceled whichever comes first.
+    threads
+        .create(&PostParams::default(), &slow_thread())
+        .await
+        .unwrap();
+    let slow = agent.replace("/threads/chat", "/threads/slow");
+    let mut client = SdkClient::start("a2a_client.py", &["cancel", &slow, &alice]);
     let created = client.line_with("created").await;
     let task = created["created"].as_str().unwrap().to_string();
     client.line_with("cancel_answered").await;

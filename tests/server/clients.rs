@@ -36,6 +36,11 @@ pub fn stepping_script() -> Vec<ScriptTurn> {
     script
 }
 
+/// A thread named `slow` whose agent takes a minute to answer.
+pub fn slow_thread() -> AgentThread {
+    thread("slow", vec![final_turn("too late", 120_000)])
+}
+
 /// The output text of [`stepping_script`] played whole, as an uninterrupted run answers.
 pub fn stepping_answer() -> String {
     (1..=8).map(|i| format!("step {i}. ")).collect::<String>() + "all done"

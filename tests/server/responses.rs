@@ -5,7 +5,7 @@
 //! cancel.
 
 use super::clients::{
-    SdkClient, next_run, stepping_answer, stepping_script, thread, work_if_claimed,
+    SdkClient, next_run, slow_thread, stepping_answer, stepping_script, thread, work_if_claimed,
 };
 use baton::crd::v1alpha1::{AgentRun, AgentThread};
 use baton_testkit::clients::{numbers_in, response_number};
@@ -168,9 +168,15 @@ async fn a_conversation_of_three_turns_and_a_cancel_through_the_sdk() {
 
     conversation_from_a_thread(&ns, &base, &alice, &mut started).await;
 
+    // The cancel's agent answers slowly: a worker that starts before the stop is stopped
+    // mid-answer, so the response ends cancelled whichever comes first.
+    threads
+        .create(&PostParams::default(), &slow_thread())
+        .await
+        .unwrap();
     let mut client = SdkClient::start(
         "responses_client.py",
-        &["cancel", &base, &alice, "thread/chat"],
+        &["cancel", &base, &alice, "thread/slow"],
     );
     let created = client.line_with("created").await;
     let id = created["created"].as_str().unwrap().to_string();
