@@ -206,14 +206,29 @@ async fn node_stock_clients_follow_across_a_worker_kill_and_a_server_pod_deletio
     ];
     for client in conversations {
         let lines = client.finish().await;
-        assert_eq!(lines.len(), 3, "{lines:?}");
-        for (i, line) in lines.iter().enumerate() {
+        let turns: Vec<_> = lines.iter().filter(|l| l.get("turn").is_some()).collect();
+        assert_eq!(turns.len(), 3, "{lines:?}");
+        for (i, line) in turns.iter().enumerate() {
             let state = line["status"].as_str().or(line["state"].as_str());
             assert!(
                 matches!(state, Some("completed" | "TASK_STATE_COMPLETED")),
                 "{line}"
             );
             assert_eq!(line["text"], format!("answer {}", i + 1), "{line}");
+        }
+        // The Responses client lists the conversation's items too: each turn's input, then
+        // its answer.
+        if let Some(listed) = lines.iter().find(|l| l.get("items").is_some()) {
+            let texts: Vec<&str> = listed["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|i| i[2].as_str())
+                .collect();
+            let expected: Vec<String> = (1..=3)
+                .flat_map(|i| [format!("turn {i}"), format!("answer {i}")])
+                .collect();
+            assert_eq!(texts, expected, "{listed}");
         }
     }
     drop((direct, service));
