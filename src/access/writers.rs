@@ -5,9 +5,9 @@
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
 
-use crate::crd::RUN_UID_LABEL;
 use crate::crd::RunId;
 use crate::crd::v1alpha1::{AgentRun, LedgerSegment};
+use crate::crd::{RUN_UID_LABEL, THREAD_UID_LABEL};
 use crate::fence::{Fence, append_ceiling, may_append_at, segment_name, worker_pod_name};
 use crate::rbac::{pod_service_account, service_account_username};
 
@@ -19,6 +19,8 @@ pub struct RunFacts {
     pub fence: Fence,
     /// The user name the run's worker pods authenticate as.
     pub worker_user: String,
+    /// The UID of the thread the run is a turn of (it joined), or None.
+    pub thread_uid: Option<String>,
 }
 
 impl RunFacts {
@@ -29,6 +31,7 @@ impl RunFacts {
             uid,
             fence: Fence::of_run(run),
             worker_user: service_account_username(&namespace, &pod_service_account(run)),
+            thread_uid: run.thread_owner().map(|o| o.uid.clone()),
         }
     }
 }
@@ -96,12 +99,30 @@ pub fn segment_refusal(
             run.uid
         ));
     }
+    if let Some(refusal) = thread_label_refusal(seg, run) {
+        return Some(refusal);
+    }
     let (at, status) = (Fence::of_segment(seg), run.fence);
     (!may_append_at(at, status, by_controller)).then(|| {
         let ceiling = append_ceiling(status, by_controller);
         format!(
             "spec.fence: {at} is ahead of run {of:?}, which is at fence {status} (a segment may \
              carry at most {ceiling})"
+        )
+    })
+}
+
+/// Why a segment's thread label is refused, or None: absent, or the UID of the thread its run
+/// is a turn of. Readers check the run and UID of what the label finds, so a wrong one could
+/// not change a history; refused all the same, it cannot make another thread's reads larger.
+fn thread_label_refusal(seg: &LedgerSegment, run: &RunFacts) -> Option<String> {
+    let label = seg.labels().get(THREAD_UID_LABEL)?;
+    (run.thread_uid.as_ref() != Some(label)).then(|| {
+        format!(
+            "metadata.labels[{THREAD_UID_LABEL}]: {label:?} is not the UID of the thread run {:?} \
+             is a turn of ({})",
+            seg.spec.run,
+            run.thread_uid.as_deref().unwrap_or("it is no turn")
         )
     })
 }

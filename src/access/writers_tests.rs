@@ -8,7 +8,14 @@ fn facts() -> RunFacts {
         uid: "u-1".into(),
         fence: Fence::new(3),
         worker_user: "system:serviceaccount:ns:baton-run-r".into(),
+        thread_uid: Some("t-1".into()),
     }
+}
+
+fn with_thread_label(mut seg: LedgerSegment, thread_uid: &str) -> LedgerSegment {
+    seg.labels_mut()
+        .insert(THREAD_UID_LABEL.into(), thread_uid.into());
+    seg
 }
 
 fn segment(name: &str, run: &str, fence: i64, uid: Option<&str>) -> LedgerSegment {
@@ -40,6 +47,10 @@ type SegmentCase<'a> = (
 #[test]
 fn segment_cases() {
     let run = facts();
+    let no_turn = RunFacts {
+        thread_uid: None,
+        ..facts()
+    };
     let worker = Writer::RunWorker;
     let good = segment("r-000004", "r", 3, Some("u-1"));
     let cases: Vec<SegmentCase> = vec![
@@ -105,6 +116,27 @@ fn segment_cases() {
             worker,
             Some(&run),
             Some("metadata.labels"),
+        ),
+        (
+            "its thread's UID label",
+            with_thread_label(good.clone(), "t-1"),
+            worker,
+            Some(&run),
+            None,
+        ),
+        (
+            "another thread's UID label",
+            with_thread_label(good.clone(), "t-2"),
+            worker,
+            Some(&run),
+            Some("metadata.labels[baton.dev/thread-uid]"),
+        ),
+        (
+            "a thread label on a run that is no turn",
+            with_thread_label(good.clone(), "t-1"),
+            worker,
+            Some(&no_turn),
+            Some("metadata.labels[baton.dev/thread-uid]"),
         ),
         (
             "a run that does not exist",

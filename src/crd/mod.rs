@@ -34,6 +34,10 @@ pub const RUN_LABEL: &str = "baton.dev/run";
 /// Label on LedgerSegments: the owning run's UID, so a new run with an old name never reads
 /// the segments of its predecessor.
 pub const RUN_UID_LABEL: &str = "baton.dev/run-uid";
+/// Label on the LedgerSegments of a thread's turns: the thread's UID, so a turn reads every
+/// earlier turn's ledger with one list however long the thread (an index only: a reader
+/// still takes a segment only for the run and UID its history names).
+pub const THREAD_UID_LABEL: &str = "baton.dev/thread-uid";
 /// Label on worker pods: the attempt (fence) the pod was created for.
 pub const FENCE_LABEL: &str = "baton.dev/fence";
 /// Label marking objects managed by baton.

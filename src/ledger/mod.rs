@@ -9,14 +9,16 @@
 //!    client (`LedgerClient`);
 //!
 //! and one door, `RunLedger` (`run_ledger`), which callers use, choosing the backend a run's
-//! status records. What every layer reads by (this module): the errors, whether a segment is
-//! the run's own by all three of its marks (`is_segment_of`), and contiguity.
+//! status records; a turn's history is read through it (`thread_history`). What every layer
+//! reads by (this module): the errors, whether a segment is the run's own by all three of its
+//! marks (`is_segment_of`), and contiguity.
 
 mod append;
 mod backends;
 mod model;
 mod run_ledger;
 pub mod served;
+mod thread_history;
 
 pub use append::Appended;
 pub(crate) use append::segment_of_run;
@@ -26,7 +28,7 @@ pub use model::chunk::{EncodeError, SEGMENT_BUDGET_BYTES, Unchunker, encode_even
 pub use model::contiguous::Contiguous;
 pub use model::history::{
     ENDED_WITHOUT_RESULT, Fitted, FixedHistory, HistoryError, estimated_tokens, fit,
-    recorded_history, turn_conversation,
+    recorded_history, turn_conversation, turns_in_listing,
 };
 pub use model::journal;
 pub use model::model_api;
@@ -35,6 +37,7 @@ pub use model::replay::{
 };
 pub use run_ledger::{Ledgers, RunLedger};
 pub use served::{LedgerClient, LedgerToken, ServedLedger};
+pub use thread_history::EarlierTurns;
 
 use crate::crd::v1alpha1::LedgerSegment;
 #[cfg(test)]

@@ -17,7 +17,7 @@ use crate::fence::Fence;
 /// `baton server` (workers and the controller).
 #[derive(Clone)]
 pub struct Ledgers {
-    client: Client,
+    pub(super) client: Client,
     postgres: Option<PgLedger>,
     served: Option<LedgerClient>,
     /// What a run not yet recorded gets.

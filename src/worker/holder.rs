@@ -22,10 +22,7 @@ use crate::crd::v1alpha1::{AgentRun, AgentRunStatus, HistoryTurn, LedgerEvent, L
 use crate::events::{Publisher, WORKER_REPORTER};
 use crate::fence::{Fence, RunHolder};
 use crate::lease::{LeaseError, WorkerLease};
-use crate::ledger::{
-    Appended, HistoryError, LedgerError, Ledgers, ReplayedMessage, RunLedger, check_still_owner,
-    turn_conversation,
-};
+use crate::ledger::{Appended, EarlierTurns, LedgerError, Ledgers, RunLedger, check_still_owner};
 use crate::status::{StatusError, fenced_update};
 
 /// One attempt's hold on its run.
@@ -102,30 +99,11 @@ impl Holder {
     /// API server's (a retry may pass); the inner one is the history's own (none will).
     pub async fn read_history(
         &self,
+        thread_uid: Option<&str>,
         turns: &[HistoryTurn],
-    ) -> Result<Result<Vec<(HistoryTurn, Vec<ReplayedMessage>)>, HistoryError>, kube::Error> {
+    ) -> Result<EarlierTurns, kube::Error> {
         let ns = &self.id.namespace;
-        let reads = turns.iter().map(|turn| {
-            let backend = turn.ledger_backend.unwrap_or_default();
-            self.ledgers.read_run(backend, ns, &turn.run, &turn.uid)
-        });
-        let ledgers = futures::future::join_all(reads).await;
-        let mut history = Vec::new();
-        for (turn, ledger) in turns.iter().zip(ledgers) {
-            let conversation = match ledger {
-                Ok(segments) => turn_conversation(turn, &segments),
-                Err(LedgerError::Kube(err)) => return Err(err),
-                Err(err) => Err(HistoryError::Unreadable {
-                    run: turn.run.clone(),
-                    detail: err.to_string(),
-                }),
-            };
-            match conversation {
-                Ok(messages) => history.push((turn.clone(), messages)),
-                Err(err) => return Ok(Err(err)),
-            }
-        }
-        Ok(Ok(history))
+        self.ledgers.read_history(ns, thread_uid, turns).await
     }
 
     /// Fenced write 1: `events` at `tail + 1` onwards under this attempt's fence.

@@ -289,7 +289,7 @@ async fn open_session(
     let replay = Replay::from_segments(&segments)?;
     let history = match recorded_history(&segments) {
         Some(fixed) => holder
-            .read_history(&fixed.turns)
+            .read_history(run.thread_owner().map(|o| o.uid.as_str()), &fixed.turns)
             .await?
             .and_then(|turns| fit(turns, fixed.context.as_ref())),
         None => Ok(Fitted::default()),

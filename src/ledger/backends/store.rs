@@ -4,8 +4,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 
-use crate::crd::RUN_UID_LABEL;
 use crate::crd::v1alpha1::{AgentRun, LedgerEvent, LedgerSegment};
+use crate::crd::{RUN_UID_LABEL, THREAD_UID_LABEL};
 use crate::fence::{Fence, segment_name};
 use crate::kube_util::is_already_exists;
 use crate::ledger::append::{Appended, AtPosition, Positions, append_fenced, segment_of_run};
@@ -23,6 +23,8 @@ pub struct SegmentStore {
     api: Api<LedgerSegment>,
     run: String,
     run_uid: String,
+    /// The UID of the thread the run is a turn of: its segments carry it as a label.
+    thread_uid: Option<String>,
     owner: OwnerReference,
     budget: usize,
 }
@@ -60,6 +62,7 @@ impl SegmentStore {
             api: Api::namespaced(client, &id.namespace),
             run: id.name,
             run_uid: id.uid,
+            thread_uid: run.thread_owner().map(|o| o.uid.clone()),
             owner: owner_reference(run, Ownership::Reference).unwrap_or_default(),
             budget: SEGMENT_BUDGET_BYTES,
         }
@@ -112,6 +115,22 @@ impl SegmentStore {
         Ok(page)
     }
 
+    /// Every segment of `namespace` labelled for the thread of UID `thread_uid`, in one list:
+    /// the earlier turns' ledgers a turn's history is built from. Unchecked: the caller takes
+    /// each turn's own by run and UID.
+    pub async fn list_thread(
+        client: Client,
+        namespace: &str,
+        thread_uid: &str,
+    ) -> Result<Vec<LedgerSegment>, kube::Error> {
+        let api: Api<LedgerSegment> = Api::namespaced(client, namespace);
+        let selector = format!("{THREAD_UID_LABEL}={thread_uid}");
+        Ok(api
+            .list(&ListParams::default().labels(&selector))
+            .await?
+            .items)
+    }
+
     /// Reads (never writes) the ledger of another run of the namespace, `run` with UID `uid`:
     /// as [`SegmentStore::list`] does. A turn reads its thread's earlier turns so.
     pub async fn list_run(
@@ -137,6 +156,11 @@ impl SegmentStore {
     fn segment(&self, seq: i64, fence: Fence, events: Vec<LedgerEvent>) -> LedgerSegment {
         let mut segment = segment_of_run(&self.run, &self.run_uid, seq, fence, events);
         segment.metadata.owner_references = Some(vec![self.owner.clone()]);
+        if let Some(thread) = &self.thread_uid {
+            segment
+                .labels_mut()
+                .insert(THREAD_UID_LABEL.into(), thread.clone());
+        }
         segment
     }
 }

@@ -2,10 +2,15 @@
 //! turns, rebuilt from their ledgers up to the positions its first seal fixed. Pure: the
 //! segments are read by the caller.
 
+use std::collections::HashMap;
+
+use kube::ResourceExt;
+
 use super::replay::{Replay, ReplayedMessage, StepState};
+use crate::crd::RUN_UID_LABEL;
 use crate::crd::v1alpha1::{ContextPolicy, HistoryTurn, LedgerEvent, LedgerSegment, Overflow};
 use crate::fence::EndReason;
-use crate::ledger::LedgerError;
+use crate::ledger::{LedgerError, is_segment_of};
 
 /// What the model is told about a call its turn ended without a result for (the turn was
 /// stopped, failed or interrupted while the call waited or ran).
@@ -130,6 +135,42 @@ pub fn fit(
 pub fn estimated_tokens(messages: &[ReplayedMessage]) -> i64 {
     let bytes: usize = messages.iter().map(ReplayedMessage::text_bytes).sum();
     bytes.div_ceil(4) as i64
+}
+
+/// Each turn's own segments among `listed` (one list of its thread's segments), up to its fixed
+/// position, when they are all there; None for a turn they do not hold whole (its ledger
+/// predates the thread label, or is kept elsewhere), which is read on its own. A segment is a
+/// turn's only by all three of its marks (`is_segment_of`), never by the label that found it.
+pub fn turns_in_listing(
+    listed: Vec<LedgerSegment>,
+    turns: &[HistoryTurn],
+) -> Vec<Option<Vec<LedgerSegment>>> {
+    let mut by_run: HashMap<(String, String), Vec<LedgerSegment>> = HashMap::new();
+    for segment in listed {
+        let uid = segment
+            .labels()
+            .get(RUN_UID_LABEL)
+            .cloned()
+            .unwrap_or_default();
+        let key = (segment.spec.run.clone(), uid);
+        by_run.entry(key).or_default().push(segment);
+    }
+    let mut take = |turn: &HistoryTurn| {
+        let key = (turn.run.clone(), turn.uid.clone());
+        let mut own: Vec<LedgerSegment> = by_run
+            .remove(&key)?
+            .into_iter()
+            .filter(|s| s.spec.seq <= turn.up_to && is_segment_of(s, &turn.run, &turn.uid))
+            .collect();
+        own.sort_by_key(|s| s.spec.seq);
+        let whole = own.len() as i64 == turn.up_to
+            && own
+                .iter()
+                .enumerate()
+                .all(|(i, s)| s.spec.seq == i as i64 + 1);
+        whole.then_some(own)
+    };
+    turns.iter().map(&mut take).collect()
 }
 
 /// The conversation of one earlier turn: its ledger's segments up to `turn.up_to` (exactly

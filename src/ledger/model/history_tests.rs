@@ -292,3 +292,51 @@ fn dropping_leaves_out_whole_oldest_turns_until_the_rest_fits() {
     assert_eq!(none.dropped.len(), 3);
     assert!(none.messages.is_empty());
 }
+
+/// Position `seq` of run `run` (UID `uid`), as its store writes it.
+fn of_run(run: &str, uid: &str, seq: i64) -> LedgerSegment {
+    crate::ledger::segment_of_run(run, uid, seq, Fence::new(1), vec![claimed(1)])
+}
+
+fn earlier(run: &str, uid: &str, up_to: i64) -> HistoryTurn {
+    HistoryTurn {
+        run: run.into(),
+        uid: uid.into(),
+        up_to,
+        ledger_backend: None,
+    }
+}
+
+fn positions(found: &Option<Vec<LedgerSegment>>) -> Option<Vec<i64>> {
+    found
+        .as_ref()
+        .map(|segments| segments.iter().map(|s| s.spec.seq).collect())
+}
+
+#[test]
+fn one_listing_gives_each_turn_its_own_segments_up_to_its_position() {
+    let mut renamed = of_run("c", "uc", 2);
+    renamed.metadata.name = Some("x-000002".into());
+    let listed = vec![
+        of_run("a", "ua", 2),
+        of_run("b", "ub", 1),
+        of_run("a", "ua", 1),
+        of_run("a", "ua", 3),
+        // A namesake of `b` (another UID) and a stranger: neither is a turn's.
+        of_run("b", "other", 2),
+        of_run("z", "uz", 1),
+        of_run("c", "uc", 1),
+        renamed,
+    ];
+    let turns = [
+        earlier("a", "ua", 2),
+        earlier("b", "ub", 2),
+        earlier("c", "uc", 2),
+        earlier("d", "ud", 1),
+    ];
+    let found = turns_in_listing(listed, &turns);
+    let found: Vec<_> = found.iter().map(positions).collect();
+    // `a` up to its fixed position (its third is past it); `b` lacks its second (the namesake's
+    // is not its), `c` its second (named for another run), `d` everything: each is read alone.
+    assert_eq!(found, vec![Some(vec![1, 2]), None, None, None]);
+}
