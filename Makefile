@@ -69,6 +69,10 @@ bench-byo: ## Figures: an own agent's model calls through the worker's gateway: 
 	bash hack/with-control-plane.sh $(CARGO) run --release --example byo_bench
 	bash hack/with-control-plane.sh $(CARGO) run --release --example byo_match_bench
 
+.PHONY: bench-thread
+bench-thread: ## Figures: a turn's history build at 1, 10, 100 and 1,000 earlier turns (p50/max ms, API requests per build), each turn read alone vs one list of the thread; the first seal's history bytes
+	bash hack/with-control-plane.sh $(CARGO) run --release --example thread_bench
+
 .PHONY: bench-webhook
 bench-webhook: ## Figures: latency the admission webhook adds to a segment append and an AgentRun create (p50/p99)
 	bash hack/with-control-plane.sh $(CARGO) run --release --example webhook_bench

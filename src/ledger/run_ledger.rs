@@ -17,7 +17,7 @@ use crate::fence::Fence;
 /// `baton server` (workers and the controller).
 #[derive(Clone)]
 pub struct Ledgers {
-    pub(super) client: Client,
+    client: Client,
     postgres: Option<PgLedger>,
     served: Option<LedgerClient>,
     /// What a run not yet recorded gets.
@@ -115,6 +115,16 @@ impl Ledgers {
             }
             LedgerBackend::PostgreSQL => self.in_postgres(namespace, run, uid)?.list().await,
         }
+    }
+
+    /// Reads (never writes) every LedgerSegment of `namespace` labelled for the thread of UID
+    /// `thread_uid`: a turn's history is built from them.
+    pub(super) async fn list_thread(
+        &self,
+        namespace: &str,
+        thread_uid: &str,
+    ) -> Result<Vec<LedgerSegment>, kube::Error> {
+        SegmentStore::list_thread(self.client.clone(), namespace, thread_uid).await
     }
 }
 

@@ -5,7 +5,7 @@
 //! is read on its own, as every turn was before the label.
 
 use super::run_ledger::Ledgers;
-use super::{HistoryError, LedgerError, ReplayedMessage, SegmentStore};
+use super::{HistoryError, LedgerError, ReplayedMessage};
 use super::{turn_conversation, turns_in_listing};
 use crate::crd::v1alpha1::{HistoryTurn, LedgerBackend, LedgerSegment};
 
@@ -26,9 +26,7 @@ impl Ledgers {
         let in_segments =
             |t: &HistoryTurn| t.ledger_backend.unwrap_or_default() == LedgerBackend::LedgerSegments;
         let listed = match thread_uid.filter(|_| turns.iter().any(in_segments)) {
-            Some(thread) => {
-                SegmentStore::list_thread(self.client.clone(), namespace, thread).await?
-            }
+            Some(thread) => self.list_thread(namespace, thread).await?,
             None => Vec::new(),
         };
         let found = turns_in_listing(listed, turns);

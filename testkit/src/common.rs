@@ -13,6 +13,7 @@ pub mod namespace;
 pub mod own_agent;
 pub mod previous_release;
 pub mod proc;
+pub mod thread_ledgers;
 pub mod webhook;
 pub mod worker_proc;
 

@@ -7,10 +7,10 @@
 //! certificate and writes its CA into the configuration's caBundle, as it does in the chart,
 //! or serves one the test issues as cert-manager would.
 
-use baton::crd::RUN_UID_LABEL;
 use baton::crd::v1alpha1::{
     AgentRun, AgentThread, LEDGER_FORMAT_VERSION, LedgerSegment, LedgerSegmentSpec,
 };
+use baton::crd::{RUN_UID_LABEL, THREAD_UID_LABEL};
 use baton::fence::{Fence, segment_name};
 use baton::webhook::CertIssuer;
 use baton_testkit::common::webhook::{
@@ -264,11 +264,22 @@ async fn only_a_runs_own_worker_appends_to_its_ledger() {
     let w = Watched::new("webhook-ledger").await;
     let _c = start(&w.ns.client, config(&w.ns.name));
     let victim = create(&w.ns, long_lease_run("victim")).await;
-    create(&w.ns, long_lease_run("other")).await;
+    let other_run = create(&w.ns, long_lease_run("other")).await;
     wait_lease(&w.ns, "victim", "victim-w1", 1, T).await;
     wait_lease(&w.ns, "other", "other-w1", 1, T).await;
     let uid = victim.uid().unwrap();
     let next = ledger(&w.ns, "victim").await.len() as i64 + 1;
+    let own_next = ledger(&w.ns, "other").await.len() as i64 + 1;
+    let mut labelled = forged(
+        &segment_name("other", own_next),
+        "other",
+        own_next,
+        1,
+        &other_run.uid().unwrap(),
+    );
+    labelled
+        .labels_mut()
+        .insert(THREAD_UID_LABEL.into(), "a-thread-it-is-no-turn-of".into());
     let other = Api::<LedgerSegment>::namespaced(
         worker_client(&w.ns.client, &w.ns.name, "other").await,
         &w.ns.name,
@@ -289,6 +300,11 @@ async fn only_a_runs_own_worker_appends_to_its_ledger() {
             "its own run, the victim's UID",
             forged(&segment_name("other", 7), "other", 7, 1, &uid),
             "metadata.labels",
+        ),
+        (
+            "its own run at its fence, labelled for a thread (whose turns would list it)",
+            labelled,
+            "metadata.labels[baton.dev/thread-uid]",
         ),
     ];
     for (case, seg, why) in attempts {

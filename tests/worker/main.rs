@@ -26,6 +26,8 @@
 //! - `thread_own_agent`: a thread whose agent is a container: each turn given the earlier ones,
 //!   the same after a kill;
 //! - `thread_context`: each overflow policy of a thread's context;
+//! - `thread_history`: the earlier turns' ledgers read with one list of the thread's segments,
+//!   a turn from before the thread label read alone;
 //! - `thread_cli`: `baton chat`, `baton thread` and `baton get` on a thread.
 
 use std::time::Duration;
@@ -68,5 +70,6 @@ mod resume;
 mod run;
 mod thread_cli;
 mod thread_context;
+mod thread_history;
 mod thread_own_agent;
 mod threads;
