@@ -89,11 +89,11 @@ async fn main() -> anyhow::Result<()> {
         // segment of the namespace from etcd, filled this machine's 24 GiB (API server and
         // etcd 12 GB each) before it answered.
         let alone = match n <= ALONE_AT_MOST {
-            true => reads(&ns, None, history, repeats).await?,
+            true => reads(&ns, None, history, repeats).await?.0,
             false => Reads::skipped(),
         };
-        let listed = reads(&ns, Some(&uid), history, repeats).await?;
-        let (seal, tokens) = sizes_of(&ns, &uid, history).await?;
+        let (listed, tokens) = reads(&ns, Some(&uid), history, repeats).await?;
+        let seal = seal_bytes(history)?;
         println!(
             "  {n:>6}  {:>12.1} / {:>7.1} ({:>4})  {:>12.1} / {:>7.1} ({:>4})  {:>6.1}x  {seal:>11}  {tokens:>9}",
             alone.p50(),
@@ -113,16 +113,16 @@ async fn main() -> anyhow::Result<()> {
 }
 
 /// Reads `history` `repeats` times (after one read that warms the caches), as a turn of the
-/// thread of UID `thread_uid` does (None: each turn alone).
+/// thread of UID `thread_uid` does (None: each turn alone); and the history's estimated tokens.
 async fn reads(
     ns: &str,
     thread_uid: Option<&str>,
     history: &[HistoryTurn],
     repeats: usize,
-) -> anyhow::Result<Reads> {
+) -> anyhow::Result<(Reads, i64)> {
     let counters = Arc::new(ApiCounters::default());
     let ledgers = Ledgers::api_server(counted_client(counters.clone()).await?);
-    build(&ledgers, ns, thread_uid, history).await?;
+    let tokens = estimated_tokens(&build(&ledgers, ns, thread_uid, history).await?);
     let before = counters.snapshot().total();
     let mut times = Vec::new();
     for _ in 0..repeats {
@@ -131,7 +131,7 @@ async fn reads(
         times.push(started.elapsed());
     }
     let requests = (counters.snapshot().total() - before) / repeats as u64;
-    Ok(Reads { times, requests })
+    Ok((Reads { times, requests }, tokens))
 }
 
 /// One history build: read and folded.
@@ -145,24 +145,14 @@ async fn build(
     Ok(earlier.into_iter().flat_map(|(_, m)| m).collect())
 }
 
-/// The bytes of the `history` event a turn after `history` has in its first seal, and the
-/// history's estimated tokens.
-async fn sizes_of(
-    ns: &str,
-    thread_uid: &str,
-    history: &[HistoryTurn],
-) -> anyhow::Result<(usize, i64)> {
+/// The bytes of the `history` event a turn after `history` has in its first seal.
+fn seal_bytes(history: &[HistoryTurn]) -> anyhow::Result<usize> {
     let event = LedgerEvent::History {
         thread: "long".into(),
         turns: history.to_vec(),
         context: None,
     };
-    let client = Client::try_default().await?;
-    let messages = build(&Ledgers::api_server(client), ns, Some(thread_uid), history).await?;
-    Ok((
-        serde_json::to_vec(&event)?.len(),
-        estimated_tokens(&messages),
-    ))
+    Ok(serde_json::to_vec(&event)?.len())
 }
 
 /// What a worker's read of its own ledger costs in this namespace as it starts: the list by its
