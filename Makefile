@@ -118,7 +118,7 @@ bench-controller: ## Figures: takeover lateness, controller memory and writes wi
 	bash hack/with-control-plane.sh $(CARGO) bench --bench controller -- --runs 5000 --window 100 --passes 2
 
 .PHONY: bench-node
-bench-node: ## Figures on the real node: faults to resumed work, work lost, vs a Job-style restart; pod start, controller rollout, image size, warm node start
+bench-node: ## Figures on the real node: faults to resumed work, work lost, vs a Job-style restart; pod start, controller rollout, image size, warm node start; turns with and without a pod started ahead (BATON_FIGURES=warm alone)
 	bash hack/bench-node.sh
 
 .PHONY: bench-upgrade

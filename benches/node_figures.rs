@@ -16,19 +16,23 @@
 //! (e) the worker pod's start (created → container running), the controller rollout (time
 //!     with no leader, a run created meanwhile: created → claimed), the image's size;
 //! (f) approvals: `baton approve` (its patch landed) → the next worker's first write, and →
-//!     the approved step starting (its `approvalDecided`, appended right before the tool runs).
+//!     the approved step starting (its `approvalDecided`, appended right before the tool runs);
+//! (g) warm turns: [`WARM_TURNS`] turns of a thread one after another, with and without
+//!     `spec.warm`: created → model request and → Succeeded (p50, p95, max); what an idle
+//!     warm thread holds (`BATON_FIGURES=warm` for (g) alone).
 //!
 //! Here: the samples' shape and the table. In benches/node_figures_support/: the faults of
 //! (a)–(d) (`faults`), the rollout and image of (e) (`rollout`), the approvals of (f)
-//! (`approvals`).
+//! (`approvals`), the warm turns of (g) (`warm`).
 
 /// The figures' own parts, in `node_figures_support/`.
 mod node_figures_support {
     pub mod approvals;
     pub mod faults;
     pub mod rollout;
+    pub mod warm;
 }
-use node_figures_support::{approvals, faults, rollout};
+use node_figures_support::{approvals, faults, rollout, warm};
 
 use std::time::Duration;
 
@@ -37,6 +41,10 @@ use baton_testkit::e2e::{Script, lease};
 use baton_testkit::node::{IMAGE, NodeEnv};
 use faults::{job_style, sample};
 use rollout::{controller_rollout, image_size};
+use warm::warm_figures;
+
+/// Turns per thread in (g): issue 46 asks for at least 20.
+const WARM_TURNS: usize = 20;
 
 /// The script of every sample: 6 tool turns; the fault comes once the effect of turn 3 landed.
 fn script() -> Script {
@@ -79,6 +87,11 @@ async fn main() {
     let env = NodeEnv::start("figures").await;
     if std::env::var("BATON_FIGURES").as_deref() == Ok("approvals") {
         approval_figures(&env, samples).await;
+        env.finish().await;
+        return;
+    }
+    if std::env::var("BATON_FIGURES").as_deref() == Ok("warm") {
+        warm_figures(&env, WARM_TURNS).await;
         env.finish().await;
         return;
     }
@@ -256,6 +269,7 @@ async fn main() {
     );
     println!("(e) image {IMAGE}: {}", image_size());
     approval_figures(&env, samples).await;
+    warm_figures(&env, WARM_TURNS).await;
     println!();
     println!(
         "(st: the next worker pod's start, on this node; Job-style: a fresh run created at the kill)"

@@ -70,6 +70,7 @@ fn config(ns: &str, pod: &str, stats_file: &std::path::Path) -> WorkerConfig {
         executor_wait: Duration::from_secs(10),
         mcp_headers_dir: baton::crd::MCP_HEADERS_DIR.into(),
         ledger_server: None,
+        warm: None,
     }
 }
 

@@ -3,18 +3,36 @@
 //! request is checked against the run as read, and lands by a resourceVersion
 //! compare-and-swap, so a concurrent append to the same append-only list is never lost.
 
-use kube::api::{Patch, PatchParams};
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 
 use crate::approval::{self, DecisionError};
-use crate::crd::v1alpha1::{AgentRun, LedgerSegment, Phase, Verdict};
-use crate::kube_util::{is_conflict, is_not_found};
+use crate::crd::v1alpha1::{AgentRun, AgentThread, LedgerSegment, Phase, Verdict};
+use crate::kube_util::{is_already_exists, is_conflict, is_not_found};
 use crate::ledger::{LedgerError, Ledgers};
 
 /// How many times a request re-reads and retries when the run changes under it.
 const UPDATE_RETRIES: usize = 5;
 /// Segments read at once while looking back through a ledger for a call.
 const LOOK_BACK_PAGE: usize = 4;
+
+/// Creates `turn` of `thread` (made by [`AgentThread::new_turn`]). A turn under the name the
+/// thread offers (its next turn's pod started ahead) that finds the name taken meanwhile, by
+/// another turn or any run of that name, is created again under a name the API server picks:
+/// it starts a pod of its own.
+pub async fn create_turn(
+    api: &Api<AgentRun>,
+    thread: &AgentThread,
+    turn: AgentRun,
+) -> kube::Result<AgentRun> {
+    let params = PostParams::default();
+    match api.create(&params, &turn).await {
+        Err(err) if is_already_exists(&err) && turn.metadata.name.is_some() => {
+            api.create(&params, &thread.named_by_server(turn)).await
+        }
+        created => created,
+    }
+}
 
 /// Why a request on a run was not carried out.
 #[derive(Debug, thiserror::Error)]

@@ -4,7 +4,6 @@
 use std::io::Write;
 
 use k8s_openapi::jiff::Timestamp;
-use kube::api::PostParams;
 use kube::{Api, ResourceExt};
 
 use super::{Session, is_finished, phase_of, print_lines};
@@ -19,9 +18,8 @@ impl Session {
     pub(super) async fn chat(&self, args: ChatArgs, out: &mut impl Write) -> Result<(), CliError> {
         let namespace = self.namespace(args.target.namespace.as_deref());
         let thread = self.read_thread(&namespace, &args.target.thread).await?;
-        let created = self
-            .runs(&namespace)
-            .create(&PostParams::default(), &thread.new_turn(&args.message))
+        let turn = thread.new_turn(&args.message);
+        let created = crate::requests::create_turn(&self.runs(&namespace), &thread, turn)
             .await
             .map_err(|e| self.error(e))?;
         let name = created.name_any();

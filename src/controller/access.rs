@@ -22,7 +22,7 @@ use super::pod::workspace_claim;
 use super::statuses::run_name;
 use super::writer::Wrote;
 use crate::crd::v1alpha1::AgentRun;
-use crate::crd::{controlled_by_run, controlling_run};
+use crate::crd::{WARM_THREAD_LABEL, controlled_by_run, controlling_run};
 use crate::rbac::{RbacError, RunRbac};
 
 /// Makes sure the run's worker ServiceAccount, Role and RoleBinding exist. Nothing to do when
@@ -84,8 +84,19 @@ where
     {
         Wrote::Exists => {
             let existing = api.get(&obj.name_any()).await?;
-            if controlled_by_run(&existing, &run.id().uid) {
+            if controlled_by_run(&existing, &run.id().uid) || made_ahead_for(&existing, run) {
                 return Ok(());
+            }
+            if made_ahead(&existing) {
+                // For a turn of another thread, or of this thread's past self: removed, and
+                // made again as this run's.
+                leftovers::delete_leftover(ctx, api, &existing).await?;
+                return Err(Error::LeftoverRemoved(format!(
+                    "{} {} was made ahead for a thread's next turn, not run {}: removed it",
+                    K::kind(&Default::default()),
+                    obj.name_any(),
+                    run_name(run),
+                )));
             }
             let what = format!(
                 "{} {} exists but is not owned by run {}",
@@ -123,4 +134,33 @@ pub async fn ensure_workspace(ctx: &Context, run: &AgentRun) -> Result<(), Error
 
 fn rbac_error(run: &AgentRun, err: RbacError) -> Error {
     Error::Rbac(format!("run {}: {err}", run_name(run)))
+}
+
+/// Whether `obj` was made ahead of a thread's next turn (`controller::warm`): labelled with
+/// the thread's UID and controlled by it.
+fn made_ahead<K: Resource>(obj: &K) -> bool {
+    let label = obj
+        .meta()
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(WARM_THREAD_LABEL));
+    label.is_some_and(|uid| {
+        obj.meta()
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|o| o.controller == Some(true) && o.kind == "AgentThread" && &o.uid == uid)
+    })
+}
+
+/// Whether `obj` was made ahead for `run`: a turn that joined the thread it was made for
+/// (its name is the run's: the objects' name gives it).
+fn made_ahead_for<K: Resource>(obj: &K, run: &AgentRun) -> bool {
+    let thread = run.thread_owner().filter(|_| run.has_joined());
+    let label = obj
+        .meta()
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(WARM_THREAD_LABEL));
+    made_ahead(obj) && thread.is_some_and(|t| label == Some(&t.uid))
 }

@@ -20,17 +20,18 @@ use tracing::Instrument;
 
 use super::Error;
 use super::access::{ensure_run_rbac, ensure_workspace};
+use super::attempt_pod::attempt_pod;
 use super::close::{self, delete_pod};
 use super::context::{Context, SealMemory};
 use super::decide::{Claim, ClaimReason, Close, CloseReason};
 use super::ledger_end::{LedgerEnd, ledger_end, report_claimants};
 use super::leftovers;
 use super::observe::sight;
-use super::pod::{desired_image, with_served_ledger, worker_pod};
-use super::pod_agent::with_agent_container;
 use super::statuses::{self, run_name};
-use super::writer::Applied;
-use crate::crd::v1alpha1::{AgentRun, LedgerBackend, LedgerEvent};
+use super::warm;
+use super::writer::{Applied, Wrote};
+use crate::crd::controlled_by_run;
+use crate::crd::v1alpha1::{AgentRun, LedgerEvent};
 use crate::fence::{Fence, RunHolder, run_lease_name, worker_pod_name};
 use crate::kube_util::{is_retry_soon, refused_for_what_it_is};
 use crate::lease::{LeaseError, lease_fence, lease_holder};
@@ -271,9 +272,11 @@ async fn confirm_trigger(
         ClaimReason::PodGone => {
             let name = worker_pod_name(&run.name_any(), Fence::of_run(run));
             let pod = ctx.api::<Pod>(&ns).get_opt(&name).await?;
+            // A pod of that name the run does not control is one started ahead that it never
+            // adopted: not its attempt's.
             Ok(match pod {
-                None => Continue(LeaseBase::Cached),
-                Some(_) => Break(Applied::Requeue),
+                Some(pod) if controlled_by_run(&pod, &run.id().uid) => Break(Applied::Requeue),
+                _ => Continue(LeaseBase::Cached),
             })
         }
         ClaimReason::Handoff => Ok(Continue(LeaseBase::Fresh)),
@@ -359,14 +362,8 @@ async fn move_lease(ctx: &Context, written: StatusWritten) -> Result<Stage<Lease
 /// Stage 5: the attempt's pod, created by the pass that moved the Lease to it.
 async fn create_pod(ctx: &Context, moved: LeaseMoved) -> Result<(), Error> {
     let LeaseMoved { run, holder } = moved;
-    let image = desired_image(&run, &ctx.config().worker_image);
-    let mut pod = with_agent_container(worker_pod(&run, holder.fence, &image), &run);
-    if ctx.ledgers().backend_of(&run) == LedgerBackend::PostgreSQL
-        && let Some(server) = &ctx.config().ledger_server
-    {
-        pod = with_served_ledger(pod, server.base(), server.ca());
-    }
-    let created = create_pod_patiently(ctx, &holder.namespace, &pod).await;
+    let pod = attempt_pod(ctx, &run, holder.fence);
+    let created = create_pod_patiently(ctx, &run, &pod).await;
     if let Err(Error::Kube(err)) = &created
         && let Some(message) = refused_for_what_it_is(err)
     {
@@ -392,17 +389,20 @@ const POD_CREATE_PATIENCE: Duration = Duration::from_secs(20);
 /// Creates the attempt's pod. Its Lease has moved already and a pod is created once per attempt,
 /// so giving up here would cost the run an attempt: a refusal the server means to be retried
 /// (a new ServiceAccount without its token yet: HTTP 500 "No API token found ..., retry after")
-/// is retried with backoff for [`POD_CREATE_PATIENCE`]. AlreadyExists is our own earlier create.
-async fn create_pod_patiently(ctx: &Context, ns: &str, pod: &Pod) -> Result<(), Error> {
+/// is retried with backoff for [`POD_CREATE_PATIENCE`]. AlreadyExists is our own earlier create,
+/// or a pod started ahead for the run (a thread's next turn), which the run adopts when it is
+/// the pod this attempt would have created ([`warm::take_over`]).
+async fn create_pod_patiently(ctx: &Context, run: &AgentRun, pod: &Pod) -> Result<(), Error> {
     let deadline = tokio::time::Instant::now() + POD_CREATE_PATIENCE;
     let mut delay = Duration::from_millis(200);
-    let api = ctx.api::<Pod>(ns);
+    let api = ctx.api::<Pod>(&run.id().namespace);
     loop {
         match ctx
             .write("pod", api.create(&PostParams::default(), pod))
             .await
         {
-            // Exists: our own earlier create; Gone: the namespace is being deleted (so is the run).
+            Ok(Wrote::Exists) => return warm::take_over(ctx, run, pod).await,
+            // Gone: the namespace is being deleted (so is the run).
             Ok(_) => return Ok(()),
             Err(Error::Kube(err))
                 if is_retry_soon(&err) && tokio::time::Instant::now() + delay < deadline =>

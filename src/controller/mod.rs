@@ -10,6 +10,7 @@ mod access;
 mod admin;
 mod admission;
 mod apply;
+mod attempt_pod;
 mod backoff;
 mod bounds;
 mod claim;
@@ -33,6 +34,7 @@ mod statuses;
 pub mod testing;
 mod turn;
 pub mod validate;
+mod warm;
 mod watches;
 mod writer;
 

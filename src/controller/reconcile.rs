@@ -206,12 +206,17 @@ async fn mark_ready(
 
 async fn reconcile(run: Arc<AgentRun>, ctx: Arc<Context>) -> Result<Requeue, Error> {
     let started = Instant::now();
-    let result = reconcile_run(&run, &ctx)
+    let mut result = reconcile_run(&run, &ctx)
         .instrument(crate::run_span!("reconcile", &run))
         .await;
     if result.is_ok() {
         match turn::publish_thread_status(&ctx, &run).await {
-            Ok(()) | Err(Error::NotLeader) => {}
+            // The thread's pod started ahead is removed when the idle thread stops wanting
+            // it: a run that would wait for a change looks again then.
+            Ok(Some(again)) if result.as_ref().is_ok_and(|r| *r == Requeue::await_change()) => {
+                result = Ok(Requeue::requeue(again));
+            }
+            Ok(_) | Err(Error::NotLeader) => {}
             Err(err) => {
                 tracing::warn!(run = %run.name_any(), %err, "writing its thread's status failed")
             }

@@ -4,20 +4,20 @@
 //! thread's earlier turns, each up to its ledger's end), and the thread's status follows its
 //! turns.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::ResourceExt;
 use kube::api::PostParams;
 use kube::runtime::reflector::ObjectRef;
-use kube::{Resource, ResourceExt};
 
 use super::Error;
 use super::context::Context;
 use super::statuses::{self, run_name};
+use super::warm;
 use super::writer::{Applied, Wrote};
 use crate::crd::v1alpha1::{
     AgentRun, AgentThread, AgentThreadStatus, BusyPolicy, HistoryTurn, LedgerBackend, LedgerEvent,
     RunUsage, ThreadPhase,
 };
-use crate::crd::{INTERRUPTED_BY_ANNOTATION, THREAD_GENERATION_ANNOTATION, TURN_ANNOTATION};
+use crate::crd::{INTERRUPTED_BY_ANNOTATION, THREAD_GENERATION_ANNOTATION};
 use crate::lease::{lease_holder, thread_lease_name};
 use crate::ledger::recorded_history;
 use crate::status::set_condition;
@@ -117,7 +117,7 @@ pub async fn join(ctx: &Context, run: &AgentRun) -> Result<Applied, Error> {
     if ctx.write("join", count).await?.written().is_none() {
         return Ok(Applied::Conflict);
     }
-    take_settings(&mut fresh, &thread, place);
+    thread.lend_to(&mut fresh, place);
     let api = ctx.runs_api(run);
     match ctx
         .write("join", api.replace(&name, &PostParams::default(), &fresh))
@@ -146,27 +146,6 @@ pub fn changed_since_admitted(turn: &AgentRun, thread: &AgentThread) -> Option<S
             thread.name_any()
         )
     })
-}
-
-/// The thread's settings, and the thread as owner, on the turn.
-fn take_settings(turn: &mut AgentRun, thread: &AgentThread, place: i64) {
-    turn.annotations_mut()
-        .insert(TURN_ANNOTATION.into(), place.to_string());
-    let spec = &mut turn.spec;
-    spec.agent = Some(thread.spec.agent.clone());
-    spec.budget = thread.spec.budget.clone();
-    spec.worker = thread.spec.worker.clone();
-    spec.lease = thread.spec.lease.clone();
-    spec.max_attempts = thread.spec.max_attempts;
-    if let Some(owner) = thread.controller_owner_ref(&()) {
-        // Not blocking: deleting the thread needs no permission on its turns' finalizers.
-        let reference = OwnerReference {
-            controller: Some(false),
-            block_owner_deletion: None,
-            ..owner
-        };
-        turn.owner_references_mut().push(reference);
-    }
 }
 
 /// The `history` event of a turn's first seal: the thread's earlier turns that ended, in
@@ -252,11 +231,15 @@ pub(super) fn turns_of(
 /// A conflict means the thread cache is behind a write (another turn's, or another replica's):
 /// the thread is read again and the status recomputed from the turns as they are then, so the
 /// last write always counts every turn. Without that, a turn's deletion (which no later
-/// reconcile of that turn follows) could leave its thread counting it.
-pub async fn publish_thread_status(ctx: &Context, run: &AgentRun) -> Result<(), Error> {
+/// reconcile of that turn follows) could leave its thread counting it. Then the thread's next
+/// turn started ahead is tended (`warm::ensure`), which says when to look again.
+pub async fn publish_thread_status(
+    ctx: &Context,
+    run: &AgentRun,
+) -> Result<Option<std::time::Duration>, Error> {
     const ATTEMPTS: usize = 5;
     let Some(owner) = run.thread_owner() else {
-        return Ok(());
+        return Ok(None);
     };
     let ns = run.id().namespace;
     let key = ObjectRef::new(&owner.name).within(&ns);
@@ -265,23 +248,30 @@ pub async fn publish_thread_status(ctx: &Context, run: &AgentRun) -> Result<(), 
     let mut thread = ctx.thread_cache().get(&key).map(|t| (*t).clone());
     for _ in 0..ATTEMPTS {
         let Some(mut desired) = thread.filter(|t| t.uid() == Some(owner.uid.clone())) else {
-            return Ok(());
+            return Ok(None);
         };
-        let status = thread_status(
+        let mut status = thread_status(
             &turns_of(ctx, &ns, &owner.name, &owner.uid),
             desired.status.as_ref(),
         );
+        let taken = |name: &str| {
+            ctx.run_cache()
+                .get(&ObjectRef::new(name).within(&ns))
+                .is_some()
+        };
+        status.next_turn = warm::offered_name(&desired, taken, || warm::fresh_name(&owner.name));
         if desired.status.as_ref() == Some(&status) {
-            return Ok(());
+            return warm::ensure(ctx, &desired).await;
         }
         desired.status = Some(status);
         let request = api.replace_status(&owner.name, &params, &desired);
         match ctx.write("thread_status", request).await? {
             Wrote::Conflict => thread = api.get_opt(&owner.name).await?,
-            _ => return Ok(()),
+            Wrote::Written(written) => return warm::ensure(ctx, &written).await,
+            _ => return Ok(None),
         }
     }
-    Ok(())
+    Ok(None)
 }
 
 /// The status of a thread whose turns are `turns`, its conditions carried on from `previous`
@@ -330,6 +320,7 @@ pub fn thread_status(
         last_turn_phase: last.and_then(|r| r.status.as_ref().map(|s| s.phase)),
         usage,
         joined: previous.map_or(0, |p| p.joined),
+        next_turn: previous.and_then(|p| p.next_turn.clone()),
         conditions,
     }
 }

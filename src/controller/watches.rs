@@ -196,7 +196,7 @@ fn recount_thread(ctx: &Arc<Context>, event: &watcher::Event<AgentRun>) {
     let (ctx, run) = (ctx.clone(), run.clone());
     tokio::spawn(async move {
         match super::turn::publish_thread_status(&ctx, &run).await {
-            Ok(()) | Err(super::Error::NotLeader) => {}
+            Ok(_) | Err(super::Error::NotLeader) => {}
             Err(err) => {
                 tracing::warn!(run = %run.name_any(), %err, "writing its thread's status failed")
             }

@@ -38,6 +38,12 @@ pub const RUN_UID_LABEL: &str = "baton.dev/run-uid";
 /// earlier turn's ledger with one list however long the thread (an index only: a reader
 /// still takes a segment only for the run and UID its history names).
 pub const THREAD_UID_LABEL: &str = "baton.dev/thread-uid";
+/// Label on a pod (and the worker RBAC) started ahead for a thread's next turn
+/// (`spec.warm`): the thread's UID. A turn adopts the pod only if it joined that thread.
+pub const WARM_THREAD_LABEL: &str = "baton.dev/warm-thread";
+/// Annotation on a pod started ahead: the digest of the pod spec it was made from, so a turn
+/// adopts it only if its own attempt's pod would be the same (the thread did not change).
+pub const POD_SPEC_DIGEST_ANNOTATION: &str = "baton.dev/pod-spec-digest";
 /// Label on worker pods: the attempt (fence) the pod was created for.
 pub const FENCE_LABEL: &str = "baton.dev/fence";
 /// Label marking objects managed by baton.
@@ -158,6 +164,14 @@ pub mod env {
     pub const LEDGER_TOKEN_FILE: &str = "BATON_LEDGER_TOKEN_FILE";
     /// The CA (PEM) `baton server`'s certificate chains to, when it serves TLS.
     pub const LEDGER_SERVER_CA: &str = "BATON_LEDGER_SERVER_CA";
+    /// On a pod started ahead for a thread's next turn: the thread's UID (the worker waits
+    /// for a turn of that thread to be claimed for it, and serves nothing else).
+    pub const WARM_THREAD_UID: &str = "BATON_WARM_THREAD_UID";
+    /// On a pod started ahead: the thread's generation it was made from (a turn admitted at
+    /// another generation took other settings, and is not served by it).
+    pub const WARM_THREAD_GENERATION: &str = "BATON_WARM_THREAD_GENERATION";
+    /// On a pod started ahead: how long it waits for its turn before it exits.
+    pub const WARM_IDLE_SECONDS: &str = "BATON_WARM_IDLE_SECONDS";
     /// Given to tools: the step number.
     pub const STEP: &str = "BATON_STEP";
     /// Given to tools: `<run-uid>/<step>`.

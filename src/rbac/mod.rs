@@ -115,19 +115,30 @@ impl RunRbac {
         if name.len() > max {
             return Err(RbacError::NameTooLong { run: name, max });
         }
-        let meta = object_meta(run)?;
+        Ok(Self::with_meta(&name, object_meta(run)?))
+    }
+
+    /// Whether a run named `run` can have these objects (their names have room for it).
+    pub fn name_fits(run: &str) -> bool {
+        run.len() <= MAX_NAME - WORKER_SA_PREFIX.len()
+    }
+
+    /// The objects for a run named `run` that does not exist yet (a thread's next turn, whose
+    /// pod is started ahead), with `meta` (their owner: the thread). They grant what they
+    /// would grant the run: rights on objects of that name only.
+    pub fn with_meta(run: &str, meta: ObjectMeta) -> Self {
         let namespace = meta.namespace.clone().unwrap_or_default();
-        Ok(Self {
+        Self {
             service_account: ServiceAccount {
                 metadata: meta.clone(),
                 ..ServiceAccount::default()
             },
             role: Role {
                 metadata: meta.clone(),
-                rules: Some(worker_rules(&name)),
+                rules: Some(worker_rules(run)),
             },
             role_binding: role_binding(meta, &namespace),
-        })
+        }
     }
 
     /// The objects' name (shared by all three).

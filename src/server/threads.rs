@@ -9,7 +9,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use axum::{Extension, Json};
-use kube::api::{ListParams, PostParams};
+use kube::api::ListParams;
 use kube::{Api, ResourceExt};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -98,7 +98,8 @@ pub(super) async fn create_turn(
         });
     }
     let api: Api<AgentRun> = Api::namespaced(client.clone(), ns);
-    Ok(api.create(&PostParams::default(), &turn(&thread)).await?)
+    let asked = turn(&thread);
+    Ok(crate::requests::create_turn(&api, &thread, asked).await?)
 }
 
 /// The thread's turns, in their places (those that have not joined yet last).

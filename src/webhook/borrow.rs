@@ -148,6 +148,11 @@ pub const NOT_BORROWED: &[(&str, &str)] = &[
     ("budget", "a bound"),
     ("onBusy", "a policy of the thread's own turns"),
     ("context", "a bound"),
+    (
+        "warm",
+        "timing: the next turn's pod, built from what the thread lends (each field asked \
+         above), started before the turn and serving only a turn that was admitted",
+    ),
 ];
 
 /// The rights `kind`'s spec `new` borrows, written over `old` (None: created): each borrowed

@@ -87,6 +87,16 @@ pub struct WorkerArgs {
     /// pod sets it then).
     #[arg(long, env = crate::crd::env::LEDGER_SERVER_CA, hide_env_values = true)]
     pub ledger_server_ca: Option<String>,
+    /// Set on a pod started ahead for a thread's next turn: the thread's UID. The worker then
+    /// waits for that turn to be claimed for this pod, and serves nothing else.
+    #[arg(long, env = crate::crd::env::WARM_THREAD_UID)]
+    pub warm_thread_uid: Option<String>,
+    /// With `--warm-thread-uid`: the thread's generation the pod was made from.
+    #[arg(long, env = crate::crd::env::WARM_THREAD_GENERATION)]
+    pub warm_thread_generation: Option<i64>,
+    /// With `--warm-thread-uid`: how long to wait for the turn before exiting.
+    #[arg(long, env = crate::crd::env::WARM_IDLE_SECONDS, default_value_t = 300)]
+    pub warm_idle_seconds: u64,
 }
 
 /// The worker's settings.
@@ -110,6 +120,8 @@ pub struct WorkerConfig {
     pub mcp_headers_dir: PathBuf,
     /// Where runs kept in PostgreSQL are reached (None: nowhere).
     pub ledger_server: Option<crate::ledger::LedgerClient>,
+    /// On a pod started ahead for a thread's next turn: what it waits for.
+    pub warm: Option<super::warm::Warm>,
 }
 
 impl std::fmt::Debug for WorkerConfig {
@@ -140,7 +152,13 @@ impl TryFrom<WorkerArgs> for WorkerConfig {
             }
             None => None,
         };
+        let warm = a.warm_thread_uid.map(|thread_uid| super::warm::Warm {
+            thread_uid,
+            thread_generation: a.warm_thread_generation,
+            idle: Duration::from_secs(a.warm_idle_seconds),
+        });
         Ok(Self {
+            warm,
             run: a.run,
             namespace: a.namespace,
             fence: a.fence,

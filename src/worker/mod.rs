@@ -35,6 +35,7 @@ mod resume;
 mod session;
 pub mod toolbox;
 pub mod tools;
+pub mod warm;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -202,6 +203,11 @@ async fn attempt(
     let metrics = state.metrics.clone();
     let client = counted_client(counters.clone()).await?;
     let runs: Api<AgentRun> = Api::namespaced(client.clone(), &cfg.namespace);
+    if let Some(warm) = &cfg.warm
+        && !warm::wait_for_turn(&runs, &cfg, warm).await
+    {
+        return Ok(Exit::Superseded);
+    }
     let Some((run, holder)) = start_check(&client, &runs, &cfg).await? else {
         info!("superseded before starting: exiting");
         return Ok(Exit::Superseded);

@@ -98,6 +98,8 @@ pub struct Received {
     pub path: String,
     pub headers: Vec<(String, String)>,
     pub body: serde_json::Value,
+    /// When its head had arrived whole (for the start-time figures).
+    pub at: std::time::Instant,
 }
 
 impl Received {
@@ -216,6 +218,7 @@ async fn read_request(socket: &mut BufReader<TcpStream>) -> Option<Received> {
         let (name, value) = line.split_once(':')?;
         headers.push((name.trim().to_lowercase(), value.trim().to_string()));
     }
+    let at = std::time::Instant::now();
     let length: usize = headers
         .iter()
         .find(|(n, _)| n == "content-length")
@@ -229,6 +232,7 @@ async fn read_request(socket: &mut BufReader<TcpStream>) -> Option<Received> {
         path,
         headers,
         body,
+        at,
     })
 }
 

@@ -30,6 +30,7 @@ mod previous;
 pub use crate::rbac;
 mod reads;
 mod server;
+mod warm;
 
 pub use chart::*;
 pub use effects::EffectsServer;
@@ -45,6 +46,7 @@ pub use postgres::{InPostgres, NodePostgres};
 pub use previous::{OnPreviousRelease, PREVIOUS_TAG, PreviousRelease};
 #[allow(unused_imports)]
 pub use server::*;
+pub use warm::{first_pod, model_thread, to_model};
 
 use crate::e2e::{
     Effects, Recorder, Script, check_ledger, check_worker_field_manager, retry, scripted_run,

@@ -11,6 +11,7 @@
 //! - `versions`: the previous release's controller beside this tree's;
 //! - `terminal`: a terminal claim decided on a stale view of the run is a claim like any other;
 //! - `threads`: thread admission;
+//! - `warm`: a thread's next turn started ahead: adopted by that turn only;
 //! - `thread_trust`: a thread lends only what its writer holds; a turn joins only the thread
 //!   its creator was asked about; only the controller makes a run a turn;
 //! - `webhook`: baton's admission webhook refuses what the requesting user could not do;
@@ -27,6 +28,7 @@ mod thread_trust;
 mod threads;
 mod trust;
 mod versions;
+mod warm;
 mod webhook;
 mod webhook_hostile;
 mod write_order;

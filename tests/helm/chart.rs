@@ -202,7 +202,7 @@ fn the_controller_gets_exactly_the_verbs_it_uses() {
             "leases",
             "get list watch create update delete",
         ),
-        ("", "pods", "get list watch create delete"),
+        ("", "pods", "get list watch create patch delete"),
         ("", "persistentvolumeclaims", "get create delete"),
         ("events.k8s.io", "events", "create patch"),
         ("", "serviceaccounts", "get create delete"),

@@ -114,6 +114,7 @@ async fn the_installed_chart_gives_the_controller_exactly_what_it_needs() {
             yes("watch", "leases.coordination.k8s.io", None),
             yes("create", "pods", None),
             yes("delete", "pods", None),
+            yes("patch", "pods", None),
             yes("watch", "pods", None),
             yes("create", "events.events.k8s.io", None),
             yes("create", "serviceaccounts", None),

@@ -62,6 +62,27 @@ pub struct AgentThreadSpec {
     /// How much of the conversation a turn's model is sent. Unset: all of it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context: Option<ContextPolicy>,
+    /// Start the next turn's worker pod ahead of it, so a turn created under the name the
+    /// thread offers (`status.nextTurn`) starts on a pod already running. Unset: every turn
+    /// starts a pod of its own when it is claimed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm: Option<WarmSpec>,
+}
+
+/// How long a thread keeps its next turn's pod started ahead.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WarmSpec {
+    /// How long the pod waits for the next turn after the thread's last turn ended (and the
+    /// most a started pod waits): past it the pod exits and the thread holds no pod until its
+    /// next turn.
+    #[serde(default = "default_warm_idle_seconds")]
+    #[schemars(range(min = 10, max = 86400))]
+    pub idle_seconds: i64,
+}
+
+fn default_warm_idle_seconds() -> i64 {
+    300
 }
 
 /// How much of the conversation a turn's model is sent. Fixed for a turn when it is first
@@ -140,6 +161,10 @@ pub struct AgentThreadStatus {
     /// (the order of its history), counted by compare-and-swap on this status.
     #[serde(default)]
     pub joined: i64,
+    /// With `spec.warm`: the name the next turn takes to start on the pod started for it
+    /// (a turn of another name starts a pod of its own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_turn: Option<String>,
     /// `Busy`: True while a turn is live (its message names it), False otherwise.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
@@ -147,6 +172,7 @@ pub struct AgentThreadStatus {
 
 impl AgentThread {
     /// A new turn of this thread, as a user writes one: its input and its thread, named
+    /// `status.nextTurn` when the thread starts its next turn's pod ahead (`spec.warm`), else
     /// `<thread>-<random>` by the API server. Everything else it takes from the thread when
     /// it joins.
     pub fn new_turn(&self, input: &str) -> super::AgentRun {
@@ -155,13 +181,58 @@ impl AgentThread {
         let spec: super::AgentRunSpec =
             serde_json::from_value(serde_json::json!({ "input": input, "thread": thread }))
                 .expect("a turn's spec is valid JSON for its type");
-        super::AgentRun {
-            metadata: kube::api::ObjectMeta {
-                generate_name: Some(format!("{thread}-")),
-                ..Default::default()
-            },
+        let turn = super::AgentRun {
+            metadata: kube::api::ObjectMeta::default(),
             spec,
             status: None,
+        };
+        match self.offered_turn_name() {
+            Some(name) => super::AgentRun {
+                metadata: kube::api::ObjectMeta {
+                    name: Some(name.to_string()),
+                    ..Default::default()
+                },
+                ..turn
+            },
+            None => self.named_by_server(turn),
+        }
+    }
+
+    /// The name the thread offers its next turn: `status.nextTurn`, while `spec.warm` is set.
+    pub fn offered_turn_name(&self) -> Option<&str> {
+        self.spec.warm.as_ref()?;
+        self.status.as_ref()?.next_turn.as_deref()
+    }
+
+    /// `turn` named by the API server (`<thread>-<random>`): what a creator falls back to when
+    /// the offered name was taken meanwhile (by another turn, or by any run of that name).
+    pub fn named_by_server(&self, mut turn: super::AgentRun) -> super::AgentRun {
+        turn.metadata.name = None;
+        turn.metadata.generate_name = Some(format!("{}-", kube::ResourceExt::name_any(self)));
+        turn
+    }
+
+    /// Its settings (`agent`, `budget`, `worker`, `lease`, `maxAttempts`) and itself as owner
+    /// on `turn`, which joins it at `place`: what the join writes, and what a turn's pod
+    /// started ahead is built from.
+    pub fn lend_to(&self, turn: &mut super::AgentRun, place: i64) {
+        use kube::{Resource, ResourceExt};
+        turn.annotations_mut()
+            .insert(crate::crd::TURN_ANNOTATION.into(), place.to_string());
+        let spec = &mut turn.spec;
+        spec.agent = Some(self.spec.agent.clone());
+        spec.budget = self.spec.budget.clone();
+        spec.worker = self.spec.worker.clone();
+        spec.lease = self.spec.lease.clone();
+        spec.max_attempts = self.spec.max_attempts;
+        if let Some(owner) = self.controller_owner_ref(&()) {
+            // Not blocking: deleting the thread needs no permission on its turns' finalizers.
+            let reference = k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                controller: Some(false),
+                block_owner_deletion: None,
+                ..owner
+            };
+            turn.owner_references_mut().push(reference);
         }
     }
 

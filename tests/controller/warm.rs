@@ -1,0 +1,143 @@
+//! A thread's next turn started ahead (`spec.warm`), the controller's half, against the real
+//! API server (no kubelet: the pods never run; the tests play the worker). The thread offers a
+//! name; the pod and worker RBAC of that turn exist before it, owned by the thread; the turn
+//! created under the name adopts that very pod at its claim; a run of that name that is no
+//! turn never does (the pod is removed, and the run's next attempt gets a pod of its own).
+
+use baton::crd::v1alpha1::{AgentRun, AgentThread, Phase};
+use baton::crd::{WARM_THREAD_LABEL, controlled_by_run};
+use baton::fence::{Fence, worker_pod_name};
+use baton_testkit::controller::*;
+use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use kube::ResourceExt;
+use kube::api::PostParams;
+use std::time::{Duration, Instant};
+
+/// The pod of attempt `fence` of run `run`.
+fn pod_name(run: &str, fence: i64) -> String {
+    worker_pod_name(run, Fence::new(fence))
+}
+
+/// Waits until the thread offers a name and its pod started ahead exists; returns both.
+async fn offered(ns: &TestNamespace) -> (String, Pod) {
+    let deadline = Instant::now() + T;
+    loop {
+        let thread = ns.api::<AgentThread>().get("conv").await.unwrap();
+        if let Some(name) = thread.offered_turn_name()
+            && let Some(pod) = ns.api::<Pod>().get_opt(&pod_name(name, 1)).await.unwrap()
+        {
+            return (name.to_string(), pod);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "nothing started ahead: {thread:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Pod `name`, once the claim that moved its Lease made it.
+async fn pod_once_made(ns: &TestNamespace, name: &str) -> Pod {
+    let deadline = Instant::now() + T;
+    loop {
+        if let Some(pod) = ns.api::<Pod>().get_opt(name).await.unwrap() {
+            return pod;
+        }
+        assert!(Instant::now() < deadline, "no pod {name}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Ends turn `name` (attempt 1) as its worker would.
+async fn finish(ns: &TestNamespace, name: &str) {
+    let mut w = FakeWorker::new(ns, name, 1);
+    w.resume().await;
+    w.renew().await.unwrap();
+    w.finish(vec![]).await;
+    match w.lease.release().await {
+        Ok(_) | Err(baton::lease::LeaseError::Lost { holder: None, .. }) => {}
+        Err(err) => panic!("releasing the lease: {err}"),
+    }
+    wait_run(ns, name, T, |s| s.phase == Phase::Succeeded).await;
+}
+
+#[tokio::test]
+async fn a_turn_under_the_offered_name_adopts_its_pod_and_no_other_run_does() {
+    let ns = TestNamespace::new("ctl-warm").await;
+    let agent = agent_run("x", 10).spec.agent;
+    let thread: AgentThread = serde_json::from_value(serde_json::json!({
+        "apiVersion": "baton.dev/v1alpha1", "kind": "AgentThread",
+        "metadata": {"name": "conv"},
+        "spec": {"agent": agent, "warm": {"idleSeconds": 300}},
+    }))
+    .unwrap();
+    let threads = ns.api::<AgentThread>();
+    let thread = threads
+        .create(&PostParams::default(), &thread)
+        .await
+        .unwrap();
+    let _c = start(&ns.client, config(&ns.name));
+    let runs = ns.api::<AgentRun>();
+
+    // The first turn: nothing offered yet.
+    let created = baton::requests::create_turn(&runs, &thread, thread.new_turn("one")).await;
+    let first = created.unwrap().name_any();
+    wait_fence(&ns, &first, 1, T).await;
+    finish(&ns, &first).await;
+
+    // The next turn's pod and RBAC exist before it, the thread's.
+    let (next, ahead) = offered(&ns).await;
+    let thread_uid = thread.uid().unwrap();
+    assert_eq!(ahead.labels().get(WARM_THREAD_LABEL), Some(&thread_uid));
+    assert_eq!(ahead.owner_references()[0].uid, thread_uid);
+    let account = ns.api::<ServiceAccount>();
+    let made = account.get(&format!("baton-run-{next}")).await.unwrap();
+    assert_eq!(made.owner_references()[0].uid, thread_uid);
+
+    // The turn under that name adopts that very pod: no second pod, the run its controller.
+    let thread = threads.get("conv").await.unwrap();
+    let turn = baton::requests::create_turn(&runs, &thread, thread.new_turn("two"))
+        .await
+        .unwrap();
+    assert_eq!(turn.name_any(), next);
+    wait_fence(&ns, &next, 1, T).await;
+    let deadline = Instant::now() + T;
+    let adopted = loop {
+        let pod = ns.api::<Pod>().get(&pod_name(&next, 1)).await.unwrap();
+        if controlled_by_run(&pod, &turn.uid().unwrap()) {
+            break pod;
+        }
+        assert!(Instant::now() < deadline, "not adopted: {pod:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(
+        adopted.uid(),
+        ahead.uid(),
+        "the pod started ahead, not a new one"
+    );
+    finish(&ns, &next).await;
+
+    // A plain run of the name offered now: the pod started ahead is removed, never adopted,
+    // and the run's next attempt gets a pod of its own.
+    let (squatted, ahead) = offered(&ns).await;
+    create(&ns, agent_run(&squatted, 10)).await;
+    let run = wait_fence(&ns, &squatted, 2, T).await;
+    let own = pod_once_made(&ns, &pod_name(&squatted, 2)).await;
+    assert!(controlled_by_run(&own, &run.uid().unwrap()));
+    assert!(!own.labels().contains_key(WARM_THREAD_LABEL), "{own:?}");
+    let first_pod = ns
+        .api::<Pod>()
+        .get_opt(&pod_name(&squatted, 1))
+        .await
+        .unwrap();
+    assert!(
+        first_pod.is_none_or(|p| p.uid() != ahead.uid() || p.metadata.deletion_timestamp.is_some()),
+        "the pod started ahead was left to a run of no thread"
+    );
+    let account = account.get(&format!("baton-run-{squatted}")).await.unwrap();
+    assert!(
+        controlled_by_run(&account, &run.uid().unwrap()),
+        "{account:?}"
+    );
+    ns.cleanup().await;
+}

@@ -1,0 +1,156 @@
+//! A thread's next turn started ahead (`spec.warm`) on the real node (`hack/node.sh`), baton
+//! installed by its chart: a turn created under the name the thread offers runs on the pod
+//! started for it, and writes the ledger a turn on a pod of its own writes; a run of that name
+//! that is no turn gets a pod of its own; the pod's identity reaches no other run (played with
+//! `kubectl --as`-style impersonation of its ServiceAccount); a pod killed as its turn is
+//! claimed loses nothing and runs nothing twice.
+
+use baton::crd::v1alpha1::{AgentThread, LedgerEvent, LedgerSegment};
+use baton::crd::{controlled_by_run, env as pod_env};
+use baton_testkit::e2e::Script;
+use baton_testkit::model::{Reply, Server};
+use baton_testkit::node::*;
+use baton_testkit::worker::answer_stream;
+use kube::ResourceExt;
+use kube::api::PostParams;
+use serde_json::json;
+
+const THREAD: &str = "chat";
+
+/// The kinds of a ledger's events, the history left out (it names the turns before).
+fn kinds(ledger: &[LedgerSegment]) -> Vec<String> {
+    let events = ledger.iter().flat_map(|s| s.spec.events.iter());
+    events
+        .filter(|e| !matches!(e, LedgerEvent::History { .. }))
+        .map(|e| serde_json::to_value(e).unwrap()["type"].to_string())
+        .collect()
+}
+
+fn finals(ledger: &[LedgerSegment]) -> usize {
+    let events = ledger.iter().flat_map(|s| s.spec.events.iter());
+    events
+        .filter(|e| matches!(e, LedgerEvent::Final { .. }))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_a_warm_threads_next_turn_runs_on_the_pod_started_for_it() {
+    let env = NodeEnv::start("warm").await;
+    let replies = (0..8)
+        .map(|i| Reply::sse(answer_stream(&format!("answer {i}"))))
+        .collect();
+    let server = Server::start_in_netns(NETNS, NODE_IP, replies).await;
+    let threads = env.api::<AgentThread>();
+    threads
+        .create(&PostParams::default(), &model_thread(THREAD, &server, true))
+        .await
+        .unwrap();
+
+    // The first turn: no turn ran yet, so the thread offers no name: a pod of its own.
+    let (first, asked) = env.create_turn(THREAD, "message one").await;
+    env.wait_succeeded(&first).await;
+    let cold = to_model(&server, "message one", asked);
+
+    // The second, under the offered name, on the pod started for it.
+    let (offered, warm_uid) = env.started_ahead(THREAD).await;
+    let (second, asked) = env.create_turn(THREAD, "message two").await;
+    assert_eq!(second, offered, "the turn took the name the thread offered");
+    env.wait_succeeded(&second).await;
+    let warm = to_model(&server, "message two", asked);
+    let pod = env.pods().get(&first_pod(&second)).await.unwrap();
+    let run = env.runs().get(&second).await.unwrap();
+    assert_eq!(
+        pod.uid(),
+        Some(warm_uid),
+        "the turn ran on the pod started for it"
+    );
+    assert!(
+        controlled_by_run(&pod, &run.uid().unwrap()),
+        "adopted: {pod:?}"
+    );
+    assert_eq!(run.status.as_ref().unwrap().fence.get(), 1);
+    let (cold_ledger, warm_ledger) = (env.ledger(&first).await, env.ledger(&second).await);
+    assert_eq!(
+        kinds(&cold_ledger),
+        kinds(&warm_ledger),
+        "the same ledger either way"
+    );
+    println!("created -> model request: own pod {cold:?}; pod started ahead {warm:?}");
+
+    // A run of the offered name that is no turn of the thread: the pod started ahead (the
+    // thread's Secrets, the turn's identity) is not its; it gets a pod of its own.
+    let (offered, warm_uid) = env.started_ahead(THREAD).await;
+    let mut squatter = env.scripted(&offered, &Script::new(1, 10));
+    squatter.spec.thread = None;
+    env.create(&squatter).await;
+    let fence = env.wait_succeeded(&offered).await.fence;
+    assert!(
+        fence.get() >= 2,
+        "the pod started ahead ran a run of no thread"
+    );
+    let own = baton::fence::worker_pod_name(&offered, fence);
+    let pod = env.pods().get(&own).await.unwrap();
+    assert_ne!(pod.uid(), Some(warm_uid));
+    let worker = pod
+        .spec
+        .unwrap()
+        .containers
+        .into_iter()
+        .find(|c| c.name == "worker");
+    let vars = worker.unwrap().env.unwrap_or_default();
+    assert!(
+        !vars.iter().any(|v| v.name == pod_env::WARM_THREAD_UID),
+        "{vars:?}"
+    );
+
+    // The identity the pod started ahead runs as reaches no other run: `kubectl --as` it.
+    let (offered, _) = env.started_ahead(THREAD).await;
+    assert_ne!(
+        offered,
+        squatter.name_any(),
+        "the thread offers a name no run has"
+    );
+    let as_pod = format!("--as=system:serviceaccount:{}:baton-run-{offered}", env.ns);
+    let read = kubectl(&[
+        &as_pod, "-n", &env.ns, "get", "agentrun", &first, "-o", "json",
+    ]);
+    let denied = read.expect_err("the pod's identity read another turn");
+    assert!(denied.contains("forbidden"), "{denied}");
+    let victim = env.runs().get(&first).await.unwrap();
+    let next = env.ledger(&first).await.len() as i64 + 1;
+    let forged = json!({
+        "apiVersion": "baton.dev/v1alpha1", "kind": "LedgerSegment",
+        "metadata": {
+            "name": baton::fence::segment_name(&first, next),
+            "labels": { baton::crd::RUN_UID_LABEL: victim.uid().unwrap() }
+        },
+        "spec": { "run": first, "seq": next, "fence": 1, "events": [
+            { "type": "final", "output": "forged" }
+        ] }
+    });
+    let path = env.dir.join("forged.json");
+    std::fs::write(&path, forged.to_string()).unwrap();
+    let wrote = kubectl(&[
+        &as_pod,
+        "-n",
+        &env.ns,
+        "create",
+        "-f",
+        path.to_str().unwrap(),
+    ]);
+    let refused = wrote.expect_err("the pod's identity appended to another turn's ledger");
+    assert!(refused.contains("only its worker"), "{refused}");
+
+    // Killed as its turn is claimed: the turn still ends once, on another attempt if need be.
+    let (third, _) = env.create_turn(THREAD, "message three").await;
+    assert_eq!(third, offered);
+    env.try_signal_worker(&first_pod(&third), libc::SIGKILL)
+        .await;
+    let status = env.wait_succeeded(&third).await;
+    assert_eq!(finals(&env.ledger(&third).await), 1, "the turn ended once");
+    println!(
+        "killed as claimed: succeeded at fence {}",
+        status.fence.get()
+    );
+    env.finish().await;
+}
