@@ -42,7 +42,10 @@ async fn node_a_warm_threads_next_turn_runs_on_the_pod_started_for_it() {
     let server = Server::start_in_netns(NETNS, NODE_IP, replies).await;
     let threads = env.api::<AgentThread>();
     threads
-        .create(&PostParams::default(), &model_thread(THREAD, &server, true))
+        .create(
+            &PostParams::default(),
+            &model_thread(THREAD, &server, Some(120)),
+        )
         .await
         .unwrap();
 

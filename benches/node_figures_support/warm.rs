@@ -1,70 +1,117 @@
-//! Section (g): a thread's turns created one after another, each as soon as the one before
-//! succeeded, on a thread that starts its next turn's pod ahead (`spec.warm`) and on one that
-//! does not: created → the model server received the turn's request, created → Succeeded
-//! (seen by polling every 100 ms), how many turns ran on a pod started ahead, and what an idle
-//! warm thread holds.
+//! Section (g): a thread's turns created one after another, on a thread that starts its next
+//! turn's pod ahead (`spec.warm`) and on one that does not: created → the model server
+//! received the turn's request, created → Succeeded (seen by polling every 100 ms), and how
+//! many turns ran on a pod started ahead. Each turn is created as soon as the one before
+//! succeeded (back to back), and, on a warm thread, also once its pod started ahead runs (a
+//! chat whose user reads the answer first). Then what an idle warm thread holds: the waiting
+//! pod's memory, and no pod once `idleSeconds` passed.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use baton::crd::v1alpha1::AgentThread;
 use baton_testkit::model::{Reply, Server};
 use baton_testkit::node::{NETNS, NODE_IP, NodeEnv, first_pod, model_thread, to_model};
 use baton_testkit::worker::answer_stream;
-use kube::ResourceExt;
-use kube::api::{ListParams, PostParams};
+use kube::api::PostParams;
+
+/// How turns follow one another.
+#[derive(Clone, Copy, PartialEq)]
+enum Pace {
+    /// Each as soon as the one before succeeded.
+    BackToBack,
+    /// Each once the pod started ahead for it runs.
+    PodReady,
+}
 
 /// Section (g); alone with `BATON_FIGURES=warm`. `turns` turns per thread.
 pub async fn warm_figures(env: &NodeEnv, turns: usize) {
-    let replies = (0..2 * turns + 2)
+    let replies = (0..3 * turns + 4)
         .map(|_| Reply::sse(answer_stream("an answer")))
         .collect();
     let server = Server::start_in_netns(NETNS, NODE_IP, replies).await;
     println!();
-    for warm in [false, true] {
-        let thread = if warm { "warm" } else { "own-pods" };
-        env.api()
-            .create(&PostParams::default(), &model_thread(thread, &server, warm))
-            .await
-            .unwrap();
-        let (mut model, mut done, mut ahead) = (Vec::new(), Vec::new(), 0);
-        for i in 0..turns {
-            let input = format!("{thread} message {i}");
-            let (name, asked) = env.create_turn(thread, &input).await;
-            env.wait_succeeded(&name).await;
-            done.push(asked.elapsed());
-            model.push(to_model(&server, &input, asked));
-            ahead += usize::from(env.ran_on_pod_started_ahead(&name).await);
-        }
-        let what = if warm { "warm thread" } else { "no warm" };
-        spread(
-            &format!("(g) {what}: turn created -> model request"),
-            &model,
-        );
-        spread(&format!("(g) {what}: turn created -> Succeeded"), &done);
-        println!("(g) {what}: turns on a pod started ahead: {ahead} of {turns}");
+    let runs = [
+        ("own-pods", None, Pace::BackToBack, "no warm, back to back"),
+        ("warm", Some(120), Pace::BackToBack, "warm, back to back"),
+        (
+            "paced",
+            Some(120),
+            Pace::PodReady,
+            "warm, each once its pod runs",
+        ),
+    ];
+    for (thread, idle, pace, what) in runs {
+        thread_figures(env, &server, thread, idle, pace, what, turns).await;
     }
-    at_rest(env, "warm").await;
+    at_rest(env, &server).await;
 }
 
-/// What the idle warm thread holds once its last turn ended: its pods, and the resident
-/// memory of the waiting worker (read on the host from its process).
-async fn at_rest(env: &NodeEnv, thread: &str) {
-    let pods = env.pods().list(&ListParams::default()).await.unwrap();
-    let running: Vec<_> = pods
-        .items
-        .iter()
-        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-        .map(|p| p.name_any())
-        .collect();
-    let (offered, _) = env.started_ahead(thread).await;
+async fn thread_figures(
+    env: &NodeEnv,
+    server: &Server,
+    thread: &str,
+    idle: Option<i64>,
+    pace: Pace,
+    what: &str,
+    turns: usize,
+) {
+    env.api()
+        .create(&PostParams::default(), &model_thread(thread, server, idle))
+        .await
+        .unwrap();
+    let (mut model, mut done, mut ahead) = (Vec::new(), Vec::new(), 0);
+    for i in 0..turns {
+        if pace == Pace::PodReady && i > 0 {
+            env.started_ahead(thread).await;
+        }
+        let input = format!("{thread} message {i}");
+        let (name, asked) = env.create_turn(thread, &input).await;
+        env.wait_succeeded(&name).await;
+        done.push(asked.elapsed());
+        model.push(to_model(server, &input, asked));
+        ahead += usize::from(env.ran_on_pod_started_ahead(&name).await);
+    }
+    spread(&format!("(g) {what}: created -> model request"), &model);
+    spread(&format!("(g) {what}: created -> Succeeded"), &done);
+    println!("(g) {what}: turns on a pod started ahead: {ahead} of {turns}");
+}
+
+/// What an idle warm thread holds: once its turn ended, the one pod waiting for the next turn
+/// (its processes' resident memory, read on the host); once `idleSeconds` passed, none.
+async fn at_rest(env: &NodeEnv, server: &Server) {
+    const IDLE: i64 = 10;
+    let threads = env.api::<AgentThread>();
+    let thread = threads
+        .create(
+            &PostParams::default(),
+            &model_thread("idle", server, Some(IDLE)),
+        )
+        .await
+        .unwrap();
+    let (name, _) = env.create_turn("idle", "idle message").await;
+    env.wait_succeeded(&name).await;
+    let (offered, _) = env.started_ahead("idle").await;
     let pod = first_pod(&offered);
+    let waiting = env.pods_started_ahead(&thread).await;
     let (worker, tools) = (
         rss(env, &pod, "worker").await,
         rss(env, &pod, "tools").await,
     );
     println!(
-        "(g) at rest: pods running in the namespace {} ({running:?}); the waiting pod's worker \
-         {worker:?} KiB, tools {tools:?} KiB resident",
-        running.len()
+        "(g) idle warm thread, its turn ended: pods started ahead {} ({waiting:?}); resident \
+         memory of the waiting pod: worker {worker:?} KiB, tools {tools:?} KiB",
+        waiting.len()
+    );
+    let ended = Instant::now();
+    let deadline = ended + Duration::from_secs(IDLE as u64 + 60);
+    while !env.pods_started_ahead(&thread).await.is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let left = env.pods_started_ahead(&thread).await;
+    println!(
+        "(g) idle warm thread, idleSeconds {IDLE}: pods started ahead {} after {:.1} s",
+        left.len(),
+        ended.elapsed().as_secs_f64()
     );
 }
 

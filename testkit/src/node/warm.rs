@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 use baton::crd::WARM_THREAD_LABEL;
 use baton::crd::v1alpha1::AgentThread;
 use baton::fence::{Fence, worker_pod_name};
+use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
+use kube::api::ListParams;
 use serde_json::json;
 
 use super::NodeEnv;
@@ -18,12 +20,12 @@ pub fn first_pod(turn: &str) -> String {
     worker_pod_name(turn, Fence::new(1))
 }
 
-/// A thread `name` whose turns ask `server`, with `spec.warm` (idle 120 s) when `warm`.
-pub fn model_thread(name: &str, server: &Server, warm: bool) -> AgentThread {
+/// A thread `name` whose turns ask `server`, with `spec.warm` when `idle_seconds` is given.
+pub fn model_thread(name: &str, server: &Server, idle_seconds: Option<i64>) -> AgentThread {
     let model = serde_json::to_value(server.openai_model()).unwrap();
     let mut spec = json!({ "agent": { "model": model, "tools": [] } });
-    if warm {
-        spec["warm"] = json!({ "idleSeconds": 120 });
+    if let Some(idle) = idle_seconds {
+        spec["warm"] = json!({ "idleSeconds": idle });
     }
     AgentThread::new(name, serde_json::from_value(spec).unwrap())
 }
@@ -61,6 +63,29 @@ impl NodeEnv {
             assert!(Instant::now() < deadline, "no pod started ahead: {seen:?}");
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+
+    /// The pods of `thread` started ahead that have not ended (none once it is idle long enough).
+    pub async fn pods_started_ahead(&self, thread: &AgentThread) -> Vec<String> {
+        let uid = thread.uid().unwrap_or_default();
+        let selector = format!("{WARM_THREAD_LABEL}={uid}");
+        let listed = self
+            .pods()
+            .list(&ListParams::default().labels(&selector))
+            .await;
+        let live = |p: &Pod| {
+            let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+            p.owner_references().iter().all(|o| o.kind == "AgentThread")
+                && p.metadata.deletion_timestamp.is_none()
+                && !matches!(phase, Some("Succeeded" | "Failed"))
+        };
+        listed
+            .unwrap()
+            .items
+            .iter()
+            .filter(|p| live(p))
+            .map(|p| p.name_any())
+            .collect()
     }
 
     /// Whether turn `name` ran its first attempt on a pod started ahead (adopted: labelled
