@@ -20,6 +20,7 @@ use super::context::Context;
 use super::leftovers;
 use super::pod::workspace_claim;
 use super::statuses::run_name;
+use super::warm::{grants_the_same, made_ahead};
 use super::writer::Wrote;
 use crate::crd::v1alpha1::AgentRun;
 use crate::crd::{WARM_THREAD_LABEL, controlled_by_run, controlling_run};
@@ -84,7 +85,7 @@ where
     {
         Wrote::Exists => {
             let existing = api.get(&obj.name_any()).await?;
-            if controlled_by_run(&existing, &run.id().uid) || made_ahead_for(&existing, run) {
+            if controlled_by_run(&existing, &run.id().uid) || made_ahead_for(&existing, run, obj) {
                 return Ok(());
             }
             if made_ahead(&existing) {
@@ -136,31 +137,17 @@ fn rbac_error(run: &AgentRun, err: RbacError) -> Error {
     Error::Rbac(format!("run {}: {err}", run_name(run)))
 }
 
-/// Whether `obj` was made ahead of a thread's next turn (`controller::warm`): labelled with
-/// the thread's UID and controlled by it.
-fn made_ahead<K: Resource>(obj: &K) -> bool {
-    let label = obj
-        .meta()
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(WARM_THREAD_LABEL));
-    label.is_some_and(|uid| {
-        obj.meta()
-            .owner_references
-            .iter()
-            .flatten()
-            .any(|o| o.controller == Some(true) && o.kind == "AgentThread" && &o.uid == uid)
-    })
-}
-
-/// Whether `obj` was made ahead for `run`: a turn that joined the thread it was made for
-/// (its name is the run's: the objects' name gives it).
-fn made_ahead_for<K: Resource>(obj: &K, run: &AgentRun) -> bool {
+/// Whether `obj` was made ahead for `run` (`controller::warm`): a turn that joined the thread
+/// it was made for (its name is the run's: the objects' name gives it), granting what the
+/// run's own would (`desired`).
+fn made_ahead_for<K: Resource + Serialize>(obj: &K, run: &AgentRun, desired: &K) -> bool {
     let thread = run.thread_owner().filter(|_| run.has_joined());
     let label = obj
         .meta()
         .labels
         .as_ref()
         .and_then(|l| l.get(WARM_THREAD_LABEL));
-    made_ahead(obj) && thread.is_some_and(|t| label == Some(&t.uid))
+    made_ahead(obj)
+        && thread.is_some_and(|t| label == Some(&t.uid))
+        && grants_the_same(obj, desired)
 }

@@ -204,9 +204,10 @@ pub fn adoptable(existing: &Pod, run: &AgentRun, desired: &Pod) -> bool {
 }
 
 /// `run`'s attempt found a pod of its pod's name (`desired`): its own earlier create, or a
-/// pod started ahead that it adopts (one write: the run becomes its controller). Any other is
-/// deleted, and the attempt fails as if its pod had died: a pod is never created twice for one
-/// fence, and the next claim's pod has a name of its own. (The worker in a pod started ahead
+/// pod started ahead that it adopts (one write: the run becomes its controller). Another pod
+/// started ahead is deleted, anything else left alone, and either way the attempt fails as if
+/// its pod had died: a pod is never created twice for one fence, and the next claim's pod has
+/// a name of its own. (The worker in a pod started ahead
 /// serves only the turn it was made for; one that started meanwhile is that turn's attempt,
 /// ended as any attempt whose pod is deleted.)
 pub async fn take_over(ctx: &Context, run: &AgentRun, desired: &Pod) -> Result<(), Error> {
@@ -237,7 +238,11 @@ pub async fn take_over(ctx: &Context, run: &AgentRun, desired: &Pod) -> Result<(
             return Ok(());
         }
     }
-    tracing::info!(run = %run.name_any(), pod = %name, "removing a pod that is not this attempt's");
+    if !made_ahead(&existing) {
+        // Not baton's to remove: left alone; the next claim's pod has another name.
+        return Err(not_taken(&name, "it is not baton's: left it alone"));
+    }
+    tracing::info!(run = %run.name_any(), pod = %name, "removing a pod started ahead that is not this attempt's");
     let precondition = DeleteParams {
         preconditions: Some(Preconditions {
             uid: existing.uid(),
@@ -277,7 +282,8 @@ pub async fn ensure(ctx: &Context, thread: &AgentThread) -> Result<Option<Durati
     );
     let api = ctx.api::<Pod>(&ns);
     match cached {
-        Some(pod) if controlling_run(&*pod).is_some() => {}
+        // Adopted by a turn (its own now), or not made ahead for this thread: not ours here.
+        Some(pod) if controlling_run(&*pod).is_some() || !made_ahead_for_thread(&*pod, thread) => {}
         Some(pod) => {
             let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
             let stale = !want.wanted()
@@ -306,6 +312,52 @@ pub async fn ensure(ctx: &Context, thread: &AgentThread) -> Result<Option<Durati
         Want::For(left) => Some(left + Duration::from_secs(1)),
         _ => None,
     })
+}
+
+/// Whether `obj` was made ahead of a thread's next turn: labelled with the thread's UID and
+/// controlled by that thread. Only such objects are ever removed or taken here.
+pub fn made_ahead<K: Resource>(obj: &K) -> bool {
+    let meta = obj.meta();
+    let label = meta.labels.as_ref().and_then(|l| l.get(WARM_THREAD_LABEL));
+    label.is_some_and(|uid| {
+        meta.owner_references
+            .iter()
+            .flatten()
+            .any(|o| o.controller == Some(true) && o.kind == "AgentThread" && &o.uid == uid)
+    })
+}
+
+/// [`made_ahead`] by `thread`.
+fn made_ahead_for_thread<K: Resource>(obj: &K, thread: &AgentThread) -> bool {
+    let label = obj
+        .meta()
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(WARM_THREAD_LABEL));
+    made_ahead(obj) && label.is_some() && label == thread.uid().as_ref()
+}
+
+/// Pure: whether `existing` grants what `desired` (the run's own worker RBAC object) grants:
+/// a Role's rules, a RoleBinding's role and subjects (a ServiceAccount grants nothing itself).
+/// Objects made ahead are taken as the run's only then: anyone could have made one so
+/// labelled.
+pub fn grants_the_same<K: Serialize>(existing: &K, desired: &K) -> bool {
+    let grant = |obj: &K| {
+        let v = serde_json::to_value(obj).unwrap_or_default();
+        let named = |x: &serde_json::Value| {
+            serde_json::json!([x.get("kind"), x.get("name"), x.get("namespace")])
+        };
+        let subjects = v
+            .get("subjects")
+            .and_then(|s| s.as_array())
+            .map(|all| all.iter().map(named).collect::<Vec<_>>());
+        serde_json::json!({
+            "rules": v.get("rules"),
+            "roleRef": v.get("roleRef").map(named),
+            "subjects": subjects,
+        })
+    };
+    grant(existing) == grant(desired)
 }
 
 /// The thread generation a pod started ahead was made from.

@@ -8,6 +8,7 @@ use super::*;
 use crate::controller::pod::worker_pod;
 use crate::crd::THREAD_GENERATION_ANNOTATION;
 use crate::crd::v1alpha1::{AgentThreadStatus, WarmSpec};
+use crate::rbac::RunRbac;
 
 const IMAGE: &str = "baton:test";
 
@@ -248,4 +249,52 @@ fn a_turn_adopts_no_pod_of_another_thread_other_settings_or_that_ended() {
         !adoptable(&relabelled, &turn, &desired),
         "the label of another thread"
     );
+}
+
+#[test]
+fn only_what_a_thread_made_ahead_is_taken_or_removed_and_only_if_it_grants_the_runs_own() {
+    let thread = with_status(thread(true), Some("conv-abcde"), true, Timestamp::now());
+    let made = ahead(
+        worker_pod(&prospective_turn(&thread, "conv-abcde"), FIRST, IMAGE),
+        &thread,
+    );
+    assert!(made_ahead(&made) && made_ahead_for_thread(&made, &thread));
+    let mut other = thread.clone();
+    other.metadata.uid = Some("other-thread".into());
+    assert!(!made_ahead_for_thread(&made, &other));
+    let mut foreign = made.clone();
+    foreign.metadata.owner_references = None;
+    assert!(!made_ahead(&foreign), "labelled, but no thread controls it");
+    let mut mislabelled = made;
+    mislabelled
+        .labels_mut()
+        .insert(WARM_THREAD_LABEL.into(), "other-thread".into());
+    assert!(
+        !made_ahead(&mislabelled),
+        "labelled for a thread that does not control it"
+    );
+
+    let turn = joined_turn(&thread, "conv-abcde");
+    let own = RunRbac::for_run(&turn).unwrap();
+    let meta = kube::api::ObjectMeta {
+        name: Some("baton-run-conv-abcde".into()),
+        namespace: Some("team".into()),
+        ..Default::default()
+    };
+    let early = RunRbac::with_meta("conv-abcde", meta);
+    assert!(grants_the_same(&early.role, &own.role));
+    assert!(grants_the_same(&early.role_binding, &own.role_binding));
+    assert!(grants_the_same(
+        &early.service_account,
+        &own.service_account
+    ));
+    let mut wider = early.role.clone();
+    wider.rules.as_mut().unwrap()[0].resource_names = None;
+    assert!(!grants_the_same(&wider, &own.role), "every run's AgentRuns");
+    let mut rebound = early.role_binding.clone();
+    rebound.subjects.as_mut().unwrap()[0].name = "someone-else".into();
+    assert!(!grants_the_same(&rebound, &own.role_binding));
+    let mut other_role = early.role_binding;
+    other_role.role_ref.name = "admin".into();
+    assert!(!grants_the_same(&other_role, &own.role_binding));
 }

@@ -115,6 +115,12 @@ async fn a_turn_under_the_offered_name_adopts_its_pod_and_no_other_run_does() {
         ahead.uid(),
         "the pod started ahead, not a new one"
     );
+    let kept = account.get(&format!("baton-run-{next}")).await.unwrap();
+    assert_eq!(
+        kept.uid(),
+        made.uid(),
+        "the identity made ahead is the turn's: kept"
+    );
     finish(&ns, &next).await;
 
     // A plain run of the name offered now: the pod started ahead is removed, never adopted,
