@@ -4,7 +4,8 @@
 //! many turns ran on a pod started ahead. Each turn is created as soon as the one before
 //! succeeded (back to back), and, on a warm thread, also once its pod started ahead runs (a
 //! chat whose user reads the answer first). Then what an idle warm thread holds: the waiting
-//! pod's memory, and no pod once `idleSeconds` passed.
+//! pod's memory, no pod once `idleSeconds` passed, and every object it keeps, counted and
+//! sized (times 100,000 idle threads).
 
 use std::time::{Duration, Instant};
 
@@ -77,7 +78,8 @@ async fn thread_figures(
 }
 
 /// What an idle warm thread holds: once its turn ended, the one pod waiting for the next turn
-/// (its processes' resident memory, read on the host); once `idleSeconds` passed, none.
+/// (its processes' resident memory, read on the host); once `idleSeconds` passed, no pod, and
+/// the objects it keeps ([`holdings`]).
 async fn at_rest(env: &NodeEnv, server: &Server) {
     const IDLE: i64 = 10;
     let threads = env.api::<AgentThread>();
@@ -113,6 +115,73 @@ async fn at_rest(env: &NodeEnv, server: &Server) {
         left.len(),
         ended.elapsed().as_secs_f64()
     );
+    holdings(env, "idle").await;
+}
+
+/// Every object of the namespace whose name carries `thread`'s (the thread, its turn, the
+/// turn's ledger, Lease, RBAC, token Secret and Events, what was made ahead for its next
+/// turn), by kind: count and bytes as the API server serves them (JSON, managedFields
+/// included; etcd keeps custom resources as such JSON, built-in kinds as protobuf, smaller).
+/// Then times 100,000 such threads.
+async fn holdings(env: &NodeEnv, thread: &str) {
+    use baton::crd::v1alpha1::{AgentRun, LedgerSegment};
+    use k8s_openapi::api::coordination::v1::Lease;
+    use k8s_openapi::api::core::v1::{Event, Pod, Secret, ServiceAccount};
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    let rows = vec![
+        ("AgentThread", held::<AgentThread>(env, thread).await),
+        ("AgentRun", held::<AgentRun>(env, thread).await),
+        ("LedgerSegment", held::<LedgerSegment>(env, thread).await),
+        ("Lease", held::<Lease>(env, thread).await),
+        ("Pod", held::<Pod>(env, thread).await),
+        ("ServiceAccount", held::<ServiceAccount>(env, thread).await),
+        ("Secret", held::<Secret>(env, thread).await),
+        ("Role", held::<Role>(env, thread).await),
+        ("RoleBinding", held::<RoleBinding>(env, thread).await),
+        ("Event", held::<Event>(env, thread).await),
+    ];
+    let (mut objects, mut bytes) = (0, 0);
+    for (kind, (n, b)) in &rows {
+        println!("(g) an idle warm thread of one turn holds: {kind:<15} {n:>3} objects {b:>7} B");
+        (objects, bytes) = (objects + n, bytes + b);
+    }
+    let segments = rows
+        .iter()
+        .find(|(k, _)| *k == "LedgerSegment")
+        .map_or(0, |(_, (_, b))| *b);
+    println!(
+        "(g) an idle warm thread of one turn holds: {objects} objects, {bytes} B; 100,000 such \
+         threads: {} M objects, {:.1} GB ({:.1} GB of it ledger segments, which PostgreSQL keeps \
+         out of etcd)",
+        objects * 100_000 / 1_000_000,
+        bytes as f64 * 1e5 / 1e9,
+        segments as f64 * 1e5 / 1e9
+    );
+}
+
+/// How many objects of kind `K` in the namespace carry `thread` in their name (not being
+/// deleted), and their bytes.
+async fn held<K>(env: &NodeEnv, thread: &str) -> (usize, usize)
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + serde::Serialize
+        + std::fmt::Debug,
+    <K as kube::Resource>::DynamicType: Default,
+{
+    let listed = env.api::<K>().list(&Default::default()).await.unwrap();
+    let mine: Vec<_> = listed
+        .items
+        .iter()
+        .filter(|o| kube::ResourceExt::name_any(*o).contains(thread))
+        .filter(|o| o.meta().deletion_timestamp.is_none())
+        .collect();
+    let bytes = mine
+        .iter()
+        .map(|o| serde_json::to_vec(o).unwrap().len())
+        .sum();
+    (mine.len(), bytes)
 }
 
 /// The resident memory (KiB) of a pod's container's process, read on the host.

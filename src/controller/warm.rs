@@ -243,14 +243,7 @@ pub async fn take_over(ctx: &Context, run: &AgentRun, desired: &Pod) -> Result<(
         return Err(not_taken(&name, "it is not baton's: left it alone"));
     }
     tracing::info!(run = %run.name_any(), pod = %name, "removing a pod started ahead that is not this attempt's");
-    let precondition = DeleteParams {
-        preconditions: Some(Preconditions {
-            uid: existing.uid(),
-            resource_version: None,
-        }),
-        ..DeleteParams::default()
-    };
-    ctx.write("pod_delete", api.delete(&name, &precondition))
+    ctx.write("pod_delete", api.delete(&name, &of_uid(existing.uid())))
         .await?;
     Err(not_taken(
         &name,
@@ -292,8 +285,12 @@ pub async fn ensure(ctx: &Context, thread: &AgentThread) -> Result<Option<Durati
                 || made_at(&pod) != made_at(&desired);
             if stale && pod.metadata.deletion_timestamp.is_none() {
                 tracing::info!(thread = %thread.name_any(), pod = %name, "removing the pod started ahead");
-                ctx.write("pod_delete", api.delete(&name, &DeleteParams::default()))
+                ctx.write("pod_delete", api.delete(&name, &of_uid(pod.uid())))
                     .await?;
+            }
+            if !want.wanted() {
+                // Idle: the thread keeps nothing for its next turn.
+                remove_rbac_ahead(ctx, thread, turn).await?;
             }
         }
         None if want.wanted() => {
@@ -396,6 +393,49 @@ async fn ensure_rbac_ahead(ctx: &Context, thread: &AgentThread, turn: &str) -> R
         create(ctx, ctx.api::<Role>(&ns), &rbac.role),
     )?;
     create(ctx, ctx.api::<RoleBinding>(&ns), &rbac.role_binding).await
+}
+
+/// Removes the worker RBAC made ahead for turn `turn` of `thread` (each object only if that
+/// thread made it ahead: labelled for it and controlled by it; by UID).
+async fn remove_rbac_ahead(ctx: &Context, thread: &AgentThread, turn: &str) -> Result<(), Error> {
+    let ns = thread.namespace().unwrap_or_default();
+    let name = worker_service_account_name(turn);
+    futures::try_join!(
+        remove(ctx, ctx.api::<RoleBinding>(&ns), &name, thread),
+        remove(ctx, ctx.api::<Role>(&ns), &name, thread),
+        remove(ctx, ctx.api::<ServiceAccount>(&ns), &name, thread),
+    )?;
+    Ok(())
+}
+
+async fn remove<K>(
+    ctx: &Context,
+    api: kube::Api<K>,
+    name: &str,
+    thread: &AgentThread,
+) -> Result<(), Error>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let Some(obj) = api.get_opt(name).await? else {
+        return Ok(());
+    };
+    if made_ahead_for_thread(&obj, thread) {
+        ctx.write("warm_rbac_delete", api.delete(name, &of_uid(obj.uid())))
+            .await?;
+    }
+    Ok(())
+}
+
+/// Delete parameters that remove only the object of this UID (not a namesake made since).
+fn of_uid(uid: Option<String>) -> DeleteParams {
+    DeleteParams {
+        preconditions: Some(Preconditions {
+            uid,
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    }
 }
 
 /// Creates `obj`; one that exists is left as it is (the claim of the turn checks whose it is).

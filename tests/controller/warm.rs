@@ -9,6 +9,7 @@ use baton::crd::{WARM_THREAD_LABEL, controlled_by_run};
 use baton::fence::{Fence, worker_pod_name};
 use baton_testkit::controller::*;
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::ResourceExt;
 use kube::api::PostParams;
 use std::time::{Duration, Instant};
@@ -18,11 +19,11 @@ fn pod_name(run: &str, fence: i64) -> String {
     worker_pod_name(run, Fence::new(fence))
 }
 
-/// Waits until the thread offers a name and its pod started ahead exists; returns both.
-async fn offered(ns: &TestNamespace) -> (String, Pod) {
+/// Waits until thread `thread` offers a name and its pod started ahead exists; returns both.
+async fn offered_by(ns: &TestNamespace, thread: &str) -> (String, Pod) {
     let deadline = Instant::now() + T;
     loop {
-        let thread = ns.api::<AgentThread>().get("conv").await.unwrap();
+        let thread = ns.api::<AgentThread>().get(thread).await.unwrap();
         if let Some(name) = thread.offered_turn_name()
             && let Some(pod) = ns.api::<Pod>().get_opt(&pod_name(name, 1)).await.unwrap()
         {
@@ -34,6 +35,10 @@ async fn offered(ns: &TestNamespace) -> (String, Pod) {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+async fn offered(ns: &TestNamespace) -> (String, Pod) {
+    offered_by(ns, "conv").await
 }
 
 /// Pod `name`, once the claim that moved its Lease made it.
@@ -145,5 +150,55 @@ async fn a_turn_under_the_offered_name_adopts_its_pod_and_no_other_run_does() {
         controlled_by_run(&account, &run.uid().unwrap()),
         "{account:?}"
     );
+    ns.cleanup().await;
+}
+
+/// A thread idle for longer than its `idleSeconds` keeps nothing for its next turn: the pod
+/// started ahead and the RBAC made ahead are removed (the last turn is looked at again then).
+#[tokio::test]
+async fn an_idle_thread_keeps_nothing_ahead_once_its_idle_seconds_pass() {
+    let ns = TestNamespace::new("ctl-warm-idle").await;
+    let agent = agent_run("x", 10).spec.agent;
+    let thread: AgentThread = serde_json::from_value(serde_json::json!({
+        "apiVersion": "baton.dev/v1alpha1", "kind": "AgentThread",
+        "metadata": {"name": "brief"},
+        "spec": {"agent": agent, "warm": {"idleSeconds": 10}},
+    }))
+    .unwrap();
+    let thread = ns
+        .api::<AgentThread>()
+        .create(&PostParams::default(), &thread)
+        .await
+        .unwrap();
+    let _c = start(&ns.client, config(&ns.name));
+    let runs = ns.api::<AgentRun>();
+    let created = baton::requests::create_turn(&runs, &thread, thread.new_turn("one")).await;
+    let turn = created.unwrap().name_any();
+    wait_fence(&ns, &turn, 1, T).await;
+    finish(&ns, &turn).await;
+    let (next, _) = offered_by(&ns, "brief").await;
+    let account = format!("baton-run-{next}");
+    assert!(
+        ns.api::<ServiceAccount>()
+            .get_opt(&account)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    let deadline = Instant::now() + Duration::from_secs(40);
+    loop {
+        let pod = ns.api::<Pod>().get_opt(&pod_name(&next, 1)).await.unwrap();
+        let sa = ns.api::<ServiceAccount>().get_opt(&account).await.unwrap();
+        let role = ns.api::<Role>().get_opt(&account).await.unwrap();
+        let binding = ns.api::<RoleBinding>().get_opt(&account).await.unwrap();
+        if pod.is_none() && sa.is_none() && role.is_none() && binding.is_none() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "kept ahead while idle: {pod:?} {sa:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
     ns.cleanup().await;
 }
