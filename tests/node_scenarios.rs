@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use baton::crd::v1alpha1::{LedgerEvent, Phase, Role, ScriptTurn, ToolKind};
+use baton::crd::v1alpha1::{AgentRunStatus, LedgerEvent, Phase, Role, ScriptTurn, ToolKind};
 use baton_testkit::e2e::{Effects, Script, effect_command, run_with, shell_tool, tool_call};
 use baton_testkit::node::*;
 
@@ -98,11 +98,19 @@ async fn node_two_runs_on_one_thread_run_one_after_the_other() {
     let env = NodeEnv::start("thread").await;
     let names: Vec<String> = vec!["first".into(), "second".into()];
     for name in &names {
-        let mut run = env.scripted(name, &Script::new(3, 800));
+        let mut run = env.scripted(name, &Script::new(3, 2000));
         run.spec.thread_key = Some("thread-a".into());
         env.create(&run).await;
     }
-    env.wait_worker("first", 1).await;
+    // The status alone: the kubelet may report the worker container running only after a
+    // short run ended (seen on a loaded machine), and the wait would then never end.
+    let running = |s: &AgentRunStatus| s.phase == Phase::Running || s.phase.is_terminal();
+    let first = env.wait_run("first", RUN_TIMEOUT, "running", running).await;
+    assert_eq!(
+        first.phase,
+        Phase::Running,
+        "the first run ended before it was seen live"
+    );
     assert_eq!(
         env.status("second").await.phase,
         Phase::Pending,

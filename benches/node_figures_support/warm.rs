@@ -151,9 +151,9 @@ async fn holdings(env: &NodeEnv, thread: &str) {
         .map_or(0, |(_, (_, b))| *b);
     println!(
         "(g) an idle warm thread of one turn holds: {objects} objects, {bytes} B; 100,000 such \
-         threads: {} M objects, {:.1} GB ({:.1} GB of it ledger segments, which PostgreSQL keeps \
-         out of etcd)",
-        objects * 100_000 / 1_000_000,
+         threads: {:.1} M objects, {:.1} GB ({:.1} GB of it ledger segments, which PostgreSQL \
+         keeps out of etcd)",
+        objects as f64 * 0.1,
         bytes as f64 * 1e5 / 1e9,
         segments as f64 * 1e5 / 1e9
     );
