@@ -20,10 +20,10 @@ use super::context::Context;
 use super::leftovers;
 use super::pod::workspace_claim;
 use super::statuses::run_name;
-use super::warm::{grants_the_same, made_ahead};
+use super::warm::{grants_the_same, made_ahead, made_ahead_by};
 use super::writer::Wrote;
 use crate::crd::v1alpha1::AgentRun;
-use crate::crd::{WARM_THREAD_LABEL, controlled_by_run, controlling_run};
+use crate::crd::{controlled_by_run, controlling_run};
 use crate::rbac::{RbacError, RunRbac};
 
 /// Makes sure the run's worker ServiceAccount, Role and RoleBinding exist. Nothing to do when
@@ -142,12 +142,5 @@ fn rbac_error(run: &AgentRun, err: RbacError) -> Error {
 /// run's own would (`desired`).
 fn made_ahead_for<K: Resource + Serialize>(obj: &K, run: &AgentRun, desired: &K) -> bool {
     let thread = run.thread_owner().filter(|_| run.has_joined());
-    let label = obj
-        .meta()
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(WARM_THREAD_LABEL));
-    made_ahead(obj)
-        && thread.is_some_and(|t| label == Some(&t.uid))
-        && grants_the_same(obj, desired)
+    thread.is_some_and(|t| made_ahead_by(obj, &t.uid)) && grants_the_same(obj, desired)
 }

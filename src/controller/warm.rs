@@ -174,33 +174,18 @@ pub fn adoptable(existing: &Pod, run: &AgentRun, desired: &Pod) -> bool {
     let Some(thread) = run.thread_owner().filter(|_| run.has_joined()) else {
         return false;
     };
-    let meta = &existing.metadata;
-    let label = meta.labels.as_ref().and_then(|l| l.get(WARM_THREAD_LABEL));
-    let digest = meta
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(POD_SPEC_DIGEST_ANNOTATION));
-    let owned = meta
-        .owner_references
-        .iter()
-        .flatten()
-        .any(|o| o.controller == Some(true) && o.uid == thread.uid);
-    let phase = existing.status.as_ref().and_then(|s| s.phase.as_deref());
-    let ended = matches!(phase, Some("Succeeded" | "Failed"));
-    let generation = |annotations: Option<&std::collections::BTreeMap<String, String>>| {
-        annotations
-            .and_then(|a| a.get(THREAD_GENERATION_ANNOTATION))
-            .cloned()
-    };
-    let admitted_at = generation(run.metadata.annotations.as_ref());
-    let same_generation =
-        admitted_at.is_none() || admitted_at == generation(meta.annotations.as_ref());
-    owned
-        && label == Some(&thread.uid)
-        && same_generation
-        && digest == Some(&spec_digest(desired))
-        && !ended
-        && meta.deletion_timestamp.is_none()
+    let admitted_at = run.annotations().get(THREAD_GENERATION_ANNOTATION);
+    made_ahead_by(existing, &thread.uid)
+        && (admitted_at.is_none() || admitted_at == made_at(existing))
+        && pod_digest(existing) == Some(&spec_digest(desired))
+        && !has_ended(existing)
+        && existing.metadata.deletion_timestamp.is_none()
+}
+
+/// Whether the pod's containers have all exited.
+fn has_ended(pod: &Pod) -> bool {
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    matches!(phase, Some("Succeeded" | "Failed"))
 }
 
 /// `run`'s attempt found a pod of its pod's name (`desired`): its own earlier create, or a
@@ -269,20 +254,22 @@ pub async fn ensure(ctx: &Context, thread: &AgentThread) -> Result<Option<Durati
     let name = worker_pod_name(turn, FIRST);
     let cached = ctx.pod_cache().get(&ObjectRef::new(&name).within(&ns));
     let want = wanted(thread, Timestamp::now());
-    let desired = ahead(
-        attempt_pod(ctx, &prospective_turn(thread, turn), FIRST),
-        thread,
-    );
+    let desired = || {
+        ahead(
+            attempt_pod(ctx, &prospective_turn(thread, turn), FIRST),
+            thread,
+        )
+    };
     let api = ctx.api::<Pod>(&ns);
+    let uid = thread.uid().unwrap_or_default();
     match cached {
         // Adopted by a turn (its own now), or not made ahead for this thread: not ours here.
-        Some(pod) if controlling_run(&*pod).is_some() || !made_ahead_for_thread(&*pod, thread) => {}
+        Some(pod) if controlling_run(&*pod).is_some() || !made_ahead_by(&*pod, &uid) => {}
         Some(pod) => {
-            let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-            let stale = !want.wanted()
-                || matches!(phase, Some("Succeeded" | "Failed"))
-                || pod_digest(&pod) != pod_digest(&desired)
-                || made_at(&pod) != made_at(&desired);
+            let stale = !want.wanted() || has_ended(&pod) || {
+                let desired = desired();
+                pod_digest(&pod) != pod_digest(&desired) || made_at(&pod) != made_at(&desired)
+            };
             if stale && pod.metadata.deletion_timestamp.is_none() {
                 tracing::info!(thread = %thread.name_any(), pod = %name, "removing the pod started ahead");
                 ctx.write("pod_delete", api.delete(&name, &of_uid(pod.uid())))
@@ -297,7 +284,7 @@ pub async fn ensure(ctx: &Context, thread: &AgentThread) -> Result<Option<Durati
             if thread.spec.worker.service_account_name.is_none() {
                 ensure_rbac_ahead(ctx, thread, turn).await?;
             }
-            let params = PostParams::default();
+            let (params, desired) = (PostParams::default(), desired());
             let create = api.create(&params, &desired);
             if let Wrote::Written(_) = ctx.write("pod", create).await? {
                 tracing::info!(thread = %thread.name_any(), pod = %name, "started the next turn's pod ahead");
@@ -314,24 +301,23 @@ pub async fn ensure(ctx: &Context, thread: &AgentThread) -> Result<Option<Durati
 /// Whether `obj` was made ahead of a thread's next turn: labelled with the thread's UID and
 /// controlled by that thread. Only such objects are ever removed or taken here.
 pub fn made_ahead<K: Resource>(obj: &K) -> bool {
-    let meta = obj.meta();
-    let label = meta.labels.as_ref().and_then(|l| l.get(WARM_THREAD_LABEL));
-    label.is_some_and(|uid| {
-        meta.owner_references
-            .iter()
-            .flatten()
-            .any(|o| o.controller == Some(true) && o.kind == "AgentThread" && &o.uid == uid)
-    })
+    warm_label(obj).is_some_and(|uid| made_ahead_by(obj, uid))
 }
 
-/// [`made_ahead`] by `thread`.
-fn made_ahead_for_thread<K: Resource>(obj: &K, thread: &AgentThread) -> bool {
-    let label = obj
+/// [`made_ahead`] by the thread of UID `thread_uid`.
+pub fn made_ahead_by<K: Resource>(obj: &K, thread_uid: &str) -> bool {
+    let controlled = obj
         .meta()
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(WARM_THREAD_LABEL));
-    made_ahead(obj) && label.is_some() && label == thread.uid().as_ref()
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.controller == Some(true) && o.kind == "AgentThread" && o.uid == thread_uid);
+    controlled && warm_label(obj) == Some(thread_uid)
+}
+
+fn warm_label<K: Resource>(obj: &K) -> Option<&str> {
+    let labels = obj.meta().labels.as_ref()?;
+    labels.get(WARM_THREAD_LABEL).map(String::as_str)
 }
 
 /// Pure: whether `existing` grants what `desired` (the run's own worker RBAC object) grants:
@@ -420,7 +406,7 @@ where
     let Some(obj) = api.get_opt(name).await? else {
         return Ok(());
     };
-    if made_ahead_for_thread(&obj, thread) {
+    if made_ahead_by(&obj, &thread.uid().unwrap_or_default()) {
         ctx.write("warm_rbac_delete", api.delete(name, &of_uid(obj.uid())))
             .await?;
     }

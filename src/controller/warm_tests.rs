@@ -59,6 +59,14 @@ fn joined_turn(thread: &AgentThread, name: &str) -> AgentRun {
     turn
 }
 
+/// The pod started ahead for turn `name` of `thread`.
+fn made_ahead_for(name: &str, thread: &AgentThread) -> Pod {
+    ahead(
+        worker_pod(&prospective_turn(thread, name), FIRST, IMAGE),
+        thread,
+    )
+}
+
 #[test]
 fn a_warm_thread_offers_one_name_until_a_run_takes_it() {
     let now = Timestamp::now();
@@ -139,8 +147,7 @@ fn the_pod_is_wanted_while_a_turn_is_live_and_for_idle_seconds_after() {
 #[test]
 fn the_pod_started_ahead_is_the_one_the_turns_first_claim_would_create() {
     let thread = with_status(thread(true), Some("conv-abcde"), true, Timestamp::now());
-    let prospective = prospective_turn(&thread, "conv-abcde");
-    let made = ahead(worker_pod(&prospective, FIRST, IMAGE), &thread);
+    let made = made_ahead_for("conv-abcde", &thread);
     let turn = joined_turn(&thread, "conv-abcde");
     let desired = worker_pod(&turn, FIRST, IMAGE);
     assert_eq!(made.name_any(), desired.name_any());
@@ -175,10 +182,7 @@ fn the_pod_started_ahead_is_the_one_the_turns_first_claim_would_create() {
 #[test]
 fn a_turn_adopts_no_pod_of_another_thread_other_settings_or_that_ended() {
     let thread = with_status(thread(true), Some("conv-abcde"), true, Timestamp::now());
-    let made = ahead(
-        worker_pod(&prospective_turn(&thread, "conv-abcde"), FIRST, IMAGE),
-        &thread,
-    );
+    let made = made_ahead_for("conv-abcde", &thread);
     let turn = joined_turn(&thread, "conv-abcde");
     let desired = worker_pod(&turn, FIRST, IMAGE);
 
@@ -254,14 +258,9 @@ fn a_turn_adopts_no_pod_of_another_thread_other_settings_or_that_ended() {
 #[test]
 fn only_what_a_thread_made_ahead_is_taken_or_removed_and_only_if_it_grants_the_runs_own() {
     let thread = with_status(thread(true), Some("conv-abcde"), true, Timestamp::now());
-    let made = ahead(
-        worker_pod(&prospective_turn(&thread, "conv-abcde"), FIRST, IMAGE),
-        &thread,
-    );
-    assert!(made_ahead(&made) && made_ahead_for_thread(&made, &thread));
-    let mut other = thread.clone();
-    other.metadata.uid = Some("other-thread".into());
-    assert!(!made_ahead_for_thread(&made, &other));
+    let made = made_ahead_for("conv-abcde", &thread);
+    assert!(made_ahead(&made) && made_ahead_by(&made, "thread-uid"));
+    assert!(!made_ahead_by(&made, "other-thread"));
     let mut foreign = made.clone();
     foreign.metadata.owner_references = None;
     assert!(!made_ahead(&foreign), "labelled, but no thread controls it");
