@@ -53,8 +53,26 @@ async fn pod_once_made(ns: &TestNamespace, name: &str) -> Pod {
     }
 }
 
+/// Creates thread `name` with `spec.warm` (`idleSeconds: idle`).
+async fn create_warm_thread(ns: &TestNamespace, name: &str, idle: i64) -> AgentThread {
+    let agent = agent_run("x", 10).spec.agent;
+    let thread: AgentThread = serde_json::from_value(serde_json::json!({
+        "apiVersion": "baton.dev/v1alpha1", "kind": "AgentThread",
+        "metadata": {"name": name},
+        "spec": {"agent": agent, "warm": {"idleSeconds": idle}},
+    }))
+    .unwrap();
+    let threads = ns.api::<AgentThread>();
+    threads
+        .create(&PostParams::default(), &thread)
+        .await
+        .unwrap()
+}
+
 /// Ends turn `name` (attempt 1) as its worker would.
 async fn finish(ns: &TestNamespace, name: &str) {
+    // The claim writes the status before it moves the Lease: the worker starts on the Lease.
+    wait_lease(ns, name, &pod_name(name, 1), 1, T).await;
     let mut w = FakeWorker::new(ns, name, 1);
     w.resume().await;
     w.renew().await.unwrap();
@@ -69,18 +87,8 @@ async fn finish(ns: &TestNamespace, name: &str) {
 #[tokio::test]
 async fn a_turn_under_the_offered_name_adopts_its_pod_and_no_other_run_does() {
     let ns = TestNamespace::new("ctl-warm").await;
-    let agent = agent_run("x", 10).spec.agent;
-    let thread: AgentThread = serde_json::from_value(serde_json::json!({
-        "apiVersion": "baton.dev/v1alpha1", "kind": "AgentThread",
-        "metadata": {"name": "conv"},
-        "spec": {"agent": agent, "warm": {"idleSeconds": 300}},
-    }))
-    .unwrap();
+    let thread = create_warm_thread(&ns, "conv", 300).await;
     let threads = ns.api::<AgentThread>();
-    let thread = threads
-        .create(&PostParams::default(), &thread)
-        .await
-        .unwrap();
     let _c = start(&ns.client, config(&ns.name));
     let runs = ns.api::<AgentRun>();
 
@@ -158,18 +166,7 @@ async fn a_turn_under_the_offered_name_adopts_its_pod_and_no_other_run_does() {
 #[tokio::test]
 async fn an_idle_thread_keeps_nothing_ahead_once_its_idle_seconds_pass() {
     let ns = TestNamespace::new("ctl-warm-idle").await;
-    let agent = agent_run("x", 10).spec.agent;
-    let thread: AgentThread = serde_json::from_value(serde_json::json!({
-        "apiVersion": "baton.dev/v1alpha1", "kind": "AgentThread",
-        "metadata": {"name": "brief"},
-        "spec": {"agent": agent, "warm": {"idleSeconds": 10}},
-    }))
-    .unwrap();
-    let thread = ns
-        .api::<AgentThread>()
-        .create(&PostParams::default(), &thread)
-        .await
-        .unwrap();
+    let thread = create_warm_thread(&ns, "brief", 10).await;
     let _c = start(&ns.client, config(&ns.name));
     let runs = ns.api::<AgentRun>();
     let created = baton::requests::create_turn(&runs, &thread, thread.new_turn("one")).await;
