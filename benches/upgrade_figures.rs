@@ -17,7 +17,7 @@
 //! - what each new controller replica timed of its own work: a claim's API calls, a reconcile.
 //!
 //! Runs in flight on the project's node are bounded by its 2 CPUs and its pod addresses: the
-//! bench's runs request 5m CPU for their tools container (the default, 50m, fits about 30
+//! bench's runs request 2m CPU for their tools container (the default, 50m, fits about 30
 //! runs beside the release's pods), and the node's kubelet takes up to 250 pods
 //! (`hack/node.sh`) on a /24 of pod addresses. 200 runs fit.
 
@@ -49,13 +49,15 @@ fn script(runs: usize) -> Script {
     }
 }
 
-/// The tools container's requests for the bench's runs: a tenth of the default's CPU, so that
-/// 200 runs fit the node's 2 CPUs (their commands are `curl`s to the effects server).
+/// The tools container's requests for the bench's runs: 2m CPU (the least CPU weight a
+/// container gets), so that 200 runs fit the node's 2 CPUs with room left for controller
+/// replicas that request more (`BATON_UPGRADE_CONTROLLER_CPU`); their commands are `curl`s to
+/// the effects server.
 fn small_tools() -> ResourceRequirements {
     let quantity = |v: &str| Quantity(v.to_string());
     ResourceRequirements {
         requests: Some(
-            [("cpu", "5m"), ("memory", "16Mi")]
+            [("cpu", "2m"), ("memory", "16Mi")]
                 .map(|(k, v)| (k.to_string(), quantity(v)))
                 .into(),
         ),

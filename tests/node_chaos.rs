@@ -19,24 +19,11 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use baton::crd::v1alpha1::Phase;
-use baton_testkit::e2e::{Effects, Script, lease, retry};
+use baton_testkit::e2e::{Effects, Script, retry};
 use baton_testkit::node::*;
-use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube::api::DeleteParams;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
-
-#[derive(Debug, Clone, Copy)]
-enum Fault {
-    Kill,
-    Pause,
-    Drain,
-    LeaderDeleted,
-    /// The ledger's database crashed (runs kept in PostgreSQL only), started again 3–10 s
-    /// later.
-    DatabaseCrash,
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_chaos() {
@@ -65,21 +52,6 @@ async fn node_chaos_in_postgresql() {
     env.finish().await;
 }
 
-/// The seed (`BATON_CHAOS_SEED`, else a random one, printed) and the number of runs
-/// (`BATON_CHAOS_RUNS`, else `default`).
-fn seed_and_runs(default: usize) -> (u64, usize) {
-    let seed: u64 = std::env::var("BATON_CHAOS_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(rand::random);
-    let n: usize = std::env::var("BATON_CHAOS_RUNS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(default);
-    eprintln!("chaos: seed {seed} (replay with BATON_CHAOS_SEED={seed}), {n} runs");
-    (seed, n)
-}
-
 /// `n` scripted runs under random faults from `seed` for a window, at most 3 per run (the
 /// database's crash too when `db` is given), then the invariants and every run's outcome.
 async fn chaos(env: &NodeEnv, seed: u64, n: usize, db: Option<&NodePostgres>) {
@@ -95,130 +67,17 @@ async fn chaos(env: &NodeEnv, seed: u64, n: usize, db: Option<&NodePostgres>) {
     }
 
     let started = Instant::now();
-    let window = Duration::from_secs(
-        std::env::var("BATON_CHAOS_WINDOW")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(60),
-    );
-    let mut faults: BTreeMap<String, usize> = BTreeMap::new();
-    let mut log = Vec::new();
-    let mut resumers = Vec::new();
-    let mut paused = std::collections::BTreeSet::new();
-    let mut drained = std::collections::BTreeSet::new();
-    let mut db_back_at: Option<Instant> = None;
-    let pause_for = Duration::from_secs(lease().duration_seconds as u64 + 3);
-    while started.elapsed() < window {
-        tokio::time::sleep(Duration::from_millis(rng.random_range(300..=1000))).await;
-        let kinds = if db.is_some() { 11 } else { 10 };
-        let fault = match rng.random_range(0..kinds) {
-            0..=2 => Fault::Kill,
-            3..=4 => Fault::Pause,
-            5..=8 => Fault::Drain,
-            9 => Fault::LeaderDeleted,
-            _ => Fault::DatabaseCrash,
-        };
-        let t = started.elapsed().as_secs_f64();
-        if let (Some(db), Some(at)) = (db, db_back_at)
-            && Instant::now() >= at
-        {
-            db.start();
-            db_back_at = None;
-            log.push(format!("{t:6.1}s database started again"));
-        }
-        match fault {
-            Fault::LeaderDeleted => {
-                let (pods, holder) = controller_pods(&env.client).await;
-                if let Some(leader) = holder.as_deref().and_then(|h| leader_pod(&pods, h)) {
-                    let api: Api<Pod> = Api::namespaced(env.client.clone(), SYSTEM_NS);
-                    let _ = api.delete(&leader, &DeleteParams::default()).await;
-                    log.push(format!("{t:6.1}s leader controller pod {leader} deleted"));
-                }
-                continue;
-            }
-            Fault::DatabaseCrash => {
-                if let Some(db) = db
-                    && db_back_at.is_none()
-                {
-                    db.crash();
-                    let down = Duration::from_secs(rng.random_range(3..=10));
-                    db_back_at = Some(Instant::now() + down);
-                    log.push(format!("{t:6.1}s database crashed for {down:?}"));
-                }
-                continue;
-            }
-            _ => {}
-        }
-        // A run with a live, unpaused worker and fault budget left.
-        let api = env.runs();
-        let params = Default::default();
-        let runs = retry(|| api.list(&params)).await.items;
-        if runs
-            .iter()
-            .all(|r| r.status.as_ref().is_some_and(|s| s.phase.is_terminal()))
-        {
-            break;
-        }
-        let mut live = Vec::new();
-        for run in runs {
-            let name = run.metadata.name.clone().unwrap_or_default();
-            let st = run.status.unwrap_or_default();
-            if faults.get(&name).copied().unwrap_or(0) >= 3 || st.phase != Phase::Running {
-                continue;
-            }
-            let Some(pod) = st.worker.clone() else {
-                continue;
-            };
-            if paused.contains(&pod) || (matches!(fault, Fault::Drain) && drained.contains(&pod)) {
-                continue;
-            }
-            if let Some(pid) = env.container_pid(&pod).await {
-                live.push((name, pod, pid));
-            }
-        }
-        if live.is_empty() {
-            if names
-                .iter()
-                .all(|n| faults.get(n).copied().unwrap_or(0) >= 3)
-            {
-                break;
-            }
-            continue;
-        }
-        let (name, pod, pid) = live[rng.random_range(0..live.len())].clone();
-        // SAFETY: kill(2) on the host PID of this test's own worker container.
-        let signal = |sig| unsafe { libc::kill(pid as i32, sig) } == 0;
-        let ok = match fault {
-            Fault::Kill => signal(libc::SIGKILL),
-            Fault::Pause => {
-                let ok = signal(libc::SIGSTOP);
-                paused.insert(pod.clone());
-                resumers.push(tokio::spawn(async move {
-                    tokio::time::sleep(pause_for).await;
-                    // SAFETY: as above; the process may be gone meanwhile (ESRCH is fine).
-                    unsafe { libc::kill(pid as i32, libc::SIGCONT) };
-                }));
-                ok
-            }
-            Fault::Drain => {
-                env.delete_pod(&pod).await;
-                drained.insert(pod.clone());
-                true
-            }
-            Fault::LeaderDeleted | Fault::DatabaseCrash => unreachable!(),
-        };
-        if ok {
-            *faults.entry(name.clone()).or_default() += 1;
-            log.push(format!("{t:6.1}s {fault:?} {pod}"));
-        }
+    let log = Chaos {
+        env,
+        seed,
+        window: chaos_window(),
+        per_run: 3,
+        db,
+        warm: false,
+        stop_when_all_ended: true,
     }
-    if let (Some(db), Some(_)) = (db, db_back_at) {
-        db.start();
-        log.push("database started again after the window".into());
-    }
-    for r in resumers {
-        let _ = r.await;
-    }
+    .run()
+    .await;
     eprintln!("chaos: {} faults injected:\n{}", log.len(), log.join("\n"));
 
     // Every run ends.

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use baton::crd::v1alpha1::{AgentRun, LedgerEvent, Phase};
 use baton::fence::{Fence, segment_name};
 use baton_testkit::common::events;
-use baton_testkit::e2e::{Effects, Script, effect_command};
+use baton_testkit::e2e::{Effects, Script, approval_run, effect_command};
 use baton_testkit::node::rbac::forged_segment;
 use baton_testkit::node::*;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -28,9 +28,14 @@ const FORGED_TURN: usize = 99;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_without_the_webhook_the_readers_own_checks_stand() {
     let env = NodeEnv::start_without_webhook("trust-readers").await;
-    // The attacker: run `a`'s worker identity, which baton made with a worker's rights.
-    env.create(&env.scripted("a", &Script::new(1, 100))).await;
-    env.wait_succeeded("a").await;
+    // The attacker: run `a`'s worker identity, which baton made with a worker's rights. `a`
+    // waits for an approval that never comes: a run that has not ended keeps its identity
+    // (an ended one's is removed), and its pod is gone.
+    env.create(&approval_run(&env.effects.addr, "a")).await;
+    env.wait_run("a", RUN_TIMEOUT, "WaitingApproval", |s| {
+        s.phase == Phase::WaitingApproval
+    })
+    .await;
     let attacker = format!("system:serviceaccount:{}:baton-run-a", env.ns);
 
     env.create(&env.scripted("v", &Script::new(4, 1500))).await;

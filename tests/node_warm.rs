@@ -3,11 +3,12 @@
 //! started for it, and writes the ledger a turn on a pod of its own writes; a run of that name
 //! that is no turn gets a pod of its own; the pod's identity reaches no other run (played with
 //! `kubectl --as`-style impersonation of its ServiceAccount); a pod killed as its turn is
-//! claimed loses nothing and runs nothing twice.
+//! claimed loses nothing and runs nothing twice. And the chaos suite's faults on warm threads,
+//! its invariants unchanged.
 
-use baton::crd::v1alpha1::{AgentThread, LedgerEvent, LedgerSegment};
+use baton::crd::v1alpha1::{AgentThread, LedgerEvent, LedgerSegment, Phase, ScriptTurn};
 use baton::crd::{controlled_by_run, env as pod_env};
-use baton_testkit::e2e::Script;
+use baton_testkit::e2e::{Effects, Script, effect_command, run_with, shell_tool, tool_call};
 use baton_testkit::model::{Reply, Server};
 use baton_testkit::node::*;
 use baton_testkit::worker::answer_stream;
@@ -156,4 +157,114 @@ async fn node_a_warm_threads_next_turn_runs_on_the_pod_started_for_it() {
         status.fence.get()
     );
     env.finish().await;
+}
+
+/// Turns of each chaos thread, and tool steps of each turn.
+const CHAOS_TURNS: usize = 4;
+const CHAOS_STEPS: usize = 2;
+
+/// The chaos suite's faults (`baton_testkit::node::Chaos`) on warm threads: turns created one
+/// after another under the names their threads offer, while workers are killed, frozen past
+/// their lease and drained, the leading controller is deleted, and pods started ahead are
+/// deleted before or while their turn takes them. The chaos suite's invariants hold for every
+/// turn, every turn succeeds with its own answer, and turns did run on pods started ahead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_chaos_on_warm_threads() {
+    let (seed, n) = seed_and_runs(3);
+    let env = NodeEnv::start("chaos-warm").await;
+    let threads: Vec<String> = (0..n).map(|i| format!("warm-{i}")).collect();
+    for name in &threads {
+        env.api::<AgentThread>()
+            .create(&PostParams::default(), &chaos_thread(&env, name))
+            .await
+            .unwrap();
+    }
+    let chaos = Chaos {
+        env: &env,
+        seed,
+        window: chaos_window(),
+        per_run: 2,
+        db: None,
+        warm: true,
+        stop_when_all_ended: false,
+    };
+    let drivers = futures::future::join_all(threads.iter().map(|t| converse(&env, t)));
+    let (log, conversations) = tokio::join!(chaos.run(), drivers);
+    eprintln!("chaos: {} faults injected:\n{}", log.len(), log.join("\n"));
+
+    let turns: Vec<String> = conversations.iter().flatten().cloned().collect();
+    env.check_invariants(&turns).await;
+    let effects = Effects::read(&env.effects.file);
+    let mut ahead = 0;
+    for conversation in &conversations {
+        for (i, turn) in conversation.iter().enumerate() {
+            let st = env.status(turn).await;
+            assert_eq!(st.phase, Phase::Succeeded, "seed {seed}: {turn}: {st:#?}");
+            let answer = format!("turn {} done", i + 1);
+            assert_eq!(st.output.as_deref(), Some(answer.as_str()), "seed {seed}");
+            for step in 1..=CHAOS_STEPS {
+                let unknown = st.unknown_effects.iter().any(|u| u.step == step as i64);
+                assert!(
+                    effects.count(turn, step) == 1 || unknown,
+                    "seed {seed}: {turn} step {step} never ran and is not reported: {st:#?}"
+                );
+            }
+            ahead += usize::from(env.ran_on_pod_started_ahead(turn).await);
+        }
+    }
+    eprintln!(
+        "chaos: seed {seed}: {ahead} of {} turns on a pod started ahead",
+        turns.len()
+    );
+    assert!(
+        ahead >= 1,
+        "seed {seed}: no turn ran on a pod started ahead"
+    );
+    env.finish().await;
+}
+
+/// A warm thread whose scripted agent spans `CHAOS_TURNS` turns of `CHAOS_STEPS` tool steps
+/// each (their effects recorded under the turn's name, `$BATON_RUN`), with the tests' short
+/// Lease and attempts enough for the faults a turn may take (2) and a pod started ahead
+/// deleted as it is adopted.
+fn chaos_thread(env: &NodeEnv, name: &str) -> AgentThread {
+    let mut script = Vec::new();
+    for turn in 1..=CHAOS_TURNS {
+        for step in 1..=CHAOS_STEPS {
+            let command = effect_command(&env.effects.addr, "$BATON_RUN", step, 1500);
+            script.push(ScriptTurn {
+                text: Some(format!("turn {turn}, step {step}")),
+                tool_calls: vec![tool_call("sh", "command", &command)],
+                delay_milliseconds: Some(200),
+                usage: None,
+            });
+        }
+        script.push(ScriptTurn {
+            text: Some(format!("turn {turn} done")),
+            tool_calls: vec![],
+            delay_milliseconds: Some(200),
+            usage: None,
+        });
+    }
+    let shape = run_with(name, script, vec![shell_tool("sh")]).spec;
+    let spec = json!({
+        "agent": shape.agent,
+        "lease": shape.lease,
+        "maxAttempts": 4,
+        "warm": { "idleSeconds": 60 },
+    });
+    AgentThread::new(name, serde_json::from_value(spec).unwrap())
+}
+
+/// Creates `CHAOS_TURNS` turns of `thread` one after another, each once the one before has
+/// ended, as `baton chat` does (under the name the thread offers); returns their names.
+async fn converse(env: &NodeEnv, thread: &str) -> Vec<String> {
+    let mut turns = Vec::new();
+    for i in 1..=CHAOS_TURNS {
+        let (turn, _) = env.create_turn(thread, &format!("message {i}")).await;
+        env.wait_run(&turn, RUN_TIMEOUT, "ended", |s| s.phase.is_terminal())
+            .await;
+        turns.push(turn);
+    }
+    turns
 }

@@ -7,6 +7,9 @@
 //! run UID) that they exist.
 //! Without that memory (a restarted controller taking over), a first claim checks with one
 //! read (the RoleBinding, created last) before creating anything.
+//!
+//! They last as long as the run may have a worker: once it has ended and its pod is gone
+//! they are removed ([`remove_run_rbac`]), so a finished run holds no identity.
 
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
@@ -21,10 +24,10 @@ use super::leftovers;
 use super::pod::workspace_claim;
 use super::statuses::run_name;
 use super::warm::{grants_the_same, made_ahead, made_ahead_by};
-use super::writer::Wrote;
+use super::writer::{Applied, Wrote};
 use crate::crd::v1alpha1::AgentRun;
 use crate::crd::{controlled_by_run, controlling_run};
-use crate::rbac::{RbacError, RunRbac};
+use crate::rbac::{RbacError, RunRbac, worker_service_account_name};
 
 /// Makes sure the run's worker ServiceAccount, Role and RoleBinding exist. Nothing to do when
 /// the run names its own ServiceAccount (`spec.worker.serviceAccountName`: the user's choice,
@@ -64,6 +67,39 @@ pub async fn ensure_run_rbac(
     }
     ctx.remember(run, |m| m.rbac_for = uid);
     Ok(())
+}
+
+/// Removes the run's own worker ServiceAccount, Role and RoleBinding once the run has ended
+/// and no process of its attempts runs: a finished run holds no identity (an idle thread of
+/// many turns keeps none of its turns'), and a token its worker held, leaked or not, dies
+/// with its ServiceAccount. Each goes only if the run controls it, by UID. The RoleBinding,
+/// created last, goes last: while it stands, a later pass (a restarted controller, which
+/// remembers nothing) finds the identity and removes the rest; once it is gone, one read
+/// says so.
+pub async fn remove_run_rbac(ctx: &Context, run: &AgentRun) -> Result<Applied, Error> {
+    let (ns, uid) = (run.id().namespace, run.id().uid);
+    let name = worker_service_account_name(&run.name_any());
+    let bindings = ctx.api::<RoleBinding>(&ns);
+    if bindings.get_opt(&name).await?.is_some() {
+        let accounts = ctx.api::<ServiceAccount>(&ns);
+        let roles = ctx.api::<Role>(&ns);
+        futures::try_join!(
+            ctx.delete_if("service_account_delete", &accounts, &name, |o| {
+                controlled_by_run(o, &uid)
+            }),
+            ctx.delete_if("role_delete", &roles, &name, |o| controlled_by_run(o, &uid)),
+        )?;
+        ctx.delete_if("role_binding_delete", &bindings, &name, |o| {
+            controlled_by_run(o, &uid)
+        })
+        .await?;
+        tracing::debug!(run = %run_name(run), %name, "worker identity removed");
+    }
+    ctx.remember(run, |m| {
+        m.identity_removed = true;
+        m.rbac_for = None;
+    });
+    Ok(Applied::Done)
 }
 
 /// Creates `obj` (counted by kind). An existing object owned by the run is success; one owned by an earlier run of the same name (that the garbage collector has not

@@ -5,6 +5,7 @@ use kube::ResourceExt;
 use kube::api::{DeleteParams, Preconditions};
 
 use super::Error;
+use super::access;
 use super::admission;
 use super::claim;
 use super::close::{self, delete_pod, release_run_lease};
@@ -35,6 +36,7 @@ pub async fn apply(ctx: &Context, run: &AgentRun, action: &Action) -> Result<App
         Action::ReleaseLease => release_run_lease(ctx, run).await.map(|_| Applied::Done),
         Action::ReleaseAdmission => admission::release(ctx, run).await.map(|_| Applied::Done),
         Action::DeletePod { rollout } => rollout_or_cleanup(ctx, run, *rollout).await,
+        Action::RemoveIdentity => access::remove_run_rbac(ctx, run).await,
         Action::DeleteRun => delete_run(ctx, run).await,
         Action::Workspace(c) => workspace(ctx, run, c).await,
     }

@@ -41,6 +41,9 @@ pub struct RunMemory {
     /// The ledger holds the `closed` record of the terminal claim that ended the run (this
     /// controller appended it, or found it).
     pub close_recorded: bool,
+    /// The run ended and its own worker ServiceAccount, Role and RoleBinding are gone (this
+    /// controller removed them, or found them gone).
+    pub identity_removed: bool,
 }
 
 impl RunMemory {

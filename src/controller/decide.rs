@@ -457,6 +457,11 @@ fn decide_terminal(obs: &Observation<'_>) -> Decision {
     if matches!(obs.pod, PodState::Pending { .. } | PodState::Running { .. }) {
         return Decision::act(Action::DeletePod { rollout: false });
     }
+    // Only once no process of the run's last attempt can still run: a worker that is
+    // stopping may still release its Lease with the identity.
+    if obs.identity_left && !matches!(obs.pod, PodState::Deleting) {
+        return Decision::act(Action::RemoveIdentity);
+    }
     ttl_decision(obs)
 }
 

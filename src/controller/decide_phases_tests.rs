@@ -1,5 +1,5 @@
 //! The decision's cases for runs that wait (for input, an approval), are pending admission,
-//! are stopped, or have ended. The fixtures are `decide_tests.rs`'.
+//! or are stopped (ended runs: `decide_ended_tests.rs`). The fixtures are `decide_tests.rs`'.
 
 use std::time::{Duration, Instant};
 
@@ -271,73 +271,6 @@ fn stop_ends_idle_runs_at_once_and_running_ones_after_the_lease_duration() {
     o.stop_seen_at = Some(now);
     o.pod = PodState::Terminated;
     assert!(matches!(decide(&o).action, Action::Close(ref c) if c.phase() == Phase::Stopped));
-}
-
-#[test]
-fn terminal_runs_release_what_they_hold_then_wait_for_their_ttl() {
-    let now = Instant::now();
-    let mut r = run(Phase::Succeeded, 2, 0, 3);
-    let held = Some(lease(L::Fresh, 2, now));
-    assert_eq!(
-        decide(&obs(&r, held, PodState::Terminated, now)).action,
-        Action::ReleaseLease
-    );
-    let released = Some(lease(L::Released, 2, now));
-    let mut o = obs(&r, released.clone(), PodState::Terminated, now);
-    o.admission = Admission::Held;
-    assert_eq!(decide(&o).action, Action::ReleaseAdmission);
-    let running = PodState::Running {
-        image: IMAGE.into(),
-    };
-    let d = decide(&obs(&r, released.clone(), running, now));
-    assert_eq!(d.action, Action::DeletePod { rollout: false });
-    assert_eq!(
-        decide(&obs(&r, released.clone(), PodState::Terminated, now)).requeue,
-        None
-    );
-    r.spec.ttl_seconds_after_finished = Some(60);
-    let done = Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(50);
-    r.status.as_mut().unwrap().completion_time =
-        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(done));
-    let d = decide(&obs(&r, released.clone(), PodState::Terminated, now));
-    assert_eq!(d.action, Action::Nothing);
-    assert!(d.requeue.is_some_and(|t| t <= Duration::from_secs(10)));
-    r.spec.ttl_seconds_after_finished = Some(10);
-    assert_eq!(
-        decide(&obs(&r, released, PodState::Terminated, now)).action,
-        Action::DeleteRun
-    );
-}
-
-/// A run ended by a terminal claim gets its `closed` record once the status has landed (a
-/// later pass appends it if the pass that wrote the status stopped first), before anything
-/// else; a run its worker ended has nothing to record.
-#[test]
-fn a_run_ended_by_a_terminal_claim_gets_its_record_once() {
-    let now = Instant::now();
-    let mut r = run(Phase::Interrupted, 3, 2, 2);
-    {
-        let s = r.status.as_mut().unwrap();
-        s.worker = None;
-        s.reason = Some(CloseReason::MaxAttemptsExceeded.as_str().into());
-    }
-    let held = Some(lease(L::Fresh, 2, now));
-    let mut o = obs(&r, held, PodState::Terminated, now);
-    assert_eq!(decide(&o).action, Action::RecordClose);
-    o.close_recorded = true;
-    assert_eq!(decide(&o).action, Action::ReleaseLease);
-    // The worker ended it (its pod named), or the spec was refused before any claim.
-    let mut by_worker = r.clone();
-    by_worker.status.as_mut().unwrap().worker = Some("r-w3".into());
-    let o = obs(&by_worker, None, PodState::Terminated, now);
-    assert_eq!(decide(&o).action, Action::Nothing);
-    let mut refused = r.clone();
-    let s = refused.status.as_mut().unwrap();
-    (s.fence, s.reason) = (Fence::new(0), Some("InvalidSpec".into()));
-    assert_eq!(
-        decide(&obs(&refused, None, PodState::Missing, now)).action,
-        Action::Nothing
-    );
 }
 
 /// A turn of thread `t`, as created (not joined yet: no agent, no owner).

@@ -98,6 +98,7 @@ fn obs<'a>(
         rollout_slot: true,
         rolled_out: false,
         close_recorded: false,
+        identity_left: false,
         now,
         wall: Timestamp::now(),
     }
@@ -419,6 +420,10 @@ fn a_running_pod_has_its_workspace_said_once() {
     );
 }
 
-/// The waiting, pending, stop and terminal phases' cases, with these fixtures.
+/// The waiting, pending and stop phases' cases, with these fixtures.
 #[path = "decide_phases_tests.rs"]
 mod phases;
+
+/// The ended runs' cases, with these fixtures.
+#[path = "decide_ended_tests.rs"]
+mod ended;

@@ -97,6 +97,9 @@ pub struct Observation<'a> {
     /// The controller knows the ledger holds the `closed` record of the terminal claim that
     /// ended the run.
     pub close_recorded: bool,
+    /// The run's own worker identity (`baton-run-<run>`) may still exist: the run does not
+    /// name its own ServiceAccount, and this controller has not removed it or found it gone.
+    pub identity_left: bool,
     pub now: Instant,
     pub wall: Timestamp,
 }
@@ -236,6 +239,9 @@ pub enum Action {
     DeletePod {
         rollout: bool,
     },
+    /// Terminal run whose worker pod is gone: remove its worker ServiceAccount, Role and
+    /// RoleBinding (a token its worker held dies with them).
+    RemoveIdentity,
     /// ttlSecondsAfterFinished passed.
     DeleteRun,
     /// Say in condition `WorkspaceReady` whether the pod has its workspace volume.

@@ -39,6 +39,8 @@ pub fn observe<'a>(ctx: &Context, run: &'a AgentRun, now: Instant) -> Observatio
         rollout_slot: in_flight < ctx.config().max_concurrent_handoffs,
         rolled_out,
         close_recorded: ctx.memory_of(run).close_recorded,
+        identity_left: run.spec.worker.service_account_name.is_none()
+            && !ctx.memory_of(run).identity_removed,
         now,
         wall: Timestamp::now(),
     }

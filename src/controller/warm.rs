@@ -403,13 +403,11 @@ async fn remove<K>(
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
 {
-    let Some(obj) = api.get_opt(name).await? else {
-        return Ok(());
-    };
-    if made_ahead_by(&obj, &thread.uid().unwrap_or_default()) {
-        ctx.write("warm_rbac_delete", api.delete(name, &of_uid(obj.uid())))
-            .await?;
-    }
+    let uid = thread.uid().unwrap_or_default();
+    ctx.delete_if("warm_rbac_delete", &api, name, |obj| {
+        made_ahead_by(obj, &uid)
+    })
+    .await?;
     Ok(())
 }
 

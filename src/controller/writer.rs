@@ -9,8 +9,9 @@
 
 use std::time::Instant;
 
-use kube::ResourceExt;
-use kube::api::PostParams;
+use kube::api::{DeleteParams, PostParams, Preconditions};
+use kube::{Api, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
 
 use super::Error;
 use super::context::Context;
@@ -130,6 +131,33 @@ impl Context {
         let replaced = run.resource_version();
         self.remember(run, |m| m.replaced_version = replaced);
         Ok(Some(updated))
+    }
+
+    /// Reads object `name` and deletes it, by its UID (never a namesake made since), when
+    /// `ours` says it is the controller's to delete. Gone already, or replaced meanwhile (the
+    /// precondition's Conflict): nothing to do.
+    pub async fn delete_if<K>(
+        &self,
+        kind: &'static str,
+        api: &Api<K>,
+        name: &str,
+        ours: impl FnOnce(&K) -> bool,
+    ) -> Result<(), Error>
+    where
+        K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+    {
+        let Some(obj) = api.get_opt(name).await?.filter(ours) else {
+            return Ok(());
+        };
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: obj.uid(),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        self.write(kind, api.delete(name, &params)).await?;
+        Ok(())
     }
 }
 

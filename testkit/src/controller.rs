@@ -331,6 +331,26 @@ impl FakeWorker {
     }
 }
 
+/// Ends run `name`'s first attempt as its worker would: once the Lease names the attempt's
+/// pod (the claim writes the status before it moves the Lease), the `final`, the status, the
+/// Lease released; returns when the run has Succeeded.
+pub async fn finish_first_attempt(ns: &TestNamespace, name: &str) -> AgentRun {
+    let pod = baton::fence::worker_pod_name(name, Fence::new(1));
+    wait_lease(ns, name, &pod, 1, Duration::from_secs(30)).await;
+    let mut w = FakeWorker::new(ns, name, 1);
+    w.resume().await;
+    w.renew().await.expect("renewing");
+    w.finish(vec![]).await;
+    match w.lease.release().await {
+        Ok(_) | Err(baton::lease::LeaseError::Lost { holder: None, .. }) => {}
+        Err(err) => panic!("releasing the lease: {err}"),
+    }
+    wait_run(ns, name, Duration::from_secs(30), |s| {
+        s.phase == Phase::Succeeded
+    })
+    .await
+}
+
 /// What an attempt of `fence` wrote before it died in the middle of step 1: its start, a
 /// partial answer, and the step's intent (a non-idempotent `rm -rf /tmp/x`).
 pub fn died_mid_step(fence: i64, pod: &str) -> Vec<LedgerEvent> {

@@ -20,6 +20,7 @@ use kube::api::{DeleteParams, ListParams, LogParams, ObjectMeta, Patch, PatchPar
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::{Mutex, MutexGuard, OnceCell};
 
+mod chaos;
 mod chart;
 mod effects;
 mod images;
@@ -32,6 +33,7 @@ mod reads;
 mod server;
 mod warm;
 
+pub use chaos::{Chaos, chaos_window, seed_and_runs};
 pub use chart::*;
 pub use effects::EffectsServer;
 #[allow(unused_imports)]

@@ -50,22 +50,6 @@ async fn wait_http_ok(addr: std::net::SocketAddr, path: &str) -> String {
     }
 }
 
-/// Plays a worker that finishes run `name` at fence 1.
-async fn finish_as_worker(ns: &TestNamespace, name: &str) {
-    wait_lease(
-        ns,
-        name,
-        &baton::fence::worker_pod_name(name, Fence::new(1)),
-        1,
-        T,
-    )
-    .await;
-    let mut w = FakeWorker::new(ns, name, 1);
-    w.resume().await;
-    w.renew().await.unwrap();
-    w.finish(vec![]).await;
-}
-
 #[tokio::test]
 async fn admin_endpoints_serve_health_and_metrics_with_claims_counted() {
     let ns = TestNamespace::new("ctl-admin").await;
@@ -77,8 +61,7 @@ async fn admin_endpoints_serve_health_and_metrics_with_claims_counted() {
     wait_http_ok(addr, "/readyz").await;
 
     create(&ns, agent_run("r", 10)).await;
-    finish_as_worker(&ns, "r").await;
-    wait_run(&ns, "r", T, |s| s.phase == Phase::Succeeded).await;
+    finish_first_attempt(&ns, "r").await;
 
     let metrics = wait_http_ok(addr, "/metrics").await;
     for name in [
@@ -105,8 +88,7 @@ async fn a_finished_run_is_deleted_after_its_ttl() {
     let mut run = agent_run("r", 10);
     run.spec.ttl_seconds_after_finished = Some(2);
     create(&ns, run).await;
-    finish_as_worker(&ns, "r").await;
-    wait_run(&ns, "r", T, |s| s.phase == Phase::Succeeded).await;
+    finish_first_attempt(&ns, "r").await;
     let finished = Instant::now();
 
     let deadline = finished + T;

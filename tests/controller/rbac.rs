@@ -108,3 +108,58 @@ async fn existing_objects_of_the_run_count_as_created() {
     assert!(controlled_by_run(&binding, &created.uid().unwrap()));
     ns.cleanup().await;
 }
+
+/// A run that ended keeps no identity: once its pod is gone, its ServiceAccount, Role and
+/// RoleBinding are removed, and a token its worker held while it ran (a leaked one, say) is
+/// refused by the API server from then on, soon not even authenticated.
+#[tokio::test]
+async fn an_ended_run_keeps_no_worker_identity_and_its_token_dies() {
+    use baton_testkit::rbac::worker_client;
+    use k8s_openapi::api::coordination::v1::Lease;
+
+    let (ns, _c, _) = started("ctl-rbac-end", agent_run("r", 10)).await;
+    wait_pod(&ns, "r-w1", T).await;
+    let leaked: kube::Api<Lease> =
+        kube::Api::namespaced(worker_client(&ns.client, &ns.name, "r").await, &ns.name);
+    leaked
+        .get("run.r")
+        .await
+        .expect("while the run lives its worker reads its Lease");
+
+    finish_first_attempt(&ns, "r").await;
+    let deadline = std::time::Instant::now() + T;
+    loop {
+        let left = (
+            ns.api::<ServiceAccount>()
+                .get_opt("baton-run-r")
+                .await
+                .unwrap(),
+            ns.api::<Role>().get_opt("baton-run-r").await.unwrap(),
+            ns.api::<RoleBinding>()
+                .get_opt("baton-run-r")
+                .await
+                .unwrap(),
+        );
+        if matches!(left, (None, None, None)) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "left: {left:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(ns.api::<Pod>().get_opt("r-w1").await.unwrap().is_none());
+    // Refused at once (its RoleBinding is gone), then not even authenticated once the API
+    // server's cache of tokens it authenticated (10 s) lets go of it.
+    let refused = |answer: Result<Lease, kube::Error>| match answer {
+        Err(kube::Error::Api(e)) if e.code == 401 || e.code == 403 => e.code,
+        other => panic!("the ended run's token is refused, got {other:?}"),
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while refused(leaked.get("run.r").await) != 401 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the token still authenticates"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    ns.cleanup().await;
+}

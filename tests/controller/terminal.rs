@@ -56,6 +56,7 @@ fn decided_on(run: &AgentRun, held: bool, renewed: bool) -> Action {
         rollout_slot: false,
         rolled_out: false,
         close_recorded: false,
+        identity_left: true,
         now,
         wall: Timestamp::now(),
     };

@@ -4,7 +4,7 @@
 //! created under the name adopts that very pod at its claim; a run of that name that is no
 //! turn never does (the pod is removed, and the run's next attempt gets a pod of its own).
 
-use baton::crd::v1alpha1::{AgentRun, AgentThread, Phase};
+use baton::crd::v1alpha1::{AgentRun, AgentThread};
 use baton::crd::{WARM_THREAD_LABEL, controlled_by_run};
 use baton::fence::{Fence, worker_pod_name};
 use baton_testkit::controller::*;
@@ -69,21 +69,6 @@ async fn create_warm_thread(ns: &TestNamespace, name: &str, idle: i64) -> AgentT
         .unwrap()
 }
 
-/// Ends turn `name` (attempt 1) as its worker would.
-async fn finish(ns: &TestNamespace, name: &str) {
-    // The claim writes the status before it moves the Lease: the worker starts on the Lease.
-    wait_lease(ns, name, &pod_name(name, 1), 1, T).await;
-    let mut w = FakeWorker::new(ns, name, 1);
-    w.resume().await;
-    w.renew().await.unwrap();
-    w.finish(vec![]).await;
-    match w.lease.release().await {
-        Ok(_) | Err(baton::lease::LeaseError::Lost { holder: None, .. }) => {}
-        Err(err) => panic!("releasing the lease: {err}"),
-    }
-    wait_run(ns, name, T, |s| s.phase == Phase::Succeeded).await;
-}
-
 #[tokio::test]
 async fn a_turn_under_the_offered_name_adopts_its_pod_and_no_other_run_does() {
     let ns = TestNamespace::new("ctl-warm").await;
@@ -96,7 +81,7 @@ async fn a_turn_under_the_offered_name_adopts_its_pod_and_no_other_run_does() {
     let created = baton::requests::create_turn(&runs, &thread, thread.new_turn("one")).await;
     let first = created.unwrap().name_any();
     wait_fence(&ns, &first, 1, T).await;
-    finish(&ns, &first).await;
+    finish_first_attempt(&ns, &first).await;
 
     // The next turn's pod and RBAC exist before it, the thread's.
     let (next, ahead) = offered(&ns).await;
@@ -134,7 +119,7 @@ async fn a_turn_under_the_offered_name_adopts_its_pod_and_no_other_run_does() {
         made.uid(),
         "the identity made ahead is the turn's: kept"
     );
-    finish(&ns, &next).await;
+    finish_first_attempt(&ns, &next).await;
 
     // A plain run of the name offered now: the pod started ahead is removed, never adopted,
     // and the run's next attempt gets a pod of its own.
@@ -172,7 +157,7 @@ async fn an_idle_thread_keeps_nothing_ahead_once_its_idle_seconds_pass() {
     let created = baton::requests::create_turn(&runs, &thread, thread.new_turn("one")).await;
     let turn = created.unwrap().name_any();
     wait_fence(&ns, &turn, 1, T).await;
-    finish(&ns, &turn).await;
+    finish_first_attempt(&ns, &turn).await;
     let (next, _) = offered_by(&ns, "brief").await;
     let account = format!("baton-run-{next}");
     assert!(
