@@ -16,7 +16,7 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ServiceAccount;
-use k8s_openapi::api::core::v1::{EnvVar, Pod};
+use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource, ObjectFieldSelector, Pod};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
@@ -45,6 +45,8 @@ pub const FIRST: Fence = Fence::new(1);
 /// controller removes the pod when the thread stops wanting it; this bounds its life should
 /// no controller do so (and a turn that stays live longer than this gets a new one).
 const SAFETY_FUSE_SECONDS: i64 = 3600;
+/// How soon a thread looks again at a pod it could not remove as its cache showed it.
+const CACHE_CATCH_UP: Duration = Duration::from_secs(1);
 /// The characters of a name's random part (the API server's `generateName` alphabet: no
 /// vowels, no look-alikes).
 const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
@@ -154,8 +156,25 @@ pub fn ahead(mut pod: Pod, thread: &AgentThread) -> Pod {
         vars.push(var(env::WARM_THREAD_UID, uid));
         vars.push(var(env::WARM_THREAD_GENERATION, generation.to_string()));
         vars.push(var(env::WARM_IDLE_SECONDS, idle.to_string()));
+        vars.push(own_uid());
     }
     pod
+}
+
+/// The pod's own UID, from the downward API: its worker starts only once its run has adopted
+/// the pod of that UID (`worker::warm::adopted`).
+fn own_uid() -> EnvVar {
+    EnvVar {
+        name: env::WARM_POD_UID.into(),
+        value: None,
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: "metadata.uid".into(),
+                api_version: None,
+            }),
+            ..EnvVarSource::default()
+        }),
+    }
 }
 
 fn var(name: &str, value: String) -> EnvVar {
@@ -228,7 +247,7 @@ pub async fn take_over(ctx: &Context, run: &AgentRun, desired: &Pod) -> Result<(
         return Err(not_taken(&name, "it is not baton's: left it alone"));
     }
     tracing::info!(run = %run.name_any(), pod = %name, "removing a pod started ahead that is not this attempt's");
-    ctx.write("pod_delete", api.delete(&name, &of_uid(existing.uid())))
+    ctx.write("pod_delete", api.delete(&name, &as_seen(&existing)))
         .await?;
     Err(not_taken(
         &name,
@@ -272,8 +291,14 @@ pub async fn ensure(ctx: &Context, thread: &AgentThread) -> Result<Option<Durati
             };
             if stale && pod.metadata.deletion_timestamp.is_none() {
                 tracing::info!(thread = %thread.name_any(), pod = %name, "removing the pod started ahead");
-                ctx.write("pod_delete", api.delete(&name, &of_uid(pod.uid())))
-                    .await?;
+                // At the version the cache shows: a pod adopted since (the cache behind) is
+                // the turn's, and the delete is refused. Refused for a mere change of its
+                // status: look again once the cache has the pod as it is.
+                let params = as_seen(&pod);
+                let delete = api.delete(&name, &params);
+                if let Wrote::Conflict = ctx.write("pod_delete", delete).await? {
+                    return Ok(Some(CACHE_CATCH_UP));
+                }
             }
             if !want.wanted() {
                 // Idle: the thread keeps nothing for its next turn.
@@ -411,12 +436,13 @@ where
     Ok(())
 }
 
-/// Delete parameters that remove only the object of this UID (not a namesake made since).
-fn of_uid(uid: Option<String>) -> DeleteParams {
+/// Delete parameters that remove `pod` only as it was seen: that UID (not a namesake made
+/// since) at that version (not once adopted since).
+fn as_seen(pod: &Pod) -> DeleteParams {
     DeleteParams {
         preconditions: Some(Preconditions {
-            uid,
-            resource_version: None,
+            uid: pod.uid(),
+            resource_version: pod.resource_version(),
         }),
         ..DeleteParams::default()
     }

@@ -172,6 +172,9 @@ pub mod env {
     pub const WARM_THREAD_GENERATION: &str = "BATON_WARM_THREAD_GENERATION";
     /// On a pod started ahead: how long it waits for its turn before it exits.
     pub const WARM_IDLE_SECONDS: &str = "BATON_WARM_IDLE_SECONDS";
+    /// On a pod started ahead: its own UID (the downward API's `metadata.uid`). Its worker
+    /// starts only once the pod of that UID is its run's (adopted), never on a namesake.
+    pub const WARM_POD_UID: &str = "BATON_WARM_POD_UID";
     /// Given to tools: the step number.
     pub const STEP: &str = "BATON_STEP";
     /// Given to tools: `<run-uid>/<step>`.

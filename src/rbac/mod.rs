@@ -19,8 +19,12 @@
 //!   chart's ValidatingAdmissionPolicy (Kubernetes >= 1.30) narrows `create` to the run's own
 //!   segments.
 //! - `events` (events.k8s.io) create, patch: Warning Events for unknown effects.
+//! - `pods` get, restricted to `<run>-w1`, the run's first attempt's pod: a pod started ahead
+//!   for a thread's turn (`controller::warm`) reads itself, and starts only once the run has
+//!   adopted it. It shows the pod's spec, which the run's spec gives anyway (a Secret only by
+//!   reference).
 //! - Nothing else: no Secrets (the model key reaches the worker through the pod's
-//!   environment), no Pods, no other runs.
+//!   environment), no other pods, no other runs.
 //!
 //! The controller may create this Role without `escalate` or `bind`: the API server lets a
 //! subject grant only permissions it holds itself, and the chart's ClusterRole gives the
@@ -33,7 +37,7 @@ use kube::api::ObjectMeta;
 
 use crate::crd::GROUP;
 use crate::crd::v1alpha1::AgentRun;
-use crate::fence::run_lease_name;
+use crate::fence::{Fence, run_lease_name, worker_pod_name};
 use crate::owned::{Ownership, owned_meta};
 
 /// Prefix of every per-run worker ServiceAccount, Role and RoleBinding name.
@@ -181,6 +185,9 @@ pub fn worker_rules(run: &str) -> Vec<PolicyRule> {
         ),
         named(GROUP, "ledgersegments", vec![], &["create", "get", "list"]),
         named("events.k8s.io", "events", vec![], &["create", "patch"]),
+        // A pod started ahead for a thread's turn is its first attempt's: its worker reads it
+        // to start only once the run has adopted it.
+        named("", "pods", vec![worker_pod_name(run, Fence::new(1))], &["get"]),
     ]
 }
 
@@ -276,6 +283,9 @@ mod tests {
             Some(vec!["run.r1".to_string()])
         );
         assert_eq!(find("ledgersegments").verbs, ["create", "get", "list"]);
+        let pods = find("pods");
+        assert_eq!(pods.resource_names, Some(vec!["r1-w1".to_string()]));
+        assert_eq!(pods.verbs, ["get"]);
         for rule in &rules {
             assert!(
                 !rule

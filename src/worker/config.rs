@@ -97,6 +97,10 @@ pub struct WorkerArgs {
     /// With `--warm-thread-uid`: how long to wait for the turn before exiting.
     #[arg(long, env = crate::crd::env::WARM_IDLE_SECONDS, default_value_t = 300)]
     pub warm_idle_seconds: u64,
+    /// With `--warm-thread-uid`: this pod's UID (the worker starts only once the run has
+    /// adopted the pod of this UID).
+    #[arg(long, env = crate::crd::env::WARM_POD_UID)]
+    pub warm_pod_uid: Option<String>,
 }
 
 /// The worker's settings.
@@ -155,6 +159,7 @@ impl TryFrom<WorkerArgs> for WorkerConfig {
         let warm = a.warm_thread_uid.map(|thread_uid| super::warm::Warm {
             thread_uid,
             thread_generation: a.warm_thread_generation,
+            pod_uid: a.warm_pod_uid.unwrap_or_default(),
             idle: Duration::from_secs(a.warm_idle_seconds),
         });
         Ok(Self {

@@ -204,7 +204,7 @@ async fn attempt(
     let client = counted_client(counters.clone()).await?;
     let runs: Api<AgentRun> = Api::namespaced(client.clone(), &cfg.namespace);
     if let Some(warm) = &cfg.warm
-        && !warm::wait_for_turn(&runs, &cfg, warm).await
+        && !warm::wait_for_turn(&client, &cfg, warm).await
     {
         return Ok(Exit::Superseded);
     }

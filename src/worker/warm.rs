@@ -3,14 +3,22 @@
 //! made for to be claimed for it. The claim is the one every attempt has (seal, status CAS,
 //! Lease); the pod only learns of it sooner than a new pod would start. It serves only a turn
 //! that joined its thread at the generation it was made from, and exits when none comes.
+//!
+//! It acts only once the run has adopted it (the claim's last write: the pod's controller is
+//! the run, by this pod's UID), not when the status first names its pod: until then the
+//! thread may remove it (idle, or made from settings the turn did not get) and the claim may
+//! then create a pod of the same name, and a worker that had acted in the removed one would be
+//! a second worker at the fence (found by the claim protocol's model).
 
 use std::pin::pin;
 use std::time::Duration;
 
 use futures::TryStreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Resource, ResourceExt};
+use kube::{Client, Resource, ResourceExt};
 use tracing::info;
 
 use super::{WorkerConfig, may_start};
@@ -25,6 +33,8 @@ pub struct Warm {
     pub thread_uid: String,
     /// The thread's generation the pod was made from (None: unknown, not checked).
     pub thread_generation: Option<i64>,
+    /// This pod's UID.
+    pub pod_uid: String,
     /// How long it waits before it exits.
     pub idle: Duration,
 }
@@ -81,28 +91,94 @@ pub fn sighting(run: Option<&AgentRun>, warm: &Warm, fence: Fence, pod: &str) ->
     }
 }
 
-/// Waits, watching the run by name, until its turn is claimed for this pod (true) or it will
-/// never be, or `warm.idle` passes (false: the pod exits, and holds nothing).
-pub async fn wait_for_turn(runs: &Api<AgentRun>, cfg: &WorkerConfig, warm: &Warm) -> bool {
-    let config = watcher::Config::default().fields(&format!("metadata.name={}", cfg.run));
-    let events = watcher(runs.clone(), config).default_backoff();
-    let mut events = pin!(events);
+/// Pure: what this pod (`pod`, None: there is none of its name), once the status names it,
+/// means for the pod of UID `own` made ahead for run `run_uid`: Start once the run controls it
+/// (adopted), Wait while the thread still does (the claim adopts it right after it moves the
+/// Lease), Refuse when it is another pod of the name, being deleted, or anyone else's.
+pub fn adoption(pod: Option<&Pod>, own: &str, run_uid: &str) -> Sighting {
+    let Some(pod) = pod.filter(|p| p.uid().as_deref() == Some(own)) else {
+        return Sighting::Refuse("this pod is gone: another of its name stands".into());
+    };
+    if pod.metadata.deletion_timestamp.is_some() {
+        return Sighting::Refuse("this pod is being deleted".into());
+    }
+    match controlling_owner(pod) {
+        Some(o) if o.kind == "AgentRun" && o.uid == run_uid => Sighting::Start,
+        Some(o) if o.kind == "AgentThread" => Sighting::Wait,
+        _ => Sighting::Refuse("this pod was taken by no turn of its thread".into()),
+    }
+}
+
+fn controlling_owner(pod: &Pod) -> Option<&OwnerReference> {
+    pod.owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true))
+}
+
+/// How often a pod the status names asks whether it was adopted (the claim's next write).
+const ADOPTION_POLL: Duration = Duration::from_millis(50);
+
+/// Waits, watching the run by name, until its turn is claimed for this pod and the run has
+/// adopted the pod (true), or it never will be, or `warm.idle` passes (false: the pod exits,
+/// and holds nothing).
+pub async fn wait_for_turn(client: &Client, cfg: &WorkerConfig, warm: &Warm) -> bool {
     let idle = tokio::time::sleep(warm.idle);
     let mut idle = pin!(idle);
-    info!(thread_uid = %warm.thread_uid, idle = ?warm.idle, "started ahead: waiting for the turn");
+    let waited = async {
+        let Some(run_uid) = claimed_for_this_pod(client, cfg, warm).await else {
+            return false;
+        };
+        adopted(client, cfg, warm, &run_uid).await
+    };
+    tokio::select! {
+        started = waited => started,
+        () = &mut idle => {
+            info!("no turn came while the pod waited: exiting");
+            false
+        }
+    }
+}
+
+/// Polls this pod until the run `run_uid` has adopted it (true) or it never will (false).
+async fn adopted(client: &Client, cfg: &WorkerConfig, warm: &Warm, run_uid: &str) -> bool {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &cfg.namespace);
     loop {
-        let event = tokio::select! {
-            event = events.try_next() => event,
-            () = &mut idle => {
-                info!("no turn came while the pod waited: exiting");
-                return false;
+        let pod = match pods.get_opt(&cfg.pod).await {
+            Ok(pod) => pod,
+            Err(err) => {
+                tracing::warn!(error = %err, "reading this pod failed; reading it again");
+                tokio::time::sleep(ADOPTION_POLL).await;
+                continue;
             }
         };
-        let seen = match event {
+        match adoption(pod.as_ref(), &warm.pod_uid, run_uid) {
+            Sighting::Wait => tokio::time::sleep(ADOPTION_POLL).await,
+            Sighting::Start => {
+                info!(run_uid, "the turn adopted this pod: starting");
+                return true;
+            }
+            Sighting::Refuse(why) => {
+                info!(why, "not serving this run: exiting");
+                return false;
+            }
+        }
+    }
+}
+
+/// Watches the run by name until its turn is claimed for this pod (the run's UID) or it will
+/// never be (None).
+async fn claimed_for_this_pod(client: &Client, cfg: &WorkerConfig, warm: &Warm) -> Option<String> {
+    let runs: Api<AgentRun> = Api::namespaced(client.clone(), &cfg.namespace);
+    let config = watcher::Config::default().fields(&format!("metadata.name={}", cfg.run));
+    let events = watcher(runs, config).default_backoff();
+    let mut events = pin!(events);
+    info!(thread_uid = %warm.thread_uid, idle = ?warm.idle, "started ahead: waiting for the turn");
+    loop {
+        let seen = match events.try_next().await {
             Ok(Some(watcher::Event::Apply(run) | watcher::Event::InitApply(run))) => Some(run),
             Ok(Some(watcher::Event::Delete(_))) => None,
             Ok(Some(_)) => continue,
-            Ok(None) => return false,
+            Ok(None) => return None,
             Err(err) => {
                 tracing::warn!(error = %err, "watching the run failed; watching again");
                 continue;
@@ -112,12 +188,12 @@ pub async fn wait_for_turn(runs: &Api<AgentRun>, cfg: &WorkerConfig, warm: &Warm
             Sighting::Wait => {}
             Sighting::Start => {
                 let uid = seen.as_ref().and_then(|r| r.meta().uid.clone());
-                info!(uid = ?uid, "the turn is claimed for this pod: starting");
-                return true;
+                info!(uid = ?uid, "the turn is claimed for this pod: waiting to be adopted");
+                return uid;
             }
             Sighting::Refuse(why) => {
                 info!(why, "not serving this run: exiting");
-                return false;
+                return None;
             }
         }
     }

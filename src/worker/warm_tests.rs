@@ -12,6 +12,7 @@ fn warm() -> Warm {
     Warm {
         thread_uid: "thread-uid".into(),
         thread_generation: Some(4),
+        pod_uid: "pod-uid".into(),
         idle: Duration::from_secs(60),
     }
 }
@@ -77,4 +78,40 @@ fn it_serves_no_run_of_its_name_but_the_turn_it_was_made_for() {
     );
     let elsewhere = claimed(turn(Some("thread-uid"), "4"), 2, "conv-abcde-2");
     assert!(refused(&elsewhere), "claimed for another pod");
+}
+
+/// The pod `t-w1` of UID `uid`, controlled by an owner of `kind` and UID `owner`.
+fn pod(uid: &str, kind: &str, owner: &str) -> Pod {
+    let mut pod = Pod::default();
+    pod.metadata.name = Some("t-w1".into());
+    pod.metadata.uid = Some(uid.into());
+    pod.metadata.owner_references = Some(vec![OwnerReference {
+        kind: kind.into(),
+        uid: owner.into(),
+        controller: Some(true),
+        ..OwnerReference::default()
+    }]);
+    pod
+}
+
+/// Once the status names it, the pod waits while its thread still controls it, starts once its
+/// run does, and exits for anything else: a namesake made since (another UID), its own
+/// deletion, another run's or anyone else's control, no pod at all.
+#[test]
+fn it_acts_only_once_its_run_has_adopted_this_very_pod() {
+    let own = "pod-uid";
+    let of_thread = pod(own, "AgentThread", "thread-uid");
+    assert_eq!(adoption(Some(&of_thread), own, "run-uid"), Sighting::Wait);
+    let adopted = pod(own, "AgentRun", "run-uid");
+    assert_eq!(adoption(Some(&adopted), own, "run-uid"), Sighting::Start);
+    let refused = |p: Option<&Pod>| matches!(adoption(p, own, "run-uid"), Sighting::Refuse(_));
+    assert!(refused(Some(&pod("another-uid", "AgentRun", "run-uid"))));
+    assert!(refused(Some(&pod(own, "AgentRun", "another-run"))));
+    assert!(refused(Some(&pod(own, "ReplicaSet", "rs"))));
+    assert!(refused(None));
+    let mut deleting = adopted.clone();
+    deleting.metadata.deletion_timestamp = Some(
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()),
+    );
+    assert!(refused(Some(&deleting)));
 }

@@ -120,6 +120,14 @@ async fn a_worker_can_touch_its_own_run_and_nothing_else() {
             no("list", "secrets", None),
             no("watch", "secrets", None),
             no("create", "pods", None),
+            // Its first attempt's pod only (a pod started ahead reads whether it was adopted).
+            yes("get", "pods/a-w1", None),
+            no("get", "pods/a-w2", None),
+            no("get", "pods/b-w1", None),
+            no("list", "pods", None),
+            no("watch", "pods", None),
+            no("update", "pods/a-w1", None),
+            no("delete", "pods/a-w1", None),
             no("create", "serviceaccounts", Some("token")),
             // The same names in another namespace are someone else's.
             check(on, "get", "agentruns.baton.dev/a", None, false),
