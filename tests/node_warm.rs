@@ -6,6 +6,8 @@
 //! claimed loses nothing and runs nothing twice. And the chaos suite's faults on warm threads,
 //! its invariants unchanged.
 
+use std::time::{Duration, Instant};
+
 use baton::crd::v1alpha1::{AgentThread, LedgerEvent, LedgerSegment, Phase, ScriptTurn};
 use baton::crd::{controlled_by_run, env as pod_env};
 use baton_testkit::e2e::{Effects, Script, effect_command, run_with, shell_tool, tool_call};
@@ -192,12 +194,12 @@ async fn node_chaos_on_warm_threads() {
     let (log, conversations) = tokio::join!(chaos.run(), drivers);
     eprintln!("chaos: {} faults injected:\n{}", log.len(), log.join("\n"));
 
-    let turns: Vec<String> = conversations.iter().flatten().cloned().collect();
+    let turns: Vec<String> = conversations.iter().flatten().map(|t| t.0.clone()).collect();
     env.check_invariants(&turns).await;
     let effects = Effects::read(&env.effects.file);
     let mut ahead = 0;
     for conversation in &conversations {
-        for (i, turn) in conversation.iter().enumerate() {
+        for (i, (turn, on_pod_ahead)) in conversation.iter().enumerate() {
             let st = env.status(turn).await;
             assert_eq!(st.phase, Phase::Succeeded, "seed {seed}: {turn}: {st:#?}");
             let answer = format!("turn {} done", i + 1);
@@ -209,7 +211,7 @@ async fn node_chaos_on_warm_threads() {
                     "seed {seed}: {turn} step {step} never ran and is not reported: {st:#?}"
                 );
             }
-            ahead += usize::from(env.ran_on_pod_started_ahead(turn).await);
+            ahead += usize::from(*on_pod_ahead);
         }
     }
     eprintln!(
@@ -257,14 +259,20 @@ fn chaos_thread(env: &NodeEnv, name: &str) -> AgentThread {
 }
 
 /// Creates `CHAOS_TURNS` turns of `thread` one after another, each once the one before has
-/// ended, as `baton chat` does (under the name the thread offers); returns their names.
-async fn converse(env: &NodeEnv, thread: &str) -> Vec<String> {
+/// ended, as `baton chat` does (under the name the thread offers); returns their names, and
+/// whether each was seen running on a pod started ahead (its pod is deleted once it ends).
+async fn converse(env: &NodeEnv, thread: &str) -> Vec<(String, bool)> {
     let mut turns = Vec::new();
     for i in 1..=CHAOS_TURNS {
         let (turn, _) = env.create_turn(thread, &format!("message {i}")).await;
-        env.wait_run(&turn, RUN_TIMEOUT, "ended", |s| s.phase.is_terminal())
-            .await;
-        turns.push(turn);
+        let deadline = Instant::now() + RUN_TIMEOUT;
+        let mut ahead = false;
+        while !env.status(&turn).await.phase.is_terminal() {
+            ahead = ahead || env.ran_on_pod_started_ahead(&turn).await;
+            assert!(Instant::now() < deadline, "{turn} did not end");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        turns.push((turn, ahead));
     }
     turns
 }

@@ -112,10 +112,17 @@ impl Chaos<'_> {
                     continue;
                 }
                 Fault::AheadDeleted => {
-                    let ahead = self.pods_started_ahead().await;
+                    // One per thread: its other turns show a pod started ahead taken.
+                    let ahead: Vec<(String, String)> = self
+                        .pods_started_ahead()
+                        .await
+                        .into_iter()
+                        .filter(|(_, thread)| !faults.contains_key(thread))
+                        .collect();
                     if !ahead.is_empty() {
-                        let pod = &ahead[rng.random_range(0..ahead.len())];
+                        let (pod, thread) = &ahead[rng.random_range(0..ahead.len())];
                         self.env.delete_pod(pod).await;
+                        faults.insert(thread.clone(), 1);
                         log.push(format!("{t:6.1}s {fault:?} {pod}"));
                     }
                     continue;
@@ -185,8 +192,9 @@ impl Chaos<'_> {
         Some(leader)
     }
 
-    /// Pods started ahead that no run has adopted yet, not being deleted.
-    async fn pods_started_ahead(&self) -> Vec<String> {
+    /// Pods started ahead that no run has adopted yet, not being deleted, each with its
+    /// thread's UID.
+    async fn pods_started_ahead(&self) -> Vec<(String, String)> {
         let pods = self.env.pods();
         let params = ListParams::default().labels(WARM_THREAD_LABEL);
         let listed = retry(|| pods.list(&params)).await.items;
@@ -194,7 +202,7 @@ impl Chaos<'_> {
             .iter()
             .filter(|p| p.owner_references().iter().all(|o| o.kind == "AgentThread"))
             .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .map(|p| p.name_any())
+            .map(|p| (p.name_any(), p.labels()[WARM_THREAD_LABEL].clone()))
             .collect()
     }
 

@@ -13,6 +13,7 @@ use kube::api::ListParams;
 use serde_json::json;
 
 use super::NodeEnv;
+use crate::e2e::retry;
 use crate::model::Server;
 
 /// The pod of a turn's first attempt.
@@ -32,15 +33,27 @@ pub fn model_thread(name: &str, server: &Server, idle_seconds: Option<i64>) -> A
 
 impl NodeEnv {
     /// Creates a turn of `thread` as `baton chat` and `baton server` do (under the name the
-    /// thread offers, if any); returns its name and when it was asked for.
+    /// thread offers, if any); returns its name and when it was asked for. Asked again while
+    /// the API server could not call baton's webhook (its replicas restarting: nothing was
+    /// created), as a client would.
     pub async fn create_turn(&self, thread: &str, input: &str) -> (String, Instant) {
-        let thread = self.api::<AgentThread>().get(thread).await.unwrap();
-        let turn = thread.new_turn(input);
-        let asked = Instant::now();
-        let created = baton::requests::create_turn(&self.runs(), &thread, turn)
-            .await
-            .unwrap();
-        (created.name_any(), asked)
+        let threads = self.api::<AgentThread>();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let thread = retry(|| threads.get(thread)).await;
+            let turn = thread.new_turn(input);
+            let asked = Instant::now();
+            match baton::requests::create_turn(&self.runs(), &thread, turn).await {
+                Ok(created) => return (created.name_any(), asked),
+                Err(kube::Error::Api(e))
+                    if e.message.contains("failed calling webhook") && Instant::now() < deadline =>
+                {
+                    eprintln!("creating a turn: {}; asking again", e.message);
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                Err(err) => panic!("creating a turn: {err}"),
+            }
+        }
     }
 
     /// The name `thread` offers its next turn and the UID of the pod started for it, once
