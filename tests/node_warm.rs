@@ -194,7 +194,11 @@ async fn node_chaos_on_warm_threads() {
     let (log, conversations) = tokio::join!(chaos.run(), drivers);
     eprintln!("chaos: {} faults injected:\n{}", log.len(), log.join("\n"));
 
-    let turns: Vec<String> = conversations.iter().flatten().map(|t| t.0.clone()).collect();
+    let turns: Vec<String> = conversations
+        .iter()
+        .flatten()
+        .map(|t| t.0.clone())
+        .collect();
     env.check_invariants(&turns).await;
     let effects = Effects::read(&env.effects.file);
     let mut ahead = 0;

@@ -187,7 +187,12 @@ pub fn worker_rules(run: &str) -> Vec<PolicyRule> {
         named("events.k8s.io", "events", vec![], &["create", "patch"]),
         // A pod started ahead for a thread's turn is its first attempt's: its worker reads it
         // to start only once the run has adopted it.
-        named("", "pods", vec![worker_pod_name(run, Fence::new(1))], &["get"]),
+        named(
+            "",
+            "pods",
+            vec![worker_pod_name(run, Fence::new(1))],
+            &["get"],
+        ),
     ]
 }
 

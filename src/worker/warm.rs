@@ -115,8 +115,11 @@ fn controlling_owner(pod: &Pod) -> Option<&OwnerReference> {
         .find(|o| o.controller == Some(true))
 }
 
-/// How often a pod the status names asks whether it was adopted (the claim's next write).
-const ADOPTION_POLL: Duration = Duration::from_millis(50);
+/// How soon a pod the status names asks again whether it was adopted (the claim's next
+/// write, normally within milliseconds), doubling up to `ADOPTION_POLL_MAX` should the
+/// claimer have stopped (the run is then claimed again for another pod, and this one exits).
+const ADOPTION_POLL: Duration = Duration::from_millis(20);
+const ADOPTION_POLL_MAX: Duration = Duration::from_secs(2);
 
 /// Waits, watching the run by name, until its turn is claimed for this pod and the run has
 /// adopted the pod (true), or it never will be, or `warm.idle` passes (false: the pod exits,
@@ -139,20 +142,36 @@ pub async fn wait_for_turn(client: &Client, cfg: &WorkerConfig, warm: &Warm) -> 
     }
 }
 
-/// Polls this pod until the run `run_uid` has adopted it (true) or it never will (false).
+/// Polls this pod until the run `run_uid` has adopted it (true) or it never will (false: the
+/// pod is replaced, deleted or someone else's, or the run is no longer claimed for it).
 async fn adopted(client: &Client, cfg: &WorkerConfig, warm: &Warm, run_uid: &str) -> bool {
     let pods: Api<Pod> = Api::namespaced(client.clone(), &cfg.namespace);
+    let runs: Api<AgentRun> = Api::namespaced(client.clone(), &cfg.namespace);
+    let mut pause = ADOPTION_POLL;
     loop {
-        let pod = match pods.get_opt(&cfg.pod).await {
-            Ok(pod) => pod,
+        let seen = match pods.get_opt(&cfg.pod).await {
+            Ok(pod) => adoption(pod.as_ref(), &warm.pod_uid, run_uid),
             Err(err) => {
                 tracing::warn!(error = %err, "reading this pod failed; reading it again");
-                tokio::time::sleep(ADOPTION_POLL).await;
-                continue;
+                Sighting::Wait
             }
         };
-        match adoption(pod.as_ref(), &warm.pod_uid, run_uid) {
-            Sighting::Wait => tokio::time::sleep(ADOPTION_POLL).await,
+        let seen = match seen {
+            Sighting::Wait => match runs.get_opt(&cfg.run).await {
+                Ok(run) => match sighting(run.as_ref(), warm, cfg.fence, &cfg.pod) {
+                    Sighting::Start => Sighting::Wait,
+                    Sighting::Wait => Sighting::Refuse("the run is not claimed for it".into()),
+                    refused => refused,
+                },
+                Err(_) => Sighting::Wait,
+            },
+            other => other,
+        };
+        match seen {
+            Sighting::Wait => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(ADOPTION_POLL_MAX);
+            }
             Sighting::Start => {
                 info!(run_uid, "the turn adopted this pod: starting");
                 return true;

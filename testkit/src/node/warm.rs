@@ -46,7 +46,8 @@ impl NodeEnv {
             match baton::requests::create_turn(&self.runs(), &thread, turn).await {
                 Ok(created) => return (created.name_any(), asked),
                 Err(kube::Error::Api(e))
-                    if e.message.contains("failed calling webhook") && Instant::now() < deadline =>
+                    if e.message.contains("failed calling webhook")
+                        && Instant::now() < deadline =>
                 {
                     eprintln!("creating a turn: {}; asking again", e.message);
                     tokio::time::sleep(Duration::from_millis(500)).await;
