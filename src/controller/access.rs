@@ -80,7 +80,7 @@ pub async fn remove_run_rbac(ctx: &Context, run: &AgentRun) -> Result<Applied, E
     let (ns, uid) = (run.id().namespace, run.id().uid);
     let name = worker_service_account_name(&run.name_any());
     let bindings = ctx.api::<RoleBinding>(&ns);
-    if bindings.get_opt(&name).await?.is_some() {
+    if let Some(binding) = bindings.get_opt(&name).await? {
         let accounts = ctx.api::<ServiceAccount>(&ns);
         let roles = ctx.api::<Role>(&ns);
         futures::try_join!(
@@ -89,10 +89,10 @@ pub async fn remove_run_rbac(ctx: &Context, run: &AgentRun) -> Result<Applied, E
             }),
             ctx.delete_if("role_delete", &roles, &name, |o| controlled_by_run(o, &uid)),
         )?;
-        ctx.delete_if("role_binding_delete", &bindings, &name, |o| {
-            controlled_by_run(o, &uid)
-        })
-        .await?;
+        if controlled_by_run(&binding, &uid) {
+            ctx.delete_of_uid("role_binding_delete", &bindings, &binding)
+                .await?;
+        }
         tracing::debug!(run = %run_name(run), %name, "worker identity removed");
     }
     ctx.remember(run, |m| {

@@ -17,7 +17,6 @@
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{DeleteParams, Preconditions};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
@@ -146,18 +145,5 @@ pub async fn delete_leftover<K>(ctx: &Context, api: &Api<K>, obj: &K) -> Result<
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
 {
-    let precondition = DeleteParams {
-        preconditions: Some(Preconditions {
-            uid: obj.uid(),
-            resource_version: None,
-        }),
-        ..DeleteParams::default()
-    };
-    // Gone already, or Conflict: not that object any more (its UID): either is fine.
-    ctx.write(
-        "leftover_delete",
-        api.delete(&obj.name_any(), &precondition),
-    )
-    .await?;
-    Ok(())
+    ctx.delete_of_uid("leftover_delete", api, obj).await
 }

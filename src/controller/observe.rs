@@ -26,6 +26,7 @@ pub fn observe<'a>(ctx: &Context, run: &'a AgentRun, now: Instant) -> Observatio
     let lease = lease.map(|l| sight(ctx, run, &l, now));
     let stop_seen_at = remember_stop(ctx, run, now);
     let (in_flight, rolled_out) = rollouts_in_flight(ctx, run);
+    let memory = ctx.memory_of(run);
     Observation {
         run,
         lease,
@@ -38,9 +39,8 @@ pub fn observe<'a>(ctx: &Context, run: &'a AgentRun, now: Instant) -> Observatio
         rollout: ctx.config().rollout_policy,
         rollout_slot: in_flight < ctx.config().max_concurrent_handoffs,
         rolled_out,
-        close_recorded: ctx.memory_of(run).close_recorded,
-        identity_left: run.spec.worker.service_account_name.is_none()
-            && !ctx.memory_of(run).identity_removed,
+        close_recorded: memory.close_recorded,
+        identity_left: run.spec.worker.service_account_name.is_none() && !memory.identity_removed,
         now,
         wall: Timestamp::now(),
     }

@@ -146,9 +146,23 @@ impl Context {
     where
         K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
     {
-        let Some(obj) = api.get_opt(name).await?.filter(ours) else {
-            return Ok(());
-        };
+        match api.get_opt(name).await?.filter(ours) {
+            Some(obj) => self.delete_of_uid(kind, api, &obj).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Deletes `obj`, read before, only if it is still that very object (its UID). Gone
+    /// already, or Conflict (not that object any more): either is fine.
+    pub async fn delete_of_uid<K>(
+        &self,
+        kind: &'static str,
+        api: &Api<K>,
+        obj: &K,
+    ) -> Result<(), Error>
+    where
+        K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+    {
         let params = DeleteParams {
             preconditions: Some(Preconditions {
                 uid: obj.uid(),
@@ -156,7 +170,8 @@ impl Context {
             }),
             ..DeleteParams::default()
         };
-        self.write(kind, api.delete(name, &params)).await?;
+        self.write(kind, api.delete(&obj.name_any(), &params))
+            .await?;
         Ok(())
     }
 }
