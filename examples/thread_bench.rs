@@ -5,7 +5,9 @@
 //! turn read on its own (as before the thread label), and all of them with one list of the
 //! thread's segments. Prints p50/max ms, requests per build, the ratio, the size of the first
 //! seal's `history` event and the history's estimated tokens; then what a worker's read of its
-//! own ledger costs in a namespace that large.
+//! own ledger costs in a namespace that large; then the same thread with its turns kept in
+//! PostgreSQL, read through `baton server` (in this process, as a worker reaches it): each
+//! turn alone (as before) and all at once, its requests counted by the server.
 //!
 //!     cargo run --release --example thread_bench [-- TURNS [REPEATS]]
 
@@ -20,7 +22,9 @@ use baton::crd::v1alpha1::{HistoryTurn, LedgerEvent};
 use baton::ledger::{Ledgers, ReplayedMessage, estimated_tokens};
 use baton::worker::api_count::{ApiCounters, counted_client};
 use baton_testkit::common::namespace;
-use baton_testkit::common::thread_ledgers::{create_thread, write_turns};
+use baton_testkit::common::thread_ledgers::{
+    TurnLedgers, create_thread, write_turns, write_turns_in,
+};
 
 /// One way of reading a history: its times and requests per build.
 struct Reads {
@@ -106,6 +110,7 @@ async fn main() -> anyhow::Result<()> {
         );
     }
     own_ledger_reads(&client, &ns, &turns[0], repeats).await?;
+    postgres_reads(&client, &ns, total, repeats).await?;
     let _ = Api::<Namespace>::all(client)
         .delete(&ns, &DeleteParams::default())
         .await;
@@ -208,4 +213,89 @@ async fn namespace_segments(client: &Client, ns: &str) -> anyhow::Result<i64> {
     let segments: Api<baton::crd::v1alpha1::LedgerSegment> = Api::namespaced(client.clone(), ns);
     let params = kube::api::ListParams::default().match_any();
     Ok(segments.list_metadata(&params).await?.items.len() as i64)
+}
+
+/// The history builds of a thread whose turns are kept in PostgreSQL, grown to the same sizes,
+/// read through `baton server` with a reader's ledger token: each turn alone (one request each,
+/// as before) and all at once; requests as the server counted them.
+async fn postgres_reads(
+    client: &Client,
+    ns: &str,
+    total: usize,
+    repeats: usize,
+) -> anyhow::Result<()> {
+    use baton::crd::v1alpha1::LedgerBackend;
+    use baton::ledger::served::{LEDGER_AUDIENCE, LedgerClient, LedgerToken};
+    let url = std::env::var("BATON_TEST_POSTGRES_URL")?;
+    let db = baton::ledger::postgres::PgLedger::connect(&url, 4).await?;
+    let direct = Ledgers::with_postgres(client.clone(), db);
+    let kept = TurnLedgers {
+        ledgers: &direct,
+        backend: LedgerBackend::PostgreSQL,
+    };
+    let (base, _server) = baton_testkit::server::start_ledger_server(vec![]).await;
+    let reader = baton_testkit::rbac::rule(&["ledgersegments"], &["get", "list"]);
+    baton_testkit::rbac::person(client, ns, "reader", vec![reader]).await;
+    let token =
+        baton_testkit::rbac::mint_token_for(client, ns, "reader", LEDGER_AUDIENCE, None).await;
+    let server = LedgerClient::new(&base, LedgerToken::Fixed(token));
+    let ledgers = Ledgers::with_server(client.clone(), server, LedgerBackend::PostgreSQL);
+    let thread = create_thread(client, ns, "long-pg").await;
+    println!("  the same, the turns kept in PostgreSQL, read through baton server:");
+    println!(
+        "  {:>6}  {:>28}  {:>28}  {:>7}",
+        "turns", "each turn alone p50/max ms (req)", "at once p50/max ms (req)", "ratio"
+    );
+    let mut turns = Vec::new();
+    for n in [1, 10, 100, 1000].into_iter().filter(|n| *n <= total) {
+        let place = turns.len() as i64 + 1;
+        turns.extend(write_turns_in(client, &kept, &thread, place, n - turns.len()).await);
+        let alone = timed(&base, repeats, || async {
+            let reads = turns
+                .iter()
+                .map(|t| ledgers.read_run(LedgerBackend::PostgreSQL, ns, &t.run, &t.uid));
+            for read in futures::future::join_all(reads).await {
+                read?;
+            }
+            Ok(())
+        })
+        .await?;
+        let at_once = timed(&base, repeats, || async {
+            build(&ledgers, ns, thread.uid().as_deref(), &turns)
+                .await
+                .map(|_| ())
+        })
+        .await?;
+        println!(
+            "  {n:>6}  {:>12.1} / {:>7.1} ({:>4})  {:>12.1} / {:>7.1} ({:>4})  {:>6.1}x",
+            alone.p50(),
+            alone.max(),
+            alone.requests,
+            at_once.p50(),
+            at_once.max(),
+            at_once.requests,
+            alone.p50() / at_once.p50().max(0.001),
+        );
+    }
+    Ok(())
+}
+
+/// `read` `repeats` times (after one that warms the caches), timed; its requests per read as
+/// the server at `base` counted them.
+async fn timed<F, R>(base: &str, repeats: usize, read: F) -> anyhow::Result<Reads>
+where
+    F: Fn() -> R,
+    R: std::future::Future<Output = anyhow::Result<()>>,
+{
+    read().await?;
+    let before = baton_testkit::server::answered(base).await;
+    let mut times = Vec::new();
+    for _ in 0..repeats {
+        let started = Instant::now();
+        read().await?;
+        times.push(started.elapsed());
+    }
+    // The first scrape counts itself once it is answered.
+    let requests = (baton_testkit::server::answered(base).await - before - 1) / repeats as u64;
+    Ok(Reads { times, requests })
 }

@@ -7,6 +7,7 @@
 use kube::Client;
 
 use super::postgres::PgLedger;
+use super::served::RunRef;
 use super::{Appended, LedgerClient, LedgerError, SegmentStore, ServedLedger};
 use crate::crd::RunId;
 use crate::crd::v1alpha1::{AgentRun, LedgerBackend, LedgerEvent, LedgerSegment};
@@ -98,6 +99,26 @@ impl Ledgers {
         Err(LedgerError::BackendUnavailable {
             backend: LedgerBackend::PostgreSQL,
         })
+    }
+
+    /// Reads (never writes) the whole ledgers of `runs` of `namespace`, kept in PostgreSQL,
+    /// in their order: one query directly, or one request to `baton server` for every
+    /// [`MAX_RUNS_PER_READ`](super::served::MAX_RUNS_PER_READ) runs.
+    pub async fn read_runs_in_postgres(
+        &self,
+        namespace: &str,
+        runs: &[RunRef],
+    ) -> Result<Vec<Vec<LedgerSegment>>, LedgerError> {
+        if runs.is_empty() {
+            return Ok(Vec::new());
+        }
+        match (&self.postgres, &self.served) {
+            (Some(db), _) => db.list_runs(namespace, runs).await,
+            (None, Some(server)) => server.read_runs(namespace, runs).await,
+            (None, None) => Err(LedgerError::BackendUnavailable {
+                backend: LedgerBackend::PostgreSQL,
+            }),
+        }
     }
 
     /// Reads (never writes) the ledger of `run` (UID `uid`) of `namespace`, kept in

@@ -1,10 +1,12 @@
 //! Reading a turn's history (docs/protocol.md, "Threads"): its thread's earlier turns'
 //! ledgers, each up to the position its first seal fixed. The turns kept as LedgerSegments are
 //! read with one list of the thread's segments (the thread UID label), however many there are;
-//! a turn that list does not hold whole (its ledger predates the label, or is in PostgreSQL)
-//! is read on its own, as every turn was before the label.
+//! the turns kept in PostgreSQL with one request to `baton server` (one query); a turn of
+//! LedgerSegments that list does not hold whole (its ledger predates the label) is read on its
+//! own, as every turn was before the label.
 
 use super::run_ledger::Ledgers;
+use super::served::RunRef;
 use super::{HistoryError, LedgerError, ReplayedMessage};
 use super::{turn_conversation, turns_in_listing};
 use crate::crd::v1alpha1::{HistoryTurn, LedgerBackend, LedgerSegment};
@@ -30,17 +32,10 @@ impl Ledgers {
             None => Vec::new(),
         };
         let found = turns_in_listing(listed, turns);
-        let reads = turns.iter().zip(found).map(|(turn, found)| async move {
-            match found {
-                Some(segments) => Ok(segments),
-                None => {
-                    let backend = turn.ledger_backend.unwrap_or_default();
-                    self.read_run(backend, namespace, &turn.run, &turn.uid)
-                        .await
-                }
-            }
-        });
-        let ledgers = futures::future::join_all(reads).await;
+        let ledgers = match self.read_the_rest(namespace, turns, found).await {
+            Ok(ledgers) => ledgers,
+            Err((turn, err)) => return unreadable(turn, err).map(Err),
+        };
         let mut history = Vec::new();
         for (turn, ledger) in turns.iter().zip(ledgers) {
             match conversation_of(turn, ledger)? {
@@ -52,6 +47,53 @@ impl Ledgers {
     }
 }
 
+impl Ledgers {
+    /// Each turn's ledger: as `found` in the thread's listing, else read. The turns kept in
+    /// PostgreSQL are read together, in one request; a turn of LedgerSegments the listing
+    /// did not hold (its ledger predates the thread label) is read on its own.
+    /// Fails with the first turn kept in PostgreSQL when their read fails.
+    async fn read_the_rest<'t>(
+        &self,
+        namespace: &str,
+        turns: &'t [HistoryTurn],
+        found: Vec<Option<Vec<LedgerSegment>>>,
+    ) -> Result<Vec<Result<Vec<LedgerSegment>, LedgerError>>, (&'t HistoryTurn, LedgerError)> {
+        let in_postgres = |t: &HistoryTurn| t.ledger_backend == Some(LedgerBackend::PostgreSQL);
+        let missing = turns.iter().zip(&found).filter(|(_, f)| f.is_none());
+        let postgres: Vec<&HistoryTurn> =
+            missing.map(|(t, _)| t).filter(|t| in_postgres(t)).collect();
+        let refs: Vec<RunRef> = postgres
+            .iter()
+            .map(|t| RunRef {
+                run: t.run.clone(),
+                uid: t.uid.clone(),
+            })
+            .collect();
+        let mut from_postgres = match self.read_runs_in_postgres(namespace, &refs).await {
+            Ok(ledgers) => ledgers.into_iter().map(Ok),
+            Err(err) => return Err((postgres[0], err)),
+        };
+        let reads = turns.iter().zip(found).map(|(turn, found)| {
+            let from_postgres = match (&found, in_postgres(turn)) {
+                (None, true) => from_postgres.next(),
+                _ => None,
+            };
+            async move {
+                match (found, from_postgres) {
+                    (Some(segments), _) => Ok(segments),
+                    (None, Some(ledger)) => ledger,
+                    (None, None) => {
+                        let backend = turn.ledger_backend.unwrap_or_default();
+                        self.read_run(backend, namespace, &turn.run, &turn.uid)
+                            .await
+                    }
+                }
+            }
+        });
+        Ok(futures::future::join_all(reads).await)
+    }
+}
+
 /// One earlier turn's conversation from its ledger as read.
 fn conversation_of(
     turn: &HistoryTurn,
@@ -59,10 +101,18 @@ fn conversation_of(
 ) -> Result<Result<Vec<ReplayedMessage>, HistoryError>, kube::Error> {
     match ledger {
         Ok(segments) => Ok(turn_conversation(turn, &segments)),
-        Err(LedgerError::Kube(err)) => Err(err),
-        Err(err) => Ok(Err(HistoryError::Unreadable {
+        Err(err) => unreadable(turn, err).map(Err),
+    }
+}
+
+/// Why `turn`'s ledger could not be read: the API server's error (a retry may pass), or the
+/// history's own.
+fn unreadable(turn: &HistoryTurn, err: LedgerError) -> Result<HistoryError, kube::Error> {
+    match err {
+        LedgerError::Kube(err) => Err(err),
+        err => Ok(HistoryError::Unreadable {
             run: turn.run.clone(),
             detail: err.to_string(),
-        })),
+        }),
     }
 }

@@ -27,6 +27,7 @@ use crate::access::{Ask, RunFacts, Writer, segment_refusal, user_may, worker_pod
 use crate::crd::v1alpha1::{AgentRun, LedgerSegment};
 use crate::ledger::postgres::{PgError, PgLedger};
 use crate::ledger::served::{AppendOutcome, AppendRequest, Deleted, LEDGER_AUDIENCE, ReadQuery};
+use crate::ledger::served::{LEDGERS_READ_BODY_LIMIT, LedgersRequest};
 use crate::ledger::{LedgerError, segment_of_run};
 
 /// The largest append body read: one segment's events (a writer sends a larger append as the
@@ -102,10 +103,17 @@ impl LedgerService {
         }
     }
 
-    /// True when `user` may list LedgerSegments in `namespace` (the read a transcript is).
-    async fn may_read(&self, user: &UserInfo, namespace: &str) -> Result<bool, ApiError> {
+    /// Refused unless `user` may list LedgerSegments in `namespace` (the read a transcript is).
+    async fn check_read(&self, user: &UserInfo, namespace: &str) -> Result<(), ApiError> {
         let ask = Ask::read_ledgers("");
-        Ok(user_may(&self.client, user, namespace, &ask).await?)
+        if user_may(&self.client, user, namespace, &ask).await? {
+            return Ok(());
+        }
+        let who = user.username.as_deref().unwrap_or_default();
+        Err(ApiError::Forbidden(format!(
+            "{who} may not list ledgersegments in namespace {namespace}: the ledger is read \
+             with the rights to read it from the API server"
+        )))
     }
 
     /// Why `user` may not append under `request.fence` to run `name`, or None.
@@ -230,16 +238,33 @@ pub async fn read(
 ) -> Result<Json<Vec<LedgerSegment>>, ApiError> {
     let service = service(&state)?;
     let user = service.authenticate(&headers).await?;
-    if !service.may_read(&user, &namespace).await? {
-        let who = user.username.unwrap_or_default();
-        return Err(ApiError::Forbidden(format!(
-            "{who} may not list ledgersegments in namespace {namespace}: the ledger is read \
-             with the rights to read it from the API server"
-        )));
-    }
+    service.check_read(&user, &namespace).await?;
     let ledger = service.db.for_run(&namespace, &name, &query.uid);
     let segments = ledger.list_after(query.after).await.map_err(failed)?;
     Ok(Json(segments))
+}
+
+/// `POST /ledger/v1/namespaces/{ns}/ledgers`: the whole ledgers of the runs the body names
+/// (each with its UID), ordered by run and position, in one query: a turn's history, however
+/// many earlier turns its thread has. Read with the right to read one run's ledger; the
+/// caller is authenticated and that right checked before a byte of the body is read.
+pub async fn read_many(
+    State(state): State<Arc<ServerState>>,
+    Path(namespace): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<Vec<LedgerSegment>>, ApiError> {
+    let service = service(&state)?;
+    let user = service.authenticate(&headers).await?;
+    service.check_read(&user, &namespace).await?;
+    let request: LedgersRequest = json_within(body, LEDGERS_READ_BODY_LIMIT).await?;
+    if let Some(refusal) = request.refusal() {
+        return Err(ApiError::BadRequest(refusal));
+    }
+    let ledgers = service.db.list_runs(&namespace, &request.runs).await;
+    Ok(Json(
+        ledgers.map_err(failed)?.into_iter().flatten().collect(),
+    ))
 }
 
 /// `DELETE /ledger/v1/namespaces/{ns}/runs/{run}/segments?uid=…`: the run's rows, for good

@@ -330,6 +330,10 @@ fn ledger_routes() -> Router<Arc<ServerState>> {
                 .get(ledger_api::read)
                 .delete(ledger_api::delete),
         )
+        .route(
+            &crate::ledger::served::ledgers_path("{ns}"),
+            post(ledger_api::read_many),
+        )
         .layer(middleware::from_fn_with_state(
             APPEND_BODY_LIMIT,
             body::announced_within,

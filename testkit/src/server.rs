@@ -112,6 +112,24 @@ pub async fn post(url: &str, token: &str, body: Value) -> (u16, Value) {
     (code, response.json().await.unwrap_or(Value::Null))
 }
 
+/// The requests the server at `base` has answered so far, by every code, as its metrics count
+/// them (a scrape is counted once it is answered: the next scrape sees it).
+pub async fn answered(base: &str) -> u64 {
+    let text = http()
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .and_then(|r| r.error_for_status())
+        .expect("the server's metrics")
+        .text()
+        .await
+        .expect("the server's metrics");
+    text.lines()
+        .filter(|l| l.starts_with("baton_server_responses_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
 /// A GET with `token` (none: no Authorization header).
 pub async fn get(url: &str, token: Option<&str>) -> (u16, Value) {
     let mut request = http().get(url);

@@ -18,6 +18,8 @@
 //! - `ledger`: the PostgreSQL ledger served to its writers: a worker's pod-bound token at its
 //!   own attempt's fence only, the controller's seal, and every other token refused; a run
 //!   kept there, read through the server and deleted with its rows;
+//! - `pg_history`: a turn's earlier turns kept in PostgreSQL read through the server in one
+//!   request; the read refused, its body unread, without a token or the right to read ledgers;
 //! - `ledger_tls`: the same over HTTPS, the controller trusting the server's CA alone and
 //!   handing it to the worker pod; writers trusting another CA, the system's roots or plain
 //!   HTTP get nothing; `baton transcript --server-ca-file` reads it;
@@ -47,6 +49,7 @@ mod ledger;
 mod ledger_outage;
 mod ledger_tls;
 mod own_agent;
+mod pg_history;
 mod pg_runs;
 mod proxy;
 mod responses;

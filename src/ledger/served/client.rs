@@ -3,10 +3,15 @@
 //! writer's ServiceAccount token for [`LEDGER_AUDIENCE`]. The fence's verdict is the
 //! server's (`append_fenced` runs there); a run lost comes back as the same error.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use kube::ResourceExt;
+
 use super::wire::{AppendOutcome, AppendRequest, Deleted, ledger_path};
+use super::wire::{LedgersRequest, MAX_RUNS_PER_READ, RunRef, ledgers_path};
+use crate::crd::RUN_UID_LABEL;
 use crate::crd::v1alpha1::{LedgerEvent, LedgerSegment};
 use crate::fence::Fence;
 use crate::ledger::{
@@ -89,6 +94,40 @@ impl LedgerClient {
     /// The server's address.
     pub fn base(&self) -> &str {
         &self.base
+    }
+
+    /// The whole ledger of each run of `runs` in `namespace`, in their order, each ordered and
+    /// checked contiguous: one request for every [`MAX_RUNS_PER_READ`] runs.
+    pub async fn read_runs(
+        &self,
+        namespace: &str,
+        runs: &[RunRef],
+    ) -> Result<Vec<Vec<LedgerSegment>>, LedgerError> {
+        let url = format!("{}{}", self.base, ledgers_path(namespace));
+        let mut ledgers = Vec::with_capacity(runs.len());
+        for chunk in runs.chunks(MAX_RUNS_PER_READ) {
+            let request = LedgersRequest {
+                runs: chunk.to_vec(),
+            };
+            let segments: Vec<LedgerSegment> =
+                self.send(self.http.post(&url).json(&request)).await?;
+            ledgers.extend(each_runs(segments, chunk)?);
+        }
+        Ok(ledgers)
+    }
+
+    /// Sends `request` with the caller's token; the body of a 2xx answer.
+    async fn send<T: serde::de::DeserializeOwned>(
+        &self,
+        request: reqwest::RequestBuilder,
+    ) -> Result<T, LedgerError> {
+        let token = self.token.read()?;
+        let response = request
+            .bearer_auth(token)
+            .send()
+            .await
+            .map_err(unreachable)?;
+        answer(response).await
     }
 
     /// The served ledger of `run` (UID `uid`) in `namespace`.
@@ -176,13 +215,7 @@ impl ServedLedger {
         &self,
         request: reqwest::RequestBuilder,
     ) -> Result<T, LedgerError> {
-        let token = self.server.token.read()?;
-        let response = request
-            .bearer_auth(token)
-            .send()
-            .await
-            .map_err(unreachable)?;
-        answer(response).await
+        self.server.send(request).await
     }
 
     /// The run's ledger address with `params`.
@@ -191,6 +224,26 @@ impl ServedLedger {
             message: format!("the ledger server's address {}: {e}", self.url),
         })
     }
+}
+
+/// `segments` (as the server answered a read of `runs`) as each run's ledger, in the order
+/// of `runs`, each its own run's only, ordered and checked contiguous.
+fn each_runs(
+    segments: Vec<LedgerSegment>,
+    runs: &[RunRef],
+) -> Result<Vec<Vec<LedgerSegment>>, LedgerError> {
+    let mut by_uid: HashMap<String, Vec<LedgerSegment>> = HashMap::new();
+    for segment in segments {
+        if let Some(uid) = segment.labels().get(RUN_UID_LABEL) {
+            by_uid.entry(uid.clone()).or_default().push(segment);
+        }
+    }
+    runs.iter()
+        .map(|r| {
+            let found = by_uid.get(&r.uid).cloned().unwrap_or_default();
+            own_segments_after(found, &r.run, &r.uid, 0)
+        })
+        .collect()
 }
 
 /// The writers' HTTP client: bounded waits, and when `roots` are given, those alone trusted.

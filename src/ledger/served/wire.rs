@@ -18,6 +18,51 @@ pub fn ledger_path(namespace: &str, run: &str) -> String {
     format!("/ledger/v1/namespaces/{namespace}/runs/{run}/segments")
 }
 
+/// The path of a read of several runs' ledgers at once (a turn's history: its thread's
+/// earlier turns kept in PostgreSQL, in one request however many there are).
+pub fn ledgers_path(namespace: &str) -> String {
+    format!("/ledger/v1/namespaces/{namespace}/ledgers")
+}
+
+/// The most runs one read of several ledgers names: a longer history is read in as many
+/// requests of this many (a 1,000-turn thread in one).
+pub const MAX_RUNS_PER_READ: usize = 1000;
+
+/// The largest body of a read of several ledgers: [`MAX_RUNS_PER_READ`] names and UIDs.
+pub const LEDGERS_READ_BODY_LIMIT: usize = 256 * 1024;
+
+/// A read of several runs' ledgers, whole: each run named with its UID (a namesake's ledger
+/// is not read). Answered with their segments, ordered by run and position.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LedgersRequest {
+    pub runs: Vec<RunRef>,
+}
+
+/// One run whose ledger is read: its name and UID.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunRef {
+    pub run: String,
+    pub uid: String,
+}
+
+impl LedgersRequest {
+    /// Why the request is refused (the field named), or None.
+    pub fn refusal(&self) -> Option<String> {
+        if self.runs.len() > MAX_RUNS_PER_READ {
+            return Some(format!(
+                "runs: {} runs named; a read names at most {MAX_RUNS_PER_READ}",
+                self.runs.len()
+            ));
+        }
+        self.runs.iter().enumerate().find_map(|(i, r)| {
+            (r.run.is_empty() || r.uid.is_empty())
+                .then(|| format!("runs[{i}]: a run is named by its run and its uid, both set"))
+        })
+    }
+}
+
 /// A fenced append: `events` at `tail + 1` onwards under `fence`, to the run with `uid`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

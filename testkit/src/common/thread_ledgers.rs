@@ -4,7 +4,9 @@
 //! history-read tests build a thread of a thousand turns from, in seconds.
 
 use baton::crd::TURN_ANNOTATION;
-use baton::crd::v1alpha1::{AgentRun, AgentThread, HistoryTurn, LedgerBackend, LedgerEvent, Role};
+use baton::crd::v1alpha1::{
+    AgentRun, AgentRunStatus, AgentThread, HistoryTurn, LedgerBackend, LedgerEvent, Role,
+};
 use baton::fence::{CloseReason, Fence, worker_pod_name};
 use baton::ledger::Ledgers;
 use futures::StreamExt;
@@ -75,9 +77,21 @@ fn ledger(place: i64, pod: &str) -> Vec<Vec<LedgerEvent>> {
     ]
 }
 
-/// Turn `place` of `thread` (read from the API server), joined, with its ledger written; as
-/// the history of a later turn names it.
-async fn write_turn(client: &Client, thread: &AgentThread, place: i64) -> HistoryTurn {
+/// Where [`write_turns_in`] keeps the turns' ledgers: `ledgers` reach it, `backend` is it
+/// (each turn's status records it, as the controller's first status write does).
+pub struct TurnLedgers<'a> {
+    pub ledgers: &'a Ledgers,
+    pub backend: LedgerBackend,
+}
+
+/// Turn `place` of `thread` (read from the API server), joined, with its ledger written where
+/// `kept` says; as the history of a later turn names it.
+async fn write_turn(
+    client: &Client,
+    kept: &TurnLedgers<'_>,
+    thread: &AgentThread,
+    place: i64,
+) -> HistoryTurn {
     let ns = thread
         .namespace()
         .expect("a thread read from the API server");
@@ -86,13 +100,19 @@ async fn write_turn(client: &Client, thread: &AgentThread, place: i64) -> Histor
     turn.annotations_mut()
         .insert(TURN_ANNOTATION.into(), place.to_string());
     let runs: Api<AgentRun> = Api::namespaced(client.clone(), &ns);
-    let turn = runs
+    let mut turn = runs
         .create(&PostParams::default(), &turn)
         .await
         .expect("creating a turn");
-    let store = Ledgers::api_server(client.clone())
-        .for_run(&turn)
-        .expect("a ledger in the API server");
+    turn.status = Some(AgentRunStatus {
+        ledger_backend: Some(kept.backend),
+        ..AgentRunStatus::default()
+    });
+    let turn = runs
+        .replace_status(&name, &PostParams::default(), &turn)
+        .await
+        .expect("recording the turn's ledger backend");
+    let store = kept.ledgers.for_run(&turn).expect("a ledger it can reach");
     let pod = worker_pod_name(&name, Fence::new(1));
     let positions = ledger(place, &pod);
     let up_to = positions.len() as i64;
@@ -110,7 +130,7 @@ async fn write_turn(client: &Client, thread: &AgentThread, place: i64) -> Histor
         run: name,
         uid: turn.uid().expect("a created run has a UID"),
         up_to,
-        ledger_backend: Some(LedgerBackend::LedgerSegments),
+        ledger_backend: Some(kept.backend),
     }
 }
 
@@ -121,9 +141,25 @@ pub async fn write_turns(
     first: i64,
     count: usize,
 ) -> Vec<HistoryTurn> {
+    let ledgers = Ledgers::api_server(client.clone());
+    let kept = TurnLedgers {
+        ledgers: &ledgers,
+        backend: LedgerBackend::LedgerSegments,
+    };
+    write_turns_in(client, &kept, thread, first, count).await
+}
+
+/// [`write_turns`], the ledgers kept as `kept` says.
+pub async fn write_turns_in(
+    client: &Client,
+    kept: &TurnLedgers<'_>,
+    thread: &AgentThread,
+    first: i64,
+    count: usize,
+) -> Vec<HistoryTurn> {
     let places = first..first + count as i64;
     futures::stream::iter(places)
-        .map(|place| write_turn(client, thread, place))
+        .map(|place| write_turn(client, kept, thread, place))
         .buffered(AT_ONCE)
         .collect()
         .await

@@ -7,6 +7,7 @@
 //! Every statement runs with its session naming one namespace (`baton.namespace`), and the
 //! table's row-level security lets it see and write only that namespace's rows.
 
+mod many;
 pub mod schema;
 mod sql;
 mod tls;
@@ -340,9 +341,14 @@ impl PgRunLedger {
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
     ) -> Result<Vec<LedgerSegment>, LedgerError> {
         let rows = self.db.in_namespace(&self.namespace, query, params).await?;
+        self.own_segments(&rows)
+    }
+
+    /// The segments `rows` hold, this run's only (a row claiming another run is logged).
+    fn own_segments(&self, rows: &[Row]) -> Result<Vec<LedgerSegment>, LedgerError> {
         let mut segments = Vec::with_capacity(rows.len());
         for row in rows {
-            let segment = self.segment_of_row(&row, 0)?;
+            let segment = self.segment_of_row(row, 0)?;
             if is_segment_of(&segment, &self.run, &self.run_uid) {
                 segments.push(segment);
             } else {

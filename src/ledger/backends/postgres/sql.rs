@@ -38,6 +38,11 @@ pub(super) const LIST_AFTER: &str = "
     SELECT run, seq, fence, format, events FROM ledger_segments
      WHERE run_uid = $1 AND seq > $2 ORDER BY seq";
 
+/// Every segment of the runs of the UIDs in `$1`: a turn's history in one round trip.
+pub(super) const LIST_RUNS: &str = "
+    SELECT run_uid, run, seq, fence, format, events FROM ledger_segments
+     WHERE run_uid = ANY($1) ORDER BY run_uid, seq";
+
 pub(super) const LIST_PAGE: &str = "
     SELECT run, seq, fence, format, events FROM ledger_segments
      WHERE run_uid = $1 AND seq > $2 ORDER BY seq LIMIT $3";
