@@ -109,11 +109,29 @@ impl LedgerClient {
             let request = LedgersRequest {
                 runs: chunk.to_vec(),
             };
-            let segments: Vec<LedgerSegment> =
-                self.send(self.http.post(&url).json(&request)).await?;
-            ledgers.extend(each_runs(segments, chunk)?);
+            let answer = self.send(self.http.post(&url).json(&request)).await;
+            match answer {
+                Ok(segments) => ledgers.extend(each_runs(segments, chunk)?),
+                Err(err) if predates_reads_of_many(&err) => {
+                    ledgers.extend(self.read_each(namespace, chunk).await?)
+                }
+                Err(err) => return Err(err),
+            }
         }
         Ok(ledgers)
+    }
+
+    /// Each run's ledger on its own, one request each: what a server of a release before
+    /// the read of several ledgers (0.1.0) serves, during a rollout.
+    async fn read_each(
+        &self,
+        namespace: &str,
+        runs: &[RunRef],
+    ) -> Result<Vec<Vec<LedgerSegment>>, LedgerError> {
+        let reads = runs
+            .iter()
+            .map(|r| async move { self.for_run(namespace, &r.run, &r.uid).list().await });
+        futures::future::join_all(reads).await.into_iter().collect()
     }
 
     /// Sends `request` with the caller's token; the body of a 2xx answer.
@@ -226,6 +244,18 @@ impl ServedLedger {
     }
 }
 
+/// True when `err` is a server's answer that it has no read of several ledgers (404: no such
+/// route; 405: the path is served, not that method).
+fn predates_reads_of_many(err: &LedgerError) -> bool {
+    matches!(
+        err,
+        LedgerError::Served {
+            code: Some(404 | 405),
+            ..
+        }
+    )
+}
+
 /// `segments` (as the server answered a read of `runs`) as each run's ledger, in the order
 /// of `runs`, each its own run's only, ordered and checked contiguous.
 fn each_runs(
@@ -306,5 +336,43 @@ mod tests {
         let server = LedgerClient::new("http://127.0.0.1:1", LedgerToken::Fixed("t".into()));
         let err = server.trusting("not a certificate").unwrap_err();
         assert!(!err.is_transient(), "{err}");
+    }
+
+    /// During a rollout a worker may reach a server of 0.1.0, which has no read of several
+    /// ledgers (404): the history is read run by run, as that release's workers read it.
+    #[tokio::test]
+    async fn a_server_without_the_read_of_many_is_read_run_by_run() {
+        use crate::ledger::segment_of_run;
+        use crate::ledger::served::ReadQuery;
+        use axum::extract::{Path, Query};
+        use axum::routing::get;
+        let one_run = |Path((_, run)): Path<(String, String)>, Query(q): Query<ReadQuery>| async move {
+            let segments =
+                [1, 2].map(|seq| segment_of_run(&run, &q.uid, seq, Fence::new(1), vec![]));
+            axum::Json(segments.to_vec())
+        };
+        let app = axum::Router::new().route(&ledger_path("{ns}", "{run}"), get(one_run));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            use crate::serving::{Stop, Tls, serve};
+            serve("test", listener, app, Tls::Plain, Stop::WithTheProcess).await
+        });
+        let server = LedgerClient::new(&base, LedgerToken::Fixed("t".into()));
+        let runs = ["a", "b", "c"].map(|r| RunRef {
+            run: r.into(),
+            uid: format!("uid-{r}"),
+        });
+        let ledgers = server.read_runs("ns", &runs).await.unwrap();
+        let read: Vec<(String, i64)> = ledgers
+            .iter()
+            .flatten()
+            .map(|s| (s.spec.run.clone(), s.spec.seq))
+            .collect();
+        let expected: Vec<(String, i64)> = ["a", "b", "c"]
+            .iter()
+            .flat_map(|r| [(r.to_string(), 1), (r.to_string(), 2)])
+            .collect();
+        assert_eq!(read, expected);
     }
 }
