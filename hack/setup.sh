@@ -68,31 +68,39 @@ if ! "$litellm_venv/bin/python" -c "import importlib.metadata as m, sys; sys.exi
 fi
 "$litellm_venv/bin/python" -c 'import importlib.metadata as m; print("litellm", m.version("litellm"))'
 
+# A venv of the cache (`$1`) with the pins of requirements file `$2`, rebuilt when the pins
+# change (a hash of the file beside it).
+venv_of_requirements() {
+  local venv=${BATON_CACHE_DIR:-$HOME/.cache/baton}/$1 sum
+  sum=$(sha256sum "$2" | cut -d' ' -f1)
+  if [[ $(cat "$venv/requirements.sha256" 2>/dev/null) != "$sum" ]]; then
+    rm -rf "$venv"
+    python3 -m venv "$venv"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$2"
+    echo "$sum" >"$venv/requirements.sha256"
+  fi
+}
+
 step "the agent frameworks of tests/agents/requirements.txt (PyPI), in a venv of their own"
 # The worker tests run the example agents of tests/agents/ with it, the same pins as the agent
 # image (hack/images.sh agents); rebuilt when the pins change (a hash of the file beside it).
+venv_of_requirements agents-venv tests/agents/requirements.txt
 agents_venv=${BATON_CACHE_DIR:-$HOME/.cache/baton}/agents-venv
-agents_sum=$(sha256sum tests/agents/requirements.txt | cut -d' ' -f1)
-if [[ $(cat "$agents_venv/requirements.sha256" 2>/dev/null) != "$agents_sum" ]]; then
-  rm -rf "$agents_venv"
-  python3 -m venv "$agents_venv"
-  "$agents_venv/bin/python" -m pip install --quiet --disable-pip-version-check -r tests/agents/requirements.txt
-  echo "$agents_sum" >"$agents_venv/requirements.sha256"
-fi
 "$agents_venv/bin/python" -c 'import importlib.metadata as m; print("openai-agents", m.version("openai-agents"))'
 
 step "the stock protocol clients of tests/clients/requirements.txt (PyPI), in a venv of their own"
 # The server's Responses and A2A tests drive baton with the official openai and a2a-sdk clients;
 # rebuilt when the pins change (a hash of the file beside it).
+venv_of_requirements clients-venv tests/clients/requirements.txt
 clients_venv=${BATON_CACHE_DIR:-$HOME/.cache/baton}/clients-venv
-clients_sum=$(sha256sum tests/clients/requirements.txt | cut -d' ' -f1)
-if [[ $(cat "$clients_venv/requirements.sha256" 2>/dev/null) != "$clients_sum" ]]; then
-  rm -rf "$clients_venv"
-  python3 -m venv "$clients_venv"
-  "$clients_venv/bin/python" -m pip install --quiet --disable-pip-version-check -r tests/clients/requirements.txt
-  echo "$clients_sum" >"$clients_venv/requirements.sha256"
-fi
 "$clients_venv/bin/python" -c 'import importlib.metadata as m; print("a2a-sdk", m.version("a2a-sdk"), "openai", m.version("openai"))'
+
+step "a real trace backend: Arize Phoenix of tests/phoenix/requirements.txt (PyPI), in a venv of its own"
+# The trace tests export baton's spans over OTLP to it and read them back through its API;
+# rebuilt when the pin changes (a hash of the file beside it).
+venv_of_requirements phoenix-venv tests/phoenix/requirements.txt
+phoenix_venv=${BATON_CACHE_DIR:-$HOME/.cache/baton}/phoenix-venv
+"$phoenix_venv/bin/python" -c 'import importlib.metadata as m; print("arize-phoenix", m.version("arize-phoenix"))'
 
 step "a real browser for the console's tests: Debian's chromium, driven by npm's playwright-core"
 # Playwright's own browser download cannot work here: its npm package is installed without

@@ -20,6 +20,7 @@ pub mod server;
 pub mod serving;
 pub mod status;
 pub mod telemetry;
+pub mod traces;
 pub mod webhook;
 pub mod worker;
 

@@ -2,6 +2,11 @@
 //! (default `info,kube=warn`), as human-readable text or as one JSON object per line.
 
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::Layer;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+
+use crate::traces::Traces;
 
 /// A span named `$name` about one run, with the fields every run span carries (docs/operations.md,
 /// "Logs"): `run`, `namespace`, `fence` and `attempt` as the run's status has them. A macro
@@ -36,15 +41,31 @@ pub enum LogFormat {
 
 /// Installs the global subscriber. Later calls (tests, a second init) are no-ops.
 pub fn init_logging(format: LogFormat) {
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter())
-        .with_writer(std::io::stderr);
-    let _ = match format {
-        LogFormat::Text => builder
+    init(format, None);
+}
+
+/// [`init_logging`], and traces exported as `service` when the environment configures an
+/// OTLP endpoint (`crate::traces`): the exporter, to be shut down as the process ends.
+pub fn init_logging_and_traces(format: LogFormat, service: &'static str) -> Option<Traces> {
+    init(format, Some(service))
+}
+
+fn init(format: LogFormat, service: Option<&'static str>) -> Option<Traces> {
+    let traces = service.and_then(Traces::from_env);
+    let exported = traces.as_ref().map(|t| t.layer());
+    let lines = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let lines = match format {
+        LogFormat::Text => lines
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .try_init(),
-        LogFormat::Json => builder.json().try_init(),
+            .boxed(),
+        LogFormat::Json => lines.json().boxed(),
     };
+    let installed = tracing_subscriber::registry()
+        .with(filter())
+        .with(lines)
+        .with(exported)
+        .try_init();
+    installed.ok().and(traces)
 }
 
 /// `RUST_LOG` if set and valid, else the default.

@@ -90,6 +90,21 @@ pub struct ControllerArgs {
     /// Largest AgentRun spec the webhook admits, in bytes of JSON.
     #[arg(long, default_value_t = crate::webhook::DEFAULT_MAX_SPEC_BYTES)]
     pub max_spec_bytes: usize,
+    /// The OTLP/HTTP endpoint worker pods export their traces to (`http://collector:4318`);
+    /// unset, worker pods export none.
+    #[arg(long, env = "BATON_WORKER_OTLP_ENDPOINT")]
+    pub worker_otlp_endpoint: Option<String>,
+    /// The share of runs whose traces worker pods export (0 to 1), decided by the trace id so
+    /// every attempt of a run decides alike.
+    #[arg(long, default_value_t = 1.0, value_parser = parse_ratio, requires = "worker_otlp_endpoint")]
+    pub worker_trace_sampling: f64,
+}
+
+fn parse_ratio(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(r) if (0.0..=1.0).contains(&r) => Ok(r),
+        _ => Err(format!("{s:?} is not a share between 0 and 1")),
+    }
 }
 
 fn parse_backend(s: &str) -> Result<LedgerBackend, String> {
@@ -129,6 +144,14 @@ impl ControllerArgs {
             webhook: self.webhook()?,
             ledger_server: self.ledger_server()?,
             new_runs_ledger: self.new_runs_ledger,
+            worker_traces: self
+                .worker_otlp_endpoint
+                .clone()
+                .filter(|e| !e.trim().is_empty())
+                .map(|endpoint| crate::traces::WorkerTraces {
+                    endpoint,
+                    sampling: self.worker_trace_sampling,
+                }),
         })
     }
 

@@ -82,6 +82,8 @@ pub struct Config {
     pub ledger_server: Option<crate::ledger::LedgerClient>,
     /// Where the ledgers of new runs are kept.
     pub new_runs_ledger: crate::crd::v1alpha1::LedgerBackend,
+    /// Where worker pods export their traces (`crate::traces`); None: they export none.
+    pub worker_traces: Option<crate::traces::WorkerTraces>,
 }
 
 /// Reconciles running at once by default. A claim holds its slot for about 5 API round trips
@@ -108,6 +110,7 @@ impl Default for Config {
             concurrency: DEFAULT_CONCURRENCY,
             webhook: None,
             ledger_server: None,
+            worker_traces: None,
             new_runs_ledger: Default::default(),
         }
     }

@@ -29,7 +29,6 @@ use sha2::{Digest, Sha256};
 use super::Error;
 use super::attempt_pod::attempt_pod;
 use super::context::Context;
-use super::pod::CONTAINER_NAME;
 use super::writer::Wrote;
 use crate::crd::v1alpha1::{AgentRun, AgentThread};
 use crate::crd::{
@@ -147,12 +146,7 @@ pub fn ahead(mut pod: Pod, thread: &AgentThread) -> Pod {
     let annotations = meta.annotations.get_or_insert_with(Default::default);
     annotations.insert(POD_SPEC_DIGEST_ANNOTATION.into(), digest);
     annotations.insert(THREAD_GENERATION_ANNOTATION.into(), generation.to_string());
-    let worker = pod
-        .spec
-        .as_mut()
-        .and_then(|s| s.containers.iter_mut().find(|c| c.name == CONTAINER_NAME));
-    if let Some(worker) = worker {
-        let vars = worker.env.get_or_insert_with(Vec::new);
+    if let Some(vars) = super::attempt_pod::worker_env_mut(&mut pod) {
         vars.push(var(env::WARM_THREAD_UID, uid));
         vars.push(var(env::WARM_THREAD_GENERATION, generation.to_string()));
         vars.push(var(env::WARM_IDLE_SECONDS, idle.to_string()));

@@ -4,6 +4,8 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
+use crate::controller::pod::CONTAINER_NAME;
+
 use super::*;
 use crate::controller::pod::worker_pod;
 use crate::crd::THREAD_GENERATION_ANNOTATION;

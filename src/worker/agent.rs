@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -16,6 +17,7 @@ use super::model::{ModelError, ModelRequest, ModelToolCall, ModelTurn};
 use super::provider::Model;
 use super::resume::question_of;
 use super::session::Session;
+use super::spans;
 use super::toolbox::ToolEntry;
 use super::tools::{self, ToolOutput};
 use crate::approval;
@@ -108,8 +110,10 @@ async fn call_model(s: &mut Session) -> Result<ModelTurn, Ending> {
         }
     });
     let cancel = CancellationToken::new();
+    let span = spans::model_call(&s.me.span, &s.agent().model);
+    let call = model.complete(&request, &tx, &cancel, &s.io.metrics);
     let result = tokio::select! {
-        r = model.complete(&request, &tx, &cancel, &s.io.metrics) => Some(r),
+        r = call.instrument(span.clone()) => Some(r),
         _ = s.io.guard.token().cancelled() => None,
         _ = s.io.interrupts.stop.cancelled() => None,
         _ = s.io.interrupts.handoff.cancelled() => None,
@@ -117,6 +121,12 @@ async fn call_model(s: &mut Session) -> Result<ModelTurn, Ending> {
     cancel.cancel();
     drop(tx);
     let _ = forward.await;
+    match &result {
+        Some(Ok(turn)) => spans::model_answered(&span, turn),
+        Some(Err(ModelError::Permanent { .. })) => spans::model_failed(&span, "permanent"),
+        Some(Err(ModelError::Retryable { .. })) => spans::model_failed(&span, "retryable"),
+        None => spans::model_failed(&span, "interrupted"),
+    }
     match result {
         None => Err(interrupted(s).unwrap_or(Ending::Lost)),
         Some(Ok(turn)) => Ok(turn),
@@ -146,6 +156,26 @@ pub async fn run_call(s: &mut Session, call: ModelToolCall) -> Option<Ending> {
             message: format!("the agent asked for step {step}, over its budget of {max} steps"),
         });
     }
+    let span = spans::tool_call(&s.me.span, step, &call.tool, &call.call_id);
+    let ending = run_step(s, step, call).instrument(span.clone()).await;
+    spans::tool_ended(&span, step_outcome(ending.as_ref()));
+    ending
+}
+
+/// How a step ended, as its span says: `ok` (run, whatever the tool answered), a wait, or
+/// what stopped the run.
+fn step_outcome(ending: Option<&Ending>) -> &'static str {
+    match ending {
+        None => "ok",
+        Some(Ending::AwaitingApproval { .. }) => "waiting_approval",
+        Some(Ending::Waiting { .. }) => "waiting_input",
+        Some(Ending::Lost) => "lost",
+        Some(_) => "interrupted",
+    }
+}
+
+/// Step `step`: its write-ahead intent (awaited), then the tool, then its buffered result.
+async fn run_step(s: &mut Session, step: i64, call: ModelToolCall) -> Option<Ending> {
     let tool = s.tool(&call.tool);
     let waits = tool
         .as_ref()

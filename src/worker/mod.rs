@@ -33,6 +33,7 @@ mod progress;
 mod provider;
 mod resume;
 mod session;
+mod spans;
 pub mod toolbox;
 pub mod tools;
 pub mod warm;
@@ -64,7 +65,7 @@ use crate::crd::v1alpha1::{AgentRun, AgentRunStatus, LedgerSegment, Phase};
 use crate::fence::Fence;
 use crate::lease::LeaseError;
 use crate::ledger::{Fitted, LedgerError, Replay, fit, recorded_history};
-use crate::telemetry::init_logging;
+use crate::telemetry::init_logging_and_traces;
 use holder::Holder;
 
 pub use config::{DEFAULT_MAX_LEDGER_BYTES, WorkerArgs, WorkerConfig};
@@ -100,7 +101,7 @@ impl WorkerError {
 /// `baton worker`'s entry point: sets up logging and the admin server, runs one attempt,
 /// returns the exit code.
 pub async fn cli_main(args: WorkerArgs) -> u8 {
-    init_logging(args.log_format);
+    let traces = init_logging_and_traces(args.log_format, "baton-worker");
     forbid_dumping();
     let state = AdminState {
         metrics: Arc::new(WorkerMetrics::new()),
@@ -116,6 +117,9 @@ pub async fn cli_main(args: WorkerArgs) -> u8 {
     };
     if let Some(server) = admin {
         server.abort();
+    }
+    if let Some(traces) = traces {
+        let _ = tokio::task::spawn_blocking(move || traces.shutdown()).await;
     }
     exit.code()
 }
@@ -200,7 +204,6 @@ async fn attempt(
     counters: Arc<ApiCounters>,
     state: AdminState,
 ) -> Result<Exit, WorkerError> {
-    let metrics = state.metrics.clone();
     let client = counted_client(counters.clone()).await?;
     let runs: Api<AgentRun> = Api::namespaced(client.clone(), &cfg.namespace);
     if let Some(warm) = &cfg.warm
@@ -212,6 +215,18 @@ async fn attempt(
         info!("superseded before starting: exiting");
         return Ok(Exit::Superseded);
     };
+    hold(cfg, tools, counters, state, (runs, run, holder)).await
+}
+
+/// The attempt from the moment it holds the run: the first renewal, the session, the agent.
+async fn hold(
+    cfg: WorkerConfig,
+    tools: Tools,
+    counters: Arc<ApiCounters>,
+    state: AdminState,
+    (runs, run, holder): (Api<AgentRun>, AgentRun, Holder),
+) -> Result<Exit, WorkerError> {
+    let metrics = state.metrics.clone();
     let renewed_at = Instant::now();
     let renewal = holder.renew_lease().await;
     metrics.lease_renewed(renewed_at.elapsed());
@@ -247,7 +262,9 @@ async fn attempt(
             None => (agent::agent_loop(&mut s).await, true),
         },
     };
-    Ok(conclude(&mut s, ending, record).await)
+    let exit = conclude(&mut s, ending, record).await;
+    spans::attempt_ended(&s.me.span, exit);
+    Ok(exit)
 }
 
 /// Reads the run and the Lease; `None` when this pod is not the run's current worker.
@@ -327,6 +344,7 @@ async fn open_session(
         .map_err(|e| e.to_string());
     let toolbox = Toolbox::new(&run.spec, &replay.mcp_tools);
     let me = Identity {
+        span: spans::attempt(&run, cfg.fence, &cfg.pod),
         cfg,
         run,
         agent,

@@ -44,6 +44,10 @@ pub(super) struct Identity {
     /// A turn's history: its thread's earlier turns as its first seal fixed them, fitted to
     /// its context policy (empty for a run that is no turn), or why it cannot be sent.
     pub(super) history: Result<Fitted, HistoryError>,
+    /// The attempt's exported span (`crate::traces`), the parent of its model and tool calls'
+    /// spans. Never entered, so no task the attempt spawns holds it: it ends with the session,
+    /// before the process exports its last spans.
+    pub(super) span: tracing::Span,
 }
 
 /// What the attempt acts through. None of it is a raw API client: the holder is its only way

@@ -11,6 +11,7 @@ pub mod large_ledger;
 pub mod litellm;
 pub mod namespace;
 pub mod own_agent;
+pub mod phoenix;
 pub mod previous_release;
 pub mod proc;
 pub mod thread_ledgers;

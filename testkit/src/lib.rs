@@ -36,6 +36,26 @@ pub fn repo_root() -> &'static Path {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
 }
 
+/// True once a GET of `url` answers 2xx, polled every 250 ms for at most `within`.
+pub async fn answers_within(url: &str, within: std::time::Duration) -> bool {
+    let started = std::time::Instant::now();
+    while started.elapsed() < within {
+        if let Ok(r) = reqwest::get(url).await
+            && r.status().is_success()
+        {
+            return true;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+    false
+}
+
+/// A loopback port free a moment ago, for a server a test starts.
+pub fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+    listener.local_addr().expect("its address").port()
+}
+
 /// Where hack/setup.sh and hack/images.sh keep what they build (`$BATON_CACHE_DIR`, by default
 /// `~/.cache/baton`): venvs, images, the previous release.
 pub fn cache_dir() -> PathBuf {

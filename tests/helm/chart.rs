@@ -346,6 +346,32 @@ fn the_admission_policy_renders_for_servers_that_serve_it() {
     );
 }
 
+/// The controller's arguments as the chart renders them with `values`.
+fn controller_args(values: Value) -> Vec<String> {
+    let objects = render(values, &[]).unwrap();
+    let deploy = named(&objects, "Deployment", "baton-controller");
+    let args = &deploy["spec"]["template"]["spec"]["containers"][0]["args"];
+    let args = args.as_array().unwrap().iter();
+    args.map(|a| a.as_str().unwrap().to_string()).collect()
+}
+
+#[test]
+fn worker_traces_are_off_unless_an_endpoint_is_given() {
+    let off = controller_args(json!({}));
+    assert!(
+        !off.iter()
+            .any(|a| a.contains("otlp") || a.contains("trace")),
+        "{off:?}"
+    );
+    let on = controller_args(json!({"tracing": {"endpoint": "http://c:4318", "sampling": 0.5}}));
+    for want in [
+        "--worker-otlp-endpoint=http://c:4318",
+        "--worker-trace-sampling=0.5",
+    ] {
+        assert!(on.iter().any(|a| a == want), "missing {want} in {on:?}");
+    }
+}
+
 #[test]
 fn the_values_schema_refuses_unsafe_or_unknown_values() {
     for bad in [
@@ -355,6 +381,8 @@ fn the_values_schema_refuses_unsafe_or_unknown_values() {
         json!({"replicaCount": "two"}),
         json!({"no-such-value": 1}),
         json!({"admissionPolicy": {"enabled": "sometimes"}}),
+        json!({"tracing": {"endpoint": "collector:4318"}}),
+        json!({"tracing": {"endpoint": "http://c:4318", "sampling": 2}}),
     ] {
         assert!(render(bad.clone(), &[]).is_err(), "values accepted: {bad}");
     }

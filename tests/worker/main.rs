@@ -28,6 +28,7 @@
 //! - `thread_context`: each overflow policy of a thread's context;
 //! - `thread_history`: the earlier turns' ledgers read with one list of the thread's segments,
 //!   a turn from before the thread label read alone;
+//! - `traces`: a run killed mid tool call is one trace across its attempts in Arize Phoenix;
 //! - `thread_cli`: `baton chat`, `baton thread` and `baton get` on a thread.
 
 use std::time::Duration;
@@ -73,3 +74,4 @@ mod thread_context;
 mod thread_history;
 mod thread_own_agent;
 mod threads;
+mod traces;

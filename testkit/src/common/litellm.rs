@@ -135,15 +135,9 @@ impl LiteLlm {
 
     /// Waits for its liveness answer; its logs in the panic when it never comes.
     async fn wait_live(&self) {
-        let started = Instant::now();
         let live = format!("{}/health/liveliness", self.url);
-        while started.elapsed() < Duration::from_secs(180) {
-            if let Ok(r) = reqwest::get(&live).await
-                && r.status().is_success()
-            {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
+        if crate::answers_within(&live, Duration::from_secs(180)).await {
+            return;
         }
         let err = std::fs::read_to_string(self.log.with_extension("err")).unwrap_or_default();
         panic!("the LiteLLM proxy never answered {live}:\n{err}");

@@ -1,0 +1,109 @@
+//! The spans a worker exports when traces are on (`crate::traces`): its attempt, a child of
+//! the run's root span in the run's one trace; each model call and each tool call under it,
+//! named and attributed after the OpenTelemetry GenAI semantic conventions. No prompt or
+//! completion is put on a span. Off, they are spans of logging like the others.
+
+use tracing::Span;
+use tracing::field::Empty;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+use super::finish::Exit;
+use super::model::ModelTurn;
+use crate::crd::v1alpha1::{AgentRun, ModelSpec, Provider};
+use crate::fence::Fence;
+use crate::traces::{RunTrace, TARGET};
+
+/// The span of this attempt of `run`: a child of the run's root, whoever served the attempts
+/// before it. Held by the session, never entered.
+pub fn attempt(run: &AgentRun, fence: Fence, pod: &str) -> Span {
+    let span = tracing::info_span!(
+        target: TARGET,
+        "attempt",
+        otel.name = %format!("attempt {fence}"),
+        baton.run = run.metadata.name.as_deref().unwrap_or_default(),
+        baton.namespace = run.metadata.namespace.as_deref().unwrap_or_default(),
+        baton.fence = fence.get(),
+        baton.pod = pod,
+        baton.exit = Empty,
+    );
+    // Fails only when no exporting layer is installed (traces off): nothing to parent then.
+    let _ = span.set_parent(RunTrace::of(run).context());
+    span
+}
+
+/// Records how the attempt ended on its span.
+pub fn attempt_ended(span: &Span, exit: Exit) {
+    span.record("baton.exit", format!("{exit:?}").to_lowercase());
+}
+
+/// The span of one call to the run's model, under `attempt`.
+pub fn model_call(attempt: &Span, model: &ModelSpec) -> Span {
+    let name = model.name.as_deref().unwrap_or_default();
+    tracing::info_span!(
+        target: TARGET,
+        parent: attempt,
+        "chat",
+        otel.name = %format!("chat {name}"),
+        otel.status_code = Empty,
+        gen_ai.operation.name = "chat",
+        gen_ai.provider.name = provider_name(model.provider),
+        gen_ai.request.model = name,
+        gen_ai.usage.input_tokens = Empty,
+        gen_ai.usage.output_tokens = Empty,
+        gen_ai.response.finish_reasons = Empty,
+        error.type = Empty,
+    )
+}
+
+/// Records a model call's answer on its span: tokens and why it stopped.
+pub fn model_answered(span: &Span, turn: &ModelTurn) {
+    if let Some(usage) = turn.usage {
+        span.record("gen_ai.usage.input_tokens", usage.input_tokens);
+        span.record("gen_ai.usage.output_tokens", usage.output_tokens);
+    }
+    let reason = match turn.tool_calls.is_empty() {
+        true => "stop",
+        false => "tool_calls",
+    };
+    span.record("gen_ai.response.finish_reasons", reason);
+}
+
+/// Records a failed model call on its span (`kind`: permanent, retryable, interrupted).
+pub fn model_failed(span: &Span, kind: &str) {
+    span.record("otel.status_code", "ERROR");
+    span.record("error.type", kind);
+}
+
+/// The span of tool call `step` (`call_id` as the model named it), under `attempt`.
+pub fn tool_call(attempt: &Span, step: i64, tool: &str, call_id: &str) -> Span {
+    tracing::info_span!(
+        target: TARGET,
+        parent: attempt,
+        "execute_tool",
+        otel.name = %format!("execute_tool {tool}"),
+        otel.status_code = Empty,
+        gen_ai.operation.name = "execute_tool",
+        gen_ai.tool.name = tool,
+        gen_ai.tool.call.id = call_id,
+        baton.step = step,
+        baton.outcome = Empty,
+    )
+}
+
+/// Records how a tool call ended on its span: `ok`, `error` (the tool said so), or what
+/// stopped it (`waiting_approval`, `killed`, `lost`, …).
+pub fn tool_ended(span: &Span, outcome: &str) {
+    span.record("baton.outcome", outcome);
+    if outcome != "ok" && outcome != "waiting_approval" && outcome != "waiting_input" {
+        span.record("otel.status_code", "ERROR");
+    }
+}
+
+/// The provider's name as the GenAI conventions spell it.
+fn provider_name(provider: Provider) -> &'static str {
+    match provider {
+        Provider::Scripted => "baton.scripted",
+        Provider::Openai => "openai",
+        Provider::Anthropic => "anthropic",
+    }
+}

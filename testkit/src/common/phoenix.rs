@@ -1,0 +1,120 @@
+//! Arize Phoenix (PyPI's `arize-phoenix`, in the venv hack/setup.sh installs): a real trace
+//! backend that receives OTLP over HTTP, on a loopback port of its own, its database in a
+//! directory of its own. Read back through its REST API. Stopped (by its PID) when dropped.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tokio::process::{Child, Command};
+
+pub struct Phoenix {
+    _child: Child,
+    /// `http://127.0.0.1:<port>`: its UI, its REST API, and its OTLP/HTTP receiver
+    /// (`/v1/traces`).
+    pub url: String,
+    log: PathBuf,
+}
+
+impl Phoenix {
+    pub async fn start() -> Self {
+        baton::kube_util::ensure_crypto_provider();
+        let venv = venv();
+        let (port, grpc) = (crate::free_port(), crate::free_port());
+        let dir = std::env::temp_dir().join(format!("baton-phoenix-{port}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("a directory for Phoenix");
+        let log = std::env::temp_dir().join(format!("baton-phoenix-{port}.log"));
+        let child = Command::new(format!("{venv}/bin/phoenix"))
+            .arg("serve")
+            .env("PHOENIX_WORKING_DIR", &dir)
+            .env("PHOENIX_HOST", "127.0.0.1")
+            .env("PHOENIX_PORT", port.to_string())
+            .env("PHOENIX_GRPC_PORT", grpc.to_string())
+            // Nothing from outside the machine: no usage telemetry, and none of what it fetches
+            // on its own at start (a docs MCP server, a WASM sandbox binary).
+            .env("PHOENIX_TELEMETRY_ENABLED", "false")
+            .env("PHOENIX_ALLOW_EXTERNAL_RESOURCES", "false")
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&log).unwrap())
+            .stderr(std::fs::File::create(log.with_extension("err")).unwrap())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("starting Phoenix from {venv} (hack/setup.sh installs it): {e}")
+            });
+        let phoenix = Self {
+            _child: child,
+            url: format!("http://127.0.0.1:{port}"),
+            log,
+        };
+        phoenix.wait_live().await;
+        phoenix
+    }
+
+    /// The environment that points an OTLP exporter at it, exporting within 100 ms of a
+    /// span's end (a worker killed a moment later has exported what it ended).
+    pub fn otlp_env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", self.url.clone()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100".into()),
+        ]
+    }
+
+    /// Every span of project `default` it holds, as its REST API gives them.
+    pub async fn spans(&self) -> Vec<Value> {
+        let url = format!("{}/v1/projects/default/spans?limit=1000", self.url);
+        let body: Value = reqwest::get(&url)
+            .await
+            .and_then(|r| r.error_for_status())
+            .expect("Phoenix's spans")
+            .json()
+            .await
+            .expect("Phoenix's spans as JSON");
+        body["data"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// Waits until its spans hold one that `found` takes (polling its API); fails showing
+    /// what it holds and the end of its log.
+    pub async fn wait_for_span(&self, what: &str, found: impl Fn(&Value) -> bool) -> Vec<Value> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let spans = self.spans().await;
+            if spans.iter().any(&found) {
+                return spans;
+            }
+            if Instant::now() > deadline {
+                let log =
+                    std::fs::read_to_string(self.log.with_extension("err")).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(30).collect();
+                panic!(
+                    "Phoenix shows no {what} within 60 s; it holds {}:\n{}\nits log's end:\n{}",
+                    spans.len(),
+                    serde_json::to_string_pretty(&spans).unwrap_or_default(),
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    async fn wait_live(&self) {
+        let health = format!("{}/healthz", self.url);
+        if crate::answers_within(&health, Duration::from_secs(90)).await {
+            return;
+        }
+        let log = std::fs::read_to_string(self.log.with_extension("err")).unwrap_or_default();
+        panic!("Phoenix did not answer within 90 s:\n{log}");
+    }
+}
+
+/// The venv hack/setup.sh installs Phoenix in.
+fn venv() -> String {
+    std::env::var("BATON_PHOENIX_VENV").unwrap_or_else(|_| {
+        crate::cache_dir()
+            .join("phoenix-venv")
+            .display()
+            .to_string()
+    })
+}

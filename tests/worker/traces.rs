@@ -1,0 +1,153 @@
+//! A run as a trace in a real backend (Arize Phoenix from PyPI, receiving OTLP): the first
+//! worker killed with kill -9 while its tool runs, the second resuming; both attempts' spans in
+//! the run's one trace, read back through Phoenix's API.
+
+use std::time::Duration;
+
+use baton::crd::v1alpha1::{AgentRun, LeaseSpec, LedgerEvent};
+use baton::traces::RunTrace;
+use baton_testkit::common::TestNamespace;
+use baton_testkit::common::claim::{claim, events, segments};
+use baton_testkit::common::phoenix::Phoenix;
+use baton_testkit::common::worker_proc::*;
+use kube::api::PostParams;
+use kube::{Api, ResourceExt};
+use serde_json::Value;
+
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Attribute `key` (dotted) of a span as Phoenix gives it: flat, or nested by its dots.
+fn attribute<'a>(span: &'a Value, key: &str) -> Option<&'a Value> {
+    let attributes = &span["attributes"];
+    attributes.get(key).or_else(|| {
+        key.split('.')
+            .try_fold(attributes, |node, part| node.get(part))
+    })
+}
+
+fn text<'a>(span: &'a Value, path: &[&str]) -> &'a str {
+    path.iter()
+        .fold(span, |node, part| &node[part])
+        .as_str()
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_run_killed_mid_tool_is_one_trace_across_its_attempts() {
+    let phoenix = Phoenix::start().await;
+    let env = phoenix.otlp_env();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let ns = TestNamespace::new("traces").await;
+    let name = "traced";
+    let run = scripted_run(
+        name,
+        vec![
+            shell_turn("run it", "sh", "sleep 30", 0),
+            final_turn("done", 0),
+        ],
+        vec![shell_tool("sh", false)],
+        LeaseSpec::default(),
+    );
+    let runs: Api<AgentRun> = ns.api();
+    let uid = runs
+        .create(&PostParams::default(), &run)
+        .await
+        .unwrap()
+        .uid()
+        .unwrap();
+    let pod = claim(&ns.client, &ns.name, name, 1).await;
+    let mut first = spawn_worker_env(&ns.name, name, 1, &pod, &[], &env);
+    wait_until(TIMEOUT, "the step's intent", || async {
+        let seen = events(&segments(&ns.client, &ns.name, name).await);
+        seen.iter()
+            .any(|(_, e)| matches!(e, LedgerEvent::StepIntent { .. }))
+    })
+    .await;
+    // The first model call's span ended before the step began; its export is 100 ms away.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    first.kill9().await;
+    let pod = claim(&ns.client, &ns.name, name, 2).await;
+    let mut second = spawn_worker_env(&ns.name, name, 2, &pod, &[], &env);
+    assert_eq!(second.wait(TIMEOUT).await, 0, "{}", second.log_text());
+
+    let trace = RunTrace::from_parts(&uid, None);
+    let (trace_id, root) = (trace.trace_id.to_string(), trace.root.to_string());
+    let spans = phoenix
+        .wait_for_span("span of the second attempt", |s| {
+            text(s, &["name"]) == "attempt 2"
+        })
+        .await;
+    let ours: Vec<&Value> = spans
+        .iter()
+        .filter(|s| {
+            attribute(s, "baton.run").and_then(Value::as_str) == Some(name)
+                || text(s, &["context", "trace_id"]) == trace_id
+        })
+        .collect();
+    let shown = serde_json::to_string_pretty(&ours).unwrap();
+    assert!(
+        ours.iter()
+            .all(|s| text(s, &["context", "trace_id"]) == trace_id),
+        "every span of the run is in its one trace {trace_id}: {shown}"
+    );
+    let attempt = ours
+        .iter()
+        .find(|s| text(s, &["name"]) == "attempt 2")
+        .expect("the second attempt's span");
+    assert_eq!(
+        text(attempt, &["parent_id"]),
+        root,
+        "a child of the run's root: {shown}"
+    );
+    assert_eq!(
+        attribute(attempt, "baton.exit").and_then(Value::as_str),
+        Some("done"),
+        "{shown}"
+    );
+    let second_id = text(attempt, &["context", "span_id"]);
+    let chats: Vec<&&Value> = ours
+        .iter()
+        .filter(|s| attribute(s, "gen_ai.operation.name").and_then(Value::as_str) == Some("chat"))
+        .collect();
+    let of_first: Vec<&&&Value> = chats
+        .iter()
+        .filter(|s| text(s, &["parent_id"]) != second_id)
+        .collect();
+    assert_eq!(
+        of_first.len(),
+        1,
+        "the killed attempt's model call: {shown}"
+    );
+    assert_eq!(
+        attribute(of_first[0], "gen_ai.response.finish_reasons").and_then(Value::as_str),
+        Some("tool_calls"),
+        "{shown}"
+    );
+    assert!(
+        chats.iter().any(|s| text(s, &["parent_id"]) == second_id),
+        "the resumed attempt's model call, under its attempt: {shown}"
+    );
+    // The model calls' tokens, summed over both attempts, are the run's.
+    let tokens = |key: &str| -> i64 {
+        chats
+            .iter()
+            .filter_map(|s| attribute(s, key).and_then(Value::as_i64))
+            .sum()
+    };
+    let usage = runs
+        .get(name)
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .usage
+        .unwrap_or_default();
+    assert_eq!(
+        (
+            tokens("gen_ai.usage.input_tokens"),
+            tokens("gen_ai.usage.output_tokens")
+        ),
+        (usage.input_tokens, usage.output_tokens),
+        "{shown}"
+    );
+}
