@@ -9,10 +9,10 @@
 //! ([`RunTrace`]), computed by every process from the run, never carried from one attempt to
 //! the next (a killed attempt carries nothing).
 
+use opentelemetry::Context;
 use opentelemetry::trace::{
     SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState, TracerProvider,
 };
-use opentelemetry::{Context, KeyValue};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use sha2::{Digest, Sha256};
@@ -151,17 +151,6 @@ impl RunTrace {
             TraceState::default(),
         );
         Context::new().with_remote_span_context(root)
-    }
-
-    /// Attributes every exported span of the run carries.
-    pub fn attributes(run: &AgentRun) -> Vec<KeyValue> {
-        vec![
-            KeyValue::new("baton.run", run.metadata.name.clone().unwrap_or_default()),
-            KeyValue::new(
-                "baton.namespace",
-                run.metadata.namespace.clone().unwrap_or_default(),
-            ),
-        ]
     }
 }
 

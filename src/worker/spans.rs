@@ -90,8 +90,8 @@ pub fn tool_call(attempt: &Span, step: i64, tool: &str, call_id: &str) -> Span {
     )
 }
 
-/// Records how a tool call ended on its span: `ok`, `error` (the tool said so), or what
-/// stopped it (`waiting_approval`, `killed`, `lost`, …).
+/// Records how a tool call ended on its span: `ok` (it ran, whatever the tool answered), a
+/// wait (`waiting_approval`, `waiting_input`), or what stopped the run (`lost`, `interrupted`).
 pub fn tool_ended(span: &Span, outcome: &str) {
     span.record("baton.outcome", outcome);
     if outcome != "ok" && outcome != "waiting_approval" && outcome != "waiting_input" {
