@@ -156,7 +156,8 @@ pub async fn run_call(s: &mut Session, call: ModelToolCall) -> Option<Ending> {
             message: format!("the agent asked for step {step}, over its budget of {max} steps"),
         });
     }
-    let span = spans::tool_call(&s.me.span, step, &call.tool, &call.call_id);
+    let at = (&s.me.trace, s.fence());
+    let span = spans::tool_call(&s.me.span, at, step, &call.tool, &call.call_id);
     let ending = run_step(s, step, call).instrument(span.clone()).await;
     spans::tool_ended(&span, step_outcome(ending.as_ref()));
     ending

@@ -12,6 +12,7 @@ use super::appender::AppendError;
 use super::metrics::FenceRejection;
 use super::progress::{self, Progress};
 use super::session::Session;
+use super::spans;
 use crate::approval;
 use crate::crd::v1alpha1::{AgentRunStatus, LedgerEvent, LedgerStats, PendingApproval, Phase};
 use crate::fence::EndReason;
@@ -217,6 +218,7 @@ pub async fn conclude(s: &mut Session, ending: Ending, record: bool) -> Exit {
         }
     }
     release(s).await;
+    spans::run_ended(&s.me.run, &s.me.trace, &ending);
     if let Ending::AwaitingApproval { pending } = &ending {
         let note = approval::announcement(&s.me.cfg.run, pending);
         s.event(EventType::Normal, "ApprovalRequested", "Wait", &note)

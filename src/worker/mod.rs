@@ -66,6 +66,7 @@ use crate::fence::Fence;
 use crate::lease::LeaseError;
 use crate::ledger::{Fitted, LedgerError, Replay, fit, recorded_history};
 use crate::telemetry::init_logging_and_traces;
+use crate::traces::RunTrace;
 use holder::Holder;
 
 pub use config::{DEFAULT_MAX_LEDGER_BYTES, WorkerArgs, WorkerConfig};
@@ -343,8 +344,10 @@ async fn open_session(
         .map(Arc::new)
         .map_err(|e| e.to_string());
     let toolbox = Toolbox::new(&run.spec, &replay.mcp_tools);
+    let trace = RunTrace::of(&run);
     let me = Identity {
-        span: spans::attempt(&run, cfg.fence, &cfg.pod),
+        span: spans::attempt(&run, &trace, cfg.fence, &cfg.pod),
+        trace,
         cfg,
         run,
         agent,

@@ -48,6 +48,8 @@ pub(super) struct Identity {
     /// spans. Never entered, so no task the attempt spawns holds it: it ends with the session,
     /// before the process exports its last spans.
     pub(super) span: tracing::Span,
+    /// The run's ids in its trace, which every attempt computes alike.
+    pub(super) trace: crate::traces::RunTrace,
 }
 
 /// What the attempt acts through. None of it is a raw API client: the holder is its only way

@@ -2,20 +2,27 @@
 //! the run's root span in the run's one trace; each model call and each tool call under it,
 //! named and attributed after the OpenTelemetry GenAI semantic conventions. No prompt or
 //! completion is put on a span. Off, they are spans of logging like the others.
+//!
+//! An attempt's span and its tool calls' spans have the ids every process computes for them
+//! (`RunTrace`): were the attempt killed, the one that resumes the run writes them instead
+//! (`crate::traces::late`), and the model calls it had exported stay under their parent.
 
 use tracing::Span;
 use tracing::field::Empty;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use super::finish::Exit;
+use super::finish::{Ending, Exit};
 use super::model::ModelTurn;
-use crate::crd::v1alpha1::{AgentRun, ModelSpec, Provider};
+use super::resume::Reconcile;
+use crate::crd::v1alpha1::{AgentRun, ModelSpec, Phase, Provider};
 use crate::fence::Fence;
-use crate::traces::{RunTrace, TARGET};
+use crate::ledger::Replay;
+use crate::traces::late::{self, LostStep, RunEnded};
+use crate::traces::{RunTrace, TARGET, with_span_id};
 
 /// The span of this attempt of `run`: a child of the run's root, whoever served the attempts
 /// before it. Held by the session, never entered.
-pub fn attempt(run: &AgentRun, fence: Fence, pod: &str) -> Span {
+pub fn attempt(run: &AgentRun, trace: &RunTrace, fence: Fence, pod: &str) -> Span {
     let span = tracing::info_span!(
         target: TARGET,
         "attempt",
@@ -27,7 +34,14 @@ pub fn attempt(run: &AgentRun, fence: Fence, pod: &str) -> Span {
         baton.exit = Empty,
     );
     // Fails only when no exporting layer is installed (traces off): nothing to parent then.
-    let _ = span.set_parent(RunTrace::of(run).context());
+    let _ = span.set_parent(trace.context());
+    started_as(span, trace.attempt(fence))
+}
+
+/// `span`, started now under the id `id` (its context built on this thread, where the id is
+/// pinned), rather than when it is first entered or closed.
+fn started_as(span: Span, id: opentelemetry::trace::SpanId) -> Span {
+    with_span_id(id, || span.context());
     span
 }
 
@@ -74,9 +88,17 @@ pub fn model_failed(span: &Span, kind: &str) {
     span.record("error.type", kind);
 }
 
-/// The span of tool call `step` (`call_id` as the model named it), under `attempt`.
-pub fn tool_call(attempt: &Span, step: i64, tool: &str, call_id: &str) -> Span {
-    tracing::info_span!(
+/// The span of tool call `step` (`call_id` as the model named it), under `attempt`, the
+/// attempt of fence `fence` of the run of `trace`.
+pub fn tool_call(
+    attempt: &Span,
+    at: (&RunTrace, Fence),
+    step: i64,
+    tool: &str,
+    call_id: &str,
+) -> Span {
+    let (trace, fence) = at;
+    let span = tracing::info_span!(
         target: TARGET,
         parent: attempt,
         "execute_tool",
@@ -87,7 +109,8 @@ pub fn tool_call(attempt: &Span, step: i64, tool: &str, call_id: &str) -> Span {
         gen_ai.tool.call.id = call_id,
         baton.step = step,
         baton.outcome = Empty,
-    )
+    );
+    started_as(span, trace.tool(fence, step))
 }
 
 /// Records how a tool call ended on its span: `ok` (it ran, whatever the tool answered), a
@@ -97,6 +120,65 @@ pub fn tool_ended(span: &Span, outcome: &str) {
     if outcome != "ok" && outcome != "waiting_approval" && outcome != "waiting_input" {
         span.record("otel.status_code", "ERROR");
     }
+}
+
+/// Writes the spans of the attempts before `resumed_by` that died while a tool call ran (the
+/// steps this attempt marks unknown), each with those calls, ended with an unknown-effect event.
+pub fn killed_attempts(
+    trace: &RunTrace,
+    resumed_by: Fence,
+    replay: &Replay,
+    reconcile: &[Reconcile],
+) {
+    let lost: Vec<LostStep> = reconcile
+        .iter()
+        .filter(|r| r.mark_unknown)
+        .map(|r| LostStep {
+            step: r.step,
+            tool: r.tool.clone(),
+            call_id: replay
+                .steps
+                .get(&r.step)
+                .map(|step| step.call_id.clone())
+                .unwrap_or_default(),
+            attempt: r.attempt,
+        })
+        .collect();
+    let mut attempts: Vec<Fence> = lost.iter().map(|l| l.attempt).collect();
+    attempts.sort();
+    attempts.dedup();
+    for attempt in attempts {
+        late::killed_attempt(trace, attempt, &lost, resumed_by);
+    }
+}
+
+/// Writes the run's root span when `ending` ends the run (a final answer, a failure, a stop):
+/// its last attempt is the one that knows when it ended.
+pub fn run_ended(run: &AgentRun, trace: &RunTrace, ending: &Ending) {
+    let phase = match ending {
+        Ending::Final { .. } => Phase::Succeeded,
+        Ending::Failed { .. } => Phase::Failed,
+        Ending::Stopped => Phase::Stopped,
+        Ending::TooLarge => Phase::Interrupted,
+        _ => return,
+    };
+    let meta = &run.metadata;
+    let created = meta
+        .creation_timestamp
+        .as_ref()
+        .map_or_else(std::time::SystemTime::now, |t| {
+            std::time::SystemTime::from(t.0)
+        });
+    late::run_ended(
+        trace,
+        &RunEnded {
+            name: meta.name.clone().unwrap_or_default(),
+            namespace: meta.namespace.clone().unwrap_or_default(),
+            uid: meta.uid.clone().unwrap_or_default(),
+            phase: phase.to_string(),
+            created,
+        },
+    );
 }
 
 /// The provider's name as the GenAI conventions spell it.

@@ -1,10 +1,12 @@
 //! A run as a trace in a real backend (Arize Phoenix from PyPI, receiving OTLP): the first
 //! worker killed with kill -9 while its tool runs, the second resuming; both attempts' spans in
-//! the run's one trace, read back through Phoenix's API.
+//! the run's one tree, read back through Phoenix's API: the killed attempt's span and its open
+//! tool call's, which it never exported, written by the second with an unknown-effect event.
 
 use std::time::Duration;
 
 use baton::crd::v1alpha1::{AgentRun, LeaseSpec, LedgerEvent};
+use baton::fence::Fence;
 use baton::traces::RunTrace;
 use baton_testkit::common::TestNamespace;
 use baton_testkit::common::claim::{claim, events, segments};
@@ -23,6 +25,13 @@ fn attribute<'a>(span: &'a Value, key: &str) -> Option<&'a Value> {
         key.split('.')
             .try_fold(attributes, |node, part| node.get(part))
     })
+}
+
+/// The span of `ours` named `name`.
+fn named<'a>(ours: &[&'a Value], name: &str, shown: &str) -> &'a Value {
+    ours.iter()
+        .find(|s| text(s, &["name"]) == name)
+        .unwrap_or_else(|| panic!("no span {name:?}: {shown}"))
 }
 
 fn text<'a>(span: &'a Value, path: &[&str]) -> &'a str {
@@ -73,8 +82,8 @@ async fn a_run_killed_mid_tool_is_one_trace_across_its_attempts() {
     let trace = RunTrace::from_parts(&uid, None);
     let (trace_id, root) = (trace.trace_id.to_string(), trace.root.to_string());
     let spans = phoenix
-        .wait_for_span("span of the second attempt", |s| {
-            text(s, &["name"]) == "attempt 2"
+        .wait_for_span("the run's root span", |s| {
+            text(s, &["context", "span_id"]) == root
         })
         .await;
     let ours: Vec<&Value> = spans
@@ -90,10 +99,18 @@ async fn a_run_killed_mid_tool_is_one_trace_across_its_attempts() {
             .all(|s| text(s, &["context", "trace_id"]) == trace_id),
         "every span of the run is in its one trace {trace_id}: {shown}"
     );
-    let attempt = ours
-        .iter()
-        .find(|s| text(s, &["name"]) == "attempt 2")
-        .expect("the second attempt's span");
+    let run_span = named(&ours, &format!("run {name}"), &shown);
+    assert_eq!(text(run_span, &["context", "span_id"]), root, "{shown}");
+    assert_eq!(
+        attribute(run_span, "baton.phase").and_then(Value::as_str),
+        Some("Succeeded"),
+        "the last attempt wrote the run's root when it ended: {shown}"
+    );
+    assert!(
+        run_span["parent_id"].is_null(),
+        "no caller's traceparent, so the root is the trace's: {shown}"
+    );
+    let attempt = named(&ours, "attempt 2", &shown);
     assert_eq!(
         text(attempt, &["parent_id"]),
         root,
@@ -105,13 +122,44 @@ async fn a_run_killed_mid_tool_is_one_trace_across_its_attempts() {
         "{shown}"
     );
     let second_id = text(attempt, &["context", "span_id"]);
+    assert_eq!(second_id, trace.attempt(Fence::new(2)).to_string());
+    // The killed attempt exported its model call and nothing else: its own span and its tool
+    // call's were still open. The second attempt wrote both, under the ids the first had.
+    let killed = named(&ours, "attempt 1", &shown);
+    let first_id = trace.attempt(Fence::new(1)).to_string();
+    assert_eq!(text(killed, &["context", "span_id"]), first_id, "{shown}");
+    assert_eq!(text(killed, &["parent_id"]), root, "{shown}");
+    assert_eq!(
+        attribute(killed, "baton.exit").and_then(Value::as_str),
+        Some("killed"),
+        "{shown}"
+    );
+    let tool = named(&ours, "execute_tool sh", &shown);
+    assert_eq!(text(tool, &["parent_id"]), first_id, "{shown}");
+    assert_eq!(
+        text(tool, &["context", "span_id"]),
+        trace.tool(Fence::new(1), 1).to_string(),
+        "{shown}"
+    );
+    assert_eq!(
+        attribute(tool, "baton.outcome").and_then(Value::as_str),
+        Some("unknown"),
+        "{shown}"
+    );
+    let events = tool["events"].as_array().cloned().unwrap_or_default();
+    assert!(
+        events
+            .iter()
+            .any(|e| text(e, &["name"]) == "baton.unknown_effect"),
+        "the open tool call ended with an unknown-effect event: {shown}"
+    );
     let chats: Vec<&&Value> = ours
         .iter()
         .filter(|s| attribute(s, "gen_ai.operation.name").and_then(Value::as_str) == Some("chat"))
         .collect();
     let of_first: Vec<&&&Value> = chats
         .iter()
-        .filter(|s| text(s, &["parent_id"]) != second_id)
+        .filter(|s| text(s, &["parent_id"]) == first_id)
         .collect();
     assert_eq!(
         of_first.len(),
@@ -122,6 +170,12 @@ async fn a_run_killed_mid_tool_is_one_trace_across_its_attempts() {
         attribute(of_first[0], "gen_ai.response.finish_reasons").and_then(Value::as_str),
         Some("tool_calls"),
         "{shown}"
+    );
+    assert!(
+        chats
+            .iter()
+            .all(|s| [first_id.as_str(), second_id].contains(&text(s, &["parent_id"]))),
+        "every model call under the attempt that made it: no orphan in the tree: {shown}"
     );
     assert!(
         chats.iter().any(|s| text(s, &["parent_id"]) == second_id),

@@ -12,6 +12,7 @@ use crate::crd::v1alpha1::{
 use crate::worker::agent::{ToolRun, execute, result, run_tool, summary};
 use crate::worker::finish::Ending;
 use crate::worker::session::Session;
+use crate::worker::spans;
 use crate::worker::tools::{ToolOutput, probe};
 
 /// What a probe that confirmed the effect puts in the step's result.
@@ -57,6 +58,8 @@ pub async fn resume(s: &mut Session, plan: ResumePlan) -> Resumed {
     if let Err(err) = s.append(first).await {
         return end(Ending::refused(err), false);
     }
+    // This attempt holds the run: the killed attempts' spans are its to write.
+    spans::killed_attempts(&s.me.trace, s.fence(), &s.turn.replay, &plan.reconcile);
     if let Some(ending) = history_lost(s, &plan.standing) {
         return end(ending, true);
     }

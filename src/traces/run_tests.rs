@@ -1,30 +1,5 @@
 use super::*;
-
-#[test]
-fn traces_are_on_only_with_an_endpoint_and_not_disabled() {
-    let env = |pairs: &'static [(&'static str, &'static str)]| {
-        move |k: &str| {
-            pairs
-                .iter()
-                .find(|(key, _)| *key == k)
-                .map(|(_, v)| v.to_string())
-        }
-    };
-    assert!(!configured(env(&[])));
-    assert!(!configured(env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", " ")])));
-    assert!(configured(env(&[(
-        "OTEL_EXPORTER_OTLP_ENDPOINT",
-        "http://c:4318"
-    )])));
-    assert!(configured(env(&[(
-        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-        "http://c:4318/v1/traces"
-    )])));
-    assert!(!configured(env(&[
-        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
-        ("OTEL_SDK_DISABLED", "TRUE"),
-    ])));
-}
+use crate::fence::Fence;
 
 #[test]
 fn a_run_is_one_trace_in_every_process_and_a_namesake_another() {
@@ -42,8 +17,42 @@ fn a_run_is_one_trace_in_every_process_and_a_namesake_another() {
     assert_ne!(a.root, b.root);
     assert_ne!(a.trace_id, TraceId::INVALID);
     let given = TraceId::from_hex("4bf92f3577b34da6a3ce929d0e0e4736").unwrap();
-    let continued = RunTrace::from_parts("uid-a", Some(given));
-    assert_eq!((continued.trace_id, continued.root), (given, a.root));
+    let caller = SpanId::from_hex("00f067aa0ba902b7").unwrap();
+    let continued = RunTrace::from_parts("uid-a", Some((given, caller)));
+    assert_eq!(
+        (continued.trace_id, continued.root, continued.parent),
+        (given, a.root, Some(caller))
+    );
+    assert_eq!(a.parent, None, "a run no caller named is a trace's root");
+}
+
+#[test]
+fn every_attempt_and_tool_call_has_a_span_id_of_its_own_that_any_process_computes() {
+    let a = RunTrace::from_parts("uid-a", None);
+    let (one, two) = (Fence::new(1), Fence::new(2));
+    let ids = [
+        a.root,
+        a.attempt(one),
+        a.attempt(two),
+        a.tool(one, 1),
+        a.tool(two, 1),
+        a.tool(one, 2),
+    ];
+    let distinct: std::collections::BTreeSet<String> =
+        ids.iter().map(|id| id.to_string()).collect();
+    assert_eq!(distinct.len(), ids.len(), "{ids:?}");
+    assert!(ids.iter().all(|id| *id != SpanId::INVALID));
+    let again = RunTrace::from_parts("uid-a", None);
+    assert_eq!(
+        (again.attempt(two), again.tool(one, 2)),
+        (a.attempt(two), a.tool(one, 2))
+    );
+    let other = RunTrace::from_parts("uid-b", None);
+    assert_ne!(
+        other.attempt(one),
+        a.attempt(one),
+        "another run's attempt is another span"
+    );
 }
 
 #[test]

@@ -7,19 +7,14 @@
 //!
 //! A run is one trace however many attempts and processes serve it: its ids are the run's own
 //! ([`RunTrace`]), computed by every process from the run, never carried from one attempt to
-//! the next (a killed attempt carries nothing).
+//! the next (a killed attempt carries nothing). The spans a killed attempt never exported are
+//! written by the attempt that resumes it ([`late`]), under the same ids.
 
-use opentelemetry::Context;
-use opentelemetry::trace::{
-    SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState, TracerProvider,
-};
+use opentelemetry::trace::TracerProvider;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::SdkTracerProvider;
-use sha2::{Digest, Sha256};
 use tracing_subscriber::Layer;
 use tracing_subscriber::registry::LookupSpan;
-
-use crate::crd::v1alpha1::AgentRun;
 
 /// The target of the spans that are exported; every other span is logging's alone.
 pub const TARGET: &str = "baton::trace";
@@ -53,7 +48,10 @@ impl Traces {
         let provider = SdkTracerProvider::builder()
             .with_batch_exporter(exporter)
             .with_resource(resource)
+            .with_id_generator(ids::PinnableIds::default())
             .build();
+        // Spans written after the fact (`late`) are built with the OpenTelemetry API alone.
+        opentelemetry::global::set_tracer_provider(provider.clone());
         Some(Traces { provider })
     }
 
@@ -106,74 +104,40 @@ fn configured(var: impl Fn(&str) -> Option<String>) -> bool {
     !disabled && (set("OTEL_EXPORTER_OTLP_ENDPOINT") || set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
 }
 
-/// A run's place in a trace: its trace id and the id of its root span (the run), the same in
-/// every process that computes them. Given a valid `traceparent` annotation, the caller's trace
-/// id; else one of the run's UID. The root span's id is always the UID's.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RunTrace {
-    pub trace_id: TraceId,
-    pub root: SpanId,
-}
+mod ids;
+pub mod late;
+mod run;
 
-impl RunTrace {
-    /// The trace of `run` (read from the API server: it has a UID).
-    pub fn of(run: &AgentRun) -> RunTrace {
-        let uid = run.metadata.uid.as_deref().unwrap_or_default();
-        let given = run
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(TRACEPARENT_ANNOTATION))
-            .and_then(|t| parse_traceparent(t));
-        RunTrace::from_parts(uid, given.map(|(trace, _)| trace))
-    }
-
-    /// Pure: the trace of the run of UID `uid`, in the caller's trace `given` if any.
-    pub fn from_parts(uid: &str, given: Option<TraceId>) -> RunTrace {
-        let digest = Sha256::digest(format!("baton.dev/run/{uid}").as_bytes());
-        let mut trace = [0u8; 16];
-        trace.copy_from_slice(&digest[..16]);
-        let mut root = [0u8; 8];
-        root.copy_from_slice(&digest[16..24]);
-        RunTrace {
-            trace_id: given.unwrap_or(TraceId::from_bytes(trace)),
-            root: SpanId::from_bytes(root),
-        }
-    }
-
-    /// The context whose (remote) span is the run's root: what an attempt's span is a child of.
-    pub fn context(&self) -> Context {
-        let root = SpanContext::new(
-            self.trace_id,
-            self.root,
-            TraceFlags::SAMPLED,
-            true,
-            TraceState::default(),
-        );
-        Context::new().with_remote_span_context(root)
-    }
-}
-
-/// Pure: the trace and parent span ids of a W3C `traceparent` (version 00), or None when it
-/// is not one (all-zero ids are invalid).
-pub fn parse_traceparent(value: &str) -> Option<(TraceId, SpanId)> {
-    let parts: Vec<&str> = value.trim().split('-').collect();
-    let [version, trace, span, flags] = parts.as_slice() else {
-        return None;
-    };
-    let hex = |s: &str, n: usize| {
-        s.len() == n
-            && s.bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    };
-    if *version != "00" || !hex(trace, 32) || !hex(span, 16) || !hex(flags, 2) {
-        return None;
-    }
-    let trace = TraceId::from_hex(trace).ok()?;
-    let span = SpanId::from_hex(span).ok()?;
-    (trace != TraceId::INVALID && span != SpanId::INVALID).then_some((trace, span))
-}
+pub use ids::with_span_id;
+pub use run::{RunTrace, parse_traceparent};
 
 #[cfg(test)]
-#[path = "traces_tests.rs"]
-mod tests;
+mod tests {
+    use super::configured;
+
+    #[test]
+    fn traces_are_on_only_with_an_endpoint_and_not_disabled() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(key, _)| *key == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        assert!(!configured(env(&[])));
+        assert!(!configured(env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", " ")])));
+        assert!(configured(env(&[(
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            "http://c:4318"
+        )])));
+        assert!(configured(env(&[(
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            "http://c:4318/v1/traces"
+        )])));
+        assert!(!configured(env(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
+            ("OTEL_SDK_DISABLED", "TRUE"),
+        ])));
+    }
+}

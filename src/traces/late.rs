@@ -1,0 +1,143 @@
+//! Spans written after the fact, under the ids every process computes (`RunTrace`): the run's
+//! root, written by the attempt that ends the run, and the spans of an attempt killed before it
+//! could export them, written by the attempt that resumes the run. A killed attempt's own
+//! spans were still open, so none of them reached the backend: these are their only copy.
+//!
+//! When a killed attempt died, and when its tool call began, are recorded nowhere (the ledger
+//! keeps no clocks), so its spans are stamped with the moment the resuming attempt learned of
+//! them and say so (`baton.late = true`). Traces off, nothing is built.
+
+use std::time::SystemTime;
+
+use opentelemetry::KeyValue;
+use opentelemetry::global::{self, BoxedSpan};
+use opentelemetry::trace::{Span, SpanId, Status, Tracer};
+
+use super::RunTrace;
+use super::ids::with_ids;
+use crate::fence::Fence;
+
+/// A tool call of a killed attempt, open when it died: its effect is unknown.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LostStep {
+    pub step: i64,
+    pub tool: String,
+    pub call_id: String,
+    /// The fence of the attempt that ran it.
+    pub attempt: Fence,
+}
+
+/// Writes the span of the killed attempt `attempt` and of its open tool calls `steps`, each
+/// ended with an unknown-effect event, as the attempt of fence `resumed_by` found them.
+pub fn killed_attempt(trace: &RunTrace, attempt: Fence, steps: &[LostStep], resumed_by: Fence) {
+    let now = SystemTime::now();
+    let name = format!("attempt {attempt}");
+    let mut span = start(
+        trace,
+        trace.context(),
+        trace.attempt(attempt),
+        name,
+        now,
+        vec![
+            KeyValue::new("baton.fence", attempt.get()),
+            KeyValue::new("baton.exit", "killed"),
+            KeyValue::new("baton.resumed_by", resumed_by.get()),
+        ],
+    );
+    span.set_status(Status::error("its worker died before it ended the attempt"));
+    for lost in steps.iter().filter(|s| s.attempt == attempt) {
+        unknown_step(trace, lost, resumed_by, now);
+    }
+    span.end_with_timestamp(now);
+}
+
+/// The span of a killed attempt's tool call, ended with an unknown-effect event.
+fn unknown_step(trace: &RunTrace, lost: &LostStep, resumed_by: Fence, now: SystemTime) {
+    let parent = trace.context_of(trace.attempt(lost.attempt));
+    let name = format!("execute_tool {}", lost.tool);
+    let mut span = start(
+        trace,
+        parent,
+        trace.tool(lost.attempt, lost.step),
+        name,
+        now,
+        vec![
+            KeyValue::new("gen_ai.operation.name", "execute_tool"),
+            KeyValue::new("gen_ai.tool.name", lost.tool.clone()),
+            KeyValue::new("gen_ai.tool.call.id", lost.call_id.clone()),
+            KeyValue::new("baton.step", lost.step),
+            KeyValue::new("baton.outcome", "unknown"),
+        ],
+    );
+    span.add_event_with_timestamp(
+        "baton.unknown_effect",
+        now,
+        vec![
+            KeyValue::new("baton.step", lost.step),
+            KeyValue::new("baton.attempt", lost.attempt.get()),
+            KeyValue::new("baton.resumed_by", resumed_by.get()),
+        ],
+    );
+    span.set_status(Status::error(
+        "the step's worker died while it ran: its effect is unknown",
+    ));
+    span.end_with_timestamp(now);
+}
+
+/// How a run ended, as its root span says.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunEnded {
+    pub name: String,
+    pub namespace: String,
+    pub uid: String,
+    /// The run's terminal phase: `Succeeded`, `Failed`, `Stopped`...
+    pub phase: String,
+    pub created: SystemTime,
+}
+
+/// Writes the run's root span, from its creation to now; a child of the caller's span if a
+/// `traceparent` named one.
+pub fn run_ended(trace: &RunTrace, run: &RunEnded) {
+    let now = SystemTime::now();
+    let name = format!("run {}", run.name);
+    let mut span = start(
+        trace,
+        trace.parent_context(),
+        trace.root,
+        name,
+        run.created,
+        vec![
+            KeyValue::new("baton.run", run.name.clone()),
+            KeyValue::new("baton.namespace", run.namespace.clone()),
+            KeyValue::new("baton.uid", run.uid.clone()),
+            KeyValue::new("baton.phase", run.phase.clone()),
+        ],
+    );
+    if run.phase != "Succeeded" {
+        span.set_status(Status::error(format!("the run ended {}", run.phase)));
+    }
+    span.end_with_timestamp(now);
+}
+
+/// Starts span `id` of `trace` under `parent` at `at`: late unless it is the root.
+fn start(
+    trace: &RunTrace,
+    parent: opentelemetry::Context,
+    id: SpanId,
+    name: String,
+    at: SystemTime,
+    mut attributes: Vec<KeyValue>,
+) -> BoxedSpan {
+    if id != trace.root {
+        attributes.push(KeyValue::new("baton.late", true));
+    }
+    let tracer = global::tracer("baton");
+    let builder = tracer
+        .span_builder(name)
+        .with_start_time(at)
+        .with_attributes(attributes);
+    // A span without a parent (the root of a run no caller named) draws its trace id too.
+    with_ids(trace.trace_id, id, || {
+        tracer.build_with_context(builder, &parent)
+    })
+}
