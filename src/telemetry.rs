@@ -60,9 +60,10 @@ fn init(format: LogFormat, service: Option<&'static str>) -> Option<Traces> {
             .boxed(),
         LogFormat::Json => lines.json().boxed(),
     };
+    // `RUST_LOG` filters the lines alone: the exported spans have their own filter (their
+    // target), so `RUST_LOG=warn` quiets a worker's log without emptying its traces.
     let installed = tracing_subscriber::registry()
-        .with(filter())
-        .with(lines)
+        .with(lines.with_filter(filter()))
         .with(exported)
         .try_init();
     installed.ok().and(traces)

@@ -44,7 +44,9 @@ fn text<'a>(span: &'a Value, path: &[&str]) -> &'a str {
 #[tokio::test]
 async fn a_run_killed_mid_tool_is_one_trace_across_its_attempts() {
     let phoenix = Phoenix::start().await;
-    let env = phoenix.otlp_env();
+    let mut env = phoenix.otlp_env();
+    // A quiet log must not empty the trace: `RUST_LOG` filters the log lines alone.
+    env.push(("RUST_LOG", "warn".into()));
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let ns = TestNamespace::new("traces").await;
     let name = "traced";

@@ -1,6 +1,7 @@
 //! Arize Phoenix (PyPI's `arize-phoenix`, in the venv hack/setup.sh installs): a real trace
 //! backend that receives OTLP over HTTP, on a loopback port of its own, its database in a
-//! directory of its own. Read back through its REST API. Stopped (by its PID) when dropped.
+//! directory of its own. Read back through its REST API. Stopped (by its PID) when dropped,
+//! and its directory removed.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -10,7 +11,8 @@ use serde_json::Value;
 use tokio::process::{Child, Command};
 
 pub struct Phoenix {
-    _child: Child,
+    child: Child,
+    dir: PathBuf,
     /// `http://127.0.0.1:<port>`: its UI, its REST API, and its OTLP/HTTP receiver
     /// (`/v1/traces`).
     pub url: String,
@@ -45,7 +47,8 @@ impl Phoenix {
                 panic!("starting Phoenix from {venv} (hack/setup.sh installs it): {e}")
             });
         let phoenix = Self {
-            _child: child,
+            child,
+            dir,
             url: format!("http://127.0.0.1:{port}"),
             log,
         };
@@ -62,17 +65,33 @@ impl Phoenix {
         ]
     }
 
-    /// Every span of project `default` it holds, as its REST API gives them.
+    /// Every span of project `default` it holds, as its REST API gives them, page by page.
     pub async fn spans(&self) -> Vec<Value> {
-        let url = format!("{}/v1/projects/default/spans?limit=1000", self.url);
-        let body: Value = reqwest::get(&url)
-            .await
-            .and_then(|r| r.error_for_status())
-            .expect("Phoenix's spans")
-            .json()
-            .await
-            .expect("Phoenix's spans as JSON");
-        body["data"].as_array().cloned().unwrap_or_default()
+        let (client, url) = (
+            reqwest::Client::new(),
+            format!("{}/v1/projects/default/spans", self.url),
+        );
+        let mut spans = Vec::new();
+        let mut cursor: Option<String> = None;
+        loop {
+            let mut query = vec![("limit", "1000".to_string())];
+            query.extend(cursor.take().map(|c| ("cursor", c)));
+            let page = reqwest::Url::parse_with_params(&url, &query).expect("Phoenix's URL");
+            let body: Value = client
+                .get(page)
+                .send()
+                .await
+                .and_then(|r| r.error_for_status())
+                .expect("Phoenix's spans")
+                .json()
+                .await
+                .expect("Phoenix's spans as JSON");
+            spans.extend(body["data"].as_array().cloned().unwrap_or_default());
+            match body["next_cursor"].as_str() {
+                Some(next) if !next.is_empty() => cursor = Some(next.to_string()),
+                _ => return spans,
+            }
+        }
     }
 
     /// Waits until its spans hold one that `found` takes (polling its API); fails showing
@@ -106,6 +125,13 @@ impl Phoenix {
         }
         let log = std::fs::read_to_string(self.log.with_extension("err")).unwrap_or_default();
         panic!("Phoenix did not answer within 90 s:\n{log}");
+    }
+}
+
+impl Drop for Phoenix {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
