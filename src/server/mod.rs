@@ -26,6 +26,7 @@ mod slots;
 mod stream;
 mod threads;
 mod token_cache;
+mod trace_header;
 mod view;
 pub mod visible;
 mod watchdog;

@@ -21,6 +21,7 @@ use super::error::ApiError;
 use super::hub::Change;
 use super::runs::{StreamQuery, bad_body};
 use super::stream::{Ended, Follow};
+use super::trace_header::Traceparent;
 use super::view::json_event;
 use crate::crd::v1alpha1::{AgentRun, AgentThread, BusyPolicy};
 use crate::kube_util::is_not_found;
@@ -69,6 +70,7 @@ pub struct TurnBody {
 /// by the controller (its stream's `end` says `ThreadBusy`).
 pub async fn post_turn(
     caller: Caller,
+    traceparent: Traceparent,
     Path((ns, name)): Path<(String, String)>,
     body: Result<Json<TurnBody>, JsonRejection>,
 ) -> Result<(StatusCode, Json<AgentRun>), ApiError> {
@@ -76,7 +78,8 @@ pub async fn post_turn(
     if body.input.trim().is_empty() {
         return Err(ApiError::BadRequest("input: must not be empty".into()));
     }
-    let created = create_turn(caller.client(), &ns, &name, |t| t.new_turn(&body.input)).await?;
+    let turn = |t: &AgentThread| traceparent.onto(t.new_turn(&body.input));
+    let created = create_turn(caller.client(), &ns, &name, turn).await?;
     Ok((StatusCode::CREATED, Json(created)))
 }
 

@@ -12,7 +12,7 @@ use kube::Api;
 use serde_json::Value;
 
 use crate::common::TestNamespace;
-use crate::common::worker_proc::{WorkerProc, spawn_worker, wait_until};
+use crate::common::worker_proc::{WorkerProc, spawn_worker_env, wait_until};
 use baton::serving::Stop::WithTheProcess;
 use baton::serving::Tls::Plain;
 
@@ -90,13 +90,23 @@ pub fn run_user_rules() -> Vec<PolicyRule> {
 /// Waits for the controller's worker pod of `run` at `fence`, then starts its worker (as a
 /// kubelet would).
 pub async fn run_pod(ns: &TestNamespace, run: &str, fence: i64) -> WorkerProc {
+    run_pod_env(ns, run, fence, &[]).await
+}
+
+/// [`run_pod`], with `env` added to the worker's environment.
+pub async fn run_pod_env(
+    ns: &TestNamespace,
+    run: &str,
+    fence: i64,
+    env: &[(&str, &str)],
+) -> WorkerProc {
     let pod = worker_pod_name(run, Fence::new(fence));
     let pods: Api<Pod> = ns.api();
     wait_until(T, &format!("pod {pod}"), || async {
         pods.get_opt(&pod).await.ok().flatten().is_some()
     })
     .await;
-    spawn_worker(&ns.name, run, fence, &pod, &["--admin-addr=none"])
+    spawn_worker_env(&ns.name, run, fence, &pod, &["--admin-addr=none"], env)
 }
 
 /// A POST of `body` with `token`; the status code and the JSON answer.

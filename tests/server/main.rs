@@ -55,4 +55,5 @@ mod proxy;
 mod responses;
 mod stream;
 mod threads;
+mod traces;
 mod transcript_cli;

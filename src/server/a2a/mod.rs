@@ -27,6 +27,7 @@ use super::error::ApiError;
 use super::runs::follow_run;
 use super::shared_fold::Folds;
 use super::threads::{create_turn, read_thread};
+use super::trace_header::Traceparent;
 use crate::crd::v1alpha1::{AgentRun, Phase};
 use crate::requests::phase_of;
 use crate::serving::cut::ConnectionCut;
@@ -125,6 +126,9 @@ async fn rpc(
         thread,
         id: id.clone(),
         params: request["params"].clone(),
+        traceparent: Traceparent::from_header(
+            headers.get("traceparent").and_then(|v| v.to_str().ok()),
+        ),
     };
     let connection = connection.map(|c| c.0);
     let answered = match request["method"].as_str().unwrap_or("") {
@@ -170,6 +174,8 @@ struct Asked {
     thread: String,
     id: Value,
     params: Value,
+    /// The request's `traceparent`: a task it makes continues the client's trace.
+    traceparent: Traceparent,
 }
 
 impl Asked {
@@ -214,7 +220,7 @@ impl Asked {
             requests.input(&task, &text).await.map_err(ApiError::from)?;
             return Ok(run);
         }
-        let turn = |t: &crate::crd::v1alpha1::AgentThread| t.new_turn(&text);
+        let turn = |t: &crate::crd::v1alpha1::AgentThread| self.traceparent.onto(t.new_turn(&text));
         Ok(create_turn(self.caller.client(), &self.ns, &self.thread, turn).await?)
     }
 

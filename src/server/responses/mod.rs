@@ -39,6 +39,7 @@ use super::error::ApiError;
 use super::runs::follow_run;
 use super::shared_fold::Folds;
 use super::threads::{create_turn, read_thread};
+use super::trace_header::Traceparent;
 use crate::crd::v1alpha1::{AgentRun, AgentRunSpec, AgentThread};
 use crate::ledger::Unchunker;
 use crate::requests::{RunRequests, phase_of};
@@ -92,6 +93,7 @@ impl IntoResponse for OpenAiError {
 async fn create(
     State(state): State<Arc<ServerState>>,
     caller: Caller,
+    traceparent: Traceparent,
     Path(ns): Path<String>,
     connection: Option<Extension<ConnectionCut>>,
     body: Result<Json<Value>, JsonRejection>,
@@ -102,7 +104,7 @@ async fn create(
         let notes = run.annotations_mut();
         notes.insert(MODEL_ANNOTATION.into(), asked.model.clone());
         notes.insert(BACKGROUND_ANNOTATION.into(), asked.background.to_string());
-        run
+        traceparent.onto(run)
     };
     let created = match asked.turn {
         true => {
