@@ -59,7 +59,7 @@ test: ## All tests: unit, then integration against a local kube-apiserver + etcd
 	bash hack/test.sh
 
 .PHONY: bench-worker
-bench-worker: ## Figures: a 1,000-step run's API round trips per step, ledger bytes, worker memory
+bench-worker: ## Figures: a 1,000-step run's API round trips per step, ledger bytes, worker memory and CPU, traces off and on (to a real Phoenix)
 	bash hack/with-control-plane.sh $(CARGO) run --release --example worker_bench
 
 .PHONY: bench-byo

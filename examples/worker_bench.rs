@@ -13,6 +13,7 @@
 use baton_testkit::common::claim;
 use baton_testkit::common::namespace;
 use baton_testkit::common::phoenix::Phoenix;
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Namespace;
@@ -49,8 +50,8 @@ async fn main() -> anyhow::Result<()> {
         !off.traces && on.traces,
         "the second run, and only it, exports traces"
     );
-    let spans = settled_span_count(&phoenix).await;
-    compare(steps, &off, &on, spans);
+    let spans = settled_spans(&phoenix).await;
+    compare(steps, &off, &on, &spans);
     Ok(())
 }
 
@@ -95,7 +96,7 @@ struct Figures {
     peak_rss_kb: u64,
 }
 
-fn compare(steps: usize, off: &Figures, on: &Figures, spans: usize) {
+fn compare(steps: usize, off: &Figures, on: &Figures, spans: &BTreeMap<String, usize>) {
     println!("\nworker benchmark, {steps} steps: traces off / on (exported to Phoenix) / on : off");
     let row = |what: &str, off: f64, on: f64| {
         println!(
@@ -112,23 +113,31 @@ fn compare(steps: usize, off: &Figures, on: &Figures, spans: usize) {
         off.peak_rss_kb as f64 / 1024.0,
         on.peak_rss_kb as f64 / 1024.0,
     );
+    let total: usize = spans.values().sum();
     println!(
-        "  spans Phoenix received             {spans} ({:.2} per step)",
-        spans as f64 / steps as f64
+        "  spans Phoenix received             {total} ({:.2} per step: {spans:?})",
+        total as f64 / steps as f64
     );
 }
 
-/// The spans Phoenix holds once it has taken in all it was sent (two counts a second apart
-/// agree).
-async fn settled_span_count(phoenix: &Phoenix) -> usize {
-    let mut last = usize::MAX;
+/// The spans Phoenix holds once it has taken in all it was sent (three counts two seconds
+/// apart agree), by name.
+async fn settled_spans(phoenix: &Phoenix) -> BTreeMap<String, usize> {
+    let (mut last, mut same) = (usize::MAX, 0);
     loop {
-        let now = phoenix.spans().await.len();
-        if now == last {
-            return now;
+        let spans = phoenix.spans().await;
+        same = if spans.len() == last { same + 1 } else { 0 };
+        last = spans.len();
+        if same == 2 {
+            let mut by_name = BTreeMap::new();
+            for span in &spans {
+                let name = span["name"].as_str().unwrap_or_default();
+                let kind = name.split(' ').next().unwrap_or_default().to_string();
+                *by_name.entry(kind).or_default() += 1;
+            }
+            return by_name;
         }
-        last = now;
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
     }
 }
 

@@ -55,7 +55,10 @@ mod tests {
     #[test]
     fn only_a_w3c_traceparent_reaches_the_run() {
         let good = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-        let run = || AgentRun::new("r", Default::default());
+        let run = || {
+            let spec = serde_json::from_value(serde_json::json!({"input": "hi"})).unwrap();
+            AgentRun::new("r", spec)
+        };
         let continued = Traceparent::from_header(Some(good)).onto(run());
         assert_eq!(
             continued

@@ -76,6 +76,24 @@ impl Traces {
     }
 }
 
+/// The W3C `traceparent` of the current span, when it is exported (traces on, the span's
+/// target [`TARGET`]): what a tool call hands its tool.
+pub fn current_traceparent() -> Option<String> {
+    use opentelemetry::trace::TraceContextExt;
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+    let context = tracing::Span::current().context();
+    let span = context.span();
+    let ids = span.span_context();
+    ids.is_valid().then(|| {
+        format!(
+            "00-{}-{}-{:02x}",
+            ids.trace_id(),
+            ids.span_id(),
+            ids.trace_flags().to_u8()
+        )
+    })
+}
+
 /// Where a controller's worker pods export their traces: the variables it gives them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct WorkerTraces {

@@ -158,6 +158,7 @@ impl Session {
             run_uid: self.me.run.id().uid,
             fence: self.fence(),
             step,
+            traceparent: crate::traces::current_traceparent(),
         }
     }
 

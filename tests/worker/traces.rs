@@ -1,7 +1,8 @@
 //! A run as a trace in a real backend (Arize Phoenix from PyPI, receiving OTLP): the first
 //! worker killed with kill -9 while its tool runs, the second resuming; both attempts' spans in
 //! the run's one tree, read back through Phoenix's API: the killed attempt's span and its open
-//! tool call's, which it never exported, written by the second with an unknown-effect event.
+//! tool call's, which it never exported, written by the second with an unknown-effect event;
+//! the tool handed its call's span as `TRACEPARENT`.
 
 use std::time::Duration;
 
@@ -50,10 +51,16 @@ async fn a_run_killed_mid_tool_is_one_trace_across_its_attempts() {
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let ns = TestNamespace::new("traces").await;
     let name = "traced";
+    // The tool writes down the context it was handed, then runs until it is killed.
+    let handed = std::env::temp_dir().join(format!("baton-{}-traceparent", ns.name));
+    let command = format!(
+        "printf %s \"$TRACEPARENT\" > {}; sleep 30",
+        handed.display()
+    );
     let run = scripted_run(
         name,
         vec![
-            shell_turn("run it", "sh", "sleep 30", 0),
+            shell_turn("run it", "sh", &command, 0),
             final_turn("done", 0),
         ],
         vec![shell_tool("sh", false)],
@@ -148,6 +155,12 @@ async fn a_run_killed_mid_tool_is_one_trace_across_its_attempts() {
         Some("unknown"),
         "{shown}"
     );
+    assert_eq!(
+        std::fs::read_to_string(&handed).unwrap_or_default(),
+        format!("00-{trace_id}-{}-01", text(tool, &["context", "span_id"])),
+        "the tool was handed its call's span as TRACEPARENT"
+    );
+    let _ = std::fs::remove_file(&handed);
     let events = tool["events"].as_array().cloned().unwrap_or_default();
     assert!(
         events

@@ -51,6 +51,9 @@ pub async fn run(
     for (name, value) in tool_env.vars() {
         request = request.header(format!("X-{}", name.replace('_', "-")), value);
     }
+    if let Some(traceparent) = &tool_env.traceparent {
+        request = request.header("traceparent", traceparent);
+    }
     if let Some(body) = args.get("body") {
         request = request.body(body.clone());
     }
@@ -122,6 +125,7 @@ mod tests {
             run_uid: "uid".into(),
             fence: Fence::new(2),
             step: 5,
+            traceparent: Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into()),
         }
     }
 
@@ -145,6 +149,12 @@ mod tests {
         let request = server.await.unwrap().to_ascii_lowercase();
         assert!(request.starts_with("post /thing"), "{request}");
         assert!(request.contains("idempotency-key: uid/5"), "{request}");
+        assert!(
+            request.contains(
+                "\r\ntraceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+            ),
+            "the step's span, for the server's own spans to join: {request}"
+        );
     }
 
     #[tokio::test]

@@ -239,6 +239,10 @@ fn meta(env: &ToolEnv) -> JsonObject {
         "dev.baton/idempotencyKey".into(),
         env.idempotency_key().into(),
     );
+    // Where MCP's proposal for trace context puts it (the W3C key, in `_meta`).
+    if let Some(traceparent) = &env.traceparent {
+        meta.insert("traceparent".into(), traceparent.clone().into());
+    }
     meta
 }
 
@@ -376,11 +380,19 @@ mod tests {
             run_uid: "u".into(),
             fence: Fence::new(3),
             step: 7,
+            traceparent: None,
         };
         let m = meta(&env);
         assert_eq!(m["dev.baton/fence"], 3);
         assert_eq!(m["dev.baton/step"], 7);
         assert_eq!(m["dev.baton/idempotencyKey"], "u/7");
         assert_eq!(m["dev.baton/run"], "r");
+        assert!(!m.contains_key("traceparent"), "traces off");
+        let traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+        let traced = meta(&ToolEnv {
+            traceparent: Some(traceparent.into()),
+            ..env
+        });
+        assert_eq!(traced["traceparent"], traceparent);
     }
 }

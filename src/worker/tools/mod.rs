@@ -37,6 +37,10 @@ pub struct ToolEnv {
     pub run_uid: String,
     pub fence: Fence,
     pub step: i64,
+    /// The W3C `traceparent` of the step's span, when traces are on: what the tool is given
+    /// (a `traceparent` header, MCP's `_meta.traceparent`, a process's `TRACEPARENT`), so its
+    /// own spans join the run's trace under the call.
+    pub traceparent: Option<String>,
 }
 
 impl ToolEnv {
@@ -53,6 +57,18 @@ impl ToolEnv {
             (env::STEP.into(), self.step.to_string()),
             (env::IDEMPOTENCY_KEY.into(), self.idempotency_key()),
         ]
+    }
+
+    /// [`ToolEnv::vars`], and `TRACEPARENT` (OpenTelemetry's name for the context a process
+    /// is handed in its environment) when traces are on: a process's whole environment.
+    pub fn process_vars(&self) -> Vec<(String, String)> {
+        let mut vars = self.vars();
+        vars.extend(
+            self.traceparent
+                .clone()
+                .map(|t| ("TRACEPARENT".to_string(), t)),
+        );
+        vars
     }
 }
 
@@ -133,7 +149,8 @@ pub async fn run(
                 Ok(executor) => executor,
                 Err(why) => return Ok(ToolOutput::error(format!("[could not start: {why}]"))),
             };
-            let outcome = shell::run(executor, command, &tool_env.vars(), timeout, cancel).await?;
+            let outcome =
+                shell::run(executor, command, &tool_env.process_vars(), timeout, cancel).await?;
             Ok(shell::to_tool_output(&outcome))
         }
         ToolKind::Http => Ok(http::run(&args, tool_env, timeout, cancel).await),
@@ -169,8 +186,18 @@ mod tests {
             run_uid: "u-1".into(),
             fence: Fence::new(3),
             step: 7,
+            traceparent: None,
         };
         assert_eq!(env.idempotency_key(), "u-1/7");
         assert!(env.vars().contains(&("BATON_FENCE".into(), "3".into())));
+        assert_eq!(env.process_vars(), env.vars(), "traces off: no TRACEPARENT");
+        let traced = ToolEnv {
+            traceparent: Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into()),
+            ..env
+        };
+        assert!(traced.process_vars().contains(&(
+            "TRACEPARENT".into(),
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into()
+        )));
     }
 }

@@ -52,7 +52,7 @@ pub async fn run(
     let Ok(executor) = tools else {
         return ProbeOutcome::Unknown;
     };
-    let mut vars = tool_env.vars();
+    let mut vars = tool_env.process_vars();
     vars.extend(argument_vars(arguments));
     let timeout = Duration::from_secs(probe.timeout_seconds.max(1) as u64);
     match shell::run(executor, &probe.command, &vars, timeout, cancel).await {
@@ -72,6 +72,7 @@ mod tests {
             run_uid: "u".into(),
             fence: Fence::new(2),
             step: 9,
+            traceparent: None,
         }
     }
 
