@@ -12,7 +12,6 @@ use super::appender::AppendError;
 use super::metrics::FenceRejection;
 use super::progress::{self, Progress};
 use super::session::Session;
-use super::spans;
 use crate::approval;
 use crate::crd::v1alpha1::{AgentRunStatus, LedgerEvent, LedgerStats, PendingApproval, Phase};
 use crate::fence::EndReason;
@@ -106,6 +105,18 @@ pub fn event_for(ending: &Ending) -> Option<LedgerEvent> {
         | Ending::GaveUp { .. }
         | Ending::Lost => return None,
     })
+}
+
+/// Pure: how the run ends when `ending` ends it (a final answer, a failure, a stop, a
+/// transcript too large to go on); None when the run goes on after this attempt.
+pub fn outcome(ending: &Ending) -> Option<Phase> {
+    match ending {
+        Ending::Final { .. } => Some(Phase::Succeeded),
+        Ending::Failed { .. } => Some(Phase::Failed),
+        Ending::Stopped => Some(Phase::Stopped),
+        Ending::TooLarge => Some(Phase::Interrupted),
+        _ => None,
+    }
 }
 
 /// Pure: the status an ending writes. `salvage` is the best output the ledger holds.
@@ -218,7 +229,6 @@ pub async fn conclude(s: &mut Session, ending: Ending, record: bool) -> Exit {
         }
     }
     release(s).await;
-    spans::run_ended(&s.me.run, &s.me.trace, &ending);
     if let Ending::AwaitingApproval { pending } = &ending {
         let note = approval::announcement(&s.me.cfg.run, pending);
         s.event(EventType::Normal, "ApprovalRequested", "Wait", &note)

@@ -263,8 +263,12 @@ async fn hold(
             None => (agent::agent_loop(&mut s).await, true),
         },
     };
+    let ends_run = finish::outcome(&ending);
     let exit = conclude(&mut s, ending, record).await;
     spans::attempt_ended(&s.me.span, exit);
+    if let (Exit::Done, Some(phase)) = (exit, ends_run) {
+        spans::run_ended(&s.me.run, &s.me.trace, phase);
+    }
     Ok(exit)
 }
 

@@ -11,7 +11,7 @@ use tracing::Span;
 use tracing::field::Empty;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use super::finish::{Ending, Exit};
+use super::finish::Exit;
 use super::model::ModelTurn;
 use super::resume::Reconcile;
 use crate::crd::v1alpha1::{AgentRun, ModelSpec, Phase, Provider};
@@ -152,16 +152,9 @@ pub fn killed_attempts(
     }
 }
 
-/// Writes the run's root span when `ending` ends the run (a final answer, a failure, a stop):
-/// its last attempt is the one that knows when it ended.
-pub fn run_ended(run: &AgentRun, trace: &RunTrace, ending: &Ending) {
-    let phase = match ending {
-        Ending::Final { .. } => Phase::Succeeded,
-        Ending::Failed { .. } => Phase::Failed,
-        Ending::Stopped => Phase::Stopped,
-        Ending::TooLarge => Phase::Interrupted,
-        _ => return,
-    };
+/// Writes the run's root span: the run ended in `phase`, and its last attempt is the one that
+/// knows when.
+pub fn run_ended(run: &AgentRun, trace: &RunTrace, phase: Phase) {
     let meta = &run.metadata;
     let created = meta
         .creation_timestamp
