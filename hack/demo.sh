@@ -110,6 +110,6 @@ twice=$(sed -n 's/.*step \([0-9]*\)).*/\1/p' "$effects" | sort | uniq -d)
 
 say "the transcript, from the ledger (baton transcript)"
 # The binary hack/images.sh built for baton's image (setup ran it): nothing compiles here.
-baton=target/release/baton
+baton=target/image/baton
 [[ -x $baton ]] || { echo "no $baton: hack/images.sh baton builds it"; exit 1; }
 "$baton" transcript "$run" -n "$ns"

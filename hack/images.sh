@@ -6,7 +6,7 @@
 #   hack/images.sh debian    docker.io/library/debian:bookworm-slim, made by mmdebstrap (minbase)
 #   hack/images.sh baton     docker.io/library/baton:dev from the project's Dockerfile, stage
 #                            `prebuilt`: the runtime stage with binaries built on this host
-#                            (target/release); the `build` stage needs a rust image, which
+#                            (target/image/); the `build` stage needs a rust image, which
 #                            no registry here serves. Also tagged baton:next (a "new version"
 #                            for the rollout tests: the same bits under another name).
 #                            With it, baton-exec (the executor), linked statically.
@@ -91,18 +91,19 @@ image_debian() {
 }
 
 # The binaries an image's prebuilt stage copies, built from the source tree SRC (this tree, or
-# the previous release's) in this tree's target directory and installed in SRC/target/image/.
+# the previous release's) in this tree's target directory (or CARGO_TARGET_DIR, where CI keeps
+# one between runs) and installed in SRC/target/image/.
 release_binaries() {
-  local src=$1 triple
-  (cd "$src" && CARGO_TARGET_DIR=$ROOT/target cargo build --release --locked --bin baton --bin kubectl-baton)
+  local src=$1 triple target=${CARGO_TARGET_DIR:-$ROOT/target}
+  (cd "$src" && CARGO_TARGET_DIR=$target cargo build --release --locked --bin baton --bin kubectl-baton)
   # The executor runs in images without baton's libc: linked statically. The triple is named
   # so that crt-static applies to it and not to build scripts (as the Dockerfile does).
   triple=$(rustc -vV | sed -n 's/^host: //p')
-  (cd "$src" && CARGO_TARGET_DIR=$ROOT/target RUSTFLAGS="-C target-feature=+crt-static" \
+  (cd "$src" && CARGO_TARGET_DIR=$target RUSTFLAGS="-C target-feature=+crt-static" \
     cargo build --release --locked -p baton-exec --target "$triple")
   mkdir -p "$src/target/image"
-  install -m 0755 "$ROOT/target/release/baton" "$ROOT/target/release/kubectl-baton" "$src/target/image/"
-  install -m 0755 "$ROOT/target/$triple/release/baton-exec" "$src/target/image/"
+  install -m 0755 "$target/release/baton" "$target/release/kubectl-baton" "$src/target/image/"
+  install -m 0755 "$target/$triple/release/baton-exec" "$src/target/image/"
 }
 
 image_baton() {
