@@ -129,31 +129,27 @@ pub fn phase_change(
 ) {
     progress::apply(status, p, ledger);
     let partial = (!salvage.is_empty()).then(|| salvage.to_string());
-    let (phase, outcome, output, reason, message) = match ending {
+    let (phase, output, reason, message) = match ending {
         Ending::Final { output } => (
             Phase::Finishing,
-            Some(Phase::Succeeded),
             Some(output.clone()),
             "Completed".to_string(),
             "the agent gave its final answer".to_string(),
         ),
         Ending::Failed { reason, message } => (
             Phase::Finishing,
-            Some(Phase::Failed),
             partial,
             reason.to_string(),
             message.clone(),
         ),
         Ending::Stopped => (
             Phase::Finishing,
-            Some(Phase::Stopped),
             partial,
             "StopRequested".into(),
             "the run was stopped on request".into(),
         ),
         Ending::TooLarge => (
             Phase::Finishing,
-            Some(Phase::Interrupted),
             partial,
             "TranscriptTooLarge".into(),
             "the transcript reached the ledger's size cap; nothing was trimmed".into(),
@@ -161,13 +157,11 @@ pub fn phase_change(
         Ending::Waiting { question, .. } => (
             Phase::WaitingInput,
             None,
-            None,
             "WaitingForInput".into(),
             question.clone(),
         ),
         Ending::AwaitingApproval { pending } => (
             Phase::WaitingApproval,
-            None,
             None,
             "WaitingForApproval".into(),
             format!(
@@ -178,12 +172,12 @@ pub fn phase_change(
         Ending::Handoff => (
             Phase::Handoff,
             None,
-            None,
             "HandedOff".into(),
             "the worker was asked to stop and handed the run off".into(),
         ),
         Ending::GaveUp { .. } | Ending::Lost => return,
     };
+    let outcome = outcome(ending);
     status.pending_approval = match ending {
         Ending::AwaitingApproval { pending } => Some(pending.clone()),
         _ => None,
