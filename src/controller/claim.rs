@@ -36,6 +36,8 @@ use crate::fence::{Fence, RunHolder, run_lease_name, worker_pod_name};
 use crate::kube_util::{is_retry_soon, refused_for_what_it_is};
 use crate::lease::{LeaseError, lease_fence, lease_holder};
 use crate::owned::{Ownership, owner_reference};
+use crate::traces::RunTrace;
+use crate::traces::claims::{self, Claimed};
 
 /// Where a stage of the claim leaves it: on to the next stage, or stopped (and what that
 /// came to: the caches were behind, the run changed under a write, or the run has ended).
@@ -94,6 +96,7 @@ async fn claim_stages(ctx: &Context, run: &AgentRun, claim: Claim) -> Result<App
     };
     ctx.metrics().claim_api(started.elapsed().as_secs_f64());
     record_claim(ctx, run, claim, &written.holder);
+    claim_span(run, claim, &written.holder, started);
     // The old pod's deletion does not wait for the new one (the fence, not the deletion,
     // protects the run). A pod confirmed gone is not deleted again.
     let old_pod = async {
@@ -316,6 +319,21 @@ fn record_claim(ctx: &Context, run: &AgentRun, claim: Claim, holder: &RunHolder)
         &format!("Claimed{reason}"),
         note,
     );
+}
+
+/// The claim's span in the run's trace, from `started` to now (its status landed).
+fn claim_span(run: &AgentRun, claim: Claim, holder: &RunHolder, started: Instant) {
+    let began = std::time::SystemTime::now() - started.elapsed();
+    let claimed = Claimed {
+        run: &holder.run,
+        namespace: &holder.namespace,
+        fence: holder.fence,
+        pod: &holder.pod,
+        reason: claim.reason.as_str(),
+        takeover: claim.reason.is_death(),
+        began,
+    };
+    claims::claimed(&RunTrace::of(run), &claimed);
 }
 
 /// Stage 4: the Lease moved (CAS) to the new holder, status being ahead of it. A Lease already

@@ -199,9 +199,15 @@ impl ControllerArgs {
 
 /// Runs `baton controller` with a client from the environment until it fails.
 pub async fn main(args: ControllerArgs) -> Result<(), Error> {
-    crate::telemetry::init_logging(args.log_format);
+    // Its own spans (claims; the root of a run it ends) go where the standard OTLP variables
+    // say: the chart sets them to `tracing.endpoint`, as it tells the worker pods.
+    let traces = crate::telemetry::init_logging_and_traces(args.log_format, "baton-controller");
     let client = crate::kube_util::client_for("controller").await?;
-    super::run_until(client, args.config()?, terminated()).await
+    let ran = super::run_until(client, args.config()?, terminated()).await;
+    if let Some(traces) = traces {
+        let _ = tokio::task::spawn_blocking(move || traces.shutdown()).await;
+    }
+    ran
 }
 
 /// SIGTERM (a pod being deleted, drained or rolled) or SIGINT. The controller runs as PID 1 in

@@ -29,6 +29,8 @@ use crate::crd::RunId;
 use crate::crd::v1alpha1::{AgentRun, LedgerEvent, LedgerSegment};
 use crate::fence::{Fence, Verdict, ledger_verdict, salvage_end, verdict, worker_pod_name};
 use crate::ledger::{Replay, RunLedger};
+use crate::traces::RunTrace;
+use crate::traces::late::{self, RunEnded};
 
 /// Stage 3 of a terminal claim, after the claim's prepare and seal for `fence`: ONE status
 /// CAS, the end at the seal's fence with the salvage of the ledger up to the seal, then the
@@ -215,6 +217,8 @@ fn announce(ctx: &Context, run: &AgentRun, close: &Close, fence: Fence) {
     tracing::info!(run = %run_name(run), %fence, %phase, reason = %close.reason, "ended");
     let note = format!("{phase} at fence {fence}: {}", close.message);
     ctx.event(run, true, close.reason.as_str(), note);
+    // No worker ends this run, so no worker writes its root span: the controller does.
+    late::run_ended(&RunTrace::of(run), &RunEnded::of(run, phase));
 }
 
 /// Deletes the worker pod of `fence` unless the cache shows it already being deleted (404 is

@@ -1,5 +1,5 @@
 //! Spans written after the fact, under the ids every process computes (`RunTrace`): the run's
-//! root, written by the attempt that ends the run, and the spans of an attempt killed before it
+//! root, written by whoever ends the run (its last attempt, or the controller), and the spans of an attempt killed before it
 //! could export them, written by the attempt that resumes the run. A killed attempt's own
 //! spans were still open, so none of them reached the backend: these are their only copy.
 //!
@@ -15,6 +15,7 @@ use opentelemetry::trace::{Span, SpanId, Status, Tracer};
 
 use super::RunTrace;
 use super::ids::with_ids;
+use crate::crd::v1alpha1::{AgentRun, Phase};
 use crate::fence::Fence;
 
 /// A tool call of a killed attempt, open when it died: its effect is unknown.
@@ -38,11 +39,11 @@ pub fn killed_attempt(trace: &RunTrace, attempt: Fence, steps: &[LostStep], resu
         trace.attempt(attempt),
         name,
         now,
-        vec![
+        late(vec![
             KeyValue::new("baton.fence", attempt.get()),
             KeyValue::new("baton.exit", "killed"),
             KeyValue::new("baton.resumed_by", resumed_by.get()),
-        ],
+        ]),
     );
     span.set_status(Status::error("its worker died before it ended the attempt"));
     for lost in steps.iter().filter(|s| s.attempt == attempt) {
@@ -61,13 +62,13 @@ fn unknown_step(trace: &RunTrace, lost: &LostStep, resumed_by: Fence, now: Syste
         trace.tool(lost.attempt, lost.step),
         name,
         now,
-        vec![
+        late(vec![
             KeyValue::new("gen_ai.operation.name", "execute_tool"),
             KeyValue::new("gen_ai.tool.name", lost.tool.clone()),
             KeyValue::new("gen_ai.tool.call.id", lost.call_id.clone()),
             KeyValue::new("baton.step", lost.step),
             KeyValue::new("baton.outcome", "unknown"),
-        ],
+        ]),
     );
     span.add_event_with_timestamp(
         "baton.unknown_effect",
@@ -90,9 +91,26 @@ pub struct RunEnded {
     pub name: String,
     pub namespace: String,
     pub uid: String,
-    /// The run's terminal phase: `Succeeded`, `Failed`, `Stopped`...
-    pub phase: String,
+    /// The run's terminal phase.
+    pub phase: Phase,
     pub created: SystemTime,
+}
+
+impl RunEnded {
+    /// `run` (read from the API server), ended in `phase`.
+    pub fn of(run: &AgentRun, phase: Phase) -> Self {
+        let meta = &run.metadata;
+        Self {
+            name: meta.name.clone().unwrap_or_default(),
+            namespace: meta.namespace.clone().unwrap_or_default(),
+            uid: meta.uid.clone().unwrap_or_default(),
+            phase,
+            created: meta
+                .creation_timestamp
+                .as_ref()
+                .map_or_else(SystemTime::now, |t| SystemTime::from(t.0)),
+        }
+    }
 }
 
 /// Writes the run's root span, from its creation to now; a child of the caller's span if a
@@ -110,27 +128,30 @@ pub fn run_ended(trace: &RunTrace, run: &RunEnded) {
             KeyValue::new("baton.run", run.name.clone()),
             KeyValue::new("baton.namespace", run.namespace.clone()),
             KeyValue::new("baton.uid", run.uid.clone()),
-            KeyValue::new("baton.phase", run.phase.clone()),
+            KeyValue::new("baton.phase", run.phase.as_str()),
         ],
     );
-    if run.phase != "Succeeded" {
+    if run.phase != Phase::Succeeded {
         span.set_status(Status::error(format!("the run ended {}", run.phase)));
     }
     span.end_with_timestamp(now);
 }
 
-/// Starts span `id` of `trace` under `parent` at `at`: late unless it is the root.
-fn start(
+/// `attributes` of a span stamped when it was found rather than when it happened.
+fn late(mut attributes: Vec<KeyValue>) -> Vec<KeyValue> {
+    attributes.push(KeyValue::new("baton.late", true));
+    attributes
+}
+
+/// Starts span `id` of `trace` under `parent` at `at`.
+pub(super) fn start(
     trace: &RunTrace,
     parent: opentelemetry::Context,
     id: SpanId,
     name: String,
     at: SystemTime,
-    mut attributes: Vec<KeyValue>,
+    attributes: Vec<KeyValue>,
 ) -> BoxedSpan {
-    if id != trace.root {
-        attributes.push(KeyValue::new("baton.late", true));
-    }
     let tracer = global::tracer("baton");
     let builder = tracer
         .span_builder(name)

@@ -8,7 +8,8 @@
 //! A run is one trace however many attempts and processes serve it: its ids are the run's own
 //! ([`RunTrace`]), computed by every process from the run, never carried from one attempt to
 //! the next (a killed attempt carries nothing). The spans a killed attempt never exported are
-//! written by the attempt that resumes it ([`late`]), under the same ids.
+//! written by the attempt that resumes it ([`late`]), under the same ids. The controller writes
+//! its claims ([`claims`]) and the root of a run it ends itself.
 
 use opentelemetry::trace::TracerProvider;
 use opentelemetry_sdk::Resource;
@@ -63,9 +64,12 @@ impl Traces {
         let tracer = self.provider.tracer("baton");
         tracing_opentelemetry::layer()
             .with_tracer(tracer)
-            .with_filter(tracing_subscriber::filter::filter_fn(|meta| {
-                meta.target() == TARGET
-            }))
+            // Every span of TARGET is INFO (`crate::worker::spans`): the hint lets `tracing`
+            // skip the callsites of DEBUG and TRACE without asking the filter.
+            .with_filter(
+                tracing_subscriber::filter::filter_fn(|meta| meta.target() == TARGET)
+                    .with_max_level_hint(tracing::level_filters::LevelFilter::INFO),
+            )
     }
 
     /// Exports what is still buffered (a process's last spans), then stops.
@@ -122,6 +126,7 @@ fn configured(var: impl Fn(&str) -> Option<String>) -> bool {
     !disabled && (set("OTEL_EXPORTER_OTLP_ENDPOINT") || set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
 }
 
+pub mod claims;
 mod ids;
 pub mod late;
 mod run;

@@ -63,6 +63,11 @@ impl RunTrace {
         self.derived(&format!("tool/{}/{step}", fence.get()))
     }
 
+    /// The span of the controller's claim of fence `fence` (the claim that made that attempt).
+    pub fn claim(&self, fence: Fence) -> SpanId {
+        self.derived(&format!("claim/{}", fence.get()))
+    }
+
     /// The context whose (remote) span is the run's root: what an attempt's span is a child of.
     pub fn context(&self) -> Context {
         self.context_of(self.root)

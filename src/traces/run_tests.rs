@@ -27,11 +27,13 @@ fn a_run_is_one_trace_in_every_process_and_a_namesake_another() {
 }
 
 #[test]
-fn every_attempt_and_tool_call_has_a_span_id_of_its_own_that_any_process_computes() {
+fn every_claim_attempt_and_tool_call_has_a_span_id_of_its_own_that_any_process_computes() {
     let a = RunTrace::from_parts("uid-a", None);
     let (one, two) = (Fence::new(1), Fence::new(2));
     let ids = [
         a.root,
+        a.claim(one),
+        a.claim(two),
         a.attempt(one),
         a.attempt(two),
         a.tool(one, 1),

@@ -155,23 +155,7 @@ pub fn killed_attempts(
 /// Writes the run's root span: the run ended in `phase`, and its last attempt is the one that
 /// knows when.
 pub fn run_ended(run: &AgentRun, trace: &RunTrace, phase: Phase) {
-    let meta = &run.metadata;
-    let created = meta
-        .creation_timestamp
-        .as_ref()
-        .map_or_else(std::time::SystemTime::now, |t| {
-            std::time::SystemTime::from(t.0)
-        });
-    late::run_ended(
-        trace,
-        &RunEnded {
-            name: meta.name.clone().unwrap_or_default(),
-            namespace: meta.namespace.clone().unwrap_or_default(),
-            uid: meta.uid.clone().unwrap_or_default(),
-            phase: phase.to_string(),
-            created,
-        },
-    );
+    late::run_ended(trace, &RunEnded::of(run, phase));
 }
 
 /// The provider's name as the GenAI conventions spell it.

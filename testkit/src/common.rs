@@ -15,6 +15,7 @@ pub mod phoenix;
 pub mod previous_release;
 pub mod proc;
 pub mod thread_ledgers;
+pub mod trace_tree;
 pub mod webhook;
 pub mod worker_proc;
 

@@ -31,6 +31,7 @@ mod previous;
 pub use crate::rbac;
 mod reads;
 mod server;
+mod traces;
 mod warm;
 
 pub use chaos::{Chaos, chaos_window, seed_and_runs};
@@ -48,6 +49,7 @@ pub use postgres::{InPostgres, NodePostgres};
 pub use previous::{OnPreviousRelease, PREVIOUS_TAG, PreviousRelease};
 #[allow(unused_imports)]
 pub use server::*;
+pub use traces::{NodePhoenix, Traced};
 pub use warm::{first_pod, model_thread, to_model};
 
 use crate::e2e::{

@@ -346,30 +346,58 @@ fn the_admission_policy_renders_for_servers_that_serve_it() {
     );
 }
 
-/// The controller's arguments as the chart renders them with `values`.
-fn controller_args(values: Value) -> Vec<String> {
+/// The controller's container as the chart renders it with `values`.
+fn controller_container(values: Value) -> Value {
     let objects = render(values, &[]).unwrap();
     let deploy = named(&objects, "Deployment", "baton-controller");
-    let args = &deploy["spec"]["template"]["spec"]["containers"][0]["args"];
-    let args = args.as_array().unwrap().iter();
+    deploy["spec"]["template"]["spec"]["containers"][0].clone()
+}
+
+/// The controller's arguments as the chart renders them with `values`.
+fn controller_args(values: Value) -> Vec<String> {
+    let container = controller_container(values);
+    let args = container["args"].as_array().unwrap().iter();
     args.map(|a| a.as_str().unwrap().to_string()).collect()
 }
 
+/// The controller's `OTEL_*` variables as the chart renders them with `values`.
+fn controller_otel_env(values: Value) -> Vec<(String, String)> {
+    let container = controller_container(values);
+    let vars = container["env"].as_array().cloned().unwrap_or_default();
+    vars.iter()
+        .filter_map(|v| Some((v["name"].as_str()?, v["value"].as_str()?)))
+        .filter(|(name, _)| name.starts_with("OTEL_"))
+        .map(|(name, value)| (name.to_string(), value.to_string()))
+        .collect()
+}
+
 #[test]
-fn worker_traces_are_off_unless_an_endpoint_is_given() {
+fn traces_are_off_unless_an_endpoint_is_given() {
     let off = controller_args(json!({}));
     assert!(
         !off.iter()
             .any(|a| a.contains("otlp") || a.contains("trace")),
         "{off:?}"
     );
-    let on = controller_args(json!({"tracing": {"endpoint": "http://c:4318", "sampling": 0.5}}));
+    assert_eq!(controller_otel_env(json!({})), vec![]);
+    let values = json!({"tracing": {"endpoint": "http://c:4318", "sampling": 0.5}});
+    let on = controller_args(values.clone());
     for want in [
         "--worker-otlp-endpoint=http://c:4318",
         "--worker-trace-sampling=0.5",
     ] {
         assert!(on.iter().any(|a| a == want), "missing {want} in {on:?}");
     }
+    // The controller's own spans go to the same place, sampled alike.
+    let told = |n: &str, v: &str| (n.to_string(), v.to_string());
+    assert_eq!(
+        controller_otel_env(values),
+        vec![
+            told("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
+            told("OTEL_TRACES_SAMPLER", "traceidratio"),
+            told("OTEL_TRACES_SAMPLER_ARG", "0.5"),
+        ]
+    );
 }
 
 #[test]

@@ -1,6 +1,6 @@
 //! Arize Phoenix (PyPI's `arize-phoenix`, in the venv hack/setup.sh installs): a real trace
-//! backend that receives OTLP over HTTP, on a loopback port of its own, its database in a
-//! directory of its own. Read back through its REST API. Stopped (by its PID) when dropped,
+//! backend that receives OTLP over HTTP, on a loopback port of its own (or on the node's
+//! address: `crate::node::NodePhoenix`), its database in a directory of its own. Read back through its REST API. Stopped (by its PID) when dropped,
 //! and its directory removed.
 
 use std::path::PathBuf;
@@ -20,18 +20,26 @@ pub struct Phoenix {
 }
 
 impl Phoenix {
+    /// Phoenix on a loopback port of its own.
     pub async fn start() -> Self {
+        let port = crate::free_port();
+        let url = format!("http://127.0.0.1:{port}");
+        Self::serve(Command::new(phoenix_bin()), "127.0.0.1", port, url).await
+    }
+
+    /// Phoenix run by `command` (its `phoenix` program, maybe behind `nsenter`), listening on
+    /// `host:port`, reached from this process at `url`; once it answers there.
+    pub(crate) async fn serve(mut command: Command, host: &str, port: u16, url: String) -> Self {
         baton::kube_util::ensure_crypto_provider();
-        let venv = venv();
-        let (port, grpc) = (crate::free_port(), crate::free_port());
+        let grpc = crate::free_port();
         let dir = std::env::temp_dir().join(format!("baton-phoenix-{port}"));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("a directory for Phoenix");
         let log = std::env::temp_dir().join(format!("baton-phoenix-{port}.log"));
-        let child = Command::new(format!("{venv}/bin/phoenix"))
+        let child = command
             .arg("serve")
             .env("PHOENIX_WORKING_DIR", &dir)
-            .env("PHOENIX_HOST", "127.0.0.1")
+            .env("PHOENIX_HOST", host)
             .env("PHOENIX_PORT", port.to_string())
             .env("PHOENIX_GRPC_PORT", grpc.to_string())
             // Nothing from outside the machine: no usage telemetry, and none of what it fetches
@@ -43,13 +51,11 @@ impl Phoenix {
             .stderr(std::fs::File::create(log.with_extension("err")).unwrap())
             .kill_on_drop(true)
             .spawn()
-            .unwrap_or_else(|e| {
-                panic!("starting Phoenix from {venv} (hack/setup.sh installs it): {e}")
-            });
+            .unwrap_or_else(|e| panic!("starting Phoenix (hack/setup.sh installs it): {e}"));
         let phoenix = Self {
             child,
             dir,
-            url: format!("http://127.0.0.1:{port}"),
+            url,
             log,
         };
         phoenix.wait_live().await;
@@ -135,12 +141,13 @@ impl Drop for Phoenix {
     }
 }
 
-/// The venv hack/setup.sh installs Phoenix in.
-fn venv() -> String {
-    std::env::var("BATON_PHOENIX_VENV").unwrap_or_else(|_| {
+/// `phoenix` of the venv hack/setup.sh installs it in.
+pub(crate) fn phoenix_bin() -> String {
+    let venv = std::env::var("BATON_PHOENIX_VENV").unwrap_or_else(|_| {
         crate::cache_dir()
             .join("phoenix-venv")
             .display()
             .to_string()
-    })
+    });
+    format!("{venv}/bin/phoenix")
 }
