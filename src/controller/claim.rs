@@ -37,7 +37,7 @@ use crate::kube_util::{is_retry_soon, refused_for_what_it_is};
 use crate::lease::{LeaseError, lease_fence, lease_holder};
 use crate::owned::{Ownership, owner_reference};
 use crate::traces::RunTrace;
-use crate::traces::claims::{self, Claimed};
+use crate::traces::between::{self, Claimed};
 
 /// Where a stage of the claim leaves it: on to the next stage, or stopped (and what that
 /// came to: the caches were behind, the run changed under a write, or the run has ended).
@@ -333,7 +333,7 @@ fn claim_span(run: &AgentRun, claim: Claim, holder: &RunHolder, started: Instant
         takeover: claim.reason.is_death(),
         began,
     };
-    claims::claimed(&RunTrace::of(run), &claimed);
+    between::claimed(&RunTrace::of(run), &claimed);
 }
 
 /// Stage 4: the Lease moved (CAS) to the new holder, status being ahead of it. A Lease already

@@ -8,8 +8,9 @@
 //! A run is one trace however many attempts and processes serve it: its ids are the run's own
 //! ([`RunTrace`]), computed by every process from the run, never carried from one attempt to
 //! the next (a killed attempt carries nothing). The spans a killed attempt never exported are
-//! written by the attempt that resumes it ([`late`]), under the same ids. The controller writes
-//! its claims ([`claims`]) and the root of a run it ends itself.
+//! written by the attempt that resumes it ([`late`]), under the same ids. What happens between
+//! attempts ([`between`]): the controller's claims, and a call's wait for a human's decision;
+//! the controller also writes the root of a run it ends itself.
 
 use opentelemetry::trace::TracerProvider;
 use opentelemetry_sdk::Resource;
@@ -126,7 +127,7 @@ fn configured(var: impl Fn(&str) -> Option<String>) -> bool {
     !disabled && (set("OTEL_EXPORTER_OTLP_ENDPOINT") || set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
 }
 
-pub mod claims;
+pub mod between;
 mod ids;
 pub mod late;
 mod run;

@@ -68,6 +68,11 @@ impl RunTrace {
         self.derived(&format!("claim/{}", fence.get()))
     }
 
+    /// The span of the run's wait for a decision on step `step` (between its attempts).
+    pub fn approval_wait(&self, step: i64) -> SpanId {
+        self.derived(&format!("wait/approval/{step}"))
+    }
+
     /// The context whose (remote) span is the run's root: what an attempt's span is a child of.
     pub fn context(&self) -> Context {
         self.context_of(self.root)

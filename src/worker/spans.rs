@@ -13,10 +13,11 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use super::finish::Exit;
 use super::model::ModelTurn;
-use super::resume::Reconcile;
-use crate::crd::v1alpha1::{AgentRun, ModelSpec, Phase, Provider};
+use super::resume::{ApprovalCall, Reconcile};
+use crate::crd::v1alpha1::{AgentRun, ApprovalOutcome, ModelSpec, Phase, Provider};
 use crate::fence::Fence;
 use crate::ledger::Replay;
+use crate::traces::between::{self, ApprovalWaited};
 use crate::traces::late::{self, LostStep, RunEnded};
 use crate::traces::{RunTrace, TARGET, with_span_id};
 
@@ -156,6 +157,18 @@ pub fn killed_attempts(
 /// knows when.
 pub fn run_ended(run: &AgentRun, trace: &RunTrace, phase: Phase) {
     late::run_ended(trace, &RunEnded::of(run, phase));
+}
+
+/// Writes the span of the run's wait for the decision on `call`, now recorded as `outcome`.
+pub fn approval_waited(trace: &RunTrace, call: &ApprovalCall, outcome: ApprovalOutcome) {
+    let waited = ApprovalWaited {
+        step: call.step,
+        tool: &call.tool,
+        call_id: &call.call_id,
+        outcome,
+        requested: std::time::SystemTime::from(call.requested_at.0),
+    };
+    between::approval_waited(trace, &waited);
 }
 
 /// The provider's name as the GenAI conventions spell it.

@@ -21,7 +21,7 @@ use kube::Api;
 const TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A run whose one tool, `deploy`, waits for approval; its command appends to `counter`.
-async fn gated_run(ns: &TestNamespace, counter: &Path, sleep_seconds: u32) {
+pub(crate) async fn gated_run(ns: &TestNamespace, counter: &Path, sleep_seconds: u32) {
     let cmd = format!("echo x >> {}; sleep {sleep_seconds}", counter.display());
     let mut deploy = shell_tool("deploy", false);
     deploy.approval = Some(ApprovalPolicy::Required);
@@ -86,7 +86,7 @@ async fn run_cli(ns: &TestNamespace, verb: Verb) -> Result<String, CliError> {
     Ok(String::from_utf8(out).unwrap())
 }
 
-async fn approve(ns: &TestNamespace, step: Option<i64>) -> Result<String, CliError> {
+pub(crate) async fn approve(ns: &TestNamespace, step: Option<i64>) -> Result<String, CliError> {
     let args = ApproveArgs {
         target: target(ns),
         step,

@@ -2,16 +2,18 @@
 //! worker killed with kill -9 while its tool runs, the second resuming; both attempts' spans in
 //! the run's one tree, read back through Phoenix's API: the killed attempt's span and its open
 //! tool call's, which it never exported, written by the second with an unknown-effect event;
-//! the tool handed its call's span as `TRACEPARENT`.
+//! the tool handed its call's span as `TRACEPARENT`. A call's wait for an approval, between
+//! two attempts, is a span from its request to its decision.
 
+use std::str::FromStr;
 use std::time::Duration;
 
-use baton::crd::v1alpha1::{AgentRun, LeaseSpec, LedgerEvent};
+use baton::crd::v1alpha1::{AgentRun, LeaseSpec, LedgerEvent, Phase};
 use baton::traces::RunTrace;
 use baton_testkit::common::TestNamespace;
-use baton_testkit::common::claim::{claim, events, segments};
+use baton_testkit::common::claim::{claim, claim_because, events, segments};
 use baton_testkit::common::phoenix::Phoenix;
-use baton_testkit::common::trace_tree::{RunSpans, text};
+use baton_testkit::common::trace_tree::{RunSpans, attribute, text};
 use baton_testkit::common::worker_proc::*;
 use kube::api::PostParams;
 use kube::{Api, ResourceExt};
@@ -84,4 +86,71 @@ async fn a_run_killed_mid_tool_is_one_trace_across_its_attempts() {
         "the tool was handed its call's span as TRACEPARENT"
     );
     let _ = std::fs::remove_file(&handed);
+}
+
+#[tokio::test]
+async fn a_calls_wait_for_approval_is_a_span_from_its_request_to_its_decision() {
+    let phoenix = Phoenix::start().await;
+    let env = phoenix.otlp_env();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let ns = TestNamespace::new("traces-wait").await;
+    let counter = counter_file("traces-wait");
+    crate::approval::gated_run(&ns, &counter, 0).await;
+    let runs: Api<AgentRun> = ns.api();
+    for (fence, reason) in [(1, None), (2, Some("ApprovalDecided"))] {
+        if fence == 2 {
+            crate::approval::approve(&ns, Some(1))
+                .await
+                .expect("approving step 1");
+        }
+        let pod = claim_because(&ns.client, &ns.name, "gated", fence, reason).await;
+        let mut worker = spawn_worker_env(&ns.name, "gated", fence, &pod, &[], &env);
+        assert_eq!(worker.wait(TIMEOUT).await, 0, "{}", worker.log_text());
+    }
+    let run = runs.get("gated").await.unwrap();
+    let st = run.status.clone().unwrap();
+    assert_eq!(st.outcome, Some(Phase::Succeeded), "{st:?}");
+    let requested = events(&segments(&ns.client, &ns.name, "gated").await)
+        .into_iter()
+        .find_map(|(_, e)| match e {
+            LedgerEvent::ApprovalRequested { requested_at, .. } => Some(requested_at),
+            _ => None,
+        })
+        .expect("the ledger's approvalRequested");
+
+    let trace = RunTrace::of(&run);
+    let wait = trace.approval_wait(1).to_string();
+    let spans = phoenix
+        .wait_for_span("the wait's span", |s| {
+            text(s, &["context", "span_id"]) == wait
+        })
+        .await;
+    let tree = RunSpans::of(&spans, "gated", &trace);
+    let shown = &tree.shown;
+    let span = tree.named("wait approval");
+    assert_eq!(text(span, &["context", "span_id"]), wait, "{shown}");
+    assert_eq!(
+        text(span, &["parent_id"]),
+        trace.root.to_string(),
+        "between the attempts, under the run's root: {shown}"
+    );
+    assert_eq!(
+        attribute(span, "baton.decision").and_then(|v| v.as_str()),
+        Some("approved"),
+        "{shown}"
+    );
+    assert_eq!(
+        attribute(span, "baton.step").and_then(|v| v.as_i64()),
+        Some(1),
+        "{shown}"
+    );
+    // It starts when the call asked (the ledger's time, to the second as the API keeps it).
+    let start = k8s_openapi::jiff::Timestamp::from_str(text(span, &["start_time"]))
+        .unwrap_or_else(|e| panic!("start_time: {e}: {shown}"));
+    let asked = requested.0;
+    assert!(
+        start.duration_since(asked).as_secs().abs() <= 1,
+        "the wait starts at the request ({asked}), not at {start}: {shown}"
+    );
+    ns.cleanup().await;
 }

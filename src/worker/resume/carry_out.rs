@@ -190,7 +190,10 @@ async fn settle_approval(s: &mut Session, call: ApprovalCall, settlement: Settle
                 result(step, ToolOutput::error(told)),
             ];
             match s.append(events).await {
-                Ok(()) => Resumed::Continue,
+                Ok(()) => {
+                    spans::approval_waited(&s.me.trace, &call, outcome);
+                    Resumed::Continue
+                }
                 Err(err) => end(Ending::refused(err), false),
             }
         }
@@ -208,6 +211,7 @@ async fn run_approved(s: &mut Session, call: &ApprovalCall, reason: String) -> R
     if let Err(err) = s.append(vec![decided]).await {
         return end(Ending::refused(err), false);
     }
+    spans::approval_waited(&s.me.trace, call, ApprovalOutcome::Approved);
     let tool = s.tool(&call.tool);
     match execute(s, call.step, tool, &call.tool, &call.input).await {
         Some(ending) => end(ending, true),

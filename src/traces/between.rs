@@ -1,0 +1,83 @@
+//! Spans of what happens between a run's attempts, under its root at ids every process
+//! computes: each claim that landed, written by the controller, from when the claim began to
+//! when its status landed; and each wait for a human's decision on a call, written by the
+//! attempt that applies the decision, from the request to then. (The root of a run the
+//! controller ends itself is `super::late::run_ended`, as a worker's.) Traces off, the global
+//! tracer builds nothing.
+
+use std::time::SystemTime;
+
+use opentelemetry::KeyValue;
+use opentelemetry::trace::Span;
+
+use super::RunTrace;
+use super::late::start;
+use crate::crd::v1alpha1::ApprovalOutcome;
+use crate::fence::Fence;
+
+/// A claim that landed: attempt `fence` of run `run`, for pod `pod`, because of `reason`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Claimed<'a> {
+    pub run: &'a str,
+    pub namespace: &'a str,
+    pub fence: Fence,
+    pub pod: &'a str,
+    /// Why (`ClaimReason`: `First`, `LeaseExpired`, `PodGone`, `Handoff`...).
+    pub reason: &'static str,
+    /// Whether the attempt before died (a takeover) rather than ended.
+    pub takeover: bool,
+    pub began: SystemTime,
+}
+
+/// Writes the span of `claim`, ending now.
+pub fn claimed(trace: &RunTrace, claim: &Claimed) {
+    let mut span = start(
+        trace,
+        trace.context(),
+        trace.claim(claim.fence),
+        format!("claim {}", claim.fence),
+        claim.began,
+        vec![
+            KeyValue::new("baton.run", claim.run.to_string()),
+            KeyValue::new("baton.namespace", claim.namespace.to_string()),
+            KeyValue::new("baton.fence", claim.fence.get()),
+            KeyValue::new("baton.pod", claim.pod.to_string()),
+            KeyValue::new("baton.reason", claim.reason),
+            KeyValue::new("baton.takeover", claim.takeover),
+        ],
+    );
+    span.end_with_timestamp(SystemTime::now());
+}
+
+/// A call that waited for a decision: step `step`, asked at `requested`, decided `outcome`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApprovalWaited<'a> {
+    pub step: i64,
+    pub tool: &'a str,
+    pub call_id: &'a str,
+    pub outcome: ApprovalOutcome,
+    pub requested: SystemTime,
+}
+
+/// Writes the span of the wait `waited`, ending now (the decision recorded).
+pub fn approval_waited(trace: &RunTrace, waited: &ApprovalWaited) {
+    let outcome = match waited.outcome {
+        ApprovalOutcome::Approved => "approved",
+        ApprovalOutcome::Denied => "denied",
+        ApprovalOutcome::TimedOut => "timedOut",
+    };
+    let mut span = start(
+        trace,
+        trace.context(),
+        trace.approval_wait(waited.step),
+        "wait approval".into(),
+        waited.requested,
+        vec![
+            KeyValue::new("baton.step", waited.step),
+            KeyValue::new("gen_ai.tool.name", waited.tool.to_string()),
+            KeyValue::new("gen_ai.tool.call.id", waited.call_id.to_string()),
+            KeyValue::new("baton.decision", outcome),
+        ],
+    );
+    span.end_with_timestamp(SystemTime::now());
+}
