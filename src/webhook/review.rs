@@ -143,10 +143,11 @@ impl Reviewer {
         let (new, old): (AgentRun, _) = new_and_old(request, "AgentRun")?;
         let user = username(&request.user_info);
         let controller = self.controller_users.iter().any(|c| c == user);
+        let old_meta = old.as_ref().map(|o| &o.metadata);
         if !controller {
-            let old_meta = old.as_ref().map(|o| &o.metadata);
             refused(rules::membership_refusal(old_meta, &new.metadata, user))?;
         }
+        refused(rules::trace_refusal(old_meta, &new.metadata))?;
         let old = old.map(|r| r.spec);
         if controller && old.as_ref().is_some_and(|o| rules::is_join(o, &new.spec)) {
             return refused(rules::oversized_spec(&new.spec, self.max_spec_bytes));

@@ -111,6 +111,24 @@ pub fn membership_refusal(
     })
 }
 
+/// Why an update that changes a run's `traceparent` annotation is refused, or None. Every
+/// process computes the run's trace from it (`crate::traces::RunTrace`): changed mid-run, the
+/// later attempts and claims would go to another trace than the earlier ones.
+pub fn trace_refusal(
+    old: Option<&kube::api::ObjectMeta>,
+    new: &kube::api::ObjectMeta,
+) -> Option<String> {
+    let key = crate::traces::TRACEPARENT_ANNOTATION;
+    let given = |meta: &kube::api::ObjectMeta| meta.annotations.as_ref()?.get(key).cloned();
+    let old = old?;
+    (given(old) != given(new)).then(|| {
+        format!(
+            "metadata.annotations[{key}]: it is set when the run is created and never changed: \
+             every attempt of the run is in the trace it names"
+        )
+    })
+}
+
 /// Why a turn whose creation stamped `stamped` (the thread generation that the mutating
 /// webhook saw) is refused when the thread is at `generation` now, or None. The creator is
 /// asked about the thread as it is now; a thread edited in between is a thread they were

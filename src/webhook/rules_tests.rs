@@ -267,3 +267,28 @@ fn the_stamp_patch_adds_the_annotation_with_or_without_a_map() {
         serde_json::json!({"baton.dev/thread-generation": "7"})
     );
 }
+
+#[test]
+fn a_runs_traceparent_is_fixed_at_its_creation() {
+    use crate::traces::TRACEPARENT_ANNOTATION as TRACE;
+    let caller = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let traced = meta(None, &[(TRACE, caller)]);
+    let plain = meta(None, &[]);
+    assert_eq!(trace_refusal(None, &traced), None, "given at creation");
+    assert_eq!(trace_refusal(Some(&traced), &traced), None, "kept");
+    assert_eq!(trace_refusal(Some(&plain), &plain), None);
+    let other = meta(
+        None,
+        &[(
+            TRACE,
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        )],
+    );
+    for (old, new) in [(&traced, &other), (&traced, &plain), (&plain, &traced)] {
+        let refusal = trace_refusal(Some(old), new).expect("a change is refused");
+        assert!(
+            refusal.starts_with("metadata.annotations[baton.dev/traceparent]"),
+            "{refusal}"
+        );
+    }
+}

@@ -26,6 +26,7 @@ mod restart;
 mod terminal;
 mod thread_trust;
 mod threads;
+mod trace_annotation;
 mod trust;
 mod versions;
 mod warm;
