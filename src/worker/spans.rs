@@ -54,27 +54,50 @@ pub fn attempt_ended(span: &Span, exit: Exit) {
 /// The span of one call to the run's model, under `attempt`.
 pub fn model_call(attempt: &Span, model: &ModelSpec) -> Span {
     let name = model.name.as_deref().unwrap_or_default();
+    chat(attempt, model.provider, name)
+}
+
+/// The span of an own agent's model call at place `place` (from 1) of the gateway's journal,
+/// asking for `model`, under `attempt`: a call that reaches the provider (one answered from
+/// the journal was a call of an earlier attempt, and is its span).
+pub fn gateway_call(attempt: &Span, provider: Provider, model: &str, place: i64) -> Span {
+    let span = chat(attempt, provider, model);
+    span.record("baton.gateway.call", place);
+    span
+}
+
+fn chat(attempt: &Span, provider: Provider, model: &str) -> Span {
     tracing::info_span!(
         target: TARGET,
         parent: attempt,
         "chat",
-        otel.name = %format!("chat {name}"),
+        otel.name = %format!("chat {model}"),
         otel.status_code = Empty,
         gen_ai.operation.name = "chat",
-        gen_ai.provider.name = provider_name(model.provider),
-        gen_ai.request.model = name,
+        gen_ai.provider.name = provider_name(provider),
+        gen_ai.request.model = model,
         gen_ai.usage.input_tokens = Empty,
         gen_ai.usage.output_tokens = Empty,
         gen_ai.response.finish_reasons = Empty,
         error.type = Empty,
+        baton.gateway.call = Empty,
     )
+}
+
+/// Records the tokens a model call used, as far as the provider said.
+pub fn tokens_used(span: &Span, input: Option<i64>, output: Option<i64>) {
+    if let Some(input) = input {
+        span.record("gen_ai.usage.input_tokens", input);
+    }
+    if let Some(output) = output {
+        span.record("gen_ai.usage.output_tokens", output);
+    }
 }
 
 /// Records a model call's answer on its span: tokens and why it stopped.
 pub fn model_answered(span: &Span, turn: &ModelTurn) {
     if let Some(usage) = turn.usage {
-        span.record("gen_ai.usage.input_tokens", usage.input_tokens);
-        span.record("gen_ai.usage.output_tokens", usage.output_tokens);
+        tokens_used(span, Some(usage.input_tokens), Some(usage.output_tokens));
     }
     let reason = match turn.tool_calls.is_empty() {
         true => "stop",

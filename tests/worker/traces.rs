@@ -3,20 +3,25 @@
 //! the run's one tree, read back through Phoenix's API: the killed attempt's span and its open
 //! tool call's, which it never exported, written by the second with an unknown-effect event;
 //! the tool handed its call's span as `TRACEPARENT`. A call's wait for an approval, between
-//! two attempts, is a span from its request to its decision.
+//! two attempts, is a span from its request to its decision. An own agent's model calls,
+//! through the worker's gateway, are spans of its attempt.
 
 use std::str::FromStr;
 use std::time::Duration;
 
-use baton::crd::v1alpha1::{AgentRun, LeaseSpec, LedgerEvent, Phase};
+use baton::crd::v1alpha1::{AgentRun, LeaseSpec, LedgerEvent, Phase, Provider};
+use baton::fence::Fence;
 use baton::traces::RunTrace;
 use baton_testkit::common::TestNamespace;
 use baton_testkit::common::claim::{claim, claim_because, events, segments};
+use baton_testkit::common::litellm::{self, LiteLlm};
+use baton_testkit::common::own_agent::{agent_container, finish_attempt};
 use baton_testkit::common::phoenix::Phoenix;
 use baton_testkit::common::trace_tree::{RunSpans, attribute, text};
 use baton_testkit::common::worker_proc::*;
 use kube::api::PostParams;
 use kube::{Api, ResourceExt};
+use serde_json::Value;
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -153,4 +158,78 @@ async fn a_calls_wait_for_approval_is_a_span_from_its_request_to_its_decision() 
         "the wait starts at the request ({asked}), not at {start}: {shown}"
     );
     ns.cleanup().await;
+}
+
+#[tokio::test]
+async fn an_own_agents_model_calls_through_the_gateway_are_spans_of_its_attempt() {
+    let phoenix = Phoenix::start().await;
+    let proxy = LiteLlm::start().await;
+    let mut env = phoenix.otlp_env();
+    env.push(("BATON_MODEL_API_KEY", litellm::KEY.into()));
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let ns = TestNamespace::new("traces-own-agent").await;
+    let mut run = scripted_run("own", vec![], vec![], LeaseSpec::default());
+    run.spec.input = "count the steps".into();
+    let agent = run.spec.agent_mut();
+    agent.model = proxy.model(Provider::Openai, "mock-gpt");
+    agent.container = Some(agent_container(
+        "chat_agent.py",
+        &[("AGENT_CALLS", "3"), ("AGENT_PAUSE_MS", "0")],
+    ));
+    let runs: Api<AgentRun> = ns.api();
+    runs.create(&PostParams::default(), &run).await.unwrap();
+    let ended = finish_attempt(&ns, "own", 1, &env).await;
+    let st = ended.status.clone().unwrap_or_default();
+    assert_eq!(st.outcome, Some(Phase::Succeeded), "{st:?}");
+
+    let trace = RunTrace::of(&ended);
+    let root = trace.root.to_string();
+    let spans = phoenix
+        .wait_for_span("the run's root span", |s| {
+            text(s, &["context", "span_id"]) == root
+        })
+        .await;
+    let tree = RunSpans::of(&spans, "own", &trace);
+    let shown = &tree.shown;
+    let attempt = trace.attempt(Fence::new(1)).to_string();
+    let chats = tree.chats();
+    let mut places: Vec<i64> = chats
+        .iter()
+        .map(|s| {
+            assert_eq!(
+                text(s, &["parent_id"]),
+                attempt,
+                "under its attempt: {shown}"
+            );
+            assert_eq!(
+                attribute(s, "gen_ai.request.model").and_then(Value::as_str),
+                Some("mock-gpt"),
+                "the model the agent asked for: {shown}"
+            );
+            attribute(s, "baton.gateway.call")
+                .and_then(Value::as_i64)
+                .unwrap_or_else(|| panic!("a gateway call's place: {shown}"))
+        })
+        .collect();
+    places.sort();
+    assert_eq!(places, [1, 2, 3], "one span per call: {shown}");
+    let usage = st.usage.unwrap_or_default();
+    let tokens = |key: &str| -> i64 {
+        chats
+            .iter()
+            .filter_map(|s| attribute(s, key).and_then(Value::as_i64))
+            .sum()
+    };
+    assert_eq!(
+        (
+            tokens("gen_ai.usage.input_tokens"),
+            tokens("gen_ai.usage.output_tokens")
+        ),
+        (usage.input_tokens, usage.output_tokens),
+        "{shown}"
+    );
+    assert!(
+        usage.input_tokens > 0,
+        "the mock says what it used: {usage:?}"
+    );
 }

@@ -25,7 +25,7 @@ use tokio::sync::mpsc;
 use super::answers::{self, error, provider_error, stream_error};
 use super::tool_gateway;
 use super::upstream::Upstream;
-use crate::crd::v1alpha1::{BudgetSpec, LedgerEvent, OnDivergence, RunUsage};
+use crate::crd::v1alpha1::{BudgetSpec, LedgerEvent, OnDivergence, Provider, RunUsage};
 use crate::fence::EndReason;
 use crate::ledger::journal::{self, Answer, Cursor, Journal};
 use crate::ledger::model_api::{DONE, ModelApi};
@@ -35,6 +35,7 @@ use crate::worker::budget::{self, Next as Upcoming};
 use crate::worker::finish::Ending;
 use crate::worker::model::answer::Answer as Sorted;
 use crate::worker::model::sse::{SseReader, json_data};
+use crate::worker::spans;
 
 /// The largest request an agent may send: a long conversation, not a file upload.
 const MAX_REQUEST_BYTES: usize = 16 * 1024 * 1024;
@@ -65,6 +66,9 @@ pub struct Setup {
     pub elapsed_before: Option<std::time::Duration>,
     pub on_divergence: OnDivergence,
     pub reports: mpsc::UnboundedSender<Report>,
+    /// The attempt's span, each live call's parent, and the run's provider.
+    pub attempt: tracing::Span,
+    pub provider: Provider,
 }
 
 struct Shared {
@@ -77,6 +81,8 @@ struct Shared {
     started: std::time::Instant,
     on_divergence: OnDivergence,
     reports: mpsc::UnboundedSender<Report>,
+    attempt: tracing::Span,
+    provider: Provider,
     book: Mutex<Book>,
 }
 
@@ -123,6 +129,8 @@ impl Shared {
             started: std::time::Instant::now(),
             on_divergence: setup.on_divergence,
             reports: setup.reports,
+            attempt: setup.attempt,
+            provider: setup.provider,
             book: Mutex::new(Book {
                 cursor: Cursor::default(),
                 usage: setup.usage,
@@ -263,12 +271,29 @@ async fn live(shared: &Arc<Shared>, place: i64, call: Call<'_>) -> Response {
         let response = error(StatusCode::TOO_MANY_REQUESTS, "baton_budget", &reached);
         return response;
     }
+    let model = call.request.get("model").and_then(Value::as_str);
+    let span = spans::gateway_call(
+        &shared.attempt,
+        shared.provider,
+        model.unwrap_or_default(),
+        place,
+    );
     let sent = shared.upstream.send(api, call.request, stream).await;
     let recorded = Recorded {
         api,
         place,
         request: call.canonical,
+        span,
     };
+    // What the agent asked for (an answer or a stream) or not: then the call failed.
+    let fits = match &sent {
+        Ok(Sorted::Whole(answer)) => !stream && api.is_answer(answer),
+        Ok(Sorted::Stream(_)) => stream,
+        Err(_) => false,
+    };
+    if !fits {
+        spans::model_failed(&recorded.span, "provider_error");
+    }
     match sent {
         Err(err) => provider_error(&err),
         Ok(Sorted::Whole(answer)) if !stream && api.is_answer(&answer) => {
@@ -318,6 +343,8 @@ struct Recorded {
     api: ModelApi,
     place: i64,
     request: Value,
+    /// The call's span: ended when the record is written (or the call fails).
+    span: tracing::Span,
 }
 
 /// Streams the provider's events to the agent as they come. The stream's end (Chat
@@ -353,7 +380,10 @@ fn stream_through(shared: Arc<Shared>, recorded: Recorded, mut reader: Box<SseRe
             }
         };
         let last = match ending {
-            Err(message) => stream_error(api, &message),
+            Err(message) => {
+                spans::model_failed(&recorded.span, "stream_broken");
+                stream_error(api, &message)
+            }
             Ok(last) => match record(&shared, recorded, Value::Array(events)).await {
                 Ok(()) => Bytes::from(last),
                 Err(_) => stream_error(
@@ -371,6 +401,7 @@ fn stream_through(shared: Arc<Shared>, recorded: Recorded, mut reader: Box<SseRe
 /// Records a complete call (its usage with it): the one awaited append of the call.
 async fn record(shared: &Shared, recorded: Recorded, response: Value) -> Result<(), Response> {
     let (input_tokens, output_tokens) = recorded.api.usage(&response).unzip();
+    spans::tokens_used(&recorded.span, input_tokens, output_tokens);
     let events = vec![
         LedgerEvent::GatewayCall {
             call: recorded.place,

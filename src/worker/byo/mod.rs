@@ -153,6 +153,8 @@ async fn open_gateway(
         elapsed_before: run_time(s),
         on_divergence: container.on_divergence,
         reports,
+        attempt: s.me.span.clone(),
+        provider: s.agent().model.provider,
     };
     let (address, server) = gateway::start(setup, tools)
         .await

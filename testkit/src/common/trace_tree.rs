@@ -60,7 +60,7 @@ impl<'a> RunSpans<'a> {
     }
 
     /// The model calls (`gen_ai.operation.name` = chat).
-    fn chats(&self) -> Vec<&'a Value> {
+    pub fn chats(&self) -> Vec<&'a Value> {
         self.spans
             .iter()
             .copied()
