@@ -94,6 +94,32 @@ pub struct RunEnded {
     /// The run's terminal phase.
     pub phase: Phase,
     pub created: SystemTime,
+    /// The thread the run is a turn of, and the session its turns share.
+    pub thread: Option<ThreadSession>,
+}
+
+/// A thread as its turns' root spans name it: `session.id` (OpenInference's attribute, by
+/// which a backend such as Phoenix shows a thread's turns, each a trace, as one session) is
+/// the thread's UID once the turn joined it, else its namespace and name.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ThreadSession {
+    pub name: String,
+    pub session: String,
+}
+
+impl ThreadSession {
+    /// The thread `run` is a turn of, if any.
+    fn of(run: &AgentRun) -> Option<Self> {
+        let name = run.spec.thread.clone()?;
+        let session = match run.thread_owner() {
+            Some(owner) => owner.uid.clone(),
+            None => format!(
+                "{}/{name}",
+                run.metadata.namespace.as_deref().unwrap_or_default()
+            ),
+        };
+        Some(Self { name, session })
+    }
 }
 
 impl RunEnded {
@@ -109,6 +135,7 @@ impl RunEnded {
                 .creation_timestamp
                 .as_ref()
                 .map_or_else(SystemTime::now, |t| SystemTime::from(t.0)),
+            thread: ThreadSession::of(run),
         }
     }
 }
@@ -118,18 +145,23 @@ impl RunEnded {
 pub fn run_ended(trace: &RunTrace, run: &RunEnded) {
     let now = SystemTime::now();
     let name = format!("run {}", run.name);
+    let mut attributes = vec![
+        KeyValue::new("baton.run", run.name.clone()),
+        KeyValue::new("baton.namespace", run.namespace.clone()),
+        KeyValue::new("baton.uid", run.uid.clone()),
+        KeyValue::new("baton.phase", run.phase.as_str()),
+    ];
+    if let Some(thread) = &run.thread {
+        attributes.push(KeyValue::new("baton.thread", thread.name.clone()));
+        attributes.push(KeyValue::new("session.id", thread.session.clone()));
+    }
     let mut span = start(
         trace,
         trace.parent_context(),
         trace.root,
         name,
         run.created,
-        vec![
-            KeyValue::new("baton.run", run.name.clone()),
-            KeyValue::new("baton.namespace", run.namespace.clone()),
-            KeyValue::new("baton.uid", run.uid.clone()),
-            KeyValue::new("baton.phase", run.phase.as_str()),
-        ],
+        attributes,
     );
     if run.phase != Phase::Succeeded {
         span.set_status(Status::error(format!("the run ended {}", run.phase)));

@@ -1,11 +1,13 @@
 //! A client's trace continued into a run: a turn posted with a W3C `traceparent` header is in
 //! the client's trace, its root span a child of the client's span, as a real Arize Phoenix
-//! (PyPI, receiving the worker's OTLP) shows it. A malformed header is ignored.
+//! (PyPI, receiving the worker's OTLP) shows it. A malformed header is ignored. The thread's
+//! turns, each a trace of its own, are one session.
 
 use baton::crd::v1alpha1::{AgentThread, AgentThreadSpec, LeaseSpec};
 use baton::traces::{RunTrace, TRACEPARENT_ANNOTATION, parse_traceparent};
 use baton_testkit::common::TestNamespace;
 use baton_testkit::common::phoenix::Phoenix;
+use baton_testkit::common::trace_tree::attribute;
 use baton_testkit::common::worker_proc::*;
 use baton_testkit::server::*;
 use kube::api::PostParams;
@@ -108,4 +110,35 @@ async fn a_turn_posted_with_a_traceparent_continues_the_clients_trace() {
         "{:?}",
         next.annotations()
     );
+
+    // The thread's two turns are two traces, one session: each root span names the thread
+    // and carries its UID as `session.id`, as Phoenix groups traces into a session.
+    let mut worker = run_pod_env(&ns, &next.name_any(), 1, &env).await;
+    assert_eq!(worker.wait(T).await, 0, "{}", worker.log_text());
+    let second = RunTrace::of(&ns.api().get(&next.name_any()).await.unwrap());
+    assert_ne!(second.trace_id, trace.trace_id);
+    let second_root = second.root.to_string();
+    let spans = phoenix
+        .wait_for_span("the second turn's root span", |s| {
+            s["context"]["span_id"] == second_root.as_str()
+        })
+        .await;
+    let shown = serde_json::to_string_pretty(&spans).unwrap();
+    let thread_uid = threads.get("chat").await.unwrap().uid().unwrap();
+    for root in [&root, &second_root] {
+        let span = spans
+            .iter()
+            .find(|s| s["context"]["span_id"] == root.as_str())
+            .unwrap();
+        assert_eq!(
+            attribute(span, "session.id").and_then(Value::as_str),
+            Some(thread_uid.as_str()),
+            "{shown}"
+        );
+        assert_eq!(
+            attribute(span, "baton.thread").and_then(Value::as_str),
+            Some("chat"),
+            "{shown}"
+        );
+    }
 }
