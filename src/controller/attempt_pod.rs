@@ -31,7 +31,12 @@ pub fn attempt_pod(ctx: &Context, run: &AgentRun, fence: Fence) -> Pod {
 /// containers get nothing of it).
 fn with_traces(mut pod: Pod, traces: &crate::traces::WorkerTraces) -> Pod {
     if let Some(vars) = worker_env_mut(&mut pod) {
-        vars.extend(traces.env().map(|(name, value)| plain(name, value)));
+        vars.extend(
+            traces
+                .env()
+                .into_iter()
+                .map(|(name, value)| plain(name, value)),
+        );
     }
     pod
 }
@@ -59,6 +64,7 @@ mod tests {
         let traces = WorkerTraces {
             endpoint: "http://collector:4318".into(),
             sampling: 0.25,
+            content: true,
         };
         let pod = with_traces(worker_pod(&run, Fence::new(1), "img"), &traces);
         let containers = pod.spec.unwrap().containers;
@@ -80,5 +86,15 @@ mod tests {
             ]
         );
         assert_eq!(env_of(TOOLS_CONTAINER_NAME), vec![]);
+        let worker = containers
+            .iter()
+            .find(|c| c.name == CONTAINER_NAME)
+            .unwrap();
+        let content = worker
+            .env
+            .iter()
+            .flatten()
+            .find(|v| v.name == "BATON_TRACE_CONTENT");
+        assert_eq!(content.and_then(|v| v.value.as_deref()), Some("true"));
     }
 }

@@ -98,6 +98,10 @@ pub struct ControllerArgs {
     /// every attempt of a run decides alike.
     #[arg(long, default_value_t = 1.0, value_parser = parse_ratio, requires = "worker_otlp_endpoint")]
     pub worker_trace_sampling: f64,
+    /// Worker pods put what was said on their spans: model calls' messages, tool calls'
+    /// arguments and results, scrubbed of the secrets the worker holds (off: never).
+    #[arg(long, requires = "worker_otlp_endpoint")]
+    pub worker_trace_content: bool,
 }
 
 fn parse_ratio(s: &str) -> Result<f64, String> {
@@ -151,6 +155,7 @@ impl ControllerArgs {
                 .map(|endpoint| crate::traces::WorkerTraces {
                     endpoint,
                     sampling: self.worker_trace_sampling,
+                    content: self.worker_trace_content,
                 }),
         })
     }

@@ -107,16 +107,22 @@ pub struct WorkerTraces {
     /// The share of runs traced, by their trace id (`traceidratio`): the same decision in
     /// every attempt of a run.
     pub sampling: f64,
+    /// Whether spans carry what was said ([`content`]): off unless the operator opts in.
+    pub content: bool,
 }
 
 impl WorkerTraces {
     /// The worker container's variables.
-    pub fn env(&self) -> [(&'static str, String); 3] {
-        [
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        let mut vars = vec![
             ("OTEL_EXPORTER_OTLP_ENDPOINT", self.endpoint.clone()),
             ("OTEL_TRACES_SAMPLER", "traceidratio".into()),
             ("OTEL_TRACES_SAMPLER_ARG", self.sampling.to_string()),
-        ]
+        ];
+        if self.content {
+            vars.push((content::CONTENT_ENV, "true".into()));
+        }
+        vars
     }
 }
 
@@ -128,6 +134,7 @@ fn configured(var: impl Fn(&str) -> Option<String>) -> bool {
 }
 
 pub mod between;
+pub mod content;
 mod ids;
 pub mod late;
 mod run;

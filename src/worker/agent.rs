@@ -17,13 +17,14 @@ use super::model::{ModelError, ModelRequest, ModelToolCall, ModelTurn};
 use super::provider::Model;
 use super::resume::question_of;
 use super::session::Session;
-use super::spans;
+use super::spans::{self, Content};
 use super::toolbox::ToolEntry;
 use super::tools::{self, ToolOutput};
 use crate::approval;
 use crate::crd::v1alpha1::Resolution;
 use crate::crd::v1alpha1::{LedgerEvent, Role, ToolKind, ToolSpec, UnknownEffect};
 use crate::fence::EndReason;
+use crate::traces::content;
 
 /// Runs turns until the run reaches an ending.
 pub async fn agent_loop(s: &mut Session) -> Ending {
@@ -111,6 +112,10 @@ async fn call_model(s: &mut Session) -> Result<ModelTurn, Ending> {
     });
     let cancel = CancellationToken::new();
     let span = spans::model_call(&s.me.span, &s.agent().model);
+    spans::content(&span, Content::ModelInput, || {
+        let system = request.system_prompt.as_deref();
+        s.redact(&content::input_messages(system, &request.messages))
+    });
     let call = model.complete(&request, &tx, &cancel, &s.io.metrics);
     let result = tokio::select! {
         r = call.instrument(span.clone()) => Some(r),
@@ -122,7 +127,15 @@ async fn call_model(s: &mut Session) -> Result<ModelTurn, Ending> {
     drop(tx);
     let _ = forward.await;
     match &result {
-        Some(Ok(turn)) => spans::model_answered(&span, turn),
+        Some(Ok(turn)) => {
+            spans::model_answered(&span, turn);
+            spans::content(&span, Content::ModelOutput, || {
+                let calls: Vec<(&str, &str, &str)> = (turn.tool_calls.iter())
+                    .map(|c| (c.call_id.as_str(), c.tool.as_str(), c.arguments.as_str()))
+                    .collect();
+                s.redact(&content::output_messages(&turn.text, &calls))
+            });
+        }
         Some(Err(ModelError::Permanent { .. })) => spans::model_failed(&span, "permanent"),
         Some(Err(ModelError::Retryable { .. })) => spans::model_failed(&span, "retryable"),
         None => spans::model_failed(&span, "interrupted"),
@@ -158,6 +171,7 @@ pub async fn run_call(s: &mut Session, call: ModelToolCall) -> Option<Ending> {
     }
     let at = (&s.me.trace, s.fence());
     let span = spans::tool_call(&s.me.span, at, step, &call.tool, &call.call_id);
+    spans::content(&span, Content::ToolArguments, || s.redact(&call.arguments));
     let ending = run_step(s, step, call).instrument(span.clone()).await;
     spans::tool_ended(&span, step_outcome(ending.as_ref()));
     ending
@@ -321,6 +335,11 @@ pub async fn run_tool(s: &Session, tool: &ToolEntry, arguments: &str, step: i64)
         };
     };
     output.output = s.redact(&output.output);
+    // A model's call runs in its span (`run_call` instruments it); elsewhere (a re-run, an
+    // approved call) the current span has no such field, and nothing is recorded.
+    spans::content(&tracing::Span::current(), Content::ToolResult, || {
+        output.output.clone()
+    });
     if s.io.guard.is_lost() {
         ToolRun::Lost
     } else if kill.is_cancelled() {

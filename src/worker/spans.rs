@@ -18,6 +18,7 @@ use crate::crd::v1alpha1::{AgentRun, ApprovalOutcome, ModelSpec, Phase, Provider
 use crate::fence::Fence;
 use crate::ledger::Replay;
 use crate::traces::between::{self, ApprovalWaited};
+use crate::traces::content;
 use crate::traces::late::{self, LostStep, RunEnded};
 use crate::traces::{RunTrace, TARGET, with_span_id};
 
@@ -81,6 +82,8 @@ fn chat(attempt: &Span, provider: Provider, model: &str) -> Span {
         gen_ai.response.finish_reasons = Empty,
         error.type = Empty,
         baton.gateway.call = Empty,
+        gen_ai.input.messages = Empty,
+        gen_ai.output.messages = Empty,
     )
 }
 
@@ -104,6 +107,34 @@ pub fn model_answered(span: &Span, turn: &ModelTurn) {
         false => "tool_calls",
     };
     span.record("gen_ai.response.finish_reasons", reason);
+}
+
+/// Records on `span` the value `field` takes from `content` (built, and scrubbed of the
+/// worker's secrets, by the caller), only when the run's operator opted in to content.
+pub fn content(span: &Span, field: Content, content: impl FnOnce() -> String) {
+    if content::on() {
+        span.record(field.name(), content::capped(&content()));
+    }
+}
+
+/// The content a span may carry ([`content`]).
+#[derive(Debug, Clone, Copy)]
+pub enum Content {
+    ModelInput,
+    ModelOutput,
+    ToolArguments,
+    ToolResult,
+}
+
+impl Content {
+    fn name(self) -> &'static str {
+        match self {
+            Content::ModelInput => "gen_ai.input.messages",
+            Content::ModelOutput => "gen_ai.output.messages",
+            Content::ToolArguments => "gen_ai.tool.call.arguments",
+            Content::ToolResult => "gen_ai.tool.call.result",
+        }
+    }
 }
 
 /// Records a failed model call on its span (`kind`: permanent, retryable, interrupted).
@@ -133,6 +164,8 @@ pub fn tool_call(
         gen_ai.tool.call.id = call_id,
         baton.step = step,
         baton.outcome = Empty,
+        gen_ai.tool.call.arguments = Empty,
+        gen_ai.tool.call.result = Empty,
     );
     started_as(span, trace.tool(fence, step))
 }

@@ -388,6 +388,16 @@ fn traces_are_off_unless_an_endpoint_is_given() {
     ] {
         assert!(on.iter().any(|a| a == want), "missing {want} in {on:?}");
     }
+    assert!(
+        !on.iter().any(|a| a.contains("content")),
+        "content is opted into, never on by default: {on:?}"
+    );
+    let content = json!({"tracing": {"endpoint": "http://c:4318", "content": true}});
+    let with_content = controller_args(content);
+    assert!(
+        with_content.iter().any(|a| a == "--worker-trace-content"),
+        "{with_content:?}"
+    );
     // The controller's own spans go to the same place, sampled alike.
     let told = |n: &str, v: &str| (n.to_string(), v.to_string());
     assert_eq!(
@@ -411,6 +421,7 @@ fn the_values_schema_refuses_unsafe_or_unknown_values() {
         json!({"admissionPolicy": {"enabled": "sometimes"}}),
         json!({"tracing": {"endpoint": "collector:4318"}}),
         json!({"tracing": {"endpoint": "http://c:4318", "sampling": 2}}),
+        json!({"tracing": {"endpoint": "http://c:4318", "content": "yes"}}),
     ] {
         assert!(render(bad.clone(), &[]).is_err(), "values accepted: {bad}");
     }

@@ -4,7 +4,8 @@
 //! tool call's, which it never exported, written by the second with an unknown-effect event;
 //! the tool handed its call's span as `TRACEPARENT`. A call's wait for an approval, between
 //! two attempts, is a span from its request to its decision. An own agent's model calls,
-//! through the worker's gateway, are spans of its attempt.
+//! through the worker's gateway, are spans of its attempt. What was said is on the spans only
+//! when asked for, scrubbed of the worker's secrets.
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -231,5 +232,83 @@ async fn an_own_agents_model_calls_through_the_gateway_are_spans_of_its_attempt(
     assert!(
         usage.input_tokens > 0,
         "the mock says what it used: {usage:?}"
+    );
+}
+
+#[tokio::test]
+async fn content_asked_for_is_on_the_spans_without_the_workers_secrets() {
+    const KEY: &str = "sk-baton-trace-secret-4711";
+    let phoenix = Phoenix::start().await;
+    let mut env = phoenix.otlp_env();
+    env.push(("BATON_TRACE_CONTENT", "true".into()));
+    env.push(("BATON_MODEL_API_KEY", KEY.into()));
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let ns = TestNamespace::new("traces-content").await;
+    // The tool is asked to say the key, and says it: neither reaches a span.
+    let script = vec![
+        shell_turn(
+            "listing",
+            "sh",
+            &format!("echo the key is {KEY}; echo listed"),
+            0,
+        ),
+        final_turn("all listed", 0),
+    ];
+    let run = scripted_run(
+        "said",
+        script,
+        vec![shell_tool("sh", false)],
+        LeaseSpec::default(),
+    );
+    let runs: Api<AgentRun> = ns.api();
+    runs.create(&PostParams::default(), &run).await.unwrap();
+    let pod = claim(&ns.client, &ns.name, "said", 1).await;
+    let mut worker = spawn_worker_env(&ns.name, "said", 1, &pod, &[], &env);
+    assert_eq!(worker.wait(TIMEOUT).await, 0, "{}", worker.log_text());
+
+    let trace = RunTrace::of(&runs.get("said").await.unwrap());
+    let root = trace.root.to_string();
+    let spans = phoenix
+        .wait_for_span("the run's root span", |s| {
+            text(s, &["context", "span_id"]) == root
+        })
+        .await;
+    let tree = RunSpans::of(&spans, "said", &trace);
+    let shown = &tree.shown;
+    assert!(!shown.contains(KEY), "a span holds the model key: {shown}");
+    let said = |span: &Value, key: &str| -> String {
+        attribute(span, key)
+            .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_string))
+            .unwrap_or_else(|| panic!("no {key}: {shown}"))
+    };
+    let chats = tree.chats();
+    assert_eq!(chats.len(), 2, "{shown}");
+    let inputs: Vec<String> = chats
+        .iter()
+        .map(|c| said(c, "gen_ai.input.messages"))
+        .collect();
+    assert!(inputs.iter().all(|i| i.contains("do the thing")), "{shown}");
+    let second = inputs
+        .iter()
+        .find(|i| i.contains("tool_call_response"))
+        .expect(shown);
+    assert!(
+        second.contains("listed") && second.contains("[REDACTED]"),
+        "{second}"
+    );
+    let outputs: Vec<String> = chats
+        .iter()
+        .map(|c| said(c, "gen_ai.output.messages"))
+        .collect();
+    assert!(outputs.iter().any(|o| o.contains("all listed")), "{shown}");
+    let tool = tree.named("execute_tool sh");
+    assert!(
+        said(tool, "gen_ai.tool.call.arguments").contains("echo the key is [REDACTED]"),
+        "{shown}"
+    );
+    let result = said(tool, "gen_ai.tool.call.result");
+    assert!(
+        result.contains("listed") && result.contains("[REDACTED]"),
+        "{result}"
     );
 }

@@ -132,6 +132,17 @@ impl<'a> RunSpans<'a> {
             "the open tool call ended with an unknown-effect event: {shown}"
         );
         self.check_model_calls(&first_id, &second_id, usage);
+        let said = [
+            "gen_ai.input.messages",
+            "gen_ai.output.messages",
+            "gen_ai.tool.call.result",
+        ];
+        assert!(
+            self.spans
+                .iter()
+                .all(|s| said.iter().all(|key| attribute(s, key).is_none())),
+            "nothing said is on a span unless asked for: {shown}"
+        );
         tool_span
     }
 
