@@ -111,11 +111,7 @@ async fn call_model(s: &mut Session) -> Result<ModelTurn, Ending> {
         }
     });
     let cancel = CancellationToken::new();
-    let span = spans::model_call(&s.me.span, &s.agent().model);
-    spans::content(&span, Content::ModelInput, || {
-        let system = request.system_prompt.as_deref();
-        s.redact(&content::input_messages(system, &request.messages))
-    });
+    let span = model_span(s, &request);
     let call = model.complete(&request, &tx, &cancel, &s.io.metrics);
     let result = tokio::select! {
         r = call.instrument(span.clone()) => Some(r),
@@ -126,20 +122,7 @@ async fn call_model(s: &mut Session) -> Result<ModelTurn, Ending> {
     cancel.cancel();
     drop(tx);
     let _ = forward.await;
-    match &result {
-        Some(Ok(turn)) => {
-            spans::model_answered(&span, turn);
-            spans::content(&span, Content::ModelOutput, || {
-                let calls: Vec<(&str, &str, &str)> = (turn.tool_calls.iter())
-                    .map(|c| (c.call_id.as_str(), c.tool.as_str(), c.arguments.as_str()))
-                    .collect();
-                s.redact(&content::output_messages(&turn.text, &calls))
-            });
-        }
-        Some(Err(ModelError::Permanent { .. })) => spans::model_failed(&span, "permanent"),
-        Some(Err(ModelError::Retryable { .. })) => spans::model_failed(&span, "retryable"),
-        None => spans::model_failed(&span, "interrupted"),
-    }
+    model_span_ended(s, &span, result.as_ref());
     match result {
         None => Err(interrupted(s).unwrap_or(Ending::Lost)),
         Some(Ok(turn)) => Ok(turn),
@@ -153,6 +136,39 @@ async fn call_model(s: &mut Session) -> Result<ModelTurn, Ending> {
         Some(Err(err @ ModelError::Retryable { .. })) => Err(Ending::GaveUp {
             message: s.redact(&err.to_string()),
         }),
+    }
+}
+
+/// The span of the model call `request`, with what it is asked if content is on.
+fn model_span(s: &Session, request: &ModelRequest) -> tracing::Span {
+    let span = spans::model_call(&s.me.span, &s.agent().model);
+    spans::content(&span, Content::ModelInput, || {
+        let system = request.system_prompt.as_deref();
+        s.redact(&content::input_messages(system, &request.messages))
+    });
+    span
+}
+
+/// Records how the model call ended on its span (None: interrupted), with what the model
+/// said if content is on.
+fn model_span_ended(
+    s: &Session,
+    span: &tracing::Span,
+    result: Option<&Result<ModelTurn, ModelError>>,
+) {
+    match result {
+        Some(Ok(turn)) => {
+            spans::model_answered(span, turn);
+            spans::content(span, Content::ModelOutput, || {
+                let calls: Vec<(&str, &str, &str)> = (turn.tool_calls.iter())
+                    .map(|c| (c.call_id.as_str(), c.tool.as_str(), c.arguments.as_str()))
+                    .collect();
+                s.redact(&content::output_messages(&turn.text, &calls))
+            });
+        }
+        Some(Err(ModelError::Permanent { .. })) => spans::model_failed(span, "permanent"),
+        Some(Err(ModelError::Retryable { .. })) => spans::model_failed(span, "retryable"),
+        None => spans::model_failed(span, "interrupted"),
     }
 }
 

@@ -285,13 +285,7 @@ async fn live(shared: &Arc<Shared>, place: i64, call: Call<'_>) -> Response {
         request: call.canonical,
         span,
     };
-    // What the agent asked for (an answer or a stream) or not: then the call failed.
-    let fits = match &sent {
-        Ok(Sorted::Whole(answer)) => !stream && api.is_answer(answer),
-        Ok(Sorted::Stream(_)) => stream,
-        Err(_) => false,
-    };
-    if !fits {
+    if !fits(api, stream, &sent) {
         spans::model_failed(&recorded.span, "provider_error");
     }
     match sent {
@@ -315,6 +309,15 @@ async fn live(shared: &Arc<Shared>, place: i64, call: Call<'_>) -> Response {
             shared,
             "asked for one JSON document, the server answered a stream",
         ),
+    }
+}
+
+/// Whether the provider answered what the agent asked for: an answer, or a stream.
+fn fits<E>(api: ModelApi, stream: bool, sent: &Result<Sorted, E>) -> bool {
+    match sent {
+        Ok(Sorted::Whole(answer)) => !stream && api.is_answer(answer),
+        Ok(Sorted::Stream(_)) => stream,
+        Err(_) => false,
     }
 }
 
