@@ -3,7 +3,8 @@
 //! with a caller's `traceparent` has its worker killed with kill -9 while its tool runs; once
 //! it succeeded in a new pod, Phoenix's API gives back the tree (both attempts in the caller's
 //! trace, the dead attempt's open tool call ended with an unknown-effect event, the tokens
-//! the run's, the controller's two claims), and Phoenix's own UI shows it in Chromium (a screenshot is kept in
+//! the run's, the controller's two claims), a client's stream of the run through the chart's
+//! `baton server` is a span of the run, and Phoenix's own UI shows it in Chromium (a screenshot is kept in
 //! target/trace-screenshots).
 
 use std::path::Path;
@@ -15,6 +16,8 @@ use baton::traces::{RunTrace, TRACEPARENT_ANNOTATION};
 use baton_testkit::common::trace_tree::{RunSpans, attribute, text};
 use baton_testkit::e2e::Script;
 use baton_testkit::node::*;
+use baton_testkit::rbac::{person, rule};
+use baton_testkit::sse::SseReader;
 use kube::ResourceExt;
 
 /// The caller's span the run continues.
@@ -70,9 +73,57 @@ async fn node_a_run_killed_mid_tool_is_one_trace_in_phoenix() {
             "{shown}"
         );
     }
+    followed_through_the_server(&env, &phoenix, &trace, name).await;
     shown_in_phoenixs_ui(&phoenix, &trace, name);
     traced.switch_back(&env.client).await;
     env.finish().await;
+}
+
+/// A client follows the ended run through the chart's `baton server` (to its `end` event):
+/// the server writes the stream's span under the run's root.
+async fn followed_through_the_server(
+    env: &NodeEnv,
+    phoenix: &NodePhoenix,
+    trace: &RunTrace,
+    name: &str,
+) {
+    let reads = vec![
+        rule(&["agentruns"], &["get", "list", "watch"]),
+        rule(&["ledgersegments"], &["get", "list", "watch"]),
+    ];
+    let alice = person(&env.client, &env.ns, "alice", reads).await;
+    let service = Relay::start(&format!("{}:80", server_cluster_ip(&env.client).await));
+    let url = format!(
+        "{}/api/v1/namespaces/{}/runs/{name}/events",
+        service.url(),
+        env.ns
+    );
+    let mut reader = SseReader::open(&url, &alice, None).await;
+    while let Some(event) = reader.next().await {
+        if event.event == "end" {
+            break;
+        }
+    }
+    let root = trace.root.to_string();
+    let spans = phoenix
+        .phoenix
+        .wait_for_span("the stream's span", |s| {
+            text(s, &["name"]) == "stream" && text(s, &["parent_id"]) == root
+        })
+        .await;
+    let stream = spans
+        .iter()
+        .find(|s| text(s, &["name"]) == "stream" && text(s, &["parent_id"]) == root)
+        .unwrap();
+    assert_eq!(
+        text(stream, &["context", "trace_id"]),
+        trace.trace_id.to_string()
+    );
+    assert_eq!(
+        attribute(stream, "baton.ended").and_then(|v| v.as_str()),
+        Some("run"),
+        "{stream}"
+    );
 }
 
 /// tests/browser/phoenix.mjs: the trace's page in Phoenix's UI shows the run's spans.

@@ -366,7 +366,17 @@ async fn count_responses(
 /// SIGTERM it serves on a moment, then lets requests in flight finish; open streams are cut
 /// and their clients reconnect to another replica with `Last-Event-ID`, losing nothing).
 pub async fn main(args: ServerArgs) -> Result<(), crate::Error> {
-    crate::telemetry::init_logging(args.log_format);
+    // Each stream a client follows is a span of its run's trace, exported where the
+    // standard OTLP variables say (the chart sets them from `tracing.endpoint`).
+    let traces = crate::telemetry::init_logging_and_traces(args.log_format, "baton-server");
+    let served = serve_args(args).await;
+    if let Some(traces) = traces {
+        let _ = tokio::task::spawn_blocking(move || traces.shutdown()).await;
+    }
+    served
+}
+
+async fn serve_args(args: ServerArgs) -> Result<(), crate::Error> {
     let base = crate::kube_util::config_for("server").await?;
     let console = ConsoleSettings {
         namespace: args.console_namespace,

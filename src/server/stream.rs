@@ -33,6 +33,8 @@ use crate::ledger::Contiguous;
 use crate::ledger::is_segment_of;
 use crate::requests::{RequestError, RunRequests, phase_of};
 use crate::serving::cut::ConnectionCut;
+use crate::traces::RunTrace;
+use crate::traces::between::{self, Streamed};
 
 /// How a run's stream ended.
 #[derive(Debug)]
@@ -45,6 +47,18 @@ pub enum Ended {
     ClientGone,
     /// The ledger could not be read; an `error` event was sent.
     Failed,
+}
+
+impl Ended {
+    /// As a span says it (`baton.ended`).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Ended::Run => "run",
+            Ended::Deleted => "deleted",
+            Ended::ClientGone => "client_gone",
+            Ended::Failed => "failed",
+        }
+    }
 }
 
 /// How often an open stream asks again whether its caller may still read transcripts here.
@@ -233,7 +247,19 @@ impl Follow {
     /// leaves.
     pub async fn run(&mut self, run: AgentRun, after: i64) -> Ended {
         let span = crate::run_span!("stream", &run);
-        self.stream(run, after).instrument(span).await
+        let began = std::time::SystemTime::now();
+        let trace = RunTrace::of(&run);
+        let (name, namespace) = (run.name_any(), run.namespace().unwrap_or_default());
+        let ended = self.stream(run, after).instrument(span).await;
+        let streamed = Streamed {
+            run: &name,
+            namespace: &namespace,
+            after,
+            began,
+            ended: ended.as_str(),
+        };
+        between::streamed(&trace, &streamed);
+        ended
     }
 
     async fn stream(&mut self, run: AgentRun, after: i64) -> Ended {

@@ -1,14 +1,15 @@
-//! Spans of what happens between a run's attempts, under its root at ids every process
-//! computes: each claim that landed, written by the controller, from when the claim began to
-//! when its status landed; and each wait for a human's decision on a call, written by the
-//! attempt that applies the decision, from the request to then. (The root of a run the
+//! Spans of what happens around a run's attempts, under its root: each claim that landed,
+//! written by the controller, from when the claim began to when its status landed; each wait
+//! for a human's decision on a call, written by the attempt that applies the decision, from
+//! the request to then (both at ids every process computes); and each stream a client
+//! followed, written by `baton server` when it ends. (The root of a run the
 //! controller ends itself is `super::late::run_ended`, as a worker's.) Traces off, the global
 //! tracer builds nothing.
 
 use std::time::SystemTime;
 
 use opentelemetry::KeyValue;
-use opentelemetry::trace::Span;
+use opentelemetry::trace::{Span, Tracer};
 
 use super::RunTrace;
 use super::late::start;
@@ -79,5 +80,33 @@ pub fn approval_waited(trace: &RunTrace, waited: &ApprovalWaited) {
             KeyValue::new("baton.decision", outcome),
         ],
     );
+    span.end_with_timestamp(SystemTime::now());
+}
+
+/// A stream of run `run` a client followed, from after position `after`, begun at `began`,
+/// ended as `ended` (`run`, `deleted`, `client_gone`, `failed`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Streamed<'a> {
+    pub run: &'a str,
+    pub namespace: &'a str,
+    pub after: i64,
+    pub began: SystemTime,
+    pub ended: &'static str,
+}
+
+/// Writes the span of the stream `streamed`, ending now. Streams are many and none is
+/// written by another process, so its id is drawn, not computed.
+pub fn streamed(trace: &RunTrace, streamed: &Streamed) {
+    let tracer = opentelemetry::global::tracer("baton");
+    let builder = tracer
+        .span_builder("stream")
+        .with_start_time(streamed.began)
+        .with_attributes(vec![
+            KeyValue::new("baton.run", streamed.run.to_string()),
+            KeyValue::new("baton.namespace", streamed.namespace.to_string()),
+            KeyValue::new("baton.after", streamed.after),
+            KeyValue::new("baton.ended", streamed.ended),
+        ]);
+    let mut span = tracer.build_with_context(builder, &trace.context());
     span.end_with_timestamp(SystemTime::now());
 }

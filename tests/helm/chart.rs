@@ -346,11 +346,16 @@ fn the_admission_policy_renders_for_servers_that_serve_it() {
     );
 }
 
+/// The first container of Deployment `name` as the chart renders it with `values`.
+fn container_of(name: &str, values: Value) -> Value {
+    let objects = render(values, &[]).unwrap();
+    let deploy = named(&objects, "Deployment", name);
+    deploy["spec"]["template"]["spec"]["containers"][0].clone()
+}
+
 /// The controller's container as the chart renders it with `values`.
 fn controller_container(values: Value) -> Value {
-    let objects = render(values, &[]).unwrap();
-    let deploy = named(&objects, "Deployment", "baton-controller");
-    deploy["spec"]["template"]["spec"]["containers"][0].clone()
+    container_of("baton-controller", values)
 }
 
 /// The controller's arguments as the chart renders them with `values`.
@@ -360,9 +365,9 @@ fn controller_args(values: Value) -> Vec<String> {
     args.map(|a| a.as_str().unwrap().to_string()).collect()
 }
 
-/// The controller's `OTEL_*` variables as the chart renders them with `values`.
-fn controller_otel_env(values: Value) -> Vec<(String, String)> {
-    let container = controller_container(values);
+/// The `OTEL_*` variables of Deployment `name` as the chart renders them with `values`.
+fn otel_env(name: &str, values: Value) -> Vec<(String, String)> {
+    let container = container_of(name, values);
     let vars = container["env"].as_array().cloned().unwrap_or_default();
     vars.iter()
         .filter_map(|v| Some((v["name"].as_str()?, v["value"].as_str()?)))
@@ -379,7 +384,9 @@ fn traces_are_off_unless_an_endpoint_is_given() {
             .any(|a| a.contains("otlp") || a.contains("trace")),
         "{off:?}"
     );
-    assert_eq!(controller_otel_env(json!({})), vec![]);
+    for deployment in ["baton-controller", "baton-server"] {
+        assert_eq!(otel_env(deployment, json!({})), vec![], "{deployment}");
+    }
     let values = json!({"tracing": {"endpoint": "http://c:4318", "sampling": 0.5}});
     let on = controller_args(values.clone());
     for want in [
@@ -398,16 +405,19 @@ fn traces_are_off_unless_an_endpoint_is_given() {
         with_content.iter().any(|a| a == "--worker-trace-content"),
         "{with_content:?}"
     );
-    // The controller's own spans go to the same place, sampled alike.
+    // The controller's and the server's own spans go to the same place, sampled alike.
     let told = |n: &str, v: &str| (n.to_string(), v.to_string());
-    assert_eq!(
-        controller_otel_env(values),
-        vec![
-            told("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
-            told("OTEL_TRACES_SAMPLER", "traceidratio"),
-            told("OTEL_TRACES_SAMPLER_ARG", "0.5"),
-        ]
-    );
+    for deployment in ["baton-controller", "baton-server"] {
+        assert_eq!(
+            otel_env(deployment, values.clone()),
+            vec![
+                told("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
+                told("OTEL_TRACES_SAMPLER", "traceidratio"),
+                told("OTEL_TRACES_SAMPLER_ARG", "0.5"),
+            ],
+            "{deployment}"
+        );
+    }
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! Traces on the node: Arize Phoenix run inside the node's network namespace, listening on the
 //! node's address where the worker pods send their OTLP, read by the test through a loopback
-//! relay; and the release told to send there (chart values `tracing`) for as long as a test
-//! needs it.
+//! relay; and the release (its worker pods, controllers and servers) told to send there
+//! (chart values `tracing`) for as long as a test needs it.
 
 use super::*;
 use crate::common::phoenix::{Phoenix, phoenix_bin};
@@ -41,16 +41,22 @@ impl Traced {
         helm_upgrade(&serde_json::json!({
             "tracing": {"endpoint": endpoint, "sampling": 1},
         }));
-        wait_controllers_ready(client, Duration::from_secs(180)).await;
+        rolled_out(client).await;
         Traced
     }
 
-    /// Switches the release back and waits for its controllers, before the next test runs.
+    /// Switches the release back and waits for it, before the next test runs.
     pub async fn switch_back(self, client: &Client) {
         std::mem::forget(self);
         helm_upgrade(&serde_json::json!({}));
-        wait_controllers_ready(client, Duration::from_secs(180)).await;
+        rolled_out(client).await;
     }
+}
+
+/// The release's controllers and servers, all of its current version.
+async fn rolled_out(client: &Client) {
+    wait_rolled_out(client, SERVER, Duration::from_secs(180)).await;
+    wait_controllers_ready(client, Duration::from_secs(180)).await;
 }
 
 /// A test that failed before [`Traced::switch_back`] still switches the release back.
