@@ -56,21 +56,12 @@ pub fn input_messages(system: Option<&str>, messages: &[ReplayedMessage]) -> Str
 /// Pure: a model call's answer, its text and the tool calls (id, name, arguments) it asks
 /// for, as `gen_ai.output.messages` (JSON).
 pub fn output_messages(text: &str, tool_calls: &[(&str, &str, &str)]) -> String {
-    let mut parts: Vec<Value> = (!text.is_empty())
-        .then(|| text_part(text))
-        .into_iter()
-        .collect();
-    parts.extend(
-        tool_calls
-            .iter()
-            .map(|(id, name, arguments)| tool_call_part(id, name, arguments)),
-    );
     let finish = if tool_calls.is_empty() {
         "stop"
     } else {
         "tool_call"
     };
-    let mut answer = message("assistant", parts);
+    let mut answer = assistant(text, tool_calls.iter().copied());
     answer["finish_reason"] = json!(finish);
     Value::Array(vec![answer]).to_string()
 }
@@ -80,16 +71,10 @@ fn one(message_in: &ReplayedMessage) -> Value {
         ReplayedMessage::System(text) => message("system", vec![text_part(text)]),
         ReplayedMessage::User(text) => message("user", vec![text_part(text)]),
         ReplayedMessage::Assistant { text, tool_calls } => {
-            let mut parts: Vec<Value> = (!text.is_empty())
-                .then(|| text_part(text))
-                .into_iter()
-                .collect();
-            parts.extend(
-                tool_calls
-                    .iter()
-                    .map(|c| tool_call_part(&c.call_id, &c.tool, &c.input)),
-            );
-            message("assistant", parts)
+            let calls = tool_calls
+                .iter()
+                .map(|c| (c.call_id.as_str(), c.tool.as_str(), c.input.as_str()));
+            assistant(text, calls)
         }
         ReplayedMessage::ToolResult {
             call_id, content, ..
@@ -98,6 +83,13 @@ fn one(message_in: &ReplayedMessage) -> Value {
             vec![json!({"type": "tool_call_response", "id": call_id, "response": content})],
         ),
     }
+}
+
+/// The model's turn: its text (if any), then its tool calls (id, name, arguments).
+fn assistant<'a>(text: &str, calls: impl Iterator<Item = (&'a str, &'a str, &'a str)>) -> Value {
+    let text = (!text.is_empty()).then(|| text_part(text));
+    let calls = calls.map(|(id, name, arguments)| tool_call_part(id, name, arguments));
+    message("assistant", text.into_iter().chain(calls).collect())
 }
 
 fn message(role: &str, parts: Vec<Value>) -> Value {

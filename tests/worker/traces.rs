@@ -215,20 +215,7 @@ async fn an_own_agents_model_calls_through_the_gateway_are_spans_of_its_attempt(
     places.sort();
     assert_eq!(places, [1, 2, 3], "one span per call: {shown}");
     let usage = st.usage.unwrap_or_default();
-    let tokens = |key: &str| -> i64 {
-        chats
-            .iter()
-            .filter_map(|s| attribute(s, key).and_then(Value::as_i64))
-            .sum()
-    };
-    assert_eq!(
-        (
-            tokens("gen_ai.usage.input_tokens"),
-            tokens("gen_ai.usage.output_tokens")
-        ),
-        (usage.input_tokens, usage.output_tokens),
-        "{shown}"
-    );
+    tree.check_tokens(&usage, "the gateway calls' tokens");
     assert!(
         usage.input_tokens > 0,
         "the mock says what it used: {usage:?}"

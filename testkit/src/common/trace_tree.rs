@@ -192,6 +192,12 @@ impl<'a> RunSpans<'a> {
             chats.iter().any(|s| text(s, &["parent_id"]) == second_id),
             "the resumed attempt's model call, under its attempt: {shown}"
         );
+        self.check_tokens(usage, "the model calls' tokens, summed over both attempts");
+    }
+
+    /// Checks that the model calls' tokens add up to the run's `usage`.
+    pub fn check_tokens(&self, usage: &RunUsage, what: &str) {
+        let chats = self.chats();
         let tokens = |key: &str| -> i64 {
             chats
                 .iter()
@@ -204,7 +210,8 @@ impl<'a> RunSpans<'a> {
                 tokens("gen_ai.usage.output_tokens")
             ),
             (usage.input_tokens, usage.output_tokens),
-            "the model calls' tokens, summed over both attempts, are the run's: {shown}"
+            "{what} are the run's: {}",
+            self.shown
         );
     }
 }
