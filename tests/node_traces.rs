@@ -48,10 +48,18 @@ async fn node_a_run_killed_mid_tool_is_one_trace_in_phoenix() {
         "4bf92f3577b34da6a3ce929d0e0e4736"
     );
     let root = trace.root.to_string();
-    let spans = phoenix
+    phoenix
         .phoenix
         .wait_for_span("the run's root span", |s| {
             text(s, &["context", "span_id"]) == root
+        })
+        .await;
+    // The controller exports within 5 s of the takeover's claim, maybe after the run's end.
+    let takeover = trace.claim(Fence::new(2)).to_string();
+    let spans = phoenix
+        .phoenix
+        .wait_for_span("the takeover's claim", |s| {
+            text(s, &["context", "span_id"]) == takeover
         })
         .await;
     let tree = RunSpans::of(&spans, name, &trace);

@@ -72,7 +72,7 @@ fn chat(attempt: &Span, provider: Provider, model: &str) -> Span {
         target: TARGET,
         parent: attempt,
         "chat",
-        otel.name = %format!("chat {model}"),
+        otel.name = %chat_name(model),
         otel.status_code = Empty,
         gen_ai.operation.name = "chat",
         gen_ai.provider.name = provider_name(provider),
@@ -85,6 +85,15 @@ fn chat(attempt: &Span, provider: Provider, model: &str) -> Span {
         gen_ai.input.messages = Empty,
         gen_ai.output.messages = Empty,
     )
+}
+
+/// A model call's span name, as the GenAI conventions spell it: `chat <model>`, or `chat`
+/// when the model has no name.
+fn chat_name(model: &str) -> String {
+    match model {
+        "" => "chat".into(),
+        model => format!("chat {model}"),
+    }
 }
 
 /// Records the tokens a model call used, as far as the provider said.
