@@ -33,8 +33,7 @@ use crate::ledger::Contiguous;
 use crate::ledger::is_segment_of;
 use crate::requests::{RequestError, RunRequests, phase_of};
 use crate::serving::cut::ConnectionCut;
-use crate::traces::RunTrace;
-use crate::traces::between::{self, Streamed};
+use crate::traces::between::StreamSpan;
 
 /// How a run's stream ended.
 #[derive(Debug)]
@@ -247,18 +246,9 @@ impl Follow {
     /// leaves.
     pub async fn run(&mut self, run: AgentRun, after: i64) -> Ended {
         let span = crate::run_span!("stream", &run);
-        let began = std::time::SystemTime::now();
-        let trace = RunTrace::of(&run);
-        let (name, namespace) = (run.name_any(), run.namespace().unwrap_or_default());
+        let traced = StreamSpan::begin(&run, after);
         let ended = self.stream(run, after).instrument(span).await;
-        let streamed = Streamed {
-            run: &name,
-            namespace: &namespace,
-            after,
-            began,
-            ended: ended.as_str(),
-        };
-        between::streamed(&trace, &streamed);
+        traced.end(ended.as_str());
         ended
     }
 

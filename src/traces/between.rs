@@ -13,7 +13,7 @@ use opentelemetry::trace::{Span, Tracer};
 
 use super::RunTrace;
 use super::late::start;
-use crate::crd::v1alpha1::ApprovalOutcome;
+use crate::crd::v1alpha1::{AgentRun, ApprovalOutcome};
 use crate::fence::Fence;
 
 /// A claim that landed: attempt `fence` of run `run`, for pod `pod`, because of `reason`.
@@ -83,30 +83,44 @@ pub fn approval_waited(trace: &RunTrace, waited: &ApprovalWaited) {
     span.end_with_timestamp(SystemTime::now());
 }
 
-/// A stream of run `run` a client followed, from after position `after`, begun at `began`,
-/// ended as `ended` (`run`, `deleted`, `client_gone`, `failed`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Streamed<'a> {
-    pub run: &'a str,
-    pub namespace: &'a str,
-    pub after: i64,
-    pub began: SystemTime,
-    pub ended: &'static str,
+/// A stream of a run a client follows, from after position `after`: its span is written
+/// when it ends ([`StreamSpan::end`]).
+#[derive(Debug, Clone)]
+pub struct StreamSpan {
+    trace: RunTrace,
+    run: String,
+    namespace: String,
+    after: i64,
+    began: SystemTime,
 }
 
-/// Writes the span of the stream `streamed`, ending now. Streams are many and none is
-/// written by another process, so its id is drawn, not computed.
-pub fn streamed(trace: &RunTrace, streamed: &Streamed) {
-    let tracer = opentelemetry::global::tracer("baton");
-    let builder = tracer
-        .span_builder("stream")
-        .with_start_time(streamed.began)
-        .with_attributes(vec![
-            KeyValue::new("baton.run", streamed.run.to_string()),
-            KeyValue::new("baton.namespace", streamed.namespace.to_string()),
-            KeyValue::new("baton.after", streamed.after),
-            KeyValue::new("baton.ended", streamed.ended),
-        ]);
-    let mut span = tracer.build_with_context(builder, &trace.context());
-    span.end_with_timestamp(SystemTime::now());
+impl StreamSpan {
+    /// A stream of `run` begins now.
+    pub fn begin(run: &AgentRun, after: i64) -> Self {
+        Self {
+            trace: RunTrace::of(run),
+            run: run.metadata.name.clone().unwrap_or_default(),
+            namespace: run.metadata.namespace.clone().unwrap_or_default(),
+            after,
+            began: SystemTime::now(),
+        }
+    }
+
+    /// Writes the stream's span, ended now as `ended` (`run`, `deleted`, `client_gone`,
+    /// `failed`). Streams are many and none is written by another process, so its id is
+    /// drawn, not computed.
+    pub fn end(self, ended: &'static str) {
+        let tracer = opentelemetry::global::tracer("baton");
+        let builder = tracer
+            .span_builder("stream")
+            .with_start_time(self.began)
+            .with_attributes(vec![
+                KeyValue::new("baton.run", self.run),
+                KeyValue::new("baton.namespace", self.namespace),
+                KeyValue::new("baton.after", self.after),
+                KeyValue::new("baton.ended", ended),
+            ]);
+        let mut span = tracer.build_with_context(builder, &self.trace.context());
+        span.end_with_timestamp(SystemTime::now());
+    }
 }
