@@ -89,11 +89,7 @@ fn cut(text: &str, max_bytes: usize) -> String {
     if text.len() <= max_bytes {
         return text.to_string();
     }
-    let mut end = max_bytes;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &text[..end])
+    format!("{}…", &text[..crate::cut::char_floor(text, max_bytes)])
 }
 
 /// What the worker does about a waiting call.

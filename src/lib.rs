@@ -7,6 +7,7 @@ mod causes;
 pub mod cli;
 pub mod controller;
 pub mod crd;
+pub(crate) mod cut;
 pub mod display;
 mod events;
 pub mod fence;

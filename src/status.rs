@@ -137,11 +137,7 @@ pub fn set_output(status: &mut AgentRunStatus, output: Option<String>) {
     };
     let cut = text.len() > OUTPUT_CAP_BYTES;
     if cut {
-        let mut end = OUTPUT_CAP_BYTES;
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        text.truncate(end);
+        text.truncate(crate::cut::char_floor(&text, OUTPUT_CAP_BYTES));
     }
     status.output = Some(text);
     status.output_truncated = cut;

@@ -38,10 +38,7 @@ pub fn capped(text: &str) -> String {
     if text.len() <= CONTENT_CAP {
         return text.to_string();
     }
-    let mut end = CONTENT_CAP;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
+    let end = crate::cut::char_floor(text, CONTENT_CAP);
     format!("{}… [{} more bytes]", &text[..end], text.len() - end)
 }
 
